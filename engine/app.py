@@ -1,0 +1,114 @@
+"""The job behind `python -m engine`: validate, plan, then run the chosen mode.
+
+Modes are a registry keyed by name; a mode joins `config.MODES` when it
+exists, so an unknown one is rejected at validation like any bad value.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig
+
+from engine.config import validate
+from engine.errors import EngineError
+from engine.plan import Plan, make_plan
+from engine.report import plan_md, write_report
+from engine.spec import ModelSpec, SpecError, build_spec
+from engine.trace import Trace, read_trace, synthesize
+
+
+@dataclass(frozen=True)
+class Job:
+    cfg: DictConfig
+    out_dir: Path
+    spec: ModelSpec
+    trace: Trace
+    plan: Plan
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a mode produced: the report, its markdown, an exit code and the
+    objective a sweeper minimizes."""
+
+    report: dict
+    markdown: str
+    exit_code: int = 0
+    objective: float = math.nan
+
+
+def prepare(cfg: DictConfig, out_dir: Path) -> Job:
+    validate(cfg)
+    spec = build_spec(cfg.model, cfg.workload)
+    trace = read_trace(cfg.trace) if cfg.trace else synthesize(spec, cfg.workload, cfg.hardware)
+    plan = make_plan(model=spec.name, workload=cfg.workload.name, param_count=spec.param_count,
+                     order=trace.access_order(), budget_mb=cfg.budget,
+                     lookahead=cfg.weights.lookahead)
+    return Job(cfg, out_dir, spec, trace, plan)
+
+
+def _plan_mode(job: Job) -> Outcome:
+    plan = job.plan.as_dict()
+    return Outcome({"config": _config_summary(job.cfg), "plan": plan, **_plan_keys(plan)},
+                   plan_md(plan), objective=float(plan["floor_bytes"]))
+
+
+def _plan_keys(plan: dict) -> dict:
+    # Stable top-level keys that scripts and the sweep summary read.
+    return {k: plan[k] for k in ("model_bytes", "floor_bytes", "floor_kernels", "policies")}
+
+
+def _config_summary(cfg: DictConfig) -> dict:
+    return {
+        "model": cfg.model.name,
+        "workload": cfg.workload.name,
+        "hardware": cfg.hardware.name,
+        "budget_mb": cfg.budget,
+        "mode": cfg.mode,
+        "eviction": cfg.weights.eviction,
+        "lookahead": cfg.weights.lookahead,
+        "activations": cfg.activations.mode,
+        "trace": cfg.trace,
+        "seed": cfg.seed,
+    }
+
+
+MODES: dict[str, Callable[[Job], Outcome]] = {"plan": _plan_mode}
+
+
+def register_mode(name: str) -> Callable[[Callable[[Job], Outcome]], Callable[[Job], Outcome]]:
+    def deco(fn: Callable[[Job], Outcome]) -> Callable[[Job], Outcome]:
+        MODES[name] = fn
+        return fn
+    return deco
+
+
+def run_job(cfg: DictConfig) -> float | None:
+    hc = HydraConfig.get()
+    out_dir = Path(hc.runtime.output_dir)
+    multirun = hc.mode == RunMode.MULTIRUN
+    try:
+        job = prepare(cfg, out_dir)
+        outcome = MODES[cfg.mode](job)
+    except (EngineError, SpecError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        if multirun:
+            # The sweep goes on; the summary lists this point as failed.
+            out_dir.mkdir(parents=True, exist_ok=True)
+            (out_dir / "error.json").write_text(json.dumps({
+                "overrides": list(hc.overrides.task), "error": str(err)}) + "\n")
+            return math.nan
+        sys.exit(getattr(err, "exit_code", 2))
+    write_report(out_dir, outcome.report, outcome.markdown)
+    print(outcome.markdown)
+    print(f"\nreport: {out_dir / 'report.json'}")
+    if outcome.exit_code and not multirun:
+        sys.exit(outcome.exit_code)
+    return outcome.objective

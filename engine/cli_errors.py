@@ -1,0 +1,50 @@
+"""Turn Hydra's multi-line composition errors into one actionable line."""
+from __future__ import annotations
+
+import re
+
+
+def condense_hydra_error(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines()
+             if ln.strip() and "HYDRA_FULL_ERROR" not in ln]
+    blob = "\n".join(lines)
+
+    m = re.search(r"Could not find '([\w/]+)/([^']+)'", blob)
+    if m:
+        group, option = m.groups()
+        options = re.findall(r"^\t?(\S+)$", text.split("Available options", 1)[-1], re.M)
+        options = [o for o in options if not o.startswith("in")]
+        listing = f"; one of: {', '.join(options)}" if options else ""
+        return f"unknown {group} '{option}'{listing}"
+
+    m = re.search(r"Could not override '([^']+)'", blob)
+    if m and ("not in struct" in blob or "not in 'Config'" in blob):
+        key = m.group(1)
+        return (f"unknown key '{key}': it is not in the config schema; check the spelling "
+                f"(python -m engine +model=tiny --cfg job shows every key)")
+
+    m = re.search(r"Key '([^']+)' not in '(\w+)'", blob) or re.search(
+        r"Key '([^']+)' is not in struct", blob)
+    if m:
+        full = re.search(r"full_key: (\S+)", blob)
+        key = full.group(1) if full else m.group(1)
+        return (f"unknown key '{key}': it is not in the config schema; check the spelling "
+                f"(python -m engine +model=tiny --cfg job shows every key)")
+
+    m = re.search(r"Value '([^']*)' (?:of type '\w+' )?could not be converted to (\w+)", blob)
+    if m:
+        full = re.search(r"full_key: (\S+)", blob)
+        key = full.group(1) if full else "a value"
+        return f"{key}={m.group(1)!r} is not a valid {m.group(2)}; give a {m.group(2).lower()}"
+
+    m = re.search(r"Invalid value '([^']*)', expected one of \[([^\]]*)\]", blob)
+    if m:
+        full = re.search(r"full_key: (\S+)", blob)
+        key = full.group(1) if full else "a value"
+        return f"{key}={m.group(1)!r} is not one of {m.group(2)}"
+
+    m = re.search(r"Multiple values for (\S+)\. To override a value use '([^']+)'", blob)
+    if m:
+        return f"{m.group(1)} is given twice; use {m.group(2)} to override it"
+
+    return "; ".join(lines) if lines else "Hydra could not compose the config"

@@ -1,0 +1,188 @@
+"""Typed schema for every config group, registered in Hydra's ConfigStore.
+
+Each group (hardware, workload, weights, activations, slo, model) has a
+dataclass here, so a wrong type or an unknown key fails when Hydra composes
+the config, before any work starts. Cross-field rules that a type cannot
+express (low watermark above high, overlapping size classes) live in
+`validate()`, which every mode calls first.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, OmegaConf
+
+from engine.errors import ConfigError
+
+MODES = ("plan", "simulate", "check")
+EVICTIONS = ("lru", "belady", "priority")
+ACTIVATION_MODES = ("off", "watermark", "sync")
+WORKLOAD_KINDS = ("infer", "train_lora", "decode")
+WEIGHT_SOURCES = ("pinned", "mmap_registered", "mmap", "pageable")
+BACKENDS = ("cuda", "host")
+
+
+@dataclass
+class HardwareConfig:
+    """A GPU and its host link. Bandwidths in GB/s (1e9 bytes/s)."""
+
+    name: str = MISSING
+    source: str = MISSING  # where the numbers come from: measured, datasheet, calibrated
+    device_memory_mb: int = MISSING
+    h2d_gbps: float = MISSING  # pinned, large copies
+    d2h_gbps: float = MISSING
+    duplex_gbps: float = MISSING  # both directions at once, in total
+    pageable_gbps: float = MISSING
+    mmap_gbps: float = MISSING  # memory-mapped file, not registered
+    mmap_registered_gbps: float = MISSING
+    # Small copies run below the large-copy rate: bandwidth at these copy sizes
+    # (MiB), interpolated in between, h2d_gbps above the largest.
+    small_copy_mib: List[float] = field(default_factory=list)
+    small_copy_gbps: List[float] = field(default_factory=list)
+    matmul_tflops: float = MISSING  # achieved dense bf16
+    hbm_gbps: float = MISSING  # achieved device-memory bandwidth, read + write
+    kernel_launch_us: float = 5.0  # host cost to issue one kernel
+    fetch_host_us: float = 10.0  # host cost of one weight fetch (policy + alloc + copy issue)
+    alloc_us: float = 2.0  # pool allocation latency
+    launch_queue_depth: int = 1024  # kernels the host may run ahead of the GPU
+    compute_slowdown_under_copy: float = 0.0  # fraction compute slows while copies run
+
+
+@dataclass
+class WorkloadConfig:
+    name: str = MISSING
+    kind: str = "infer"  # infer | train_lora | decode
+    batch: int = 1
+    video_tokens: int = 0
+    audio_tokens: int = 0
+    text_tokens: int = 0
+    context_tokens: int = 0  # decode: KV-cache length
+    lora_rank: int = 0
+    steps: int = 3  # steps simulated / executed; the first warms the pool
+
+
+@dataclass
+class WeightsConfig:
+    eviction: str = "belady"  # lru | belady | priority
+    lookahead: int = 2  # kernels ahead the copy stream prefetches
+    source: str = "mmap_registered"  # pinned | mmap_registered | mmap | pageable
+    file: Optional[str] = None  # .ptd (safetensors) weight file for execute
+    backend: str = "cuda"  # cuda | host (the host backend is for tests)
+
+
+@dataclass
+class PoolConfig:
+    class_sizes_mb: List[float] = field(default_factory=list)
+    slabs_per_class: List[int] = field(default_factory=list)
+
+
+@dataclass
+class ActivationsConfig:
+    mode: str = "off"  # off | watermark | sync
+    high_watermark_mb: float = 0.0
+    low_watermark_mb: float = 0.0
+    pool: PoolConfig = field(default_factory=PoolConfig)
+    max_inflight_d2h: int = 4
+    max_inflight_h2d: int = 4
+    restore_lookahead: int = 8  # saved tensors restored ahead of backward's need
+    min_tensor_bytes: int = 1048576  # smaller tensors always stay on the device
+    sync_dict: Optional[Dict[int, List[int]]] = None
+    num_offload_layers: int = 0
+    debug_checksums: bool = False
+
+
+@dataclass
+class SloConfig:
+    name: str = MISSING
+    max_step_ms: Optional[float] = None
+    min_overlap: Optional[float] = None
+    max_stall_ms: Optional[float] = None
+    require_fits_device: bool = True  # peak device bytes under the device's memory
+    require_above_floor: bool = True
+
+
+@dataclass
+class SimConfig:
+    allow_below_floor: bool = False  # run below the floor and report hazards
+    timeline: bool = True  # write timeline.json / timeline.png
+
+
+@dataclass
+class Config:
+    model: Any = MISSING
+    hardware: HardwareConfig = MISSING
+    workload: WorkloadConfig = MISSING
+    weights: WeightsConfig = MISSING
+    activations: ActivationsConfig = MISSING
+    slo: SloConfig = MISSING
+    sim: SimConfig = field(default_factory=SimConfig)
+    budget: Optional[float] = None  # MB of GPU memory for streamed weights; null = all resident
+    mode: str = "plan"
+    trace: Optional[str] = None
+    seed: int = 0
+
+
+def register() -> None:
+    """Put every schema in the ConfigStore; conf/*.yaml files extend them."""
+    from engine.spec import MODEL_SCHEMAS
+
+    cs = ConfigStore.instance()
+    cs.store(name="config_schema", node=Config)
+    cs.store(group="hardware", name="hardware_schema", node=HardwareConfig)
+    cs.store(group="workload", name="workload_schema", node=WorkloadConfig)
+    cs.store(group="weights", name="weights_schema", node=WeightsConfig)
+    cs.store(group="activations", name="activations_schema", node=ActivationsConfig)
+    cs.store(group="activations/pool", name="pool_schema", node=PoolConfig)
+    cs.store(group="slo", name="slo_schema", node=SloConfig)
+    for family, schema in MODEL_SCHEMAS.items():
+        cs.store(group="model", name=f"{family}_schema", node=schema)
+
+
+def available_models() -> list[str]:
+    """Model names shipped in conf/model (works from a checkout or an install)."""
+    from importlib.resources import files
+
+    return sorted(p.name[:-5] for p in files("conf").joinpath("model").iterdir()
+                  if p.name.endswith(".yaml"))
+
+
+def _one_of(key: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{key}={value!r} is not one of {', '.join(allowed)}; pick one of those")
+
+
+def validate(cfg: Any) -> None:
+    """Rules across fields; raises ConfigError with a one-line message and its fix."""
+    if OmegaConf.is_missing(cfg, "model") or cfg.model is None:
+        raise ConfigError(
+            "no model given; add +model=NAME, one of: " + ", ".join(available_models()))
+    _one_of("mode", cfg.mode, MODES)
+    _one_of("weights.eviction", cfg.weights.eviction, EVICTIONS)
+    _one_of("weights.source", cfg.weights.source, WEIGHT_SOURCES)
+    _one_of("weights.backend", cfg.weights.backend, BACKENDS)
+    _one_of("activations.mode", cfg.activations.mode, ACTIVATION_MODES)
+    _one_of("workload.kind", cfg.workload.kind, WORKLOAD_KINDS)
+    if cfg.budget is not None and cfg.budget < 0:
+        raise ConfigError(f"budget={cfg.budget} is negative; give MB of GPU memory (>= 0) or budget=null")
+    if cfg.weights.lookahead < 0:
+        raise ConfigError(f"weights.lookahead={cfg.weights.lookahead} is negative; use 0 or more")
+    if cfg.workload.steps < 1:
+        raise ConfigError(f"workload.steps={cfg.workload.steps} must be at least 1")
+    if cfg.trace is not None:
+        from pathlib import Path
+
+        if not Path(cfg.trace).is_file():
+            raise ConfigError(f"trace={cfg.trace} does not exist; record one with mode=record or drop trace=")
+    act = cfg.activations
+    if act.mode != "off" and cfg.workload.kind != "train_lora":
+        raise ConfigError(
+            f"activations={act.mode} needs a training workload; add workload=train_lora or activations=off")
+    if act.mode == "watermark":
+        from engine.policy.activations import validate_watermarks
+
+        validate_watermarks(act)
+    if act.mode == "sync" and act.sync_dict is None and act.num_offload_layers <= 0:
+        raise ConfigError(
+            "activations=sync needs activations.num_offload_layers > 0 or an activations.sync_dict")

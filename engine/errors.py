@@ -1,0 +1,42 @@
+"""Typed errors. The CLI turns each into one line on stderr and exit code 2.
+
+Every message names the problem and the fix; no caller should need a traceback
+to act on one of these.
+"""
+from __future__ import annotations
+
+
+class EngineError(Exception):
+    """Base of every error the engine raises on bad input or an unsafe request."""
+
+    exit_code = 2
+
+
+class ConfigError(EngineError, ValueError):
+    """A configuration that cannot be run as given."""
+
+
+class BelowFloorError(ConfigError):
+    """The budget is under the floor: the smallest budget that can run."""
+
+    def __init__(self, budget_bytes: int, floor_bytes: int, kernels: tuple[str, str]):
+        self.budget_bytes = budget_bytes
+        self.floor_bytes = floor_bytes
+        self.kernels = kernels
+        need_mb = -(-floor_bytes // 1_000_000)
+        super().__init__(
+            f"budget {budget_bytes / 1e6:.0f} MB is under the floor of {floor_bytes / 1e6:.3f} MB "
+            f"(set by {kernels[0]} + {kernels[1]}); use budget={need_mb} or more, "
+            f"or mode=simulate sim.allow_below_floor=true to see the hazards")
+
+
+class TraceError(EngineError, ValueError):
+    """A trace file that is not a valid trace of this format."""
+
+
+class WeightFileError(EngineError, ValueError):
+    """A weight file that does not match the model spec."""
+
+
+class ExecutorError(EngineError, RuntimeError):
+    """The executor cannot start or continue (pool, registration, divergence, concurrency)."""

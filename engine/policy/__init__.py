@@ -1,0 +1,103 @@
+"""Policy interfaces: the decisions both drivers (simulator and executor) ask for.
+
+A policy owns decisions, a driver owns time and hardware (DESIGN.md, "one
+policy, two clocks"). Policies import neither torch nor simpy. Every answer is
+logged as a `Decision`; given the same access order and config, the simulator
+and the executor must produce identical decision logs, so a policy's answers
+may depend only on the order of the questions, never on timing.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Mapping, Protocol, Sequence
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One logged policy answer.
+
+    action (weights):     "hit" | "fetch" | "prefetch" | "evict" | "hazard"
+    action (activations): "keep" | "spill" | "miss" | "restore" | "release"
+                          | "offload_group" | "wait_offload" | "reload_group"
+    `position` is the access-order position the driver was at when it asked;
+    `detail` is the position a fetch/prefetch serves, the position an evict
+    makes room for, the evicting position of a hazard, or the size-class index
+    of a spill (-1 where nothing applies).
+    """
+
+    step: int
+    position: int
+    action: str
+    target: str
+    detail: int = -1
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class AccessOrder:
+    """One step's kernels in launch order and the weights each reads.
+
+    For training this is the forward kernels followed by the backward kernels
+    (reverse order), so a weight appears twice per step. Steps repeat the same
+    order cyclically, which is what lets Belady and the priority set plan.
+    """
+
+    kernels: tuple[str, ...]
+    reads: tuple[tuple[str, ...], ...]
+    sizes: Mapping[str, int]
+
+    def __len__(self) -> int:
+        return len(self.kernels)
+
+    def kernel_bytes(self, position: int) -> int:
+        return sum(self.sizes[w] for w in self.reads[position])
+
+
+class WeightPolicy(Protocol):
+    """Residency and prefetch for streamed weights (engine/policy/weights.py)."""
+
+    log: list[Decision]
+
+    def issue(self, position: int) -> list[Decision]:
+        """Decisions for issuing the kernel at `position` (0..len(order)-1).
+
+        Called once per kernel in launch order; wrapping to 0 starts a new
+        step. The list is in the order the driver carries it out: evictions
+        before the fetch they make room for, demand fetches for this kernel
+        before prefetches for later ones.
+        """
+        ...
+
+
+class ActivationPolicy(Protocol):
+    """Keep-or-spill and restore for saved activations (activations.py, sync.py)."""
+
+    log: list[Decision]
+
+    def on_save(self, tensor: str, nbytes: int, layer: int) -> Decision:
+        """Forward: autograd saved `tensor`; answer keep, spill or miss."""
+        ...
+
+    def on_layer_start(self, phase: str, layer: int) -> list[Decision]:
+        """`phase` ("fwd" | "bwd") is about to run `layer`: e.g. wait_offload
+        for a sync-dict group that must be off the device before it."""
+        ...
+
+    def on_layer_end(self, phase: str, layer: int) -> list[Decision]:
+        """`phase` finished `layer`: e.g. offload_group after its forward,
+        reload_group after a later layer's backward."""
+        ...
+
+    def on_unpack(self, tensor: str) -> list[Decision]:
+        """Backward needs `tensor`: restores to issue now (predictive ones
+        included), then its release."""
+        ...
+
+    def on_step_end(self) -> None:
+        ...
+
+
+def dump_log(log: Sequence[Decision]) -> list[dict]:
+    return [d.as_dict() for d in log]

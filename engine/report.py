@@ -1,0 +1,59 @@
+"""report.json (stable keys, for machines) and report.md (tables, for people).
+
+The same markdown is printed to the terminal, so what a user reads and what
+the run directory keeps never disagree.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+
+def fmt_bytes(n: int | float | None) -> str:
+    if n is None:
+        return "-"
+    return f"{n / 1e6:,.1f} MB" if abs(n) < 1e9 else f"{n / 1e9:,.3f} GB"
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    rows = [[str(c) for c in r] for r in rows]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
+              for i, h in enumerate(header)]
+    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
+    return "\n".join([line(header), "| " + " | ".join("-" * w for w in widths) + " |",
+                      *(line(r) for r in rows)])
+
+
+def plan_md(plan: dict) -> str:
+    budget = plan["budget_bytes"]
+    head = [
+        f"## Plan: {plan['model']} / {plan['workload']}",
+        "",
+        table(["what", "value"], [
+            ["parameters", f"{plan['param_count']:,}"],
+            ["model bytes", f"{plan['model_bytes']:,} ({fmt_bytes(plan['model_bytes'])})"],
+            ["weights / kernels per step", f"{plan['weight_count']:,} / {plan['kernel_count']:,}"],
+            ["budget", "all resident (null)" if budget is None else f"{budget:,} ({fmt_bytes(budget)})"],
+            ["floor", f"{plan['floor_bytes']:,} ({fmt_bytes(plan['floor_bytes'])})"],
+            ["floor set by", " + ".join(plan["floor_kernels"])
+             + f" ({fmt_bytes(plan['floor_pair_bytes'])}) + lookahead {plan['lookahead']} headroom "
+               f"{fmt_bytes(plan['floor_headroom_bytes'])}"],
+            ["distinct weight sizes (pool warm list)", f"{len(plan['pool_warm_sizes'])}"],
+        ]),
+    ]
+    if plan["below_floor"]:
+        head += ["", f"**Budget is under the floor**: no policy runs here without hazards; "
+                     f"use budget={-(-plan['floor_bytes'] // 1_000_000)} or more."]
+    else:
+        head += ["", table(["eviction", "resident", "streamed / step", "copies / step", "first step"], [
+            [name, fmt_bytes(p["resident_bytes"]), fmt_bytes(p["streamed_bytes_per_step"]),
+             f"{p['copies_per_step']:,}", fmt_bytes(p["first_step_bytes"])]
+            for name, p in plan["policies"].items()])]
+    return "\n".join(head)
+
+
+def write_report(out_dir: Path, report: dict, markdown: str) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "report.json").write_text(json.dumps(report, indent=2, sort_keys=False) + "\n")
+    (out_dir / "report.md").write_text(markdown + "\n")
