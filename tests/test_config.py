@@ -1,0 +1,70 @@
+"""Configs compose through Hydra's compose API, and the schema rejects bad input."""
+import pytest
+from hydra import compose, initialize_config_module
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import ValidationError
+
+from engine.config import available_models, register, validate
+from engine.errors import ConfigError
+
+register()
+
+MODELS = ["flux", "llama70b", "llama8b", "ltx", "ltxv13b", "tiny", "wan14b"]
+
+
+def _compose(*overrides: str):
+    with initialize_config_module(config_module="conf", version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def test_every_shipped_model_is_listed():
+    assert available_models() == MODELS
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_every_model_composes_and_validates(model):
+    cfg = _compose(f"+model={model}", "budget=16000")
+    validate(cfg)
+    assert cfg.model.name
+    assert cfg.budget == 16000.0
+
+
+def test_defaults_are_the_documented_ones():
+    cfg = _compose("+model=ltx")
+    assert cfg.hardware.name == "h100_pcie5"
+    assert cfg.workload.name == "infer" and cfg.workload.video_tokens == 6144
+    assert cfg.activations.mode == "off"
+    assert cfg.budget is None and cfg.trace is None
+
+
+@pytest.mark.parametrize("hardware", ["h100_pcie5", "rtx4090", "rtx3090ti"])
+def test_hardware_profiles_compose(hardware):
+    cfg = _compose("+model=tiny", f"hardware={hardware}")
+    assert cfg.hardware.h2d_gbps > 0 and cfg.hardware.source
+
+
+@pytest.mark.parametrize("override", [
+    "weights.nonsense=1",          # unknown key in a group
+    "nonsense=1",                  # unknown top-level key
+    "budget=abc",                  # wrong type
+    "weights.lookahead=two",       # wrong type in a group
+    "hardware.h2d_gbps=fast",
+    "model.num_layers=many",
+])
+def test_schema_rejects_at_compose_time(override):
+    with pytest.raises((ConfigCompositionException, ValidationError)):
+        _compose("+model=tiny", override)
+
+
+@pytest.mark.parametrize("overrides, fragment", [
+    ([], "no model given"),
+    (["+model=tiny", "budget=-5"], "negative"),
+    (["+model=tiny", "weights.eviction=fifo"], "weights.eviction='fifo'"),
+    (["+model=tiny", "mode=dance"], "mode='dance'"),
+    (["+model=tiny", "trace=/no/such/trace.jsonl"], "does not exist"),
+    (["+model=tiny", "weights.lookahead=-1"], "lookahead"),
+])
+def test_validate_names_the_problem(overrides, fragment):
+    cfg = _compose(*overrides)
+    with pytest.raises(ConfigError, match=fragment.replace("(", r"\(").replace("'", "'")):
+        validate(cfg)
