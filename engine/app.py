@@ -94,6 +94,7 @@ def run_job(cfg: DictConfig) -> float | None:
     hc = HydraConfig.get()
     out_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN
+    import engine.modes  # noqa: F401  (registers the modes beyond plan)
     try:
         job = prepare(cfg, out_dir)
         outcome = MODES[cfg.mode](job)

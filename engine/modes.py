@@ -1,0 +1,99 @@
+"""The modes beyond `plan`: simulate and check (simulate-before-deploy)."""
+from __future__ import annotations
+
+import sys
+
+from engine.app import Job, Outcome, _config_summary, _plan_keys, register_mode
+from engine.report import fmt_bytes, plan_md, table
+
+
+def _simulate(job: Job, allow_below_floor: bool):
+    from sim import simulate
+    from sim.timeline import plot_timeline, write_chrome_trace
+
+    cfg = job.cfg
+    result = simulate(job.trace, cfg.weights, cfg.activations, cfg.hardware,
+                      budget_bytes=job.plan.budget_bytes, steps=cfg.workload.steps,
+                      allow_below_floor=allow_below_floor)
+    if cfg.sim.timeline:
+        write_chrome_trace(result, job.out_dir / "timeline.json")
+        plot_timeline(result, job.out_dir / "timeline.png")
+    return result
+
+
+def prediction_md(pred: dict, eviction: str) -> str:
+    rows = [
+        ["step time", f"{pred['step_ms']:.2f} ms (first step {pred['first_step_ms']:.2f} ms)"],
+        ["compute", f"{pred['compute_ms']:.2f} ms"],
+        ["stall (compute waiting on copies)", f"{pred['stall_ms']:.2f} ms"],
+        ["overlap (copy time hidden)", f"{pred['overlap']:.1%}"],
+        ["H2D / D2H per step", f"{fmt_bytes(pred['h2d_bytes'])} / {fmt_bytes(pred['d2h_bytes'])}"],
+        ["peak device bytes", f"{pred['peak_device_bytes']:,} ({fmt_bytes(pred['peak_device_bytes'])})"],
+        ["activations kept / spilled", f"{pred['kept']} / {pred['spilled']}"],
+        ["pool hits / misses", f"{pred['pool_hits']} / {pred['pool_misses']}"],
+        ["hazards", f"{len(pred['hazards'])}"],
+    ]
+    md = [f"## Prediction ({eviction}, steady state)", "", table(["what", "predicted"], rows)]
+    if pred["hazards"]:
+        md += ["", "Use-after-evict hazards (budget under the floor):", "",
+               table(["time (ms)", "kernel", "weight", "evicted by"],
+                     [[f"{h['time_ms']:.3f}", h["kernel"], h["weight"], h["evicted_by"]]
+                      for h in pred["hazards"][:20]])]
+        if len(pred["hazards"]) > 20:
+            md.append(f"... and {len(pred['hazards']) - 20} more in report.json")
+    return "\n".join(md)
+
+
+def _report(job: Job, pred: dict, result) -> dict:
+    plan = job.plan.as_dict()
+    return {"config": _config_summary(job.cfg), "plan": plan, **_plan_keys(plan),
+            "prediction": pred, "decisions_per_step": len(result.decisions) // job.cfg.workload.steps}
+
+
+@register_mode("simulate")
+def simulate_mode(job: Job) -> Outcome:
+    result = _simulate(job, job.cfg.sim.allow_below_floor)
+    pred = result.prediction
+    md = plan_md(job.plan.as_dict()) + "\n\n" + prediction_md(pred, job.cfg.weights.eviction)
+    return Outcome(_report(job, pred, result), md, objective=float(pred["step_ms"]))
+
+
+def slo_failures(job: Job, pred: dict) -> list[str]:
+    """One line per SLO condition the prediction breaks."""
+    slo, cfg, out = job.cfg.slo, job.cfg, []
+    if slo.max_step_ms is not None and pred["step_ms"] > slo.max_step_ms:
+        out.append(f"step time {pred['step_ms']:.2f} ms exceeds slo.max_step_ms={slo.max_step_ms}")
+    if slo.min_overlap is not None and pred["overlap"] < slo.min_overlap:
+        out.append(f"overlap {pred['overlap']:.3f} is under slo.min_overlap={slo.min_overlap}")
+    if slo.max_stall_ms is not None and pred["stall_ms"] > slo.max_stall_ms:
+        out.append(f"stall {pred['stall_ms']:.2f} ms exceeds slo.max_stall_ms={slo.max_stall_ms}")
+    device = cfg.hardware.device_memory_mb * 1_000_000
+    if slo.require_fits_device and pred["peak_device_bytes"] > device:
+        out.append(f"peak device bytes {fmt_bytes(pred['peak_device_bytes'])} exceed the "
+                   f"{cfg.hardware.name}'s {fmt_bytes(device)}")
+    if slo.require_above_floor and job.plan.below_floor:
+        out.append(f"budget {cfg.budget} MB is under the floor "
+                   f"{job.plan.floor.bytes / 1e6:.3f} MB ({' + '.join(job.plan.floor.kernels)})")
+    if pred["hazards"]:
+        first = pred["hazards"][0]
+        out.append(f"{len(pred['hazards'])} use-after-evict hazards, first: {first['weight']} "
+                   f"read by {first['kernel']} evicted by {first['evicted_by']}")
+    return out
+
+
+@register_mode("check")
+def check_mode(job: Job) -> Outcome:
+    # Below the floor the check still simulates, to show why it fails.
+    result = _simulate(job, allow_below_floor=True)
+    pred = result.prediction
+    failures = slo_failures(job, pred)
+    report = _report(job, pred, result)
+    report["check"] = {"passed": not failures, "failures": failures, "slo": job.cfg.slo.name}
+    verdict = "PASS: every condition of slo=" + job.cfg.slo.name + " holds" if not failures else \
+        "FAIL:\n" + "\n".join(f"- {f}" for f in failures)
+    md = (plan_md(job.plan.as_dict()) + "\n\n" + prediction_md(pred, job.cfg.weights.eviction)
+          + "\n\n## Check\n\n" + verdict)
+    for f in failures:
+        print(f"check failed: {f}", file=sys.stderr)
+    return Outcome(report, md, exit_code=1 if failures else 0,
+                   objective=float(pred["step_ms"]) if not failures else float("inf"))
