@@ -35,13 +35,27 @@ class Job:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What a mode produced: the report, its markdown, an exit code and the
-    objective a sweeper minimizes."""
+    """What a mode produced: the report, its markdown and an exit code."""
 
     report: dict
     markdown: str
     exit_code: int = 0
-    objective: float = math.nan
+
+
+# A point that breaks its SLO must rank behind every point that meets it,
+# yet still tell the optimizer which way to go (a larger budget is closer).
+FAILED_SLO = 1e12
+
+
+def objective(cfg: DictConfig, report: dict) -> float:
+    """The float a sweeper minimizes for this job."""
+    pred, check = report.get("prediction"), report.get("check")
+    if pred is None:
+        return math.nan
+    if cfg.objective == "step_ms":
+        return math.inf if check and not check["passed"] else float(pred["step_ms"])
+    budget_mb = cfg.budget if cfg.budget is not None else report["model_bytes"] / 1e6
+    return float(budget_mb) if check["passed"] else FAILED_SLO - float(budget_mb)
 
 
 def prepare(cfg: DictConfig, out_dir: Path) -> Job:
@@ -57,7 +71,7 @@ def prepare(cfg: DictConfig, out_dir: Path) -> Job:
 def _plan_mode(job: Job) -> Outcome:
     plan = job.plan.as_dict()
     return Outcome({"config": _config_summary(job.cfg), "plan": plan, **_plan_keys(plan)},
-                   plan_md(plan), objective=float(plan["floor_bytes"]))
+                   plan_md(plan))
 
 
 def _plan_keys(plan: dict) -> dict:
@@ -77,6 +91,7 @@ def _config_summary(cfg: DictConfig) -> dict:
         "activations": cfg.activations.mode,
         "trace": cfg.trace,
         "seed": cfg.seed,
+        "objective": cfg.objective,
     }
 
 
@@ -107,9 +122,11 @@ def run_job(cfg: DictConfig) -> float | None:
                 "overrides": list(hc.overrides.task), "error": str(err)}) + "\n")
             return math.nan
         sys.exit(getattr(err, "exit_code", 2))
+    value = objective(cfg, outcome.report)
+    outcome.report["objective_value"] = value
     write_report(out_dir, outcome.report, outcome.markdown)
     print(outcome.markdown)
     print(f"\nreport: {out_dir / 'report.json'}")
     if outcome.exit_code and not multirun:
         sys.exit(outcome.exit_code)
-    return outcome.objective
+    return value

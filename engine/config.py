@@ -22,6 +22,7 @@ ACTIVATION_MODES = ("off", "watermark", "sync")
 WORKLOAD_KINDS = ("infer", "train_lora", "decode")
 WEIGHT_SOURCES = ("pinned", "mmap_registered", "mmap", "pageable")
 BACKENDS = ("cuda", "host")
+OBJECTIVES = ("step_ms", "min_budget")
 
 
 @dataclass
@@ -122,6 +123,9 @@ class Config:
     mode: str = "plan"
     trace: Optional[str] = None
     seed: int = 0
+    # What a sweeper minimizes: predicted step time, or the budget itself with
+    # the SLO as a constraint (mode=check), to find the smallest safe budget.
+    objective: str = "step_ms"
 
 
 def register() -> None:
@@ -164,6 +168,9 @@ def validate(cfg: Any) -> None:
     _one_of("weights.backend", cfg.weights.backend, BACKENDS)
     _one_of("activations.mode", cfg.activations.mode, ACTIVATION_MODES)
     _one_of("workload.kind", cfg.workload.kind, WORKLOAD_KINDS)
+    _one_of("objective", cfg.objective, OBJECTIVES)
+    if cfg.objective == "min_budget" and cfg.mode != "check":
+        raise ConfigError("objective=min_budget needs the SLO verdict; add mode=check")
     if cfg.budget is not None and cfg.budget < 0:
         raise ConfigError(f"budget={cfg.budget} is negative; give MB of GPU memory (>= 0) or budget=null")
     if cfg.weights.lookahead < 0:

@@ -55,7 +55,7 @@ def simulate_mode(job: Job) -> Outcome:
     result = _simulate(job, job.cfg.sim.allow_below_floor)
     pred = result.prediction
     md = plan_md(job.plan.as_dict()) + "\n\n" + prediction_md(pred, job.cfg.weights.eviction)
-    return Outcome(_report(job, pred, result), md, objective=float(pred["step_ms"]))
+    return Outcome(_report(job, pred, result), md)
 
 
 def slo_failures(job: Job, pred: dict) -> list[str]:
@@ -95,5 +95,4 @@ def check_mode(job: Job) -> Outcome:
           + "\n\n## Check\n\n" + verdict)
     for f in failures:
         print(f"check failed: {f}", file=sys.stderr)
-    return Outcome(report, md, exit_code=1 if failures else 0,
-                   objective=float(pred["step_ms"]) if not failures else float("inf"))
+    return Outcome(report, md, exit_code=1 if failures else 0)

@@ -24,7 +24,7 @@ from engine.report import table
 
 COLUMNS = ("job", "overrides", "model", "workload", "mode", "budget_mb", "eviction", "lookahead",
            "activations", "floor_mb", "step_ms", "stall_ms", "overlap", "h2d_gb_per_step",
-           "peak_device_mb", "passed", "failures", "error")
+           "peak_device_mb", "passed", "failures", "objective", "error")
 
 
 def sweep_size(task_overrides: list[str]) -> int:
@@ -63,7 +63,7 @@ def _row(job_dir: Path) -> dict[str, Any] | None:
         "h2d_gb_per_step": None if "h2d_bytes" not in pred else pred["h2d_bytes"] / 1e9,
         "peak_device_mb": None if "peak_device_bytes" not in pred else pred["peak_device_bytes"] / 1e6,
         "passed": check.get("passed"), "failures": "; ".join(check.get("failures", [])),
-        "error": None,
+        "objective": r.get("objective_value"), "error": None,
     }
 
 
@@ -77,9 +77,10 @@ def _overrides(job_dir: Path) -> str:
 
 
 def winner(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The fastest predicted point that passed (or was not checked)."""
-    ok = [r for r in rows if r.get("step_ms") is not None and r.get("passed") is not False]
-    return min(ok, key=lambda r: (r["step_ms"], r.get("budget_mb") or math.inf), default=None)
+    """The point with the smallest objective that met its SLO (or had none)."""
+    ok = [r for r in rows if isinstance(r.get("objective"), (int, float))
+          and math.isfinite(r["objective"]) and r.get("passed") is not False]
+    return min(ok, key=lambda r: (r["objective"], r.get("budget_mb") or math.inf), default=None)
 
 
 def write_summary(sweep_dir: Path, rows: list[dict[str, Any]]) -> None:
@@ -93,8 +94,8 @@ def write_summary(sweep_dir: Path, rows: list[dict[str, Any]]) -> None:
           table(shown, [[_cell(r.get(c)) for c in shown] for r in rows])]
     best = winner(rows)
     if best is not None:
-        md += ["", f"**Winner**: job {best['job']} ({best['overrides']}): "
-                   f"{best['step_ms']:.2f} ms predicted per step."]
+        md += ["", f"**Winner** (smallest objective): job {best['job']} ({best['overrides']}): "
+                   f"objective {best['objective']:.3f}, {best['step_ms']:.2f} ms predicted per step."]
     failed = [r for r in rows if r.get("error")]
     if failed:
         md += ["", f"{len(failed)} point(s) failed; see the error column."]
