@@ -1,0 +1,4 @@
+"""The SimPy model of GPU offloading: link, pool, compute stream, host thread."""
+from sim.simulator import SimResult, drive, simulate
+
+__all__ = ["SimResult", "drive", "simulate"]

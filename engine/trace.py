@@ -1,0 +1,378 @@
+"""Traces: one step's kernels in launch order, what each reads, how long it runs.
+
+A trace is what the simulator replays and what the executor records. It is
+either *synthesized* from a model spec and a hardware profile (compute times
+predicted by `ExecutionTimePredictor`) or *recorded* from a real run.
+
+File format ("offload-engine-trace", version 1)
+------------------------------------------------
+JSON lines, UTF-8; a name ending in ``.gz`` is gzip-compressed.
+
+Line 1, the header, one JSON object:
+
+    format        "offload-engine-trace"
+    version       1
+    records       number of record lines that follow (a shorter file is truncated)
+    weight_sizes  {weight name: bytes} for every weight any record reads
+    source        "synthesized" | "recorded"
+    model, workload, hardware, torch, cuda, date   provenance (free-form)
+
+Lines 2.., one JSON object per kernel, in launch order:
+
+    name        str    kernel name (backward kernels: forward name + ".bwd")
+    layer       int    block index, -1 outside the blocks
+    phase       str    "fwd" | "bwd"
+    weights     [str]  weights the kernel reads, each a key of weight_sizes
+    compute_ns  int    time the kernel runs on the compute stream
+    flops       int
+    io_bytes    int    bytes the kernel reads and writes in device memory
+    saved       [{"name": str, "nbytes": int, "layer": int}]
+                       tensors autograd saves for backward (forward records);
+                       names unique across the trace
+    needs       [str]  saved-tensor names this backward record unpacks
+    copies      [{...}] optional: copies observed around the kernel (recorded
+                       traces only; free-form, the simulator ignores them)
+
+Order: all forward records first; a training trace then has one backward
+record per forward record, in reverse order. `read_trace` checks all of this
+and raises `TraceError` naming the line.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import asdict, dataclass, fields, is_dataclass
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import IO, Any, Iterator, Mapping
+
+from engine.errors import TraceError
+from engine.policy import AccessOrder
+from engine.spec import Kernel, ModelSpec, SavedTensor
+
+FORMAT = "offload-engine-trace"
+VERSION = 1
+PHASES = ("fwd", "bwd")
+BACKWARD_SUFFIX = ".bwd"
+# Backward of a linear computes grad-input and grad-weight: about twice the forward.
+BACKWARD_FLOPS_FACTOR = 2
+MATMUL_OPS = ("linear", "attention")
+MEMORY_OPS = ("norm", "elementwise", "embed")
+
+
+@dataclass(frozen=True)
+class KernelRecord:
+    """One kernel of the trace (see the module docstring for each field)."""
+
+    name: str
+    layer: int
+    phase: str
+    weights: tuple[str, ...]
+    compute_ns: int
+    flops: int
+    io_bytes: int
+    saved: tuple[SavedTensor, ...] = ()
+    needs: tuple[str, ...] = ()
+    copies: tuple[dict, ...] = ()
+
+
+@dataclass(frozen=True)
+class Trace:
+    header: dict
+    weight_sizes: dict[str, int]
+    records: tuple[KernelRecord, ...]
+
+    def access_order(self) -> AccessOrder:
+        """The order the weight policy plans over: one step, forward then backward."""
+        return AccessOrder(
+            kernels=tuple(r.name for r in self.records),
+            reads=tuple(r.weights for r in self.records),
+            sizes=dict(self.weight_sizes),
+        )
+
+    @property
+    def num_layers(self) -> int:
+        return max((r.layer for r in self.records), default=-1) + 1
+
+
+class ExecutionTimePredictor:
+    """Predicts a kernel's run time from its FLOPs and device-memory traffic.
+
+    Matmul-bound ops run at the achieved matmul rate, but never faster than
+    their bytes can move through HBM; memory-bound ops run at HBM speed.
+    """
+
+    def __init__(self, hardware: Any):
+        self.flops_per_ns = float(hardware.matmul_tflops) * 1e3  # 1e12 FLOP/s = 1e3 FLOP/ns
+        self.hbm_bytes_per_ns = float(hardware.hbm_gbps)  # 1e9 B/s = 1 B/ns
+
+    def kernel_ns(self, op: str, flops: int, io_bytes: int) -> int:
+        memory_ns = io_bytes / self.hbm_bytes_per_ns
+        if op in MATMUL_OPS:
+            ns = max(flops / self.flops_per_ns, memory_ns)
+        elif op in MEMORY_OPS:
+            ns = memory_ns
+        else:
+            raise TraceError(
+                f"no time predictor for op {op!r}; use one of {', '.join(MATMUL_OPS + MEMORY_OPS)} in the spec")
+        # Integer nanoseconds, at least 1: a launched kernel always takes time.
+        return max(1, round(ns))
+
+
+def _plain(cfg: Any) -> Any:
+    """A config (OmegaConf node, dataclass or mapping) as plain JSON-able data."""
+    if cfg is None:
+        return None
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(cfg, DictConfig):
+            return OmegaConf.to_container(cfg, resolve=True)
+    except ImportError:  # omegaconf is a dependency; this only keeps trace.py importable alone
+        pass
+    if is_dataclass(cfg):
+        return asdict(cfg)
+    return dict(cfg)
+
+
+def _torch_version() -> str | None:
+    # Read the installed version without importing torch (seconds of import time).
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _saved_name(kernel: Kernel, saved: SavedTensor, taken: set[str]) -> str:
+    # The activation policies key saved tensors by name, so names must be unique.
+    # Spec names are tensor identities, the names the executor's hooks see too:
+    # keep them, and prefix the kernel only where two would collide.
+    name = saved.name if saved.name not in taken else f"{kernel.name}:{saved.name}"
+    taken.add(name)
+    return name
+
+
+def synthesize(spec: ModelSpec, workload: Any, hardware: Any) -> Trace:
+    """A one-step trace of `spec` on `hardware`, compute times predicted.
+
+    Training (workload.kind == "train_lora") appends the backward: one record
+    per forward kernel in reverse order, reading the same weights again at
+    twice the FLOPs and unpacking the forward kernel's saved tensors.
+    """
+    predictor = ExecutionTimePredictor(hardware)
+    training = workload.kind == "train_lora"
+    forward = []
+    taken: set[str] = set()
+    for k in spec.kernels:
+        saved = tuple(SavedTensor(_saved_name(k, s, taken), s.nbytes, s.layer) for s in k.saved) if training else ()
+        forward.append(KernelRecord(
+            name=k.name, layer=k.layer, phase="fwd", weights=tuple(k.weights),
+            compute_ns=predictor.kernel_ns(k.op, k.flops, k.io_bytes),
+            flops=k.flops, io_bytes=k.io_bytes, saved=saved))
+    backward = []
+    if training:
+        for k, f in zip(reversed(spec.kernels), reversed(forward)):
+            flops = BACKWARD_FLOPS_FACTOR * k.flops
+            io_bytes = BACKWARD_FLOPS_FACTOR * k.io_bytes
+            backward.append(KernelRecord(
+                name=k.name + BACKWARD_SUFFIX, layer=k.layer, phase="bwd", weights=tuple(k.weights),
+                compute_ns=predictor.kernel_ns(k.op, flops, io_bytes),
+                flops=flops, io_bytes=io_bytes, needs=tuple(s.name for s in f.saved)))
+    records = tuple(forward + backward)
+    header = {
+        "format": FORMAT, "version": VERSION, "records": len(records), "source": "synthesized",
+        "model": spec.name, "workload": _plain(workload), "hardware": _plain(hardware),
+        "torch": _torch_version(), "cuda": None,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    sizes = {name: w.nbytes for name, w in spec.weights.items()}
+    trace = Trace(header=header, weight_sizes=sizes, records=records)
+    check_trace(trace)
+    return trace
+
+
+# ---------------------------------------------------------------- file format
+
+def _open(path: Path, mode: str) -> IO[str]:
+    if path.name.endswith(".gz"):
+        return gzip.open(path, mode + "t", encoding="utf-8")
+    return open(path, mode, encoding="utf-8")
+
+
+def _record_json(r: KernelRecord) -> dict:
+    out = {
+        "name": r.name, "layer": r.layer, "phase": r.phase, "weights": list(r.weights),
+        "compute_ns": r.compute_ns, "flops": r.flops, "io_bytes": r.io_bytes,
+        "saved": [{"name": s.name, "nbytes": s.nbytes, "layer": s.layer} for s in r.saved],
+        "needs": list(r.needs),
+    }
+    if r.copies:
+        out["copies"] = list(r.copies)
+    return out
+
+
+def write_trace(path: str | Path, trace: Trace) -> None:
+    path = Path(path)
+    header = {**trace.header, "format": FORMAT, "version": VERSION, "records": len(trace.records),
+              "weight_sizes": trace.weight_sizes}
+    with _open(path, "w") as f:
+        f.write(json.dumps(header) + "\n")
+        for r in trace.records:
+            f.write(json.dumps(_record_json(r)) + "\n")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_str_list(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+
+_FIELD_CHECKS = {
+    "name": (lambda v: isinstance(v, str) and v != "", "a non-empty string"),
+    "layer": (lambda v: _is_int(v) and v >= -1, "an integer >= -1"),
+    "phase": (lambda v: v in PHASES, '"fwd" or "bwd"'),
+    "weights": (_is_str_list, "a list of weight names"),
+    "compute_ns": (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (nanoseconds)"),
+    "flops": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
+    "io_bytes": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
+    "saved": (lambda v: isinstance(v, list), "a list of {name, nbytes, layer}"),
+    "needs": (_is_str_list, "a list of saved-tensor names"),
+}
+_OPTIONAL = {"copies": (lambda v: isinstance(v, list) and all(isinstance(c, dict) for c in v),
+                        "a list of objects")}
+_RECORD_FIELDS = tuple(f.name for f in fields(KernelRecord))
+
+
+def _parse_saved(raw: list, where: str) -> tuple[SavedTensor, ...]:
+    out = []
+    for s in raw:
+        if not (isinstance(s, dict) and isinstance(s.get("name"), str) and _is_int(s.get("nbytes"))
+                and s["nbytes"] >= 0 and _is_int(s.get("layer"))):
+            raise TraceError(f"{where}: each saved tensor must be {{name: str, nbytes: int >= 0, layer: int}}, "
+                             f"got {s!r}")
+        out.append(SavedTensor(s["name"], s["nbytes"], s["layer"]))
+    return tuple(out)
+
+
+def _parse_record(obj: Any, where: str) -> KernelRecord:
+    if not isinstance(obj, dict):
+        raise TraceError(f"{where}: a record must be a JSON object, got {type(obj).__name__}")
+    for key, (ok, what) in _FIELD_CHECKS.items():
+        if key not in obj:
+            raise TraceError(f"{where}: record is missing field {key!r}; every record needs "
+                             f"{', '.join(_FIELD_CHECKS)}")
+        if not ok(obj[key]):
+            raise TraceError(f"{where}: field {key!r} must be {what}, got {obj[key]!r}")
+    for key, (ok, what) in _OPTIONAL.items():
+        if key in obj and not ok(obj[key]):
+            raise TraceError(f"{where}: field {key!r} must be {what}, got {obj[key]!r}")
+    unknown = set(obj) - set(_RECORD_FIELDS)
+    if unknown:
+        raise TraceError(f"{where}: unknown record field(s) {', '.join(sorted(unknown))}; "
+                         f"version {VERSION} records have {', '.join(_RECORD_FIELDS)}")
+    return KernelRecord(
+        name=obj["name"], layer=obj["layer"], phase=obj["phase"], weights=tuple(obj["weights"]),
+        compute_ns=obj["compute_ns"], flops=obj["flops"], io_bytes=obj["io_bytes"],
+        saved=_parse_saved(obj["saved"], where), needs=tuple(obj["needs"]),
+        copies=tuple(obj.get("copies", ())))
+
+
+def _parse_header(line: str) -> dict:
+    try:
+        header = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise TraceError(f"line 1: header is not JSON ({e.msg}); is this an offload-engine trace?") from None
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise TraceError(f'line 1: not an offload-engine trace (header "format" must be "{FORMAT}")')
+    if header.get("version") != VERSION:
+        raise TraceError(f"line 1: trace version {header.get('version')!r} is not supported; this reader "
+                         f"reads version {VERSION}: re-record or re-synthesize the trace")
+    if not (_is_int(header.get("records")) and header["records"] >= 0):
+        raise TraceError('line 1: header needs "records", the number of records (an integer >= 0)')
+    sizes = header.get("weight_sizes")
+    if not (isinstance(sizes, dict) and all(_is_int(v) and v >= 0 for v in sizes.values())):
+        raise TraceError('line 1: header needs "weight_sizes", {weight name: bytes}')
+    return header
+
+
+def _lines(path: Path) -> Iterator[str]:
+    try:
+        with _open(path, "r") as f:
+            yield from f
+    except (EOFError, gzip.BadGzipFile, OSError) as e:
+        if isinstance(e, FileNotFoundError):
+            raise TraceError(f"{path}: no such trace file") from None
+        raise TraceError(f"{path}: cannot read ({e}); the file is truncated or not gzip") from None
+
+
+def read_trace(path: str | Path) -> Trace:
+    """Read and check a trace file; raises TraceError naming the bad line."""
+    path = Path(path)
+    header: dict | None = None
+    records: list[KernelRecord] = []
+    lineno = 0
+    for lineno, line in enumerate(_lines(path), start=1):
+        if lineno == 1:
+            header = _parse_header(line)
+            continue
+        if not line.strip():
+            raise TraceError(f"line {lineno}: empty line inside the trace; records are one JSON object a line")
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise TraceError(f"line {lineno}: not JSON ({e.msg}); the file may be truncated") from None
+        records.append(_parse_record(obj, f"line {lineno}"))
+    if header is None:
+        raise TraceError(f"line 1: {path} is empty, not a trace")
+    if len(records) != header["records"]:
+        raise TraceError(f"line {lineno + 1 if len(records) < header['records'] else lineno}: "
+                         f"header says {header['records']} records, file has {len(records)}; "
+                         "the file is truncated or was appended to")
+    sizes = header.pop("weight_sizes")
+    trace = Trace(header=header, weight_sizes=dict(sizes), records=tuple(records))
+    check_trace(trace)
+    return trace
+
+
+def check_trace(trace: Trace) -> None:
+    """Cross-record rules; messages name the record's line in the file (record i is line i+2)."""
+    sizes: Mapping[str, int] = trace.weight_sizes
+    forward: list[KernelRecord] = []
+    backward = 0
+    saved_names: set[str] = set()
+    for i, r in enumerate(trace.records):
+        where = f"line {i + 2} ({r.name})"
+        for w in r.weights:
+            if w not in sizes:
+                raise TraceError(f"{where}: weight {w!r} is not in the header's weight_sizes; "
+                                 "add its size or fix the name")
+        for s in r.saved:
+            if s.name in saved_names:
+                raise TraceError(f"{where}: saved tensor {s.name!r} is saved twice; saved names must be "
+                                 "unique (prefix the kernel name)")
+            saved_names.add(s.name)
+        if r.phase == "fwd":
+            if backward:
+                raise TraceError(f"{where}: forward record after a backward one; forward records come first")
+            if r.needs:
+                raise TraceError(f"{where}: a forward record cannot unpack saved tensors (needs must be empty)")
+            forward.append(r)
+            continue
+        if r.saved:
+            raise TraceError(f"{where}: a backward record cannot save tensors (saved must be empty)")
+        if backward >= len(forward):
+            raise TraceError(f"{where}: more backward records than forward ones")
+        mirror = forward[len(forward) - 1 - backward]
+        if r.name != mirror.name + BACKWARD_SUFFIX:
+            raise TraceError(f"{where}: backward must run the forward in reverse; expected "
+                             f"{mirror.name + BACKWARD_SUFFIX!r} here")
+        unknown = [n for n in r.needs if n not in {s.name for s in mirror.saved}]
+        if unknown:
+            raise TraceError(f"{where}: needs {unknown[0]!r}, which {mirror.name} does not save")
+        backward += 1
+    if backward and backward != len(forward):
+        raise TraceError(f"line {len(trace.records) + 1}: backward stops after {backward} of "
+                         f"{len(forward)} records; the backward must mirror the whole forward")

@@ -1,0 +1,88 @@
+"""The prediction: per-step figures derived from a finished run.
+
+Everything is computed after the run from per-kernel start/end times and the
+issued copies, so the simulation loop only records.
+"""
+from __future__ import annotations
+
+from sim.activations import StepCounts
+from sim.compute import ComputeStream
+from sim.host import HostThread
+from sim.link import D2H, H2D
+from sim.pool import DevicePool
+
+NS_PER_MS = 1e6
+
+Intervals = list[tuple[int, int]]
+
+
+def _union(intervals: Intervals) -> Intervals:
+    out: Intervals = []
+    for s, e in sorted(intervals):
+        if out and s <= out[-1][1]:
+            if e > out[-1][1]:
+                out[-1] = (out[-1][0], e)
+        else:
+            out.append((s, e))
+    return out
+
+
+def _intersection_ns(a: Intervals, b: Intervals) -> int:
+    """Total length of the intersection of two sorted, disjoint interval lists."""
+    i = j = total = 0
+    while i < len(a) and j < len(b):
+        lo = max(a[i][0], b[j][0])
+        hi = min(a[i][1], b[j][1])
+        if hi > lo:
+            total += hi - lo
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def step_ends(compute: ComputeStream, kernels_per_step: int, steps: int) -> list[int]:
+    """When each step's last kernel completed; a step runs from the previous step's end to its own."""
+    return [compute.end_ns[(s + 1) * kernels_per_step - 1] for s in range(steps)]
+
+
+def predict(host: HostThread, compute: ComputeStream, pool: DevicePool,
+            kernels_per_step: int, steps: int) -> dict:
+    ends = step_ends(compute, kernels_per_step, steps)
+    last = steps - 1
+    t0 = ends[last - 1] if last else 0
+    t1 = ends[last]
+    first = range(last * kernels_per_step, steps * kernels_per_step)
+    compute_ns = stall_ns = 0
+    busy: Intervals = []
+    for i in first:
+        s, e = compute.start_ns[i], compute.end_ns[i]
+        compute_ns += e - s
+        ready = max(compute.end_ns[i - 1] if i else 0, compute.launched_ns[i])
+        stall_ns += s - ready  # the only other thing a launched kernel waits for is a copy
+        busy.append((s, e))
+    copying = _union([(max(c.start_ns, t0), min(c.end_ns, t1)) for _, _, c in host.copies
+                      if c.start_ns < t1 and c.end_ns > t0])
+    copy_ns = sum(e - s for s, e in copying)
+    hidden_ns = _intersection_ns(copying, _union(busy))
+    counts = host.step_counts[last] if host.step_counts else StepCounts()
+    return {
+        "step_ms": (t1 - t0) / NS_PER_MS,
+        "first_step_ms": ends[0] / NS_PER_MS,
+        "compute_ms": compute_ns / NS_PER_MS,
+        "stall_ms": stall_ns / NS_PER_MS,
+        "overlap": hidden_ns / copy_ns if copy_ns else 1.0,
+        "h2d_bytes": sum(c.nbytes for s, d, c in host.copies if s == last and d == H2D),
+        "d2h_bytes": sum(c.nbytes for s, d, c in host.copies if s == last and d == D2H),
+        "peak_device_bytes": pool.peak,
+        "pool_hits": counts.pool_hits,
+        "pool_misses": counts.pool_misses,
+        "spilled": counts.spilled,
+        "kept": counts.kept,
+        "hazards": [
+            {"step": h.step, "kernel": h.kernel, "weight": h.weight, "evicted_by": h.evicted_by,
+             "time_ns": h.time_ns, "time_ms": h.time_ns / NS_PER_MS}
+            for h in host.hazards
+        ],
+    }

@@ -1,0 +1,86 @@
+"""simulate(): a trace and a config in, a prediction out, on the SimPy clock.
+
+Wires the hardware models (link, pool, compute stream) to the host thread
+that drives the policies, runs `steps` steps, and derives the prediction.
+Times are integer nanoseconds throughout.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import simpy
+
+from engine.config import ActivationsConfig
+from engine.policy import ActivationPolicy, Decision, WeightPolicy
+from engine.trace import Trace
+from sim.activations import SavedActivations
+from sim.compute import ComputeStream
+from sim.host import HostThread
+from sim.link import PcieLink, source_gbps
+from sim.prediction import predict, step_ends
+from sim.pool import DevicePool
+
+Event = tuple[int, str, str]  # (time ns, track, what): track is host | compute | h2d | d2h
+
+
+@dataclass
+class SimResult:
+    prediction: dict
+    decisions: list[Decision]  # every policy answer, all steps, in the order asked
+    events: list[Event]  # spans as "start X" / "end X" per track, plus host instants
+    device_bytes: list[tuple[int, int]]  # (time ns, weights + activations on the device)
+    step_ends_ns: list[int]
+
+
+def simulate(trace: Trace, weights_cfg: Any, activations_cfg: Any, hardware: Any,
+             budget_bytes: int | None, steps: int, allow_below_floor: bool) -> SimResult:
+    """Predict `steps` steps of `trace` under the configured policies."""
+    from engine.policy.activations import build_activation_policy
+    from engine.policy.weights import WeightResidency
+
+    weights = WeightResidency(trace.access_order(), budget_bytes, eviction=weights_cfg.eviction,
+                              lookahead=weights_cfg.lookahead, allow_below_floor=allow_below_floor)
+    activations = None
+    if activations_cfg is not None and any(r.saved for r in trace.records):
+        activations = build_activation_policy(activations_cfg, trace.num_layers)
+    return drive(trace, weights, activations, hardware, activations_cfg,
+                 source_gbps(hardware, weights_cfg.source), budget_bytes, steps)
+
+
+def drive(trace: Trace, weights: WeightPolicy, activations: ActivationPolicy | None, hardware: Any,
+          activations_cfg: Any, weight_gbps: float, budget_bytes: int | None, steps: int) -> SimResult:
+    """Run the given policy objects on the simulated hardware (simulate() builds them)."""
+    if steps < 1:
+        raise ValueError(f"steps={steps}; simulate at least one step")
+    env = simpy.Environment()
+    events: list[Event] = []
+
+    def log(t: int, track: str, what: str) -> None:
+        events.append((t, track, what))
+
+    link = PcieLink(env, hardware, log)
+    pool = DevicePool(env, budget_bytes)
+    compute = ComputeStream(env, link, float(hardware.compute_slowdown_under_copy), log)
+    host = HostThread(env, trace, weights, activations, link, pool, compute, None, hardware,
+                      weight_gbps, steps, log)
+    if any(r.saved for r in trace.records):
+        host.saved = SavedActivations(
+            env, link, pool, compute, hardware,
+            activations_cfg if activations_cfg is not None else ActivationsConfig(), issued=host.issued,
+            log=log)
+    process = env.process(host.run())
+    env.run()
+    n = len(trace.records)
+    if process.is_alive or compute.completed < steps * n:
+        raise RuntimeError(
+            f"simulation stalled at {env.now} ns after {compute.completed} of {steps * n} kernels: "
+            f"{len(pool.waiting)} weight allocation(s) waiting with {pool.weight_bytes} of "
+            f"{pool.cap} budget bytes in use and nothing left to free them")
+    return SimResult(
+        prediction=predict(host, compute, pool, n, steps),
+        decisions=host.decisions,
+        events=events,
+        device_bytes=pool.series,
+        step_ends_ns=step_ends(compute, n, steps),
+    )

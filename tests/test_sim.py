@@ -1,0 +1,214 @@
+"""The simulator against closed-form answers, the policies' contracts, and itself."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.config import ActivationsConfig, HardwareConfig, PoolConfig, WeightsConfig
+from engine.errors import BelowFloorError
+from engine.policy.weights import WeightResidency, floor
+from engine.spec import SavedTensor
+from engine.trace import KernelRecord, Trace
+from sim import simulate
+
+# The lent H100's measured numbers (DESIGN.md), pinned here so tests do not move with conf/.
+H100 = HardwareConfig(
+    name="h100", source="DESIGN.md", device_memory_mb=81559, h2d_gbps=54.4, d2h_gbps=54.2,
+    duplex_gbps=87.6, pageable_gbps=7.1, mmap_gbps=7.3, mmap_registered_gbps=55.0,
+    small_copy_mib=[1, 4, 256], small_copy_gbps=[46.0, 52.6, 54.4], matmul_tflops=771.0, hbm_gbps=3000.0)
+MB = 10**6
+US = 1000
+MS = 10**6
+PINNED = 54.4  # GB/s = bytes per ns
+FETCH_NS = (10.0 + 2.0) * US  # fetch_host_us + alloc_us
+
+
+def cyclic(n: int, weight_bytes: int, compute_ns: int) -> Trace:
+    """n kernels, kernel i reads its own weight w{i}: a cyclic order over steps."""
+    records = tuple(KernelRecord(f"k{i}", i, "fwd", (f"w{i}",), compute_ns, 0, 0) for i in range(n))
+    return Trace({"source": "test"}, {f"w{i}": weight_bytes for i in range(n)}, records)
+
+
+def training(n: int, weight_bytes: int, compute_ns: int, saved_bytes: int) -> Trace:
+    """n forward kernels (one per layer) each saving one tensor, then the backward."""
+    fwd = [KernelRecord(f"k{i}", i, "fwd", (f"w{i}",), compute_ns, 0, 0,
+                        saved=(SavedTensor(f"k{i}.out", saved_bytes, i),)) for i in range(n)]
+    bwd = [KernelRecord(f"k{i}.bwd", i, "bwd", (f"w{i}",), 2 * compute_ns, 0, 0, needs=(f"k{i}.out",))
+           for i in reversed(range(n))]
+    return Trace({"source": "test"}, {f"w{i}": weight_bytes for i in range(n)}, tuple(fwd + bwd))
+
+
+def run(trace: Trace, budget: int | None, *, eviction: str = "belady", lookahead: int = 2,
+        hardware: HardwareConfig = H100, steps: int = 3, act: ActivationsConfig | None = None,
+        below: bool = False):
+    weights = WeightsConfig(eviction=eviction, lookahead=lookahead, source="pinned")
+    return simulate(trace, weights, act, hardware, budget, steps, below)
+
+
+def floor_bytes(trace: Trace, lookahead: int) -> int:
+    return floor(trace.access_order(), lookahead).bytes
+
+
+# ------------------------------------------------------------ closed forms
+
+def test_compute_bound_all_resident() -> None:
+    # Budget None: every weight stays after step 1, so a step is its compute;
+    # the host's 5 us launches hide under 100 us kernels.
+    p = run(cyclic(50, MB, 100 * US), None).prediction
+    assert p["step_ms"] == pytest.approx(50 * 0.1, rel=0.01)
+    assert p["compute_ms"] == pytest.approx(50 * 0.1, rel=1e-9)
+    assert p["stall_ms"] == 0 and p["h2d_bytes"] == 0
+
+
+def test_launch_bound_when_kernels_are_shorter_than_a_launch() -> None:
+    # Step 0's copies leave the GPU behind the host; step 1 catches up, and from
+    # step 2 on the host's launches pace the GPU.
+    p = run(cyclic(50, MB, 1 * US), None, steps=4).prediction
+    assert p["step_ms"] == pytest.approx(50 * H100.kernel_launch_us / 1e3, rel=0.01)
+
+
+def test_copy_bound_everything_streamed() -> None:
+    # LRU on a cyclic order re-copies every weight every step; 300 MB copies run at
+    # the full pinned rate (above the largest small-copy point, 256 MiB).
+    t = cyclic(8, 300 * MB, 1 * US)
+    p = run(t, floor_bytes(t, 2), eviction="lru").prediction
+    assert p["h2d_bytes"] == 8 * 300 * MB
+    assert p["step_ms"] == pytest.approx(8 * 300 * MB / PINNED / MS, rel=0.01)
+    assert p["stall_ms"] == pytest.approx(p["step_ms"] - p["compute_ms"], rel=0.01)
+
+
+def test_lookahead_0_does_not_overlap() -> None:
+    # A launch queue of 1 stops the host running ahead (itself a prefetch), so with
+    # lookahead 0 each kernel's copy and compute run one after the other.
+    hw = replace(H100, launch_queue_depth=1)
+    n, copy_ns, compute_ns = 6, 300 * MB / PINNED, 5 * MS
+    t = cyclic(n, 300 * MB, compute_ns)
+    serial = run(t, floor_bytes(t, 0), lookahead=0, hardware=hw, eviction="lru").prediction
+    assert serial["step_ms"] == pytest.approx(n * (FETCH_NS + copy_ns + compute_ns) / MS, rel=0.01)
+    assert serial["overlap"] == 0
+    overlapped = run(t, floor_bytes(t, 2), lookahead=2, hardware=hw, eviction="lru").prediction
+    assert overlapped["step_ms"] == pytest.approx(n * copy_ns / MS, rel=0.02)
+    assert overlapped["overlap"] > 0.85
+
+
+def test_slowdown_under_copy() -> None:
+    # k0 runs while w1's copy is still on the link; k1 runs after it landed.
+    records = (KernelRecord("k0", 0, "fwd", ("w0",), 1 * MS, 0, 0),
+               KernelRecord("k1", 1, "fwd", ("w1",), 1 * MS, 0, 0))
+    t = Trace({}, {"w0": MB, "w1": 1000 * MB}, records)
+    p = run(t, None, lookahead=1, hardware=replace(H100, compute_slowdown_under_copy=0.5),
+            steps=1).prediction
+    assert p["compute_ms"] == pytest.approx(2.5)
+
+
+# ------------------------------------------------------------ policies' contracts
+
+def test_hazards_below_the_floor_and_none_above() -> None:
+    t = cyclic(4, 100 * MB, 1 * MS)
+    fl = floor_bytes(t, 0)
+    assert run(t, fl, lookahead=0).prediction["hazards"] == []
+    with pytest.raises(BelowFloorError):
+        run(t, fl - 1, lookahead=0)
+    hazards = run(t, 150 * MB, lookahead=0, below=True).prediction["hazards"]
+    # From the second kernel on, each fetch evicts the previous kernel's weight
+    # while that kernel may still run: 3 in step 0, then 4 a step.
+    assert len(hazards) == 3 + 4 + 4
+    first = hazards[0]
+    assert (first["kernel"], first["weight"], first["evicted_by"], first["step"]) == ("k0", "w0", "k1", 0)
+    assert first["time_ms"] == first["time_ns"] / MS and first["time_ns"] > 0
+    assert [h["time_ns"] for h in hazards] == sorted(h["time_ns"] for h in hazards)
+
+
+def test_lru_copies_more_than_belady_and_priority_on_a_cyclic_order() -> None:
+    t = cyclic(8, 100 * MB, 1 * MS)
+    copied = {e: run(t, 500 * MB, eviction=e, lookahead=1).prediction["h2d_bytes"]
+              for e in ("lru", "belady", "priority")}
+    assert copied["lru"] == 8 * 100 * MB  # everything, every step
+    assert copied["belady"] < copied["lru"] and copied["priority"] < copied["lru"]
+
+
+def test_decisions_are_the_policys_own_log() -> None:
+    # The central invariant's simulator half: the driver asks issue(0..n-1) in order,
+    # every step, and logs exactly what the policy answered.
+    t = cyclic(7, 100 * MB, 1 * MS)
+    result = run(t, 300 * MB, eviction="lru")
+    policy = WeightResidency(t.access_order(), 300 * MB, "lru", 2)
+    for _ in range(3):
+        for pos in range(len(t.records)):
+            policy.issue(pos)
+    assert result.decisions == policy.log
+
+
+def test_deterministic() -> None:
+    t = training(6, 50 * MB, 1 * MS, 40 * MB)
+    a, b = (run(t, 200 * MB, act=_watermark()) for _ in range(2))
+    assert a.decisions == b.decisions and a.events == b.events and a.prediction == b.prediction
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(2, 8), sizes=st.lists(st.integers(1, 400), min_size=8, max_size=8),
+       compute_us=st.integers(1, 3000), lookahead=st.integers(0, 3), slack=st.integers(0, 2000),
+       eviction=st.sampled_from(["lru", "belady", "priority"]))
+def test_above_the_floor_the_budget_holds(n, sizes, compute_us, lookahead, slack, eviction) -> None:
+    records = tuple(KernelRecord(f"k{i}", i, "fwd", (f"w{i}",), compute_us * US, 0, 0) for i in range(n))
+    t = Trace({}, {f"w{i}": sizes[i] * MB for i in range(n)}, records)
+    budget = floor_bytes(t, lookahead) + slack * MB
+    p = run(t, budget, eviction=eviction, lookahead=lookahead).prediction
+    assert p["hazards"] == []
+    assert p["peak_device_bytes"] <= budget
+    assert 0 <= p["overlap"] <= 1
+    assert p["step_ms"] >= p["compute_ms"] + p["stall_ms"] - 1e-9
+
+
+# ------------------------------------------------------------ activations
+
+def _watermark(**kw) -> ActivationsConfig:
+    return ActivationsConfig(mode="watermark", high_watermark_mb=100, low_watermark_mb=50,
+                             min_tensor_bytes=0, pool=PoolConfig([16, 64], [2, 2]), **kw)
+
+
+def test_watermark_spills_and_restores_all_of_it() -> None:
+    t = training(8, 50 * MB, 1 * MS, 40 * MB)
+    result = run(t, None, act=_watermark())
+    p = result.prediction
+    assert p["spilled"] > 0 and p["kept"] + p["spilled"] == 8
+    assert p["pool_hits"] + p["pool_misses"] == p["spilled"] and p["pool_misses"] > 0
+    # Budget None: no weight moves in the steady state, so H2D is the restores alone.
+    assert p["d2h_bytes"] == p["h2d_bytes"] == p["spilled"] * 40 * MB
+    spills = [w for _, track, w in result.events if track == "d2h" and w.startswith("end ")]
+    restores = [w for _, track, w in result.events if track == "h2d" and w.startswith("end restore")]
+    assert len(spills) == len(restores) == 3 * p["spilled"]
+    assert result.device_bytes[-1][1] == 8 * 50 * MB  # every activation freed: weights remain
+    # Without spilling, all 8 x 40 MB would be on the device at the turn to backward.
+    assert p["peak_device_bytes"] < 8 * 50 * MB + 8 * 40 * MB
+
+
+def test_inflight_cap_finalizes_inline() -> None:
+    t = training(8, 50 * MB, 1 * US, 40 * MB)
+    capped = run(t, None, act=_watermark(max_inflight_d2h=1))
+    roomy = run(t, None, act=_watermark(max_inflight_d2h=64))
+    assert any(w.startswith("finalize spill") for _, _, w in capped.events)
+    assert not any(w.startswith("finalize spill") for _, _, w in roomy.events)
+    assert capped.decisions == roomy.decisions  # the cap costs time, never changes an answer
+
+
+def test_activations_off_keeps_everything() -> None:
+    t = training(4, 50 * MB, 1 * MS, 40 * MB)
+    p = run(t, None, act=ActivationsConfig(mode="off")).prediction
+    assert (p["kept"], p["spilled"], p["d2h_bytes"]) == (4, 0, 0)
+    assert p["peak_device_bytes"] == 4 * 50 * MB + 4 * 40 * MB
+
+
+def test_sync_dict_offloads_groups_and_reloads_them() -> None:
+    t = training(6, 50 * MB, 1 * MS, 40 * MB)
+    act = ActivationsConfig(mode="sync", num_offload_layers=3, min_tensor_bytes=0)
+    result = run(t, None, act=act)
+    p = result.prediction
+    assert p["spilled"] == 3 and p["pool_misses"] == 3  # no pinned pool configured
+    assert p["d2h_bytes"] == p["h2d_bytes"] == 3 * 40 * MB
+    actions = [d.action for d in result.decisions if d.step == 2]
+    assert actions.count("offload_group") == actions.count("wait_offload") == actions.count("reload_group") == 3
+    assert result.device_bytes[-1][1] == 6 * 50 * MB
