@@ -19,10 +19,14 @@ class Decision:
     action (weights):     "hit" | "fetch" | "prefetch" | "evict" | "hazard"
     action (activations): "keep" | "spill" | "miss" | "restore" | "release"
                           | "offload_group" | "wait_offload" | "reload_group"
-    `position` is the access-order position the driver was at when it asked;
+    `position` is the access-order position the driver was at when it asked
+    (for a hazard: the reader's position, the kernel that may still read the
+    evicted weight; for activation decisions: the layer, the tensor's or the
+    one the driver's on_layer_* call names);
     `detail` is the position a fetch/prefetch serves, the position an evict
-    makes room for, the evicting position of a hazard, or the size-class index
-    of a spill (-1 where nothing applies).
+    makes room for, the evicting position of a hazard, the size-class index
+    of a spill, or the group's layer of a sync-dict group decision (-1 where
+    nothing applies).
     """
 
     step: int
@@ -76,8 +80,11 @@ class ActivationPolicy(Protocol):
 
     log: list[Decision]
 
-    def on_save(self, tensor: str, nbytes: int, layer: int) -> Decision:
-        """Forward: autograd saved `tensor`; answer keep, spill or miss."""
+    def on_save(self, tensor: str, nbytes: int, layer: int) -> list[Decision]:
+        """Forward: autograd saved `tensor`. One save can make the policy spill
+        older tensors too (a watermark crossed), so the answer is a list: the
+        spills of older tensors first, oldest first, and last the new tensor's
+        own answer, "keep", "spill" or "miss"."""
         ...
 
     def on_layer_start(self, phase: str, layer: int) -> list[Decision]:
@@ -91,11 +98,14 @@ class ActivationPolicy(Protocol):
         ...
 
     def on_unpack(self, tensor: str) -> list[Decision]:
-        """Backward needs `tensor`: restores to issue now (predictive ones
-        included), then its release."""
+        """Backward needs `tensor`: restores to issue now (a demand restore of
+        `tensor` itself first, when it is still off the device; then predictive
+        ones for tensors backward needs soon), and last its "release"."""
         ...
 
     def on_step_end(self) -> None:
+        """The step's backward is done: every saved tensor must have been
+        released (raises otherwise); per-step state and counters reset."""
         ...
 
 
