@@ -65,6 +65,9 @@ class HostThread:
         self.decisions: list[Decision] = []
         self.hazards: list[Hazard] = []
         self.copies: list[tuple[int, str, Copy]] = []  # (step, direction, copy) as issued
+        # When the host sat blocked on copies (an allocation waiting for a free, an
+        # inline finalize): a GPU idle for want of a launch then is waiting on copies too.
+        self.blocked: list[tuple[int, int]] = []
         self.step_counts: list[StepCounts] = []
         self.step = 0
         # Resident weights -> the copy that brought them in; the last issued kernel reading each.
@@ -126,7 +129,13 @@ class HostThread:
     def _activation(self, decisions: Decision | list[Decision], seq: int, deps: list[simpy.Event]):
         for d in decisions if isinstance(decisions, list) else (decisions,):
             self.decisions.append(d)
-            yield from self.saved.carry_out(d, seq, deps)
+            for finalize in self.saved.carry_out(d, seq, deps):
+                yield from self._blocked_on(finalize)
+
+    def _blocked_on(self, event: simpy.Event):
+        start = self.env.now
+        yield event
+        self.blocked.append((start, self.env.now))
 
     def _weight(self, d: Decision):
         a, w = d.action, d.target
@@ -138,7 +147,7 @@ class HostThread:
             granted = self.pool.allocate(nbytes, w)
             if granted is not None:
                 self.log(self.env.now, "host", "wait-alloc " + w)
-                yield granted
+                yield from self._blocked_on(granted)
             self.last_reader.pop(w, None)
             c = self.link.copy(H2D, w, nbytes, self.weight_gbps)
             self.resident[w] = c

@@ -56,11 +56,23 @@ def predict(host: HostThread, compute: ComputeStream, pool: DevicePool,
     first = range(last * kernels_per_step, steps * kernels_per_step)
     compute_ns = stall_ns = 0
     busy: Intervals = []
+    blocked = host.blocked
+    b = 0
     for i in first:
         s, e = compute.start_ns[i], compute.end_ns[i]
         compute_ns += e - s
-        ready = max(compute.end_ns[i - 1] if i else 0, compute.launched_ns[i])
-        stall_ns += s - ready  # the only other thing a launched kernel waits for is a copy
+        prev_end = compute.end_ns[i - 1] if i else 0
+        launched = compute.launched_ns[i]
+        stall_ns += s - max(prev_end, launched)  # a launched kernel waits only for copies
+        if launched > prev_end:
+            # Idle for want of a launch: a stall where the host sat blocked on copies,
+            # launch overhead where it was busy issuing.
+            while b < len(blocked) and blocked[b][1] <= prev_end:
+                b += 1
+            j = b
+            while j < len(blocked) and blocked[j][0] < launched:
+                stall_ns += max(0, min(blocked[j][1], launched) - max(blocked[j][0], prev_end))
+                j += 1
         busy.append((s, e))
     copying = _union([(max(c.start_ns, t0), min(c.end_ns, t1)) for _, _, c in host.copies
                       if c.start_ns < t1 and c.end_ns > t0])
