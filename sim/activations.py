@@ -19,7 +19,7 @@ cap the host finalizes the oldest inline, i.e. waits for it.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import simpy
@@ -37,7 +37,6 @@ class _Saved:
     nbytes: int
     layer: int
     producer: int  # kernel seq that saved it
-    on_device: bool = True
     pinned: bool = True  # where its spill goes: a pinned slab, or unpinned memory (a miss)
     booked: bool = False  # the policy decided to spill it
     spill: Copy | None = None
@@ -152,11 +151,7 @@ class SavedActivations:
                            self.pinned_d2h if t.pinned else self.pageable, gate=gate)
         t.spill = c
 
-        def landed(_ev, t=t) -> None:
-            t.on_device = False
-            self.pool.drop_activation(t.nbytes)
-
-        c.done.callbacks.append(landed)
+        c.done.callbacks.append(lambda _ev: self.pool.drop_activation(t.nbytes))
         self.in_flight[D2H].append(c)
         self.issued(D2H, c)
 
@@ -165,14 +160,10 @@ class SavedActivations:
             return  # never left the device, or already coming back
         yield from self._finalize_oldest(H2D, self.max_h2d)
         spill_done = t.spill.done
-
-        def starts(t=t) -> None:
-            t.on_device = True
-            self.pool.add_activation(t.nbytes)
-
         c = self.link.copy(H2D, "restore " + t.name, t.nbytes,
                            self.pinned_h2d if t.pinned else self.pageable,
-                           gate=spill_done if spill_done.callbacks is not None else None, on_start=starts)
+                           gate=spill_done if spill_done.callbacks is not None else None,
+                           on_start=lambda: self.pool.add_activation(t.nbytes))
         t.restore = c
         self.in_flight[H2D].append(c)
         self.issued(H2D, c)

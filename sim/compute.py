@@ -31,6 +31,7 @@ class ComputeStream:
         self._after: dict[int, list[Callable[[], None]]] = {}
         self._wake: simpy.Event | None = None
         self._slot: simpy.Event | None = None
+        self._slot_limit = 0
         env.process(self._run())
 
     def launch(self, seq: int, record: KernelRecord, deps: list[simpy.Event]) -> None:

@@ -1,5 +1,33 @@
 """The prediction: per-step figures derived from a finished run.
 
+A step runs from the end of the previous step's last kernel (0 for the first)
+to the end of its own last kernel. Figures are for the last step (the steady
+state) unless said otherwise:
+
+    step_ms            the last step's duration
+    first_step_ms      the first step's duration (cold: the pool starts empty)
+    compute_ms         sum of the last step's kernel run times (slowdown under copies included)
+    stall_ms           compute-stream idle time waiting on copies: a launched kernel
+                       waiting for its weights, restores or offloads, plus idle time
+                       for want of a launch while the host sat blocked on copies
+                       (an allocation waiting for a free, an inline finalize).
+                       step_ms - compute_ms - stall_ms is launch overhead that did not hide.
+    overlap            share of the time the link was busy (either direction) in the
+                       step's window during which a kernel was running; 1.0 when
+                       nothing was copied (nothing exposed)
+    h2d_bytes          bytes the last step's decisions copied host to device
+                       (weight fetches and prefetches, activation restores)
+    d2h_bytes          bytes the last step's decisions copied device to host (spills)
+    peak_device_bytes  the most weight + saved-activation bytes on the device at
+                       any instant of the whole run (a fit must hold in every step)
+    pool_hits          last step's spills that got a pinned slab ("spill")
+    pool_misses        last step's spills into unpinned memory ("miss")
+    spilled            saved tensors the policy spilled in the last step (hits + misses)
+    kept               saved tensors never spilled in the last step
+    hazards            every step's use-after-evict hazards below the floor, in order:
+                       {step, kernel (the reader), weight, evicted_by, time_ns, time_ms
+                       (when the host evicted it)}
+
 Everything is computed after the run from per-kernel start/end times and the
 issued copies, so the simulation loop only records.
 """

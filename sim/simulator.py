@@ -13,6 +13,8 @@ import simpy
 
 from engine.config import ActivationsConfig
 from engine.policy import ActivationPolicy, Decision, WeightPolicy
+from engine.policy.activations import build_activation_policy
+from engine.policy.weights import WeightResidency
 from engine.trace import Trace
 from sim.activations import SavedActivations
 from sim.compute import ComputeStream
@@ -26,6 +28,14 @@ Event = tuple[int, str, str]  # (time ns, track, what): track is host | compute 
 
 @dataclass
 class SimResult:
+    """What a run predicts (fields of `prediction`: sim/prediction.py) and how it got there.
+
+    Events: each track holds one span at a time, as "start X" then "end X" (X a
+    kernel on host and compute; a weight, "spill T" or "restore T" on h2d/d2h);
+    host instants "wait-alloc W" (a fetch waiting for a free) and "finalize C"
+    (an in-flight cap reached: the host waits for copy C).
+    """
+
     prediction: dict
     decisions: list[Decision]  # every policy answer, all steps, in the order asked
     events: list[Event]  # spans as "start X" / "end X" per track, plus host instants
@@ -35,10 +45,11 @@ class SimResult:
 
 def simulate(trace: Trace, weights_cfg: Any, activations_cfg: Any, hardware: Any,
              budget_bytes: int | None, steps: int, allow_below_floor: bool) -> SimResult:
-    """Predict `steps` steps of `trace` under the configured policies."""
-    from engine.policy.activations import build_activation_policy
-    from engine.policy.weights import WeightResidency
+    """Predict `steps` steps of `trace` under the configured policies.
 
+    Below the floor the weight policy raises BelowFloorError unless
+    `allow_below_floor`; then the hazards are in the prediction.
+    """
     weights = WeightResidency(trace.access_order(), budget_bytes, eviction=weights_cfg.eviction,
                               lookahead=weights_cfg.lookahead, allow_below_floor=allow_below_floor)
     activations = None
