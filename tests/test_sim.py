@@ -193,6 +193,11 @@ def test_inflight_cap_finalizes_inline() -> None:
     assert any(w.startswith("finalize spill") for _, _, w in capped.events)
     assert not any(w.startswith("finalize spill") for _, _, w in roomy.events)
     assert capped.decisions == roomy.decisions  # the cap costs time, never changes an answer
+    # GPU idle while the host waits on a finalize is a stall, not launch overhead:
+    # what remains is at most the host's own issue costs (16 kernels, 16 fetches at most).
+    p = capped.prediction
+    overhead_ms = p["step_ms"] - p["compute_ms"] - p["stall_ms"]
+    assert 0 <= overhead_ms <= 16 * (H100.kernel_launch_us + FETCH_NS / US) / 1e3
 
 
 def test_activations_off_keeps_everything() -> None:
