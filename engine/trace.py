@@ -302,9 +302,11 @@ def _lines(path: Path) -> Iterator[str]:
     try:
         with _open(path, "r") as f:
             yield from f
+    except FileNotFoundError:
+        raise TraceError(f"{path}: no such trace file") from None
+    except UnicodeDecodeError:
+        raise TraceError(f"{path}: not UTF-8 text; a trace is JSON lines (.jsonl, or .jsonl.gz)") from None
     except (EOFError, gzip.BadGzipFile, OSError) as e:
-        if isinstance(e, FileNotFoundError):
-            raise TraceError(f"{path}: no such trace file") from None
         raise TraceError(f"{path}: cannot read ({e}); the file is truncated or not gzip") from None
 
 

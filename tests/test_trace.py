@@ -123,6 +123,9 @@ def test_empty_and_missing_file(tmp_path: Path) -> None:
         read_trace(tmp_path / "e.jsonl")
     with pytest.raises(TraceError, match="no such trace file"):
         read_trace(tmp_path / "absent.jsonl")
+    (tmp_path / "b.jsonl").write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(TraceError, match="not UTF-8"):
+        read_trace(tmp_path / "b.jsonl")
 
 
 def test_record_missing_a_field(tmp_path: Path) -> None:
