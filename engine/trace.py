@@ -47,6 +47,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import IO, Any, Iterator, Mapping
 
+from omegaconf import DictConfig, OmegaConf
+
 from engine.errors import TraceError
 from engine.policy import AccessOrder
 from engine.spec import Kernel, ModelSpec, SavedTensor
@@ -122,15 +124,8 @@ class ExecutionTimePredictor:
 
 def _plain(cfg: Any) -> Any:
     """A config (OmegaConf node, dataclass or mapping) as plain JSON-able data."""
-    if cfg is None:
-        return None
-    try:
-        from omegaconf import DictConfig, OmegaConf
-
-        if isinstance(cfg, DictConfig):
-            return OmegaConf.to_container(cfg, resolve=True)
-    except ImportError:  # omegaconf is a dependency; this only keeps trace.py importable alone
-        pass
+    if isinstance(cfg, DictConfig):
+        return OmegaConf.to_container(cfg, resolve=True)
     if is_dataclass(cfg):
         return asdict(cfg)
     return dict(cfg)
