@@ -120,7 +120,7 @@ class Config:
     slo: SloConfig = MISSING
     sim: SimConfig = field(default_factory=SimConfig)
     budget: Optional[float] = None  # MB of GPU memory for streamed weights; null = all resident
-    mode: str = "plan"
+    mode: str = "simulate"
     trace: Optional[str] = None
     seed: int = 0
     # What a sweeper minimizes: predicted step time, or the budget itself with
