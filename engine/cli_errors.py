@@ -13,7 +13,8 @@ def condense_hydra_error(text: str) -> str:
     if m:
         group, option = m.groups()
         options = re.findall(r"^\t?(\S+)$", text.split("Available options", 1)[-1], re.M)
-        options = [o for o in options if not o.startswith("in")]
+        # Schemas live in the same ConfigStore groups; they are not choices.
+        options = [o for o in options if not o.startswith("in") and not o.endswith("_schema")]
         listing = f"; one of: {', '.join(options)}" if options else ""
         return f"unknown {group} '{option}'{listing}"
 

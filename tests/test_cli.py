@@ -1,0 +1,92 @@
+"""The CLI as a user meets it: the main job, its files, and every bad input
+ending in one line on stderr, exit code 2 and no traceback."""
+import json
+
+import pytest
+
+
+def _one_line_error(r) -> str:
+    assert r.returncode == 2, (r.returncode, r.stdout[-2000:], r.stderr)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, r.stderr
+    assert "Traceback" not in r.stderr
+    assert lines[0].startswith("error: ")
+    return lines[0]
+
+
+def test_plan_prints_ltx_bytes_floor_and_policies(run_cli, tmp_path):
+    r = run_cli("+model=ltx", "budget=16000", "mode=plan")
+    assert r.returncode == 0, r.stderr
+    assert "37,752,349,184" in r.stdout
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["model_bytes"] == 37_752_349_184
+    assert report["floor_bytes"] > 0 and len(report["floor_kernels"]) == 2
+    for name in ("lru", "belady", "priority"):
+        p = report["policies"][name]
+        assert p["resident_bytes"] <= 16_000_000_000
+        assert p["streamed_bytes_per_step"] > 0
+    assert report["policies"]["lru"]["streamed_bytes_per_step"] == 37_752_349_184
+    assert (tmp_path / "run" / "report.md").read_text().startswith("## Plan")
+
+
+def test_simulate_is_the_default_and_writes_its_files(run_cli, tmp_path):
+    r = run_cli("+model=tiny", "budget=2")
+    assert r.returncode == 0, r.stderr
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    pred = report["prediction"]
+    for key in ("step_ms", "compute_ms", "stall_ms", "overlap", "h2d_bytes", "d2h_bytes",
+                "peak_device_bytes", "pool_hits", "pool_misses", "spilled", "kept", "hazards"):
+        assert key in pred
+    trace = json.loads((tmp_path / "run" / "timeline.json").read_text())
+    assert trace["traceEvents"]
+    assert (tmp_path / "run" / "timeline.png").stat().st_size > 10_000
+
+
+def test_check_passes_and_fails_with_one_line_per_condition(run_cli, tmp_path):
+    ok = run_cli("+model=tiny", "mode=check")
+    assert ok.returncode == 0, ok.stderr
+    bad = run_cli("+model=tiny", "mode=check", "budget=0.25", "slo.max_step_ms=0.001",
+                  "slo.min_overlap=1.0")
+    assert bad.returncode == 1, bad.stderr
+    failures = [ln for ln in bad.stderr.splitlines() if ln.startswith("check failed: ")]
+    assert any("slo.max_step_ms" in f for f in failures)
+    assert any("floor" in f for f in failures)
+    assert any("hazards" in f for f in failures)
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["check"]["passed"] is False
+
+
+def test_lru_copies_more_than_belady_and_priority(run_cli, tmp_path):
+    h2d = {}
+    for policy in ("lru", "belady", "priority"):
+        r = run_cli("+model=tiny", "budget=2", f"weights.eviction={policy}", "sim.timeline=false",
+                    f"hydra.run.dir={tmp_path}/{policy}")
+        assert r.returncode == 0, r.stderr
+        h2d[policy] = json.loads((tmp_path / policy / "report.json").read_text())["prediction"]["h2d_bytes"]
+    assert h2d["lru"] > h2d["belady"] and h2d["lru"] > h2d["priority"]
+
+
+@pytest.mark.parametrize("args, fragment", [
+    ((), "no model given; add +model=NAME, one of: flux, llama70b"),
+    (("+model=nope",), "unknown model 'nope'; one of: flux"),
+    (("+model=tiny", "budget=-5"), "budget=-5.0 is negative"),
+    (("+model=tiny", "budget=lots"), "budget='lots' is not a valid"),
+    (("+model=tiny", "nonsense=1"), "unknown key 'nonsense'"),
+    (("+model=tiny", "weights.lookahed=2"), "unknown key 'weights.lookahed'"),
+    (("+model=tiny", "weights.lookahead=two"), "weights.lookahead='two' is not a valid"),
+    (("+model=tiny", "model.heads=3"), "model.heads"),
+    (("+model=tiny", "trace=/no/such/trace.jsonl"), "trace=/no/such/trace.jsonl does not exist"),
+    (("+model=tiny", "budget=0.3"), "under the floor"),
+    (("+model=tiny", "mode=dance"), "mode='dance' is not one of"),
+    (("+model=tiny", "hardware=tpu"), "unknown hardware 'tpu'"),
+])
+def test_bad_input_is_one_line_and_exit_2(run_cli, tmp_path, args, fragment):
+    line = _one_line_error(run_cli(*args))
+    assert fragment in line, line
+    assert not (tmp_path / "run" / "report.json").exists()
+
+
+def test_below_floor_names_the_exact_minimum(run_cli):
+    line = _one_line_error(run_cli("+model=ltx", "budget=100", "mode=plan", "sim.allow_below_floor=false",
+                                   "mode=simulate"))
+    assert "use budget=" in line and "blocks." in line
