@@ -107,7 +107,9 @@ class SloConfig:
 @dataclass
 class SimConfig:
     allow_below_floor: bool = False  # run below the floor and report hazards
-    timeline: bool = True  # write timeline.json / timeline.png
+    # timeline.json / timeline.png; null = written for single runs, skipped in
+    # sweeps (a plot per point would dominate a 100-point sweep's time).
+    timeline: Optional[bool] = None
 
 
 @dataclass

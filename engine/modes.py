@@ -15,7 +15,13 @@ def _simulate(job: Job, allow_below_floor: bool):
     result = simulate(job.trace, cfg.weights, cfg.activations, cfg.hardware,
                       budget_bytes=job.plan.budget_bytes, steps=cfg.workload.steps,
                       allow_below_floor=allow_below_floor)
-    if cfg.sim.timeline:
+    timeline = cfg.sim.timeline
+    if timeline is None:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        timeline = HydraConfig.get().mode != RunMode.MULTIRUN
+    if timeline:
         write_chrome_trace(result, job.out_dir / "timeline.json")
         plot_timeline(result, job.out_dir / "timeline.png")
     return result
