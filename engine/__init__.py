@@ -1,0 +1,17 @@
+"""offload-engine: simulate, then run, GPU memory offloading (DESIGN.md).
+
+`engine.offload(module, budget_mb=..., example_inputs=...)` streams any
+torch.nn.Module's weights through a capped pool; it is imported on first use,
+so the CLI's planning and simulation modes never import torch.
+"""
+from typing import Any
+
+__all__ = ["offload"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "offload":
+        from engine.executor.module import offload
+
+        return offload
+    raise AttributeError(f"module 'engine' has no attribute {name!r}")

@@ -1,0 +1,224 @@
+"""The CUDA backend: a capped cudaMemPool, a copy stream, registered host memory.
+
+Mapping of the runtime's requests to CUDA (cuda-python's runtime bindings):
+- alloc      -> cudaMallocFromPoolAsync(n, pool, copy stream), one allocation
+                per weight at its own size; the pool's maxSize caps it, so an
+                over-allocation fails with cudaErrorMemoryAllocation instead
+                of growing past the budget.
+- copy_in    -> cudaMemcpyAsync(H2D, copy stream), then an event recorded there
+                (the ready event the compute stream waits on).
+- mark       -> an event recorded on the compute stream after a kernel.
+- free_after -> the copy stream waits on the last reader's mark, then
+                cudaFreeAsync(ptr, copy stream): later allocations on the copy
+                stream reuse the memory in stream order. The pool's internal
+                dependencies are switched off, so a missing dependency fails
+                loudly instead of being patched over by the driver.
+- device tensors wrap pool pointers through __cuda_array_interface__, no copy.
+- register   -> cudaHostRegister(ReadOnly | Portable) of a page-aligned range.
+
+Fragmentation. The pool places blocks itself and never moves them; with
+weights from 4 KB to 201 MB (LTX-2) it can refuse a block while the policy's
+logical bytes are under the budget. Measured on the H100 with LTX-2 (3510
+weights, budgets 8/16/24 GB, lru/belady/priority, 3 steps replayed): capped at
+exactly the budget the pool refused in every case (it also rounds its cap up
+to 32 MiB chunks); with room to grow it reserved at most budget + 523 MB
+(priority, 8 GB), i.e. 2.6 x the largest weight. The pool is therefore capped
+at budget + `pool_slack_bytes` (4 x the largest weight); the policy still plans
+with the exact budget, so the logical bytes never exceed it, and the pool
+reserves only what placement needs. A refusal that still happens fails loudly
+with the bytes in use, reserved and the cap.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from engine.errors import ExecutorError
+from engine.executor.backend import Block
+
+try:
+    from cuda.bindings import driver as cudadrv
+    from cuda.bindings import runtime as cudart
+except ImportError:  # reported when a CUDA backend is asked for, not at import
+    cudart = cudadrv = None
+
+_UNLIMITED = 2**64 - 1
+POOL_CHUNK = 32 << 20  # bytes; the pool reserves device memory in 32 MiB chunks (measured)
+SLACK_LARGEST = 4  # slack, in units of the largest weight (module docstring)
+
+
+def pool_slack_bytes(largest_weight_bytes: int) -> int:
+    """Bytes the pool may reserve beyond the budget so that fragmentation never
+    refuses a block the policy's accounting allows: four of the largest weight,
+    in whole pool chunks, at least one (module docstring: 2.6 were needed on LTX-2).
+    Never 0: a pool's maxSize of 0 would mean no cap at all."""
+    slack = max(SLACK_LARGEST * largest_weight_bytes, 1)
+    return -(-slack // POOL_CHUNK) * POOL_CHUNK
+
+
+def _check(result: tuple, what: str, fix: str) -> Any:
+    err = result[0]
+    if err != cudart.cudaError_t.cudaSuccess:
+        name = cudart.cudaGetErrorName(err)[1].decode()
+        text = cudart.cudaGetErrorString(err)[1].decode()
+        raise ExecutorError(f"{what} failed: {name} ({text}); {fix}")
+    return result[1] if len(result) == 2 else None
+
+
+class _DeviceBytes:
+    """`nbytes` of device memory at `ptr`, in the form torch.as_tensor wraps without a copy."""
+
+    def __init__(self, ptr: int, nbytes: int):
+        self.__cuda_array_interface__ = {
+            "shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 2}
+
+
+class CudaBackend:
+    """Capped stream-ordered pool + copy stream on the current CUDA device.
+
+    The pool's maxSize is budget + slack; the driver reserves whole 32 MiB
+    chunks, so the reserved high-water can reach maxSize rounded up to one."""
+
+    name = "cuda"
+
+    def __init__(self, budget_bytes: int, slack_bytes: int):
+        if not torch.cuda.is_available():
+            raise ExecutorError("no CUDA device; use mode=simulate (or weights.backend=host to "
+                                "exercise the executor on the CPU)")
+        if cudart is None:
+            raise ExecutorError("the CUDA backend needs cuda-python's runtime bindings "
+                                "(cuda.bindings.runtime); pip install 'cuda-python>=12.3'")
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        self.budget_bytes = budget_bytes
+        self.slack_bytes = slack_bytes
+        self.cap_bytes = budget_bytes + self.slack_bytes
+        self.compute = torch.cuda.current_stream(self.device)
+        self.copy = torch.cuda.Stream(self.device)
+        self._copy_handle = self.copy.cuda_stream
+        self._h2d = cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
+        self.pool = self._create_pool()
+
+    def _create_pool(self) -> Any:
+        props = cudart.cudaMemPoolProps()
+        props.allocType = cudart.cudaMemAllocationType.cudaMemAllocationTypePinned
+        props.handleTypes = cudart.cudaMemAllocationHandleType.cudaMemHandleTypeNone
+        props.location.type = cudart.cudaMemLocationType.cudaMemLocationTypeDevice
+        props.location.id = self.device.index
+        props.maxSize = self.cap_bytes
+        pool = _check(cudart.cudaMemPoolCreate(props), f"cudaMemPoolCreate(maxSize={self.cap_bytes})",
+                      "check the device supports memory pools (CUDA >= 11.2 driver) and that the "
+                      "budget fits in free device memory")
+        attr = cudart.cudaMemPoolAttr
+        # Keep reserved memory between steps instead of returning it at every synchronize.
+        _check(cudart.cudaMemPoolSetAttribute(pool, attr.cudaMemPoolAttrReleaseThreshold,
+                                              cudadrv.cuuint64_t(_UNLIMITED)),
+               "setting the pool's release threshold", "report this with the CUDA version")
+        # Reuse only through the dependencies the runtime makes: a missing one fails loudly.
+        _check(cudart.cudaMemPoolSetAttribute(pool, attr.cudaMemPoolReuseAllowInternalDependencies, 0),
+               "disabling the pool's internal dependencies", "report this with the CUDA version")
+        return pool
+
+    def _attribute(self, attr: Any) -> int:
+        return int(_check(cudart.cudaMemPoolGetAttribute(self.pool, attr), "cudaMemPoolGetAttribute",
+                          "report this with the CUDA version"))
+
+    def alloc(self, nbytes: int) -> Block:
+        err, ptr = cudart.cudaMallocFromPoolAsync(nbytes, self.pool, self._copy_handle)
+        if err != cudart.cudaError_t.cudaSuccess:
+            used = self._attribute(cudart.cudaMemPoolAttr.cudaMemPoolAttrUsedMemCurrent)
+            reserved = self._attribute(cudart.cudaMemPoolAttr.cudaMemPoolAttrReservedMemCurrent)
+            _check((err,), f"cudaMallocFromPoolAsync({nbytes}) with {used} bytes in use and {reserved} "
+                   f"reserved of a cap of {self.cap_bytes}",
+                   "the pool could not place the block under its cap (fragmentation or a missing "
+                   "free dependency); raise the budget or report this with the telemetry")
+        data = torch.as_tensor(_DeviceBytes(ptr, nbytes), device=self.device)
+        return Block(ptr, nbytes, data)
+
+    def mark(self) -> torch.cuda.Event:
+        done = torch.cuda.Event()
+        done.record(self.compute)
+        return done
+
+    def free_after(self, block: Block, mark: torch.cuda.Event | None) -> None:
+        if mark is not None:
+            self.copy.wait_event(mark)
+        _check(cudart.cudaFreeAsync(block.address, self._copy_handle), "cudaFreeAsync",
+               "the block was freed twice (a bug in the runtime)")
+
+    def copy_in(self, block: Block, src: torch.Tensor) -> torch.cuda.Event:
+        _check(cudart.cudaMemcpyAsync(block.address, src.data_ptr(), block.nbytes, self._h2d,
+                                      self._copy_handle),
+               f"cudaMemcpyAsync of {block.nbytes} bytes host to device", "check the host tensor is alive")
+        ready = torch.cuda.Event()
+        ready.record(self.copy)
+        return ready
+
+    def wait_ready(self, event: torch.cuda.Event) -> None:
+        self.compute.wait_event(event)
+
+    def warm(self, sizes: Sequence[int]) -> None:
+        ptrs, total = [], 0
+        for size in sorted(set(sizes), reverse=True):
+            if total + size <= self.budget_bytes:
+                ptrs.append(self.alloc(size).address)
+                total += size
+        for ptr in ptrs:  # freed on the stream that allocated them: reusable at once
+            _check(cudart.cudaFreeAsync(ptr, self._copy_handle), "cudaFreeAsync (warm-up)", "report this")
+        self.copy.synchronize()
+        self.reset_peak()
+
+    def host_buffer(self, nbytes: int) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+
+    def register(self, address: int, nbytes: int) -> None:
+        flags = cudart.cudaHostRegisterReadOnly | cudart.cudaHostRegisterPortable
+        _check(cudart.cudaHostRegister(address, nbytes, flags),
+               f"cudaHostRegister of {nbytes} bytes of the weight file (read-only)",
+               "the mapping could not be pinned: check `ulimit -l` (locked memory) and free host RAM, "
+               "or use weights.source=mmap (unregistered, slower) or weights.source=pinned (a copy)")
+
+    def unregister(self, address: int) -> None:
+        _check(cudart.cudaHostUnregister(address), "cudaHostUnregister", "report this")
+
+    def check_stream(self) -> None:
+        current = torch.cuda.current_stream(self.device)
+        if current != self.compute:
+            raise ExecutorError(
+                f"the forward runs on {current} but the executor was created on {self.compute}; "
+                "create the executor on the stream the model runs on")
+
+    def timer(self) -> torch.cuda.Event:
+        mark = torch.cuda.Event(enable_timing=True)
+        mark.record(self.compute)
+        return mark
+
+    def elapsed_ms(self, start: torch.cuda.Event, end: torch.cuda.Event) -> float:
+        end.synchronize()
+        return start.elapsed_time(end)
+
+    def used_bytes(self) -> int:
+        return self._attribute(cudart.cudaMemPoolAttr.cudaMemPoolAttrUsedMemCurrent)
+
+    def reserved_peak_bytes(self) -> int:
+        """High-water of memory the pool reserved from the device since creation."""
+        return self._attribute(cudart.cudaMemPoolAttr.cudaMemPoolAttrReservedMemHigh)
+
+    def peak_bytes(self) -> int:
+        return self._attribute(cudart.cudaMemPoolAttr.cudaMemPoolAttrUsedMemHigh)
+
+    def reset_peak(self) -> None:
+        _check(cudart.cudaMemPoolSetAttribute(self.pool, cudart.cudaMemPoolAttr.cudaMemPoolAttrUsedMemHigh,
+                                              cudadrv.cuuint64_t(0)), "resetting the pool high-water", "report this")
+
+    def synchronize(self) -> None:
+        self.copy.synchronize()
+        self.compute.synchronize()
+
+    def close(self) -> None:
+        if self.pool is None:
+            return
+        self.synchronize()
+        _check(cudart.cudaMemPoolDestroy(self.pool), "cudaMemPoolDestroy", "report this")
+        self.pool = None
+

@@ -1,0 +1,132 @@
+"""The host backend: a TEST backend that runs the executor's control path on the CPU.
+
+"Device memory" is a capped host arena (a byte counter over real tensors) and
+copies are host memcpys, so every decision path (hit, fetch, prefetch, evict),
+stream-ordered reuse and failure mode runs in CI without a GPU. It measures
+nothing about a GPU; it is not a way to run a model.
+
+Everything runs in order on the host, so a free is complete when it returns
+and marks are nothing; an allocation over the cap raises like the CUDA pool's
+refusal.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Sequence
+
+import torch
+
+from engine.errors import ExecutorError
+from engine.executor.backend import Block
+
+log = logging.getLogger(__name__)
+
+PAGE = 4096
+
+
+class HostEvent:
+    """Copies on the host finish before `copy_in` returns: every event is complete."""
+
+    __slots__ = ()
+
+
+_DONE = HostEvent()
+
+
+class HostBackend:
+    """Capped host arena + host copies (test backend; see the module docstring)."""
+
+    name = "host"
+
+    def __init__(self, cap_bytes: int):
+        self.device = torch.device("cpu")
+        self.cap_bytes = cap_bytes
+        self._used = 0
+        self._peak = 0
+        self._reserved_peak = 0
+        self._next_address = 1
+        self._live: dict[int, int] = {}  # address -> nbytes
+        self.registered: dict[int, int] = {}  # address -> nbytes
+        log.info("host backend (a test backend, no GPU): capped arena of %d bytes", cap_bytes)
+
+    def alloc(self, nbytes: int) -> Block:
+        if self._used + nbytes > self.cap_bytes:
+            raise ExecutorError(
+                f"host arena refused {nbytes} bytes: {self._used} in use of a cap of "
+                f"{self.cap_bytes}; the executor allocated past its budget (a bug in the runtime)")
+        address = self._next_address
+        self._next_address += 1
+        self._live[address] = nbytes
+        self._used += nbytes
+        self._peak = max(self._peak, self._used)
+        self._reserved_peak = max(self._reserved_peak, self._used)
+        return Block(address, nbytes, torch.empty(nbytes, dtype=torch.uint8))
+
+    def mark(self) -> None:
+        return None
+
+    def free_after(self, block: Block, mark: None) -> None:
+        nbytes = self._live.pop(block.address, None)
+        if nbytes is None:
+            raise ExecutorError(f"host arena: block {block.address} freed twice or never allocated")
+        self._used -= nbytes
+
+    def copy_in(self, block: Block, src: torch.Tensor) -> HostEvent:
+        block.data.copy_(src.reshape(-1).view(torch.uint8))
+        return _DONE
+
+    def wait_ready(self, event: HostEvent) -> None:
+        pass
+
+    def warm(self, sizes: Sequence[int]) -> None:
+        blocks, total = [], 0
+        for size in sorted(set(sizes), reverse=True):
+            if total + size <= self.cap_bytes:
+                blocks.append(self.alloc(size))
+                total += size
+        for b in blocks:
+            self.free_after(b, None)
+        self._peak = 0
+
+    def host_buffer(self, nbytes: int) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+    def register(self, address: int, nbytes: int) -> None:
+        if address % PAGE or nbytes % PAGE:
+            raise ExecutorError(f"register: range {address:#x}+{nbytes} is not page-aligned (runtime bug)")
+        if address in self.registered:
+            raise ExecutorError(f"register: {address:#x} is already registered")
+        self.registered[address] = nbytes
+
+    def unregister(self, address: int) -> None:
+        if self.registered.pop(address, None) is None:
+            raise ExecutorError(f"unregister: {address:#x} was not registered")
+
+    def check_stream(self) -> None:
+        pass  # one host thread: there is no other stream to be on
+
+    def timer(self) -> float:
+        return time.perf_counter()
+
+    def elapsed_ms(self, start: float, end: float) -> float:
+        return (end - start) * 1e3
+
+    def used_bytes(self) -> int:
+        return self._used
+
+    def reserved_peak_bytes(self) -> int:
+        return self._reserved_peak
+
+    def peak_bytes(self) -> int:
+        return self._peak
+
+    def reset_peak(self) -> None:
+        self._peak = self._used
+
+    def synchronize(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self._live.clear()
+        self._used = 0

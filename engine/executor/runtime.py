@@ -1,0 +1,302 @@
+"""The runtime: carries out the weight policy's decisions on a backend.
+
+`WeightExecutor` is a WeightSource: `fetch(i)` asks the policy about kernel i,
+carries out its answers in order and returns K_i's weights as device tensors.
+
+    evict w     -> the copy stream waits for the mark of w's last issued reader
+                   (an event the compute stream recorded after that kernel),
+                   then frees w's block: every allocation after it on the copy
+                   stream may reuse the memory, and no reader can still see it
+    fetch w     -> allocate |w| on the copy stream, copy host -> device there,
+    prefetch w     record w's ready event
+    hit w       -> nothing
+    then        -> the compute stream waits on the ready events of K_i's
+                   weights it has not waited on yet (no host synchronize)
+
+Waiting for the victim's own last reader, not for every kernel issued so far,
+lets the copy stream run as far ahead as the policy's decisions allow.
+
+The executor logs every decision it carried out (`log`); for the same access
+order and config it equals a bare `WeightResidency`'s log (decision parity).
+"""
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping, Sequence
+
+import torch
+
+from engine.errors import ExecutorError
+from engine.executor.backend import Backend, Block
+from engine.policy import AccessOrder, Decision
+from engine.policy.weights import WeightResidency
+
+
+@dataclass
+class _Resident:
+    block: Block
+    tensor: torch.Tensor  # the weight's dtype and shape over block.data
+    ready: Any  # event the copy recorded
+    waited: bool = False  # the compute stream is already ordered after the copy
+
+
+@dataclass
+class StepStats:
+    """One step's telemetry; `step_ms` is read from the backend's marks on demand."""
+
+    step: int
+    start: Any
+    end: Any = None
+    h2d_bytes: int = 0
+    fetches: int = 0
+    prefetches: int = 0
+    hits: int = 0
+    evictions: int = 0
+    peak_device_bytes: int = 0  # pool used high-water during the step
+    peak_resident_bytes: int = 0  # logical bytes the policy held at most
+    kernels: int = 0  # kernels fetched so far in this step
+
+
+def make_backend(name: str, capacity_bytes: int, largest_weight_bytes: int) -> Backend:
+    """A backend whose pool holds `capacity_bytes` of weights (the CUDA pool adds
+    a fragmentation slack; the host arena is exact)."""
+    if name == "host":
+        from engine.executor.host import HostBackend
+
+        return HostBackend(capacity_bytes)
+    if name == "cuda":
+        from engine.executor.cuda import CudaBackend, pool_slack_bytes
+
+        return CudaBackend(capacity_bytes, pool_slack_bytes(largest_weight_bytes))
+    raise ExecutorError(f"weights.backend={name!r} is not one of cuda, host; pick one of those")
+
+
+class WeightExecutor:
+    """Streams weights through a capped pool as the residency policy decides.
+
+    Run each forward inside `with executor.step():`; it holds a non-blocking
+    lock, so a second concurrent forward (another thread) fails at once.
+    """
+
+    def __init__(self, order: AccessOrder, host: Mapping[str, torch.Tensor], *,
+                 budget_bytes: int | None, eviction: str = "belady", lookahead: int = 2,
+                 backend: str | Backend = "cuda"):
+        # The policy first: a budget under the floor fails before any device memory is taken.
+        self.policy = WeightResidency(order, budget_bytes, eviction, lookahead)
+        self.order = order
+        self.budget_bytes = budget_bytes
+        _check_host(order, host)
+        self.host = {w: host[w] for w in order.sizes}
+        capacity = budget_bytes if budget_bytes is not None else sum(order.sizes.values())
+        if isinstance(backend, str):
+            backend = make_backend(backend, capacity, max(order.sizes.values(), default=0))
+        self.backend = backend
+        self.backend.warm(list(order.sizes.values()))
+        self._reads = [tuple(dict.fromkeys(r)) for r in order.reads]
+        self._resident: dict[str, _Resident] = {}
+        self._resident_bytes = 0
+        self._next = 0
+        self._lock = threading.Lock()
+        self._owner: int | None = None
+        self._broken: str | None = None
+        self._stats: StepStats | None = None
+        self._marks: list[Any] = [None] * len(order)  # per position: compute passed that kernel
+        self._last_reader: dict[str, int] = {}  # resident weight -> position of its last issued reader
+        self._issued_any = False
+        self.log: list[Decision] = []
+        self.steps: list[StepStats] = []
+
+    # -- the WeightSource protocol -------------------------------------------------
+
+    def fetch(self, position: int, names: Sequence[str] | None = None) -> dict[str, torch.Tensor]:
+        """K_position's weights on the device, after carrying out the policy's answers.
+
+        `names`, when given, are the weights the caller is about to read; they
+        must be K_position's (else: schedule divergence)."""
+        self._check_caller()
+        if position != self._next:
+            self._diverge(f"got {self._kernel(position)} (position {position})")
+        if names is not None and set(names) != set(self._reads[position]):
+            self._diverge(f"got weights {sorted(names)} for it, expected {sorted(self._reads[position])}")
+        return self._issue(position)
+
+    def fetch_next(self, kernel: str) -> dict[str, torch.Tensor]:
+        """The next kernel's weights, for callers that know kernels by name (module hooks)."""
+        self._check_caller()
+        if kernel != self.order.kernels[self._next]:
+            self._diverge(f"got kernel {kernel}")
+        return self._issue(self._next)
+
+    # -- steps ---------------------------------------------------------------------
+
+    @contextmanager
+    def step(self) -> Iterator[StepStats]:
+        """One forward: every kernel fetched once, in order. Records the step's telemetry."""
+        if not self._lock.acquire(blocking=False):
+            raise ExecutorError(
+                "another forward is already running on this executor (concurrent execute from "
+                "another thread); run forwards one at a time or give each thread its own executor")
+        try:
+            if self._broken:
+                raise ExecutorError(f"this executor stopped after an earlier failure ({self._broken}); "
+                                    "create a new one")
+            self.backend.check_stream()
+            self._owner = threading.get_ident()
+            self.backend.reset_peak()
+            stats = StepStats(step=len(self.steps), start=self.backend.timer(),
+                              peak_resident_bytes=self._resident_bytes)
+            self._stats = stats
+            try:
+                yield stats
+                if stats.kernels != len(self.order):
+                    self._diverge(f"the step ended after {stats.kernels} of {len(self.order)} kernels")
+            except BaseException as err:
+                self._broken = self._broken or f"{type(err).__name__}: {err}"
+                raise
+            stats.end = self.backend.timer()
+            stats.peak_device_bytes = self.backend.peak_bytes()
+            self.steps.append(stats)
+        finally:
+            self._stats = None
+            self._owner = None
+            self._lock.release()
+
+    def telemetry(self) -> list[dict]:
+        """One dict per finished step (reading step_ms waits for that step's end)."""
+        out = []
+        for s in self.steps:
+            out.append({
+                "step": s.step,
+                "step_ms": self.backend.elapsed_ms(s.start, s.end),
+                "h2d_bytes": s.h2d_bytes,
+                "fetches": s.fetches,
+                "prefetches": s.prefetches,
+                "hits": s.hits,
+                "evictions": s.evictions,
+                "peak_device_bytes": s.peak_device_bytes,
+                "peak_resident_bytes": s.peak_resident_bytes,
+            })
+        return out
+
+    # -- carrying out decisions ----------------------------------------------------
+
+    def _issue(self, position: int) -> dict[str, torch.Tensor]:
+        if self._stats.kernels == len(self.order):
+            self._diverge(f"got a kernel past the end of the step ({self._kernel(position)})")
+        try:
+            if self._issued_any:  # the previous kernel's work is all enqueued now
+                self._marks[(position - 1) % len(self.order)] = self.backend.mark()
+            self._issued_any = True
+            for d in self.policy.issue(position):
+                self._carry_out(d)
+                self.log.append(d)
+            out = {}
+            for w in self._reads[position]:
+                r = self._resident.get(w)
+                if r is None:
+                    raise ExecutorError(f"policy bug: {w} is read by {self.order.kernels[position]} "
+                                        "but was neither hit nor fetched")
+                if not r.waited:
+                    self.backend.wait_ready(r.ready)
+                    r.waited = True
+                self._last_reader[w] = position
+                out[w] = r.tensor
+        except BaseException as err:
+            self._broken = self._broken or f"{type(err).__name__}: {err}"
+            raise
+        self._next = (position + 1) % len(self.order)
+        self._stats.kernels += 1
+        return out
+
+    def _carry_out(self, d: Decision) -> None:
+        stats = self._stats
+        w = d.target
+        if d.action == "hit":
+            stats.hits += 1
+        elif d.action == "evict":
+            r = self._resident.pop(w, None)
+            if r is None:
+                raise ExecutorError(f"policy bug: evict {w}, which is not resident")
+            reader = self._last_reader.pop(w, None)  # None: never read, the copy stream's own order suffices
+            self.backend.free_after(r.block, None if reader is None else self._marks[reader])
+            self._resident_bytes -= r.block.nbytes
+            stats.evictions += 1
+        elif d.action in ("fetch", "prefetch"):
+            if w in self._resident:
+                raise ExecutorError(f"policy bug: {d.action} {w}, which is already resident")
+            src = self.host[w]
+            block = self.backend.alloc(self.order.sizes[w])
+            ready = self.backend.copy_in(block, src)
+            tensor = block.data.view(src.dtype).view(src.shape)
+            self._resident[w] = _Resident(block, tensor, ready)
+            self._resident_bytes += block.nbytes
+            stats.peak_resident_bytes = max(stats.peak_resident_bytes, self._resident_bytes)
+            stats.h2d_bytes += block.nbytes
+            if d.action == "fetch":
+                stats.fetches += 1
+            else:
+                stats.prefetches += 1
+        else:
+            raise ExecutorError(f"the policy answered {d.action} {w}; the executor never runs below "
+                                "the floor (that is mode=simulate sim.allow_below_floor=true)")
+
+    # -- checks --------------------------------------------------------------------
+
+    def _check_caller(self) -> None:
+        if self._owner is None:
+            raise ExecutorError("fetch outside a step; run the forward inside `with executor.step():`")
+        if self._owner != threading.get_ident():
+            raise ExecutorError("fetch from another thread while a forward runs (concurrent execute); "
+                                "run forwards one at a time")
+        if self._broken:
+            raise ExecutorError(f"this executor stopped after an earlier failure ({self._broken}); "
+                                "create a new one")
+
+    def _kernel(self, position: int) -> str:
+        if 0 <= position < len(self.order):
+            return self.order.kernels[position]
+        return f"<no kernel at {position}>"
+
+    def _diverge(self, got: str) -> None:
+        p = self._next
+        message = (f"schedule divergence at kernel position {p}: expected {self.order.kernels[p]}, {got}; "
+                   "the forward no longer follows the recorded access order: record it again "
+                   "(offload() again, or a trace of this model and workload)")
+        self._broken = message
+        raise ExecutorError(message)
+
+    # -- lifetime ------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Wait for the device, free every block and the pool."""
+        if self._lock.locked() and self._owner is not None:
+            raise ExecutorError("close() while a forward runs on this executor; wait for it to finish")
+        self.backend.synchronize()
+        for r in self._resident.values():
+            self.backend.free_after(r.block, None)
+        self._resident.clear()
+        self._last_reader.clear()
+        self._resident_bytes = 0
+        self.host = {}  # the host views (a file mapping) may be closed after this
+        self.backend.close()
+
+    def __enter__(self) -> WeightExecutor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _check_host(order: AccessOrder, host: Mapping[str, torch.Tensor]) -> None:
+    for w, size in order.sizes.items():
+        t = host.get(w)
+        if t is None:
+            raise ExecutorError(f"no host tensor for weight {w}; the weight source does not match the access order")
+        nbytes = t.numel() * t.element_size()
+        if nbytes != size:
+            raise ExecutorError(f"weight {w} is {nbytes} bytes on the host but the access order says {size}")
+        if t.device.type != "cpu" or not t.is_contiguous():
+            raise ExecutorError(f"weight {w}: host tensors must be contiguous CPU tensors (got {t.device}, "
+                                f"contiguous={t.is_contiguous()})")

@@ -1,0 +1,293 @@
+"""Weight files (`.ptd`): safetensors on disk, memory-mapped for streaming.
+
+`materialize` writes random weights for a spec tensor by tensor, header first,
+so a 38 GB model never sits in host memory at once. `WeightFile` maps a file
+read-only, checks it against the spec before anything runs, and hands out host
+tensors that view the mapping: the page cache is the host copy, there is no
+second one. A real checkpoint in safetensors format opens the same way.
+
+Format (https://huggingface.co/docs/safetensors): 8 bytes little-endian header
+length N, N bytes of JSON {name: {dtype, shape, data_offsets: [begin, end]}},
+then the data; offsets count from the end of the header.
+"""
+from __future__ import annotations
+
+import json
+import math
+import mmap
+import os
+import struct
+import warnings
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from tqdm import tqdm
+
+from engine.errors import WeightFileError
+from engine.spec import DTYPE_BYTES, ModelSpec, WeightSpec
+
+# spec dtype -> (safetensors dtype, torch dtype)
+DTYPES: dict[str, tuple[str, torch.dtype]] = {
+    "fp32": ("F32", torch.float32),
+    "bf16": ("BF16", torch.bfloat16),
+    "fp16": ("F16", torch.float16),
+    "fp8_e4m3": ("F8_E4M3", torch.float8_e4m3fn),
+    "fp8_e5m2": ("F8_E5M2", torch.float8_e5m2),
+}
+_HEADER_ALIGN = 8  # safetensors pads the header so the data starts 8-byte aligned
+_CHUNK_ELEMENTS = 1 << 22  # CPU generation: 4M elements per chunk (16 MB of fp32 scratch)
+
+
+def torch_dtype(dtype: str) -> torch.dtype:
+    return DTYPES[dtype][1]
+
+
+def file_order(spec: ModelSpec) -> list[str]:
+    """Weights in first-use order, the rest after: streaming then reads the file
+    mostly front to back."""
+    first_use = dict.fromkeys(w for k in spec.kernels for w in k.weights)
+    return list(first_use) + [w for w in spec.weights if w not in first_use]
+
+
+def _header_bytes(spec: ModelSpec, names: list[str], metadata: dict[str, str]) -> bytes:
+    header: dict = {"__metadata__": metadata}
+    offset = 0
+    for name in names:
+        w = spec.weights[name]
+        header[name] = {"dtype": DTYPES[w.dtype][0], "shape": list(w.shape),
+                        "data_offsets": [offset, offset + w.nbytes]}
+        offset += w.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-(len(raw) + 8) % _HEADER_ALIGN)
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def init_std(w: WeightSpec) -> tuple[float, float]:
+    """(mean, std) of a random weight, at the scales of engine.models.random_weights,
+    so a deep random model stays finite: small biases, norm gains near 1,
+    scale_shift tables ~ 1/sqrt(width), other weights ~ 1/sqrt(fan_in)."""
+    if w.name.endswith(".bias"):
+        return 0.0, 0.02
+    if len(w.shape) == 1:
+        return 1.0, 0.1
+    if "scale_shift_table" in w.name:
+        return 0.0, 1.0 / math.sqrt(w.shape[-1])
+    return 0.0, 1.0 / math.sqrt(math.prod(w.shape[1:]))
+
+
+def _generate_cuda(w: WeightSpec, seed: int, index: int, device: torch.device) -> torch.Tensor:
+    g = torch.Generator(device=device).manual_seed(seed * 1_000_003 + index)
+    mean, std = init_std(w)
+    t = torch.randn(w.numel, generator=g, device=device, dtype=torch.float32).mul_(std).add_(mean)
+    return t.to(torch_dtype(w.dtype)).cpu()
+
+
+def _generate_chunk(w: WeightSpec, seed: int, index: int, chunk: int, count: int) -> bytes:
+    g = torch.Generator().manual_seed((seed * 1_000_003 + index) * 1_000_033 + chunk)
+    mean, std = init_std(w)
+    t = torch.randn(count, generator=g, dtype=torch.float32).mul_(std).add_(mean)
+    return t.to(torch_dtype(w.dtype)).view(torch.uint8).numpy().tobytes()
+
+
+def _cpu_chunks(spec: ModelSpec, names: list[str], seed: int, pool: ThreadPoolExecutor,
+                window: int) -> Iterator[bytes]:
+    """Every tensor's bytes in file order, generated in parallel chunks; at most
+    `window` chunks are in flight, so memory stays bounded."""
+    def jobs() -> Iterator[tuple[WeightSpec, int, int, int]]:
+        for index, name in enumerate(names):
+            w = spec.weights[name]
+            for chunk, start in enumerate(range(0, w.numel, _CHUNK_ELEMENTS)):
+                yield w, index, chunk, min(_CHUNK_ELEMENTS, w.numel - start)
+
+    pending: deque[Future] = deque()
+    for w, index, chunk, count in jobs():
+        pending.append(pool.submit(_generate_chunk, w, seed, index, chunk, count))
+        if len(pending) >= window:
+            yield pending.popleft().result()
+    while pending:
+        yield pending.popleft().result()
+
+
+def materialize(spec: ModelSpec, path: str | Path, seed: int = 0,
+                device: str | torch.device | None = None) -> Path:
+    """Write random weights for `spec` to a safetensors file at `path`.
+
+    Streams tensor by tensor (header first, then the data in file order) with a
+    progress bar. `device` "cuda" generates on the GPU; None picks the GPU when
+    there is one, else the CPU in parallel chunks. Values depend on the seed
+    and on the generating device. The file appears at `path` only when complete.
+    """
+    path = Path(path)
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    names = file_order(spec)
+    metadata = {"format": "pt", "generator": f"offload-engine materialize ({device.type})",
+                "model": spec.name, "seed": str(seed)}
+    partial = path.with_name(path.name + ".partial")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with open(partial, "wb") as f, tqdm(total=spec.model_bytes, unit="B", unit_scale=True,
+                                             desc=f"materialize {spec.name}") as bar:
+            f.write(_header_bytes(spec, names, metadata))
+            if device.type == "cuda":
+                for index, name in enumerate(names):
+                    data = _generate_cuda(spec.weights[name], seed, index, device)
+                    f.write(data.view(torch.uint8).numpy().data)
+                    bar.update(data.numel() * data.element_size())
+            else:
+                workers = os.cpu_count() or 1
+                with ThreadPoolExecutor(workers) as pool:
+                    for data in _cpu_chunks(spec, names, seed, pool, window=2 * workers):
+                        f.write(data)
+                        bar.update(len(data))
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+    return path
+
+
+class WeightFile:
+    """A weight file mapped read-only and checked against a spec at open.
+
+    `tensor(name)` views the mapping (no copy). The views are read-only: writing
+    to one faults. Close (or use as a context manager) once no view is used.
+    """
+
+    def __init__(self, path: str | Path, spec: ModelSpec):
+        self.path = Path(path)
+        self.spec = spec
+        if not self.path.is_file():
+            raise WeightFileError(
+                f"weight file {self.path} does not exist; write one with "
+                f"mode=materialize out={self.path} or point weights.file at a checkpoint")
+        self.file_bytes = self.path.stat().st_size
+        with open(self.path, "rb") as f:
+            self.header, self.data_start = _read_header(f, self.path, self.file_bytes)
+        self._entries = _check_entries(self.header, spec, self.path, self.file_bytes - self.data_start)
+        with open(self.path, "rb") as f:
+            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        self._views: dict[str, torch.Tensor] = {}
+
+    @property
+    def closed(self) -> bool:
+        return self._map is None
+
+    def base_address(self) -> int:
+        """Address of the mapping's first byte (page-aligned: mmap maps whole pages)."""
+        return self._frombuffer(0, 1, torch.uint8).data_ptr()
+
+    def _frombuffer(self, begin: int, end: int, dtype: torch.dtype) -> torch.Tensor:
+        if self._map is None:
+            raise WeightFileError(f"weight file {self.path} is closed")
+        # Each view holds its own memoryview of the mapping: while any view lives,
+        # the mapping cannot be closed under it (close() raises instead).
+        with warnings.catch_warnings():
+            # The mapping is read-only by design; torch warns about any non-writable buffer.
+            warnings.filterwarnings("ignore", message="The given buffer is not writable")
+            return torch.frombuffer(memoryview(self._map)[begin:end], dtype=dtype)
+
+    def tensor(self, name: str) -> torch.Tensor:
+        """The host tensor of weight `name`, a view of the mapping."""
+        view = self._views.get(name)
+        if view is None:
+            if name not in self._entries:
+                raise WeightFileError(f"{name} is not a weight of model {self.spec.name}")
+            begin, end = self._entries[name]
+            w = self.spec.weights[name]
+            view = self._frombuffer(self.data_start + begin, self.data_start + end,
+                                    torch_dtype(w.dtype)).view(w.shape)
+            self._views[name] = view
+        return view
+
+    def data_view(self) -> torch.Tensor:
+        """The whole data section as bytes (uint8), a view of the mapping."""
+        return self._frombuffer(self.data_start, self.file_bytes, torch.uint8)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Every spec weight, as views of the mapping."""
+        return {name: self.tensor(name) for name in self.spec.weights}
+
+    def close(self) -> None:
+        if self._map is None:
+            return
+        self._views.clear()
+        try:
+            self._map.close()
+        except BufferError as err:
+            raise WeightFileError(
+                f"cannot close {self.path}: tensors viewing its mapping are still referenced; "
+                "drop them (and close the executor using them) first") from err
+        self._map = None
+
+    def __enter__(self) -> WeightFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _read_header(f, path: Path, file_bytes: int) -> tuple[dict, int]:
+    if file_bytes < 8:
+        raise WeightFileError(f"{path} is {file_bytes} bytes, too short for a safetensors header; "
+                              "the file is truncated: write it again")
+    (n,) = struct.unpack("<Q", f.read(8))
+    if n > file_bytes - 8:
+        raise WeightFileError(f"{path}: the header claims {n} bytes but the file has {file_bytes - 8} "
+                              "after the length; the file is truncated or not safetensors: write it again")
+    try:
+        header = json.loads(f.read(n))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise WeightFileError(f"{path}: the header is not valid JSON ({err}); "
+                              "the file is damaged or not safetensors") from None
+    if not isinstance(header, dict):
+        raise WeightFileError(f"{path}: the header is not a JSON object; the file is not safetensors")
+    return header, 8 + n
+
+
+def _check_entries(header: dict, spec: ModelSpec, path: Path, data_bytes: int) -> dict[str, tuple[int, int]]:
+    """(begin, end) per spec weight, after every check the spec and the header allow."""
+    missing = [name for name in spec.weights if name not in header]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise WeightFileError(
+            f"weight {missing[0]} of model {spec.name} is missing from {path}{more}; "
+            f"this file is for another model: materialize one for {spec.name} or fix weights.file")
+    spans: list[tuple[int, int, str]] = []
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            begin, end = (int(x) for x in entry["data_offsets"])
+            st_dtype, shape = entry["dtype"], tuple(int(s) for s in entry["shape"])
+        except (KeyError, TypeError, ValueError):
+            raise WeightFileError(f"{path}: header entry {name} lacks dtype, shape or data_offsets; "
+                                  "the file is damaged") from None
+        if not 0 <= begin <= end <= data_bytes:
+            raise WeightFileError(
+                f"{path}: {name} lies at bytes [{begin}, {end}) but the data section has {data_bytes} "
+                "bytes; the file is truncated or its header is wrong: write it again")
+        spans.append((begin, end, name))
+        w = spec.weights.get(name)
+        if w is not None:
+            _check_weight(w, st_dtype, shape, end - begin, path)
+    spans.sort()
+    for (b0, e0, n0), (b1, e1, n1) in zip(spans, spans[1:]):
+        if b1 < e0:
+            raise WeightFileError(f"{path}: {n0} [{b0}, {e0}) and {n1} [{b1}, {e1}) overlap; "
+                                  "the header is wrong: write the file again")
+    return {name: (b, e) for b, e, name in spans if name in spec.weights}
+
+
+def _check_weight(w: WeightSpec, st_dtype: str, shape: tuple[int, ...], nbytes: int, path: Path) -> None:
+    expected = DTYPES[w.dtype][0]
+    if st_dtype != expected or shape != w.shape:
+        raise WeightFileError(
+            f"{path}: {w.name} is {st_dtype}{list(shape)} in the file but the model expects "
+            f"{expected}{list(w.shape)}; the file is for another model or dtype")
+    if nbytes != w.numel * DTYPE_BYTES[w.dtype]:
+        raise WeightFileError(f"{path}: {w.name} spans {nbytes} bytes but {expected}{list(w.shape)} "
+                              f"needs {w.nbytes}; the header is wrong: write the file again")

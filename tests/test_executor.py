@@ -1,0 +1,293 @@
+"""The executor on the host backend: bitwise outputs, decision parity, the cap, and every loud failure."""
+from __future__ import annotations
+
+import json
+import threading
+from types import SimpleNamespace
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from omegaconf import OmegaConf
+
+from engine.errors import BelowFloorError, ExecutorError
+from engine.executor import WeightExecutor, host_weights, make_backend, run_execute
+from engine.executor.host import HostBackend
+from engine.models import DictSource, forward, make_inputs
+from engine.policy import AccessOrder
+from engine.policy.weights import WeightResidency, floor
+from engine.spec import load_spec
+from engine.weightfile import WeightFile, materialize
+
+WORKLOAD = dict(name="infer", kind="infer", batch=1, video_tokens=24, audio_tokens=6, text_tokens=5,
+                context_tokens=0, lora_rank=0, steps=3)
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    spec = load_spec("tiny", SimpleNamespace(**WORKLOAD))
+    path = materialize(spec, tmp_path_factory.mktemp("w") / "tiny.ptd", seed=1, device="cpu")
+    wf = WeightFile(path, spec)
+    inputs = make_inputs(spec, SimpleNamespace(**WORKLOAD), seed=2)
+    with torch.no_grad():
+        reference = forward(spec, DictSource(spec, {n: t.clone() for n, t in wf.tensors().items()}), inputs)
+    order = AccessOrder(tuple(k.name for k in spec.kernels), tuple(k.weights for k in spec.kernels),
+                        {n: w.nbytes for n, w in spec.weights.items()})
+    yield SimpleNamespace(spec=spec, wf=wf, path=path, inputs=inputs, reference=reference, order=order)
+    wf.close()
+
+
+def run_steps(tiny, ex: WeightExecutor, steps: int = STEPS) -> list[dict]:
+    outs = []
+    with torch.no_grad():
+        for _ in range(steps):
+            with ex.step():
+                outs.append(forward(tiny.spec, ex, tiny.inputs))
+    return outs
+
+
+def bare_log(order: AccessOrder, budget: int | None, eviction: str, lookahead: int, steps: int = STEPS):
+    policy = WeightResidency(order, budget, eviction, lookahead)
+    for _ in range(steps):
+        for i in range(len(order)):
+            policy.issue(i)
+    return policy.log
+
+
+@pytest.mark.parametrize("eviction", ["lru", "belady", "priority"])
+@pytest.mark.parametrize("lookahead", [0, 1, 2, 3])
+def test_bitwise_outputs_parity_and_cap(tiny, eviction, lookahead):
+    fl = floor(tiny.order, lookahead).bytes
+    for budget in (fl, fl + 40_000, 2 * fl, None):
+        ex = WeightExecutor(tiny.order, tiny.wf.tensors(), budget_bytes=budget, eviction=eviction,
+                            lookahead=lookahead, backend="host")
+        outs = run_steps(tiny, ex)
+        for out in outs:
+            assert out.keys() == tiny.reference.keys()
+            for k in out:
+                assert torch.equal(out[k], tiny.reference[k]), (eviction, lookahead, budget, k)
+        assert ex.log == bare_log(tiny.order, budget, eviction, lookahead)  # decision parity
+        cap = budget if budget is not None else tiny.spec.model_bytes
+        assert ex.backend.reserved_peak_bytes() <= cap
+        assert all(row["peak_device_bytes"] <= cap for row in ex.telemetry())
+        ex.close()
+
+
+def test_telemetry_counts_match_the_log(tiny):
+    budget = 2 * floor(tiny.order, 2).bytes
+    ex = WeightExecutor(tiny.order, tiny.wf.tensors(), budget_bytes=budget, eviction="belady", lookahead=2,
+                        backend="host")
+    run_steps(tiny, ex)
+    rows = ex.telemetry()
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    for r in rows:
+        step = [d for d in ex.log if d.step == r["step"]]
+        assert r["hits"] == sum(d.action == "hit" for d in step)
+        assert r["fetches"] == sum(d.action == "fetch" for d in step)
+        assert r["prefetches"] == sum(d.action == "prefetch" for d in step)
+        assert r["evictions"] == sum(d.action == "evict" for d in step)
+        assert r["h2d_bytes"] == sum(tiny.order.sizes[d.target] for d in step if d.action in ("fetch", "prefetch"))
+        assert r["step_ms"] > 0
+        assert 0 < r["peak_resident_bytes"] <= budget
+    # all resident: nothing is copied after the first step
+    ex = WeightExecutor(tiny.order, tiny.wf.tensors(), budget_bytes=None, backend="host")
+    run_steps(tiny, ex)
+    assert [r["h2d_bytes"] for r in ex.telemetry()] == [tiny.spec.model_bytes, 0, 0]
+
+
+@pytest.mark.parametrize("source", ["pinned", "mmap_registered", "mmap", "pageable"])
+def test_every_host_source_gives_the_same_outputs(tiny, source):
+    budget = floor(tiny.order, 2).bytes
+    backend = HostBackend(budget)
+    host = host_weights(tiny.wf, source, backend)
+    assert bool(backend.registered) == (source == "mmap_registered")
+    ex = WeightExecutor(tiny.order, host.tensors, budget_bytes=budget, backend=backend)
+    out = run_steps(tiny, ex, steps=2)[-1]
+    assert all(torch.equal(out[k], tiny.reference[k]) for k in out)
+    ex.close()
+    host.close()
+    assert backend.registered == {}  # unregistered on close
+
+
+def test_below_floor_fails_at_init_with_the_exact_minimum(tiny):
+    fl = floor(tiny.order, 2).bytes
+    with pytest.raises(BelowFloorError, match=rf"use budget={-(-fl // 10**6)} or more") as err:
+        WeightExecutor(tiny.order, tiny.wf.tensors(), budget_bytes=fl - 1, backend="host")
+    assert err.value.floor_bytes == fl
+    assert f"{fl / 1e6:.3f} MB" in str(err.value)
+
+
+def executor(tiny, **kw) -> WeightExecutor:
+    kw.setdefault("budget_bytes", 2 * floor(tiny.order, 2).bytes)
+    return WeightExecutor(tiny.order, tiny.wf.tensors(), backend="host", **kw)
+
+
+def test_out_of_order_fetch_names_the_first_divergent_kernel(tiny):
+    ex = executor(tiny)
+    with pytest.raises(ExecutorError, match=r"schedule divergence at kernel position 2: expected "
+                                            rf"{tiny.order.kernels[2]}, got {tiny.order.kernels[3]} \(position 3\)"):
+        with ex.step():
+            ex.fetch(0)
+            ex.fetch(1)
+            ex.fetch(3)
+    with pytest.raises(ExecutorError, match="stopped after an earlier failure"):
+        with ex.step():
+            pass
+
+
+def test_wrong_weights_for_a_kernel_diverge(tiny):
+    ex = executor(tiny)
+    with pytest.raises(ExecutorError, match=r"divergence at kernel position 0: expected proj_in, got weights"):
+        with ex.step():
+            ex.fetch(0, names=["proj_in.weight"])
+
+
+def test_a_step_that_stops_early_or_runs_long_diverges(tiny):
+    ex = executor(tiny)
+    with pytest.raises(ExecutorError, match=rf"the step ended after 5 of {len(tiny.order)} kernels"):
+        with ex.step():
+            for i in range(5):
+                ex.fetch(i)
+    ex = executor(tiny)
+    with pytest.raises(ExecutorError, match="past the end of the step"):
+        with ex.step():
+            for i in list(range(len(tiny.order))) + [0]:
+                ex.fetch(i)
+
+
+def test_fetch_outside_a_step_and_by_name(tiny):
+    ex = executor(tiny)
+    with pytest.raises(ExecutorError, match="fetch outside a step"):
+        ex.fetch(0)
+    ex = executor(tiny)
+    with pytest.raises(ExecutorError, match=f"expected {tiny.order.kernels[0]}, got kernel blocks.0.ada"):
+        with ex.step():
+            ex.fetch_next("blocks.0.ada")
+
+
+def test_concurrent_execute_fails_at_once(tiny):
+    ex = executor(tiny)
+    inside, release = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def first() -> None:
+        with ex.step():
+            ex.fetch(0)
+            inside.set()
+            release.wait(10)
+            for i in range(1, len(tiny.order)):
+                ex.fetch(i)
+
+    t = threading.Thread(target=first)
+    t.start()
+    assert inside.wait(10)
+    with pytest.raises(ExecutorError, match="concurrent execute"):
+        with ex.step():
+            pass
+    with pytest.raises(ExecutorError, match="another thread"):
+        ex.fetch(1)  # from this thread, into the other thread's step
+    release.set()
+    t.join(10)
+    assert not errors and len(ex.steps) == 1
+
+
+def test_arena_refuses_over_the_cap_and_double_frees():
+    arena = HostBackend(1000)
+    a = arena.alloc(600)
+    with pytest.raises(ExecutorError, match="host arena refused 500 bytes: 600 in use of a cap of 1000"):
+        arena.alloc(500)
+    arena.free_after(a, arena.mark())
+    arena.alloc(500)
+    with pytest.raises(ExecutorError, match="freed twice"):
+        arena.free_after(a, None)
+
+
+def test_an_arena_smaller_than_the_budget_fails_loudly(tiny):
+    budget = 2 * floor(tiny.order, 2).bytes
+    ex = WeightExecutor(tiny.order, tiny.wf.tensors(), budget_bytes=budget, backend=HostBackend(budget // 2))
+    with pytest.raises(ExecutorError, match="host arena refused"):
+        run_steps(tiny, ex, steps=1)
+
+
+def test_host_tensors_must_match_the_order(tiny):
+    host = dict(tiny.wf.tensors())
+    host.pop("proj_in.bias")
+    with pytest.raises(ExecutorError, match="no host tensor for weight proj_in.bias"):
+        WeightExecutor(tiny.order, host, budget_bytes=None, backend="host")
+    host["proj_in.bias"] = torch.zeros(3, dtype=torch.bfloat16)
+    with pytest.raises(ExecutorError, match="proj_in.bias is 6 bytes on the host"):
+        WeightExecutor(tiny.order, host, budget_bytes=None, backend="host")
+    with pytest.raises(ExecutorError, match="weights.backend='tpu'"):
+        make_backend("tpu", 10, 1)
+
+
+@settings(max_examples=40, deadline=None)
+@given(sizes=st.lists(st.integers(1, 64), min_size=2, max_size=7),
+       reads=st.lists(st.lists(st.integers(0, 6), max_size=3), min_size=2, max_size=10),
+       extra=st.integers(0, 200), lookahead=st.integers(0, 3),
+       eviction=st.sampled_from(["lru", "belady", "priority"]))
+def test_any_order_runs_with_parity_under_the_cap(sizes, reads, extra, lookahead, eviction):
+    names = [f"w{i}" for i in range(len(sizes))]
+    order = AccessOrder(tuple(f"k{i}" for i in range(len(reads))),
+                        tuple(tuple(dict.fromkeys(names[j % len(names)] for j in r)) for r in reads),
+                        {n: 4 * s for n, s in zip(names, sizes)})
+    host = {n: torch.arange(order.sizes[n] // 4, dtype=torch.float32) + i for i, n in enumerate(names)}
+    budget = floor(order, lookahead).bytes + extra
+    ex = WeightExecutor(order, host, budget_bytes=budget, eviction=eviction, lookahead=lookahead, backend="host")
+    for _ in range(3):
+        with ex.step():
+            for i in range(len(order)):
+                got = ex.fetch(i)
+                assert all(torch.equal(got[w], host[w]) for w in order.reads[i])
+    assert ex.log == bare_log(order, budget, eviction, lookahead)
+    assert ex.backend.reserved_peak_bytes() <= budget
+
+
+def cfg(**weights):
+    base = {"eviction": "belady", "lookahead": 2, "source": "mmap_registered", "file": None, "backend": "host"}
+    return OmegaConf.create({"weights": {**base, **weights}, "workload": WORKLOAD, "budget": 1.0, "seed": 0})
+
+
+class _Trace:
+    def __init__(self, order):
+        self.order = order
+
+    def access_order(self):
+        return self.order
+
+
+def test_run_execute_on_the_host_backend(tiny, tmp_path):
+    c = cfg(file=str(tiny.path))
+    result = run_execute(c, tiny.spec, _Trace(tiny.order), tmp_path)
+    assert result["outputs_match_reference"] is True
+    assert result["steps"] == 3 and result["budget_bytes"] == 1_000_000
+    assert result["peak_device_bytes"] <= 1_000_000
+    assert result["pool_hits"] > 0 and result["h2d_bytes"] > 0
+    rows = [json.loads(line) for line in (tmp_path / "telemetry.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and {"step_ms", "h2d_bytes", "peak_device_bytes"} <= rows[0].keys()
+
+
+def test_run_execute_materializes_small_models_and_refuses_big_ones(tiny, tmp_path):
+    result = run_execute(cfg(), tiny.spec, _Trace(tiny.order), tmp_path)
+    assert result["outputs_match_reference"] is True and result["weights_file"] is None
+    big = load_spec("ltx", SimpleNamespace(**WORKLOAD))
+    big_order = AccessOrder(tuple(k.name for k in big.kernels), tuple(k.weights for k in big.kernels),
+                            {n: w.nbytes for n, w in big.weights.items()})
+    c = cfg()
+    c.budget = None
+    with pytest.raises(ExecutorError, match="mode=materialize out=PATH"):
+        run_execute(c, big, _Trace(big_order), tmp_path)
+
+
+def test_run_execute_refuses_a_trace_of_another_model(tiny, tmp_path):
+    order = AccessOrder(tiny.order.kernels[::-1], tiny.order.reads[::-1], tiny.order.sizes)
+    with pytest.raises(ExecutorError, match="schedule divergence at kernel position 0"):
+        run_execute(cfg(file=str(tiny.path)), tiny.spec, _Trace(order), tmp_path)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given without a GPU")
+def test_run_execute_without_a_gpu_says_what_to_do(tiny, tmp_path):
+    with pytest.raises(ExecutorError, match=r"no CUDA device; use mode=simulate \(or weights.backend=host"):
+        run_execute(cfg(backend="cuda", file=str(tiny.path)), tiny.spec, _Trace(tiny.order), tmp_path)

@@ -1,0 +1,229 @@
+"""offload() on plain torch modules (host backend): bitwise outputs, restore, and its loud failures."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import engine
+from engine.errors import BelowFloorError, ExecutorError
+from engine.policy.weights import WeightResidency
+
+
+class Block(nn.Module):
+    def __init__(self, d: int):
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.fc1 = nn.Linear(d, 4 * d)
+        self.fc2 = nn.Linear(4 * d, d)
+        self.gain = nn.Parameter(torch.randn(d))  # owned by a module with children: kept resident
+
+    def forward(self, x):
+        return x + self.gain * self.fc2(F.gelu(self.fc1(self.norm(x))))
+
+
+class Net(nn.Module):
+    def __init__(self, d: int = 32, n: int = 4, tied: bool = False):
+        super().__init__()
+        self.embed = nn.Linear(8, d)
+        self.blocks = nn.ModuleList(Block(d) for _ in range(n))
+        self.head = nn.Linear(d, 8)
+        self.unused = nn.Linear(d, d)
+        self.register_buffer("scale", torch.tensor(0.5))
+        if tied:
+            self.head.weight = nn.Parameter(self.embed.weight.t().contiguous())
+            self.out = nn.Linear(d, 8, bias=False)
+            self.out.weight = self.head.weight  # one parameter, two leaf modules
+
+    def forward(self, x):
+        h = self.embed(x)
+        for b in self.blocks:
+            h = b(h)
+        y = self.head(h) * self.scale
+        if hasattr(self, "out"):
+            y = y + self.out(h)
+        return y
+
+
+def make(**kw) -> tuple[Net, torch.Tensor, torch.Tensor]:
+    torch.manual_seed(0)
+    net = Net(**kw).eval()
+    x = torch.randn(2, 5, 8)
+    with torch.no_grad():
+        ref = net(x)
+    return net, x, ref
+
+
+@pytest.mark.parametrize("eviction", ["lru", "belady", "priority"])
+@pytest.mark.parametrize("budget_mb", [0.06, 0.1, None])
+def test_offload_matches_bitwise_and_restores(eviction, budget_mb):
+    net, x, ref = make()
+    before = {n: p.detach().clone() for n, p in net.named_parameters()}
+    h = engine.offload(net, budget_mb=budget_mb, example_inputs=(x,), eviction=eviction, backend="host")
+    assert h.order.kernels[:2] == ("embed", "blocks.0.norm")
+    assert "unused" not in h.order.kernels
+    assert set(h.resident_params) == {f"blocks.{i}.gain" for i in range(4)}
+    with torch.no_grad():
+        for _ in range(3):
+            assert torch.equal(net(x), ref)
+    rows = h.telemetry()
+    assert len(rows) == 3
+    if budget_mb is not None:
+        assert all(r["peak_device_bytes"] <= budget_mb * 1e6 for r in rows)
+    h.remove()
+    assert all(torch.equal(p, before[n]) for n, p in net.named_parameters())
+    assert "forward" not in net.__dict__
+    with torch.no_grad():
+        assert torch.equal(net(x), ref)
+
+
+def test_decision_parity_with_a_bare_policy():
+    net, x, _ = make()
+    h = engine.offload(net, budget_mb=0.07, example_inputs=(x,), eviction="belady", lookahead=3, backend="host")
+    with torch.no_grad():
+        net(x)
+        net(x)
+    bare = WeightResidency(h.order, 70_000, "belady", 3)
+    for _ in range(2):
+        for i in range(len(h.order)):
+            bare.issue(i)
+    assert h.executor.log == bare.log
+    h.remove()
+
+
+def test_a_read_outside_the_owner_and_tied_weights():
+    net, x, ref = make(tied=True)
+
+    class Peek(nn.Module):  # reads a leaf's weight from the parent
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            return self.inner(x) + self.inner.embed.bias.sum()
+
+    outer = Peek(net)
+    with torch.no_grad():
+        ref = outer(x)
+    h = engine.offload(outer, budget_mb=None, example_inputs=(x,), backend="host")
+    assert "inner.embed.bias" in h.resident_params
+    shared = "inner.head.weight"
+    assert sum(shared in r for r in h.order.reads) == 2  # read by head and out: one weight
+    with torch.no_grad():
+        assert torch.equal(outer(x), ref)
+    h.remove()
+    assert outer.inner.out.weight is outer.inner.head.weight
+
+
+def test_below_floor_names_the_minimum_and_leaves_the_module_alone():
+    net, x, ref = make()
+    with pytest.raises(BelowFloorError, match=r"use budget=1 or more"):
+        engine.offload(net, budget_mb=0.001, example_inputs=(x,), backend="host")
+    assert "forward" not in net.__dict__
+    assert all(not m._forward_pre_hooks and not m._forward_hooks for m in net.modules())
+    with torch.no_grad():
+        assert torch.equal(net(x), ref)
+
+
+def test_divergence_when_another_path_runs():
+    class Branchy(Net):
+        def forward(self, x, skip: bool = False):
+            h = self.embed(x)
+            for b in self.blocks[: 2 if skip else 4]:
+                h = b(h)
+            return self.head(h)
+
+    torch.manual_seed(0)
+    net = Branchy().eval()
+    x = torch.randn(2, 5, 8)
+    h = engine.offload(net, budget_mb=None, example_inputs=(x,), backend="host")
+    with torch.no_grad(), pytest.raises(ExecutorError, match=r"schedule divergence at kernel position 7: "
+                                                             r"expected blocks.2.norm, got kernel head"):
+        net(x, skip=True)
+    h.remove()
+
+    net = Net().eval()
+    h = engine.offload(net, budget_mb=None, example_inputs=(x,), backend="host")
+    with torch.no_grad(), pytest.raises(ExecutorError, match="unused ran but did not run in the recording"):
+        net.unused(torch.randn(32))
+    h.remove()
+
+
+def test_grad_mode_is_refused():
+    net, x, _ = make()
+    h = engine.offload(net, budget_mb=None, example_inputs=(x,), backend="host")
+    with pytest.raises(ExecutorError, match="under torch.no_grad"):
+        net(x)
+    h.remove()
+
+
+def test_concurrent_forward_on_one_module_fails_at_once():
+    net, x, ref = make()
+    inside, release = threading.Event(), threading.Event()
+
+    def slow(module, inputs):
+        inside.set()
+        release.wait(10)
+
+    h = engine.offload(net, budget_mb=None, example_inputs=(x,), backend="host")
+    hook = net.blocks[0].fc1.register_forward_pre_hook(slow)
+    results = []
+
+    def first():
+        with torch.no_grad():
+            results.append(net(x))
+
+    t = threading.Thread(target=first)
+    t.start()
+    assert inside.wait(10)
+    with torch.no_grad(), pytest.raises(ExecutorError, match="concurrent execute"):
+        net(x)
+    release.set()
+    t.join(10)
+    assert torch.equal(results[0], ref)
+    hook.remove()
+    h.remove()
+
+
+def test_unknown_backend():
+    net, x, _ = make()
+    with pytest.raises(ExecutorError, match="backend='tpu'"):
+        engine.offload(net, budget_mb=None, example_inputs=(x,), backend="tpu")
+
+
+def test_a_transformers_model_from_a_config():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                                   num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(0, 256, (2, 12))
+    with torch.no_grad():
+        ref = model(input_ids=ids).logits
+    h = engine.offload(model, budget_mb=0.2, example_inputs={"input_ids": ids}, backend="host")
+    with torch.no_grad():
+        assert all(torch.equal(model(input_ids=ids).logits, ref) for _ in range(2))
+    assert h.telemetry()[-1]["h2d_bytes"] > 0
+    h.remove()
+
+
+def test_a_diffusers_model_from_a_config():
+    diffusers = pytest.importorskip("diffusers")
+    torch.manual_seed(0)
+    model = diffusers.LTXVideoTransformer3DModel(in_channels=16, out_channels=16, num_attention_heads=4,
+                                                 attention_head_dim=16, cross_attention_dim=64, num_layers=2,
+                                                 caption_channels=32).eval()
+    f, hh, ww = 2, 4, 4
+    inputs = dict(hidden_states=torch.randn(1, f * hh * ww, 16), encoder_hidden_states=torch.randn(1, 7, 32),
+                  timestep=torch.tensor([500]), encoder_attention_mask=torch.ones(1, 7), num_frames=f,
+                  height=hh, width=ww, return_dict=False)
+    with torch.no_grad():
+        ref = model(**inputs)[0]
+    h = engine.offload(model, budget_mb=0.3, example_inputs=inputs, backend="host")
+    assert "transformer_blocks.0.scale_shift_table" in h.resident_params  # owned by a block with children
+    with torch.no_grad():
+        assert all(torch.equal(model(**inputs)[0], ref) for _ in range(2))
+    h.remove()
