@@ -2,6 +2,7 @@
 the copies each eviction policy saves on a cyclic order."""
 from __future__ import annotations
 
+import itertools
 import os
 
 import pytest
@@ -137,14 +138,26 @@ def test_prefetch_stops_rather_than_evict_a_weight_needed_sooner():
     assert [(d.action, d.target) for d in tight.issue(1)] == [("hit", "w1")]
 
 
-def test_priority_pins_a_first_use_prefix_within_budget_minus_floor():
+def test_priority_spreads_its_set_through_the_order():
+    order = cyclic(9)
+    assert floor(order, 0).bytes == 200 * MB
+    # 300 MB over the floor of a 900 MB model: f = 1/3, so every third weight
+    # in first-use order stays resident, not the first three.
+    p = WeightResidency(order, 500 * MB, "priority", 0)
+    assert p.pinned == frozenset({"w2", "w5", "w8"})
+    # Unequal sizes: a weight is kept while the kept bytes stay <= f x the bytes walked.
     order = make_order([("a",), ("b",), ("c",), ("d",)],
                        {"a": 50 * MB, "b": 100 * MB, "c": 10 * MB, "d": 100 * MB})
     assert floor(order, 0).bytes == 150 * MB  # a+b and d+a; b+c and c+d are 110
-    p = WeightResidency(order, 300 * MB, "priority", 0)
-    assert p.pinned == frozenset({"a", "b"})  # a+b fill the 150 MB over the floor
-    p = WeightResidency(order, 240 * MB, "priority", 0)
-    assert p.pinned == frozenset({"a"})  # b passes 90 MB; c would fit, but it is a prefix
+    # f = 150/260: a (50 > 28.8) and b (100 > 86.5) are streamed, c (10 <= 92.3)
+    # and d (110 <= 150) kept.
+    assert WeightResidency(order, 300 * MB, "priority", 0).pinned == frozenset({"c", "d"})
+    assert WeightResidency(order, 410 * MB, "priority", 0).pinned == frozenset("abcd")  # f = 1
+    # The walk keeps only b (f = 1/2); c is too big for the 50 MB left, so the
+    # fill pass gives that room to a.
+    order = make_order([("a",), ("b",), ("c",)], {"a": 10 * MB, "b": 10 * MB, "c": 100 * MB})
+    assert floor(order, 0).bytes == 110 * MB
+    assert WeightResidency(order, 170 * MB, "priority", 0).pinned == frozenset("ab")
 
 
 # --- summary: bytes copied per step --------------------------------------------
@@ -160,7 +173,7 @@ def test_cyclic_lru_recopies_every_weight_while_belady_and_priority_copy_less():
         assert by["priority"].streamed_bytes_per_step < model
     s = residency_summary(order, 400 * MB, "priority", 0)
     assert (s.resident, s.resident_bytes, s.streamed_bytes_per_step, s.first_step_bytes) == (
-        frozenset({"w0", "w1"}), 200 * MB, 400 * MB, 600 * MB)
+        frozenset({"w2", "w5"}), 200 * MB, 400 * MB, 600 * MB)
     s = residency_summary(order, 400 * MB, "belady", 0)
     assert s.streamed_bytes_per_step == 400 * MB
 
@@ -264,9 +277,62 @@ def test_cyclic_order_over_budget_lru_copies_all_priority_less(n, lookahead, dat
     budget = data.draw(st.integers(f.bytes, model - 1))
     assert residency_summary(order, budget, "lru", lookahead).streamed_bytes_per_step == model
     priority = residency_summary(order, budget, "priority", lookahead)
-    if budget - f.bytes >= sizes["w0"]:  # room to pin at least the first weight
+    # Room for some weight over the floor: the walk or the fill pass keeps one.
+    if budget - f.bytes >= min(sizes.values()):
         assert priority.streamed_bytes_per_step < model
-        assert "w0" in priority.resident
+        assert priority.resident
+
+
+@settings(max_examples=300, deadline=None)
+@given(access_orders(), st.sampled_from(sorted(EVICTIONS)), st.integers(0, 4), st.integers(0, 200))
+def test_every_victim_is_the_best_unprotected_candidate(order, eviction, lookahead, extra):
+    """Brute force beside the policies' heap and queue: each evicted weight is the
+    best of the resident, unpinned weights not protected at that moment (Belady:
+    furthest next use, ties to the smallest name; LRU and priority: least
+    recently used)."""
+    n = len(order)
+    policy = WeightResidency(order, floor(order, lookahead).bytes + extra, eviction, lookahead)
+    next_use = BeladyEviction(order, None, policy.floor).next_use
+    resident: set[str] = set()
+    last_use: dict[str, int] = {}
+    tick = itertools.count()
+    for _ in range(10):  # enough uses for Belady's heap to drop its stale entries
+        for i in range(n):
+            for d in policy.issue(i):
+                if d.action == "evict":
+                    ahead = (d.detail - i) % n  # 0 for a demand fetch, else the prefetch's kernel
+                    protected = {w for k in range(-1, ahead + 1) for w in order.reads[(i + k) % n]}
+                    candidates = resident - protected - policy.pinned
+                    key = ((lambda w: (-next_use(w, i), w)) if eviction == "belady"
+                           else last_use.__getitem__)
+                    assert d.target == min(candidates, key=key)
+                    resident.remove(d.target)
+                else:
+                    resident.add(d.target)
+                    last_use[d.target] = next(tick)  # hit, fetch and prefetch all count as use
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(1, 50), min_size=2, max_size=40), st.integers(0, 3), st.data())
+def test_spread_priority_set_keeps_every_half_of_the_order_at_the_same_fraction(weights, lookahead,
+                                                                                  data):
+    sizes = {f"w{i}": s for i, s in enumerate(weights)}
+    order = make_order([(w,) for w in sizes], sizes)
+    model = sum(weights)
+    fl = floor(order, lookahead).bytes
+    budget = data.draw(st.integers(fl, fl + model - 1))  # 0 <= f < 1
+    pinned = WeightResidency(order, budget, "priority", lookahead).pinned
+    f = (budget - fl) / model
+    n = len(weights)
+    # Every prefix of the walk keeps within one weight's size under f x its
+    # bytes and the fill pass adds less than one more, so a window (two
+    # prefixes' difference; a wrapping one, three) lands within two weights'
+    # sizes of f x its bytes.
+    tolerance = 2 * max(weights)
+    for start in range(n):  # every contiguous half, wrapping too: steps repeat
+        half = [f"w{(start + k) % n}" for k in range(n // 2)]
+        kept = sum(sizes[w] for w in half if w in pinned)
+        assert abs(kept - f * sum(sizes[w] for w in half)) <= tolerance
 
 
 def test_belady_next_use_is_cyclic():

@@ -40,8 +40,10 @@ depend only on the order of the questions: a logical clock, never time.
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable, Iterable, Protocol, Sequence
+from heapq import heapify, heappop, heappush
+from typing import Callable, Container, Iterable, Mapping, Protocol
 
 from engine.errors import BelowFloorError, ConfigError
 from engine.policy import AccessOrder, Decision
@@ -54,10 +56,41 @@ def _reads(order: AccessOrder, position: int) -> tuple[str, ...]:
     return tuple(dict.fromkeys(order.reads[position]))
 
 
-def _union_bytes(order: AccessOrder, positions: Iterable[int]) -> int:
-    n = len(order)
-    weights = {w for p in positions for w in order.reads[p % n]}
-    return sum(order.sizes[w] for w in weights)
+def _widest_window(order: AccessOrder, length: int) -> tuple[int, int]:
+    """(bytes, i) of the first cyclic window K_i ∪ ... ∪ K_{i+length-1} (length >= 1)
+    with the most bytes; a weight read by several of its kernels counts once.
+
+    The window slides one kernel at a time, counting how many of its kernels
+    read each weight, so the cost is the reads, not the reads x length.
+    """
+    n, sizes = len(order), order.sizes
+    sets = [frozenset(r) for r in order.reads]
+    readers: dict[str, int] = {}  # weight -> kernels in the window that read it
+    held = 0  # bytes of the window's union
+
+    def enter(p: int) -> None:
+        nonlocal held
+        for w in sets[p % n]:
+            readers[w] = readers.get(w, 0) + 1
+            if readers[w] == 1:
+                held += sizes[w]
+
+    def leave(p: int) -> None:
+        nonlocal held
+        for w in sets[p % n]:
+            readers[w] -= 1
+            if readers[w] == 0:
+                held -= sizes[w]
+
+    for p in range(length):
+        enter(p)
+    best, at = held, 0
+    for i in range(1, n):
+        leave(i - 1)
+        enter(i + length - 1)
+        if held > best:  # strict: the first widest window wins
+            best, at = held, i
+    return best, at
 
 
 @dataclass(frozen=True)
@@ -75,14 +108,9 @@ def floor(order: AccessOrder, lookahead: int) -> Floor:
     n = len(order)
     if n == 0:
         raise ConfigError("the access order is empty; the model spec produced no kernels")
-    pair_bytes, pair_at = -1, 0
-    for i in range(n):
-        b = _union_bytes(order, (i, i + 1))
-        if b > pair_bytes:  # strict: the first maximal pair names the floor
-            pair_bytes, pair_at = b, i
-    headroom = 0
-    if lookahead >= 2:
-        headroom = max(_union_bytes(order, range(i + 2, i + lookahead + 1)) for i in range(n))
+    pair_bytes, pair_at = _widest_window(order, 2)  # the first maximal pair names the floor
+    # K_{i+2} ∪ ... ∪ K_{i+L} over every i: every window of L - 1 kernels
+    headroom = _widest_window(order, lookahead - 1)[0] if lookahead >= 2 else 0
     return Floor(
         bytes=pair_bytes + headroom,
         pair_bytes=pair_bytes,
@@ -92,31 +120,72 @@ def floor(order: AccessOrder, lookahead: int) -> Floor:
 
 
 class Eviction(Protocol):
-    """Chooses victims; `pinned` weights are never offered to it."""
+    """Chooses victims among the resident weights it has been told about.
 
-    pinned: frozenset[str]
+    `use` is called on every hit, fetch and prefetch, `remove` on every
+    evict, so the policy keeps its own ordered view of the resident set; a
+    pick then walks that view from the best victim and skips the few
+    protected weights. Ranking every resident weight on every pick instead
+    cost about 0.8 s per LTX-2 step (~1,500 resident weights, ~2,000 picks).
+    """
 
-    def touch(self, weight: str, clock: int) -> None: ...
+    pinned: frozenset[str]  # never picked (rank may still order them, below the floor)
 
-    def victim(self, candidates: Sequence[str], position: int) -> str: ...
+    def use(self, weight: str, at: int) -> None:
+        """`weight` was read or copied in while issuing absolute position `at`
+        (step * len(order) + position)."""
+        ...
+
+    def remove(self, weight: str) -> None: ...
+
+    def pick(self, need: int, protected: Container[str]) -> list[str]:
+        """Resident, unpinned, unprotected weights, best victim first, until
+        their bytes reach `need`; all of them when they fall short. The caller
+        evicts every weight returned."""
+        ...
+
+    def rank(self, weights: Iterable[str], position: int) -> list[str]:
+        """`weights` (resident, pinned or not) in victim order at `position`."""
+        ...
 
 
 class LruEviction:
     """Least recently used goes first (the weight-offload RFC's policy).
 
     Hits, fetches and prefetches all count as use, each at its own tick of the
-    logical clock, so there are no ties.
+    logical clock, so there are no ties. Unpinned resident weights sit in an
+    OrderedDict in last-use order: a pick reads it from the oldest end.
     """
 
     def __init__(self, order: AccessOrder, budget_bytes: int | None, floor_: Floor):
         self.pinned: frozenset[str] = frozenset()
-        self._last_use: dict[str, int] = {}
+        self._sizes = order.sizes
+        self._tick = 0
+        self._last_use: dict[str, int] = {}  # pinned weights too: rank() orders them
+        self._queue: OrderedDict[str, None] = OrderedDict()  # oldest use first
 
-    def touch(self, weight: str, clock: int) -> None:
-        self._last_use[weight] = clock
+    def use(self, weight: str, at: int) -> None:
+        self._tick += 1
+        self._last_use[weight] = self._tick
+        if weight not in self.pinned:
+            self._queue[weight] = None
+            self._queue.move_to_end(weight)
 
-    def victim(self, candidates: Sequence[str], position: int) -> str:
-        return min(candidates, key=self._last_use.__getitem__)
+    def remove(self, weight: str) -> None:
+        self._queue.pop(weight, None)
+
+    def pick(self, need: int, protected: Container[str]) -> list[str]:
+        chosen: list[str] = []
+        for w in self._queue:  # protected weights were used recently: few are skipped
+            if need <= 0:
+                break
+            if w not in protected:
+                chosen.append(w)
+                need -= self._sizes[w]
+        return chosen
+
+    def rank(self, weights: Iterable[str], position: int) -> list[str]:
+        return sorted(weights, key=self._last_use.__getitem__)
 
 
 class BeladyEviction:
@@ -125,18 +194,27 @@ class BeladyEviction:
     Next use is counted cyclically from the issuing position (steps repeat); a
     weight read at that very position is next needed a whole step later. Ties go
     to the smallest name, so the choice is deterministic.
+
+    A resident weight's next use, as an absolute position, changes only when the
+    weight is read (every read is a `use`), so it is computed then and pushed on
+    a heap; entries left behind by a later use or an eviction are stale and
+    skipped when popped. An entry is one int, -next use x weights + the name's
+    rank in sorted order: popping the smallest gives the furthest next use, ties
+    to the smallest name, and ints cost the garbage collector nothing.
     """
 
     def __init__(self, order: AccessOrder, budget_bytes: int | None, floor_: Floor):
         self.pinned: frozenset[str] = frozenset()
         self._n = len(order)
+        self._sizes = order.sizes
         self._uses: dict[str, list[int]] = {}
         for p in range(self._n):
             for w in _reads(order, p):
                 self._uses.setdefault(w, []).append(p)
-
-    def touch(self, weight: str, clock: int) -> None:
-        pass  # the future, not the past, decides
+        self._names = sorted(order.sizes)
+        self._rank = {w: r for r, w in enumerate(self._names)}
+        self._key: dict[str, int] = {}  # resident weight -> its live heap entry
+        self._heap: list[int] = []
 
     def next_use(self, weight: str, position: int) -> int:
         """Kernels from `position` until `weight` is read again (1..n)."""
@@ -144,17 +222,47 @@ class BeladyEviction:
         k = bisect_right(uses, position)
         return uses[k] - position if k < len(uses) else uses[0] + self._n - position
 
-    def victim(self, candidates: Sequence[str], position: int) -> str:
-        return min(candidates, key=lambda w: (-self.next_use(w, position), w))
+    def use(self, weight: str, at: int) -> None:
+        nxt = at + self.next_use(weight, at % self._n)
+        key = -nxt * len(self._names) + self._rank[weight]
+        self._key[weight] = key
+        heappush(self._heap, key)
+        if len(self._heap) > 2 * len(self._key) + 64:  # bound the stale entries
+            self._heap = list(self._key.values())
+            heapify(self._heap)
+
+    def remove(self, weight: str) -> None:
+        self._key.pop(weight, None)
+
+    def pick(self, need: int, protected: Container[str]) -> list[str]:
+        chosen: list[str] = []
+        held: list[int] = []  # protected now, candidates again at the next pick
+        names = self._names
+        while need > 0 and self._heap:
+            key = heappop(self._heap)
+            w = names[key % len(names)]
+            if self._key.get(w) != key:
+                continue  # stale
+            if w in protected:
+                held.append(key)
+                continue
+            del self._key[w]  # a duplicate entry (same key) must not pick it twice
+            chosen.append(w)
+            need -= self._sizes[w]
+        for key in held:
+            heappush(self._heap, key)
+        return chosen
+
+    def rank(self, weights: Iterable[str], position: int) -> list[str]:
+        return sorted(weights, key=lambda w: (-self.next_use(w, position), w))
 
 
 class PriorityEviction(LruEviction):
-    """A fixed resident set kept across steps, the rest streamed (comfy-aimdo's watermark).
+    """A fixed resident set kept across steps, the rest streamed (comfy-aimdo's
+    watermark, with the set spread through the order: `_priority_set`).
 
-    The pinned set is chosen once: distinct weights in first-use order, taken
-    while their total fits in budget - floor (the floor stays free as the
-    streaming working space). Pinned weights are fetched on first use and never
-    evicted; streamed weights are evicted LRU among themselves.
+    Pinned weights are fetched on first use and never evicted; streamed
+    weights are evicted LRU among themselves.
     """
 
     def __init__(self, order: AccessOrder, budget_bytes: int | None, floor_: Floor):
@@ -163,15 +271,41 @@ class PriorityEviction(LruEviction):
 
 
 def _priority_set(order: AccessOrder, budget_bytes: int | None, floor_bytes: int) -> frozenset[str]:
+    """The resident set: capacity = budget - floor (the floor stays free as the
+    streaming working space), spread evenly through the access order.
+
+    Why spread: a resident prefix (aimdo's choice) leaves only about the floor
+    free while the prefix runs, so the copy engine idles under those kernels,
+    and then every later kernel's weights are streamed back to back and the
+    tail is copy-bound. Keeping the same fraction f = capacity / model bytes of
+    every stretch of the order resident means every stretch streams the same
+    share of its bytes, so the copy stream has work under every kernel.
+
+    Walk the distinct weights in first-use order and keep one when the kept
+    bytes stay at or under f x the bytes walked so far (this one included).
+    The kept bytes of every prefix then lie within one weight's size under f x
+    the prefix's bytes. The walk can end with up to one weight's size of
+    capacity unused (llama8b: its 1 GB lm_head comes last), so a second pass
+    fills that room with the first unkept weights that fit; that moves any
+    stretch's share by less than one more weight's size.
+    """
     if budget_bytes is None:  # unlimited: nothing is ever evicted anyway
         return frozenset()
-    room = budget_bytes - floor_bytes
-    pinned: list[str] = []
-    for w in dict.fromkeys(w for p in range(len(order)) for w in _reads(order, p)):
-        if order.sizes[w] > room:
-            break  # a prefix of first use, as aimdo keeps: the earliest weights stay
-        pinned.append(w)
-        room -= order.sizes[w]
+    capacity = budget_bytes - floor_bytes
+    first_use = dict.fromkeys(w for reads in order.reads for w in reads)
+    model = sum(order.sizes[w] for w in first_use)
+    pinned: set[str] = set()
+    walked = kept = 0
+    for w in first_use:
+        size = order.sizes[w]
+        walked += size
+        if (kept + size) * model <= capacity * walked:  # kept + size <= f * walked, exactly
+            pinned.add(w)
+            kept += size
+    for w in first_use:
+        if w not in pinned and kept + order.sizes[w] <= capacity:
+            pinned.add(w)
+            kept += order.sizes[w]
     return frozenset(pinned)
 
 
@@ -206,10 +340,13 @@ class WeightResidency:
                 raise BelowFloorError(budget_bytes, self.floor.bytes, self.floor.kernels)
             _check_every_kernel_fits(order, budget_bytes)
         self._eviction = EVICTIONS[eviction](order, budget_bytes, self.floor)
+        self._pinned = self._eviction.pinned
         self._reads = [_reads(order, p) for p in range(len(order))]
+        self._read_sets = [frozenset(r) for r in self._reads]
         self._resident: dict[str, None] = {}  # insertion-ordered set
         self._resident_bytes = 0
-        self._clock = 0
+        self._pinned_bytes = 0  # the resident part of the pinned set
+        self._at = 0  # absolute position being issued: step * len(order) + position
         self._next_position = 0
         self._issued = False
         self.step = 0
@@ -217,7 +354,7 @@ class WeightResidency:
 
     @property
     def pinned(self) -> frozenset[str]:
-        return self._eviction.pinned
+        return self._pinned
 
     @property
     def resident(self) -> frozenset[str]:
@@ -240,6 +377,7 @@ class WeightResidency:
             self.step += 1
         self._issued = True
         self._next_position = (position + 1) % n
+        self._at = self.step * n + position
         out: list[Decision] = []
         self._demand(position, out)
         self._prefetch(position, out)
@@ -248,16 +386,16 @@ class WeightResidency:
 
     def _demand(self, i: int, out: list[Decision]) -> None:
         n = len(self.order)
-        cur = set(self._reads[i])
-        prev = set(self._reads[(i - 1) % n])
-        protected = prev | cur | self.pinned
+        cur = self._read_sets[i]
+        prev = self._read_sets[(i - 1) % n]
+        protected = prev | cur
         for w in self._reads[i]:
             if w in self._resident:
-                self._use(w)
+                self._eviction.use(w, self._at)
                 out.append(Decision(self.step, i, "hit", w))
                 continue
             need = self._need(w)
-            victims = self._pick(need, self._unprotected(protected), i)
+            victims = self._eviction.pick(need, protected) if need > 0 else []
             for v in victims:
                 self._evict(v, i, i, out)
             need -= sum(self.order.sizes[v] for v in victims)
@@ -265,7 +403,8 @@ class WeightResidency:
                 # Only below the floor: evicting the previous kernel's weights is
                 # a use-after-evict hazard while that kernel may still run.
                 assert self.allow_below_floor, "above the floor a demand fetch always finds room"
-                for v in self._pick(need, [r for r in self._resident if r in prev - cur], i):
+                ranked = self._eviction.rank((r for r in prev - cur if r in self._resident), i)
+                for v in _enough(need, ranked, self.order.sizes):
                     self._evict(v, i, i, out)
                     reader_step = self.step if i > 0 else self.step - 1
                     out.append(Decision(reader_step, (i - 1) % n, "hazard", v, i))
@@ -274,20 +413,20 @@ class WeightResidency:
 
     def _prefetch(self, i: int, out: list[Decision]) -> None:
         n = len(self.order)
-        protected = set(self._reads[(i - 1) % n]) | set(self._reads[i]) | self.pinned
+        protected = set(self._read_sets[(i - 1) % n]) | self._read_sets[i]
         # Beyond n-1 kernels ahead the window has wrapped onto itself.
         for ahead in range(1, min(self.lookahead, n - 1) + 1):
             j = (i + ahead) % n
-            protected |= set(self._reads[j])
+            protected |= self._read_sets[j]
             for w in self._reads[j]:
                 if w in self._resident:
                     continue
                 need = self._need(w)
-                victims = self._pick(need, self._unprotected(protected), i)
-                if need > sum(self.order.sizes[v] for v in victims):
-                    return  # no room without evicting a weight needed sooner
-                for v in victims:
-                    self._evict(v, i, j, out)
+                if need > 0:
+                    if need > self._evictable_bytes(protected):
+                        return  # no room without evicting a weight needed sooner
+                    for v in self._eviction.pick(need, protected):
+                        self._evict(v, i, j, out)
                 self._admit(w)
                 out.append(Decision(self.step, i, "prefetch", w, j))
 
@@ -297,39 +436,42 @@ class WeightResidency:
             return 0
         return self._resident_bytes + self.order.sizes[weight] - self.budget_bytes
 
-    def _unprotected(self, protected: set[str]) -> list[str]:
-        return [w for w in self._resident if w not in protected]
-
-    def _pick(self, need: int, candidates: list[str], position: int) -> list[str]:
-        """Victims in the policy's order until `need` bytes are freed; all of
-        `candidates` when they cannot free that much."""
-        chosen: list[str] = []
-        while need > 0 and candidates:
-            v = self._eviction.victim(candidates, position)
-            candidates.remove(v)
-            chosen.append(v)
-            need -= self.order.sizes[v]
-        return chosen
-
-    def _use(self, weight: str) -> None:
-        self._clock += 1
-        self._eviction.touch(weight, self._clock)
+    def _evictable_bytes(self, protected: set[str]) -> int:
+        """Bytes a pick could free: resident, neither pinned nor protected."""
+        sizes = self.order.sizes
+        held = sum(sizes[w] for w in protected if w in self._resident and w not in self._pinned)
+        return self._resident_bytes - self._pinned_bytes - held
 
     def _admit(self, weight: str) -> None:
         self._resident[weight] = None
         self._resident_bytes += self.order.sizes[weight]
-        self._use(weight)
+        if weight in self._pinned:
+            self._pinned_bytes += self.order.sizes[weight]
+        self._eviction.use(weight, self._at)
 
     def _evict(self, weight: str, position: int, serves: int, out: list[Decision]) -> None:
         del self._resident[weight]
         self._resident_bytes -= self.order.sizes[weight]
+        if weight in self._pinned:
+            self._pinned_bytes -= self.order.sizes[weight]
+        self._eviction.remove(weight)
         out.append(Decision(self.step, position, "evict", weight, serves))
+
+
+def _enough(need: int, ranked: list[str], sizes: Mapping[str, int]) -> list[str]:
+    """The shortest prefix of `ranked` whose bytes reach `need` (all when short)."""
+    chosen: list[str] = []
+    for w in ranked:
+        if need <= 0:
+            break
+        chosen.append(w)
+        need -= sizes[w]
+    return chosen
 
 
 def _check_every_kernel_fits(order: AccessOrder, budget_bytes: int) -> None:
     """Even below the floor, one kernel's own weights must fit together."""
-    biggest = max(range(len(order)), key=lambda p: (_union_bytes(order, (p,)), -p))
-    need = _union_bytes(order, (biggest,))
+    need, biggest = _widest_window(order, 1)
     if need > budget_bytes:
         raise ConfigError(
             f"kernel {order.kernels[biggest]} alone reads {need / MB:.3f} MB of weights, more than "
