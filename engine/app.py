@@ -110,6 +110,7 @@ def run_job(cfg: DictConfig) -> float | None:
     out_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN
     import engine.modes  # noqa: F401  (registers the modes beyond plan)
+    import engine.modes_execute  # noqa: F401
     try:
         job = prepare(cfg, out_dir)
         outcome = MODES[cfg.mode](job)

@@ -16,7 +16,7 @@ from omegaconf import MISSING, OmegaConf
 
 from engine.errors import ConfigError
 
-MODES = ("plan", "simulate", "check")
+MODES = ("plan", "simulate", "check", "execute", "materialize")
 EVICTIONS = ("lru", "belady", "priority")
 ACTIVATION_MODES = ("off", "watermark", "sync")
 WORKLOAD_KINDS = ("infer", "train_lora", "decode")
@@ -125,6 +125,7 @@ class Config:
     mode: str = "simulate"
     trace: Optional[str] = None
     seed: int = 0
+    out: Optional[str] = None  # mode=materialize: the weight file to write
     # What a sweeper minimizes: predicted step time, or the budget itself with
     # the SLO as a constraint (mode=check), to find the smallest safe budget.
     objective: str = "step_ms"

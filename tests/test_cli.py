@@ -90,3 +90,56 @@ def test_below_floor_names_the_exact_minimum(run_cli):
     line = _one_line_error(run_cli("+model=ltx", "budget=100", "mode=plan", "sim.allow_below_floor=false",
                                    "mode=simulate"))
     assert "use budget=" in line and "blocks." in line
+
+
+# Small token counts keep the host backend's CPU forward fast in CI.
+SMALL = ("workload.video_tokens=64", "workload.audio_tokens=16", "workload.text_tokens=8")
+
+
+def test_execute_on_the_host_backend_matches_its_prediction(run_cli, tmp_path):
+    r = run_cli("+model=tiny", "mode=execute", "weights.backend=host", "budget=2", "sim.timeline=false", *SMALL)
+    assert r.returncode == 0, r.stderr
+    assert "test backend" in r.stderr and "Measured beside predicted" in r.stdout
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    meas, pred = report["measurement"], report["prediction"]
+    assert meas["outputs_match_reference"] is True and meas["steps"] == 3
+    # One policy, two clocks: the executor copies exactly what the simulator predicted.
+    rows = {row["key"]: row for row in report["comparison"]}
+    for key in ("h2d_bytes", "weight_copies", "weight_hits", "weight_misses"):
+        assert rows[key]["measured"] == rows[key]["predicted"], key
+    assert meas["h2d_bytes"] == pred["h2d_bytes"] > 0
+    assert meas["peak_device_bytes"] <= 2_000_000
+    telemetry = (tmp_path / "run" / "telemetry.jsonl").read_text().splitlines()
+    assert len(telemetry) == 3 and json.loads(telemetry[-1])["step"] == 2
+
+
+def test_execute_refuses_below_the_floor_before_touching_memory(run_cli, tmp_path):
+    line = _one_line_error(run_cli("+model=tiny", "mode=execute", "weights.backend=host", "budget=0.3"))
+    assert "under the floor of 0.462 MB" in line and "use budget=1 or more" in line
+    assert not (tmp_path / "run" / "telemetry.jsonl").exists()
+
+
+def test_execute_without_a_gpu_names_simulate(run_cli, tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    line = _one_line_error(run_cli("+model=tiny", "mode=execute", "budget=2", *SMALL))
+    assert "no CUDA device; use mode=simulate" in line
+    assert not (tmp_path / "run" / "report.json").exists()
+
+
+def test_materialize_writes_a_file_execute_can_run_and_never_overwrites(run_cli, tmp_path):
+    out = tmp_path / "w" / "tiny.ptd"
+    r = run_cli("+model=tiny", "mode=materialize", f"out={out}")
+    assert r.returncode == 0, r.stderr
+    assert out.stat().st_size > 3_773_248 and f"weights.file={out}" in r.stdout
+    assert not list(out.parent.glob("*.partial"))
+    run = run_cli("+model=tiny", "mode=execute", "weights.backend=host", f"weights.file={out}", "budget=2",
+                  "sim.timeline=false", *SMALL, f"hydra.run.dir={tmp_path}/exec")
+    assert run.returncode == 0, run.stderr
+    assert json.loads((tmp_path / "exec" / "report.json").read_text())["measurement"]["weights_file"] == str(out)
+    before = out.read_bytes()
+    line = _one_line_error(run_cli("+model=tiny", "mode=materialize", f"out={out}"))
+    assert "already exists" in line and out.read_bytes() == before
+    assert "needs out=PATH" in _one_line_error(run_cli("+model=tiny", "mode=materialize"))

@@ -264,7 +264,7 @@ def test_run_execute_on_the_host_backend(tiny, tmp_path):
     assert result["outputs_match_reference"] is True
     assert result["steps"] == 3 and result["budget_bytes"] == 1_000_000
     assert result["peak_device_bytes"] <= 1_000_000
-    assert result["pool_hits"] > 0 and result["h2d_bytes"] > 0
+    assert result["weight_hits"] > 0 and result["h2d_bytes"] > 0
     rows = [json.loads(line) for line in (tmp_path / "telemetry.jsonl").read_text().splitlines()]
     assert len(rows) == 3 and {"step_ms", "h2d_bytes", "peak_device_bytes"} <= rows[0].keys()
 
