@@ -160,16 +160,24 @@ class WeightFile:
     def __init__(self, path: str | Path, spec: ModelSpec):
         self.path = Path(path)
         self.spec = spec
-        if not self.path.is_file():
+        if not self.path.exists():
             raise WeightFileError(
                 f"weight file {self.path} does not exist; write one with "
                 f"mode=materialize out={self.path} or point weights.file at a checkpoint")
-        self.file_bytes = self.path.stat().st_size
-        with open(self.path, "rb") as f:
-            self.header, self.data_start = _read_header(f, self.path, self.file_bytes)
-        self._entries = _check_entries(self.header, spec, self.path, self.file_bytes - self.data_start)
-        with open(self.path, "rb") as f:
-            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        if not self.path.is_file():
+            raise WeightFileError(f"{self.path} is not a regular file (a directory or a device?); "
+                                  "point weights.file at a safetensors file")
+        try:
+            with open(self.path, "rb") as f:
+                self.file_bytes = os.fstat(f.fileno()).st_size
+                self.header, self.data_start = _read_header(f, self.path, self.file_bytes)
+                self._entries = _check_entries(self.header, spec, self.path, self.file_bytes - self.data_start)
+                # Mapped from the same open file that was checked, so a file replaced
+                # in between cannot slip past the checks.
+                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except OSError as err:
+            raise WeightFileError(f"cannot read weight file {self.path} ({err.strerror or err}); "
+                                  "check it is readable and on a local file system") from None
         self._views: dict[str, torch.Tensor] = {}
 
     @property
@@ -230,22 +238,72 @@ class WeightFile:
         self.close()
 
 
+# safetensors' own reader refuses headers over 100 MB; the largest real ones
+# (thousands of tensors) are a few MB. Without the cap a file that is not
+# safetensors could make us read gigabytes as a "header".
+MAX_HEADER_BYTES = 100_000_000
+
+
 def _read_header(f, path: Path, file_bytes: int) -> tuple[dict, int]:
     if file_bytes < 8:
         raise WeightFileError(f"{path} is {file_bytes} bytes, too short for a safetensors header; "
                               "the file is truncated: write it again")
     (n,) = struct.unpack("<Q", f.read(8))
+    if n > MAX_HEADER_BYTES:
+        raise WeightFileError(f"{path}: the header claims {n} bytes, over safetensors' limit of "
+                              f"{MAX_HEADER_BYTES}; this is not a safetensors file: point weights.file at one")
     if n > file_bytes - 8:
         raise WeightFileError(f"{path}: the header claims {n} bytes but the file has {file_bytes - 8} "
                               "after the length; the file is truncated or not safetensors: write it again")
+    raw = f.read(n)
+    if not raw.startswith(b"{"):
+        raise WeightFileError(f"{path}: the header does not start with '{{'; the file is damaged or not "
+                              "safetensors: write it again or point weights.file at a safetensors file")
     try:
-        header = json.loads(f.read(n))
+        header = json.loads(raw, object_pairs_hook=_unique_keys(path))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise WeightFileError(f"{path}: the header is not valid JSON ({err}); "
-                              "the file is damaged or not safetensors") from None
-    if not isinstance(header, dict):
-        raise WeightFileError(f"{path}: the header is not a JSON object; the file is not safetensors")
+                              "the file is damaged or not safetensors: write it again") from None
+    except RecursionError:
+        raise WeightFileError(f"{path}: the header nests too deeply for a safetensors header; "
+                              "the file is damaged or not safetensors: write it again") from None
+    if not isinstance(header.get("__metadata__", {}), dict):
+        raise WeightFileError(f"{path}: the header's __metadata__ is not an object; the file is damaged: "
+                              "write it again")
     return header, 8 + n
+
+
+def _unique_keys(path: Path):
+    """A json object hook that refuses a key given twice (JSON would keep the last
+    one silently, and the first entry's bytes would go unchecked)."""
+    def pairs_to_dict(pairs: list[tuple[str, object]]) -> dict:
+        out: dict = {}
+        for key, value in pairs:
+            if key in out:
+                raise WeightFileError(f"{path}: the header names {key} twice; the file is damaged: "
+                                      "write it again")
+            out[key] = value
+        return out
+    return pairs_to_dict
+
+
+def _naturals(value: object) -> bool:
+    """A JSON list of non-negative integers (bools are ints in Python, not here)."""
+    return isinstance(value, list) and all(type(x) is int and x >= 0 for x in value)
+
+
+def _parse_entry(name: str, entry: object, path: Path) -> tuple[int, int, str, tuple[int, ...]]:
+    """(begin, end, safetensors dtype, shape) of one header entry, strictly typed."""
+    if not isinstance(entry, dict):
+        raise WeightFileError(f"{path}: header entry {name} is not an object; the file is damaged: "
+                              "write it again")
+    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if not (isinstance(dtype, str) and _naturals(shape) and _naturals(offsets) and len(offsets) == 2):
+        got = json.dumps({"dtype": dtype, "shape": shape, "data_offsets": offsets})
+        raise WeightFileError(f"{path}: header entry {name} needs a dtype string, a shape of non-negative "
+                              f"integers and two integer data_offsets, not {got[:120]}; the file is "
+                              "damaged: write it again")
+    return offsets[0], offsets[1], dtype, tuple(shape)
 
 
 def _check_entries(header: dict, spec: ModelSpec, path: Path, data_bytes: int) -> dict[str, tuple[int, int]]:
@@ -260,20 +318,18 @@ def _check_entries(header: dict, spec: ModelSpec, path: Path, data_bytes: int) -
     for name, entry in header.items():
         if name == "__metadata__":
             continue
-        try:
-            begin, end = (int(x) for x in entry["data_offsets"])
-            st_dtype, shape = entry["dtype"], tuple(int(s) for s in entry["shape"])
-        except (KeyError, TypeError, ValueError):
-            raise WeightFileError(f"{path}: header entry {name} lacks dtype, shape or data_offsets; "
-                                  "the file is damaged") from None
-        if not 0 <= begin <= end <= data_bytes:
+        begin, end, st_dtype, shape = _parse_entry(name, entry, path)
+        if begin > end:
+            raise WeightFileError(f"{path}: {name} ends (byte {end}) before it begins (byte {begin}); "
+                                  "the header is wrong: write the file again")
+        if end > data_bytes:
             raise WeightFileError(
                 f"{path}: {name} lies at bytes [{begin}, {end}) but the data section has {data_bytes} "
                 "bytes; the file is truncated or its header is wrong: write it again")
         spans.append((begin, end, name))
         w = spec.weights.get(name)
         if w is not None:
-            _check_weight(w, st_dtype, shape, end - begin, path)
+            _check_weight(w, st_dtype, shape, end - begin, path, spec.name)
     spans.sort()
     for (b0, e0, n0), (b1, e1, n1) in zip(spans, spans[1:]):
         if b1 < e0:
@@ -282,12 +338,14 @@ def _check_entries(header: dict, spec: ModelSpec, path: Path, data_bytes: int) -
     return {name: (b, e) for b, e, name in spans if name in spec.weights}
 
 
-def _check_weight(w: WeightSpec, st_dtype: str, shape: tuple[int, ...], nbytes: int, path: Path) -> None:
+def _check_weight(w: WeightSpec, st_dtype: str, shape: tuple[int, ...], nbytes: int, path: Path,
+                  model: str) -> None:
     expected = DTYPES[w.dtype][0]
     if st_dtype != expected or shape != w.shape:
         raise WeightFileError(
             f"{path}: {w.name} is {st_dtype}{list(shape)} in the file but the model expects "
-            f"{expected}{list(w.shape)}; the file is for another model or dtype")
+            f"{expected}{list(w.shape)}; the file is for another model or dtype: materialize one for "
+            f"{model} or convert the checkpoint to {expected}")
     if nbytes != w.numel * DTYPE_BYTES[w.dtype]:
         raise WeightFileError(f"{path}: {w.name} spans {nbytes} bytes but {expected}{list(w.shape)} "
                               f"needs {w.nbytes}; the header is wrong: write the file again")
