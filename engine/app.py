@@ -14,7 +14,7 @@ from typing import Callable
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from engine.config import validate
 from engine.errors import EngineError
@@ -58,13 +58,35 @@ def objective(cfg: DictConfig, report: dict) -> float:
     return float(budget_mb) if check["passed"] else FAILED_SLO - float(budget_mb)
 
 
+# A sweep runs many jobs in one process (or in a few reused workers) that
+# differ only in budget or policy: the spec, the trace and the plan of a point
+# are kept for the points after it. All three are read-only once built.
+_MEMO: dict[tuple, object] = {}
+_MEMO_MAX = 64
+
+
+def _memo(key: tuple, build: Callable[[], object]) -> object:
+    if key not in _MEMO:
+        if len(_MEMO) >= _MEMO_MAX:
+            _MEMO.pop(next(iter(_MEMO)))
+        _MEMO[key] = build()
+    return _MEMO[key]
+
+
 def prepare(cfg: DictConfig, out_dir: Path) -> Job:
     validate(cfg)
-    spec = build_spec(cfg.model, cfg.workload)
-    trace = read_trace(cfg.trace) if cfg.trace else synthesize(spec, cfg.workload, cfg.hardware)
-    plan = make_plan(model=spec.name, workload=cfg.workload.name, param_count=spec.param_count,
-                     order=trace.access_order(), budget_mb=cfg.budget,
-                     lookahead=cfg.weights.lookahead)
+    shape = tuple(OmegaConf.to_yaml(cfg[k]) for k in ("model", "workload", "hardware"))
+    spec = _memo(("spec", *shape[:2]), lambda: build_spec(cfg.model, cfg.workload))
+    if cfg.trace:
+        stat = Path(cfg.trace).stat()
+        source: tuple = ("file", str(Path(cfg.trace).resolve()), stat.st_mtime_ns, stat.st_size)
+        trace = _memo(("trace", *source), lambda: read_trace(cfg.trace))
+    else:
+        source = ("synthesized", *shape)
+        trace = _memo(("trace", *source), lambda: synthesize(spec, cfg.workload, cfg.hardware))
+    plan = _memo(("plan", *source, cfg.budget, cfg.weights.lookahead), lambda: make_plan(
+        model=spec.name, workload=cfg.workload.name, param_count=spec.param_count,
+        order=trace.access_order(), budget_mb=cfg.budget, lookahead=cfg.weights.lookahead))
     return Job(cfg, out_dir, spec, trace, plan)
 
 
@@ -111,6 +133,7 @@ def run_job(cfg: DictConfig) -> float | None:
     multirun = hc.mode == RunMode.MULTIRUN
     import engine.modes  # noqa: F401  (registers the modes beyond plan)
     import engine.modes_execute  # noqa: F401
+    import engine.modes_trace  # noqa: F401
     try:
         job = prepare(cfg, out_dir)
         outcome = MODES[cfg.mode](job)

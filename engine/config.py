@@ -16,7 +16,7 @@ from omegaconf import MISSING, OmegaConf
 
 from engine.errors import ConfigError
 
-MODES = ("plan", "simulate", "check", "execute", "materialize")
+MODES = ("plan", "simulate", "check", "execute", "materialize", "record", "calibrate", "validate")
 EVICTIONS = ("lru", "belady", "priority")
 ACTIVATION_MODES = ("off", "watermark", "sync")
 WORKLOAD_KINDS = ("infer", "train_lora", "decode")
@@ -66,7 +66,7 @@ class WorkloadConfig:
 
 @dataclass
 class WeightsConfig:
-    eviction: str = "belady"  # lru | belady | priority
+    eviction: str = "priority"  # lru | belady | priority
     lookahead: int = 2  # kernels ahead the copy stream prefetches
     source: str = "mmap_registered"  # pinned | mmap_registered | mmap | pageable
     file: Optional[str] = None  # .ptd (safetensors) weight file for execute
