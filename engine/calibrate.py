@@ -1,0 +1,231 @@
+"""mode=calibrate: a hardware profile fitted to recorded traces.
+
+Every field comes from what `engine.record` measured (header "probes" of
+each trace; with several traces, the median over them):
+
+    h2d_gbps, d2h_gbps      pinned copies of the largest probe size, each way alone
+    small_copy_mib/_gbps    H2D rate at every probe size (the simulator interpolates
+                            between them; below the smallest its rate holds)
+    duplex_gbps             bytes of one copy each way, started together, over the time
+                            until both landed (the simulator's fair share gives that total)
+    mmap_registered_gbps    the streamed forward's weight copies of 64 MiB or more, when
+                            they came from the registered weight file
+    alloc_us                median host time of one pool allocation
+    fetch_host_us           least squares over a streamed forward's fetches: host ns =
+                            a + b x (copies issued); b is fetch + allocation, so
+                            fetch_host_us = b - alloc_us
+    kernel_launch_us        mean host time per kernel of the resident step, plus the
+                            streamed fetch's fixed part a beyond a resident fetch
+    compute_slowdown_under_copy   the recorded step beside a stream of H2D copies over
+                            its time alone, minus 1 (never below 0)
+    matmul_tflops, hbm_gbps achieved rates of the recorded kernels: FLOPs over time of
+                            compute-bound records (>= RIDGE FLOP/byte), bytes over time of
+                            weightless memory-bound ones
+
+Fields nothing measures (pageable and unregistered-mmap rates, device memory,
+launch queue depth) are the base profile's, and the `source` line says so.
+"""
+from __future__ import annotations
+
+import statistics
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from engine.errors import ConfigError, TraceError
+from engine.trace import Trace, read_trace
+
+MIB = 1 << 20
+RIDGE = 100.0  # FLOP per byte above which a kernel counts as compute-bound
+LARGE_COPY = 64 * MIB
+FITTED = ("h2d_gbps", "d2h_gbps", "duplex_gbps", "small_copy_mib", "small_copy_gbps", "mmap_registered_gbps",
+          "alloc_us", "fetch_host_us", "kernel_launch_us", "compute_slowdown_under_copy", "matmul_tflops",
+          "hbm_gbps")
+PROFILE_FIELDS = ("name", "source", "device_memory_mb", "h2d_gbps", "d2h_gbps", "duplex_gbps", "pageable_gbps",
+                  "mmap_gbps", "mmap_registered_gbps", "small_copy_mib", "small_copy_gbps", "matmul_tflops",
+                  "hbm_gbps", "kernel_launch_us", "fetch_host_us", "alloc_us", "launch_queue_depth",
+                  "compute_slowdown_under_copy")
+
+
+def _probes(trace: Trace, where: str) -> dict:
+    probes = trace.header.get("probes")
+    if not isinstance(probes, dict):
+        raise TraceError(f"{where}: the header has no \"probes\"; calibrate needs a trace recorded on the GPU "
+                         "with mode=record (a synthesized trace measures nothing)")
+    for key in ("copies", "duplex", "alloc_ns", "host", "compute_under_copy"):
+        if key not in probes:
+            raise TraceError(f"{where}: header probes lack {key!r}; re-record the trace with mode=record on a GPU")
+    return probes
+
+
+def _med(values: Iterable[float]) -> float:
+    values = list(values)
+    if not values:
+        raise TraceError("calibrate: a probe has no samples; re-record the trace")
+    return float(statistics.median(values))
+
+
+def copy_rates(all_copies: Sequence[Sequence[dict]], direction: str) -> dict[int, float]:
+    """GB/s (bytes per ns) by copy size, median over traces."""
+    by_size: dict[int, list[float]] = {}
+    for copies in all_copies:
+        for c in copies:
+            if c["dir"] == direction and c["ns"] > 0:
+                by_size.setdefault(int(c["nbytes"]), []).append(c["nbytes"] / c["ns"])
+    if not by_size:
+        raise TraceError(f"calibrate: no {direction} copy probes; re-record the trace with mode=record on a GPU")
+    return {size: _med(v) for size, v in sorted(by_size.items())}
+
+
+def fit_fetch_cost(samples: Sequence[Sequence[int]]) -> tuple[float, float]:
+    """Least squares of host ns = a + b * copies over [copies, host ns] samples: (a, b)."""
+    n = len(samples)
+    if n < 2:
+        return 0.0, 0.0
+    xs = [float(s[0]) for s in samples]
+    ys = [float(s[1]) for s in samples]
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx == 0:
+        return my, 0.0
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    return my - b * mx, b
+
+
+def achieved_rates(traces: Sequence[Trace]) -> tuple[float | None, float | None]:
+    """(matmul TFLOP/s, HBM GB/s) of the recorded forward kernels."""
+    flops = flop_ns = io = io_ns = 0
+    for t in traces:
+        for r in t.records:
+            if r.phase != "fwd" or r.compute_ns <= 0:
+                continue
+            if r.io_bytes and r.flops / r.io_bytes >= RIDGE:
+                flops += r.flops
+                flop_ns += r.compute_ns
+            elif r.flops == 0 and r.io_bytes and not r.weights:
+                io += r.io_bytes
+                io_ns += r.compute_ns
+    return (flops / flop_ns / 1e3 if flop_ns else None), (io / io_ns if io_ns else None)
+
+
+def fit_profile(traces: Sequence[Trace], base: Any, name: str, names: Sequence[str] = ()) -> dict:
+    """A full hardware profile: the fitted fields from `traces`, the rest from `base`."""
+    if not traces:
+        raise TraceError("calibrate needs at least one recorded trace")
+    probes = [_probes(t, names[i] if i < len(names) else f"trace {i}") for i, t in enumerate(traces)]
+    h2d = copy_rates([p["copies"] for p in probes], "h2d")
+    d2h = copy_rates([p["copies"] for p in probes], "d2h")
+    largest = max(h2d)
+    h2d_gbps = h2d[largest]
+    duplex = _med(d["h2d_bytes"] / d["ns"] + d["d2h_bytes"] / d["ns"] for p in probes for d in p["duplex"])
+    alloc_us = _med(ns for p in probes for ns in p["alloc_ns"]) / 1e3
+    a, b = fit_fetch_cost([s for p in probes for s in p["host"]["fetch"]])
+    resident_fetch = _med(p["host"]["resident_fetch_ns"] for p in probes)
+    launch_ns = _med(statistics.fmean(p["host"]["kernel_ns"]) for p in probes) + max(0.0, a - resident_fetch)
+    slowdown = _med(max(0.0, p["compute_under_copy"]["with_copy_ns"] / p["compute_under_copy"]["alone_ns"] - 1)
+                    for p in probes)
+    registered = [c for t, p in zip(traces, probes) if p.get("weight_source") == "mmap_registered"
+                  for r in t.records for c in r.copies if c.get("nbytes", 0) >= LARGE_COPY and c.get("ns", 0) > 0]
+    tflops, hbm = achieved_rates(traces)
+    profile = {f: _base(base, f) for f in PROFILE_FIELDS}
+    profile.update(
+        name=name,
+        h2d_gbps=round(h2d_gbps, 3),
+        d2h_gbps=round(d2h[max(d2h)], 3),
+        duplex_gbps=round(duplex, 3),
+        small_copy_mib=[round(s / MIB, 6) for s in h2d],
+        small_copy_gbps=[round(r, 3) for r in h2d.values()],
+        alloc_us=round(alloc_us, 3),
+        fetch_host_us=round(max(0.0, b / 1e3 - alloc_us), 3),
+        kernel_launch_us=round(launch_ns / 1e3, 3),
+        compute_slowdown_under_copy=round(slowdown, 4),
+    )
+    if registered:
+        profile["mmap_registered_gbps"] = round(sum(c["nbytes"] for c in registered)
+                                                / sum(c["ns"] for c in registered), 3)
+    if tflops:
+        profile["matmul_tflops"] = round(tflops, 1)
+    if hbm:
+        profile["hbm_gbps"] = round(hbm, 1)
+    devices = sorted({str(t.header.get("device")) for t in traces})
+    dates = sorted(str(t.header.get("date")) for t in traces)
+    profile["source"] = (f"calibrated {datetime.now(timezone.utc).date()} by mode=calibrate from "
+                         f"{len(traces)} recorded trace(s) ({', '.join(names) or 'unnamed'}; {', '.join(devices)}, "
+                         f"recorded {dates[0]}..{dates[-1]}); fitted: {', '.join(FITTED)}; pageable_gbps, "
+                         f"mmap_gbps, device_memory_mb and launch_queue_depth from {_base(base, 'name')}")
+    return profile
+
+
+def _base(base: Any, field: str) -> Any:
+    value = base[field] if isinstance(base, dict) else getattr(base, field)
+    if hasattr(value, "__iter__") and not isinstance(value, str):
+        return list(value)
+    return value
+
+
+def profile_yaml(profile: dict) -> str:
+    """The profile as a conf/hardware/*.yaml file (`hardware=NAME` once it is there)."""
+    import yaml
+
+    head = (f"# {profile['name']}: written by `python -m engine mode=calibrate`; see engine/calibrate.py\n"
+            "# for how each field is fitted. Pass it as hardware=" + profile["name"] + ".\n"
+            "defaults:\n  - hardware_schema\n  - _self_\n")
+    body = {f: profile[f] for f in PROFILE_FIELDS}
+    return head + yaml.safe_dump(body, sort_keys=False, width=120)
+
+
+def trace_paths(paths: Sequence[str | Path]) -> list[Path]:
+    """Trace files from files and directories (every *.jsonl / *.jsonl.gz in a directory)."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = sorted(q for q in p.iterdir() if q.name.endswith((".jsonl", ".jsonl.gz")))
+            if not found:
+                raise TraceError(f"{p}: no *.jsonl or *.jsonl.gz traces in this directory; record some with "
+                                 "mode=record")
+            out += found
+        elif p.is_file():
+            out.append(p)
+        else:
+            raise TraceError(f"{p}: no such trace file or directory; record one with mode=record")
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """python -m engine.calibrate TRACE_OR_DIR... --out FILE.yaml: calibrate from several traces."""
+    import argparse
+    import sys
+
+    p = argparse.ArgumentParser(prog="python -m engine.calibrate", description=main.__doc__)
+    p.add_argument("traces", nargs="+", help="recorded traces, or directories of them")
+    p.add_argument("--out", required=True, type=Path, help="the profile to write, e.g. conf/hardware/x.yaml")
+    p.add_argument("--base", default="h100_pcie5", help="profile in conf/hardware for the fields not measured")
+    args = p.parse_args(argv)
+    try:
+        paths = trace_paths(args.traces)
+        traces = [read_trace(q) for q in paths]
+        base = load_hardware(args.base)
+        profile = fit_profile(traces, base, args.out.name.split(".")[0], [q.name for q in paths])
+    except (TraceError, ConfigError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    args.out.write_text(profile_yaml(profile))
+    print(f"wrote {args.out} from {len(paths)} trace(s)")
+
+
+def load_hardware(name: str) -> dict:
+    """A shipped hardware profile (conf/hardware/NAME.yaml) as a plain dict."""
+    from importlib.resources import files
+
+    import yaml
+
+    path = files("conf").joinpath("hardware").joinpath(f"{name}.yaml")
+    if not path.is_file():
+        raise ConfigError(f"hardware profile {name!r} is not in conf/hardware; pick one of those")
+    data = yaml.safe_load(path.read_text())
+    data.pop("defaults", None)
+    return data
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,350 @@
+"""mode=validate: the simulator's prediction against the GPU's measurement, config by config.
+
+The configurations come from the trace (`grid`): inference traces get
+budgets (BUDGET_FRACTIONS of the model's bytes) x evictions x lookaheads,
+weights streamed through the executor; training traces get the LoRA step with
+its weights resident under each activation policy (off, watermark at two
+levels, sync dict with two layer counts), spilled by the ActivationOffloader.
+Half of them, in a checkerboard over the grid, are held out of the fit
+(`held_out`): calibration may tune on the others only.
+
+The measured side needs the GPU (`measure`) and is written as JSON (format
+MEASUREMENTS, one file per trace, beside it: `measurements_path`); the report
+(`report`) needs only that JSON, the trace and a hardware profile, so it is
+rebuilt on any CPU from the shipped measurements.
+
+Measured, per configuration (median of TIMED_STEPS steps after one warm-up):
+    step_ms            CUDA events around the step on the compute stream
+    stall_ms           inference: the compute stream waiting on weight copies,
+                       timed by events around each fetch's waits (KernelStamps);
+                       training: the offloader's timed waits on restores/offloads
+    peak_device_bytes  inference: the weight pool's used high-water; training: the
+                       model's bytes plus the allocator's high-water above what was
+                       allocated before the step (saved activations and temporaries)
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import statistics
+from dataclasses import asdict
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Sequence
+
+from engine.config import ActivationsConfig, HardwareConfig, PoolConfig, WeightsConfig
+from engine.errors import ConfigError, TraceError
+from engine.trace import Trace
+
+MEASUREMENTS = "offload-engine-measurements"
+MB = 1_000_000
+BUDGET_FRACTIONS = (0.35, 0.6)
+EVICTIONS = ("lru", "belady", "priority")
+LOOKAHEADS = (1, 4)
+TIMED_STEPS = 5
+SIM_STEPS = 3  # the first warms the pool; the last is the steady state
+# Training: (name, activations settings); watermarks are fractions of the step's saved bytes.
+TRAIN_POLICIES = (
+    ("off", {"mode": "off"}),
+    ("watermark-0.8", {"mode": "watermark", "high": 0.8, "low": 0.7}),
+    ("watermark-0.6", {"mode": "watermark", "high": 0.6, "low": 0.5}),
+    ("sync-2", {"mode": "sync", "layers": 2}),
+    ("sync-3", {"mode": "sync", "layers": 3}),
+)
+STAGEHAND = PoolConfig(class_sizes_mb=[1, 4, 16, 64, 256], slabs_per_class=[512, 2, 2, 2, 2])
+
+
+def measurements_path(trace_path: str | Path) -> Path:
+    """Where a trace's measurements live: beside it, X.jsonl[.gz] -> X.measurements.json."""
+    p = Path(trace_path)
+    stem = p.name.removesuffix(".gz").removesuffix(".jsonl")
+    return p.with_name(stem + ".measurements.json")
+
+
+def training(trace: Trace) -> bool:
+    return any(r.phase == "bwd" for r in trace.records)
+
+
+def saved_bytes(trace: Trace) -> int:
+    return sum(s.nbytes for r in trace.records for s in r.saved)
+
+
+def grid(trace: Trace) -> list[dict]:
+    """The configurations validated for this trace, each marked held out or not."""
+    rows = []
+    if training(trace):
+        for i, (name, act) in enumerate(TRAIN_POLICIES):
+            rows.append({"id": f"train {name}", "kind": "train_lora", "budget_mb": None, "eviction": "belady",
+                         "lookahead": 1, "activations": act, "held_out": i % 2 == 1})
+        return rows
+    model_mb = sum(trace.weight_sizes.values()) / MB
+    for (ib, frac), (ie, ev), (il, la) in itertools.product(
+            enumerate(BUDGET_FRACTIONS), enumerate(EVICTIONS), enumerate(LOOKAHEADS)):
+        budget = round(frac * model_mb)
+        rows.append({"id": f"{ev} budget={budget} lookahead={la}", "kind": "infer", "budget_mb": budget,
+                     "eviction": ev, "lookahead": la, "activations": {"mode": "off"},
+                     "held_out": (ib + ie + il) % 2 == 1})
+    return rows
+
+
+def activations_config(act: dict, trace: Trace) -> ActivationsConfig | None:
+    """The activation policy's config for a grid row (None: no offload)."""
+    if act["mode"] == "off":
+        return None
+    if act["mode"] == "watermark":
+        total = saved_bytes(trace) / MB
+        return ActivationsConfig(mode="watermark", high_watermark_mb=round(act["high"] * total),
+                                 low_watermark_mb=round(act["low"] * total), pool=STAGEHAND)
+    if act["mode"] == "sync":
+        return ActivationsConfig(mode="sync", num_offload_layers=act["layers"], pool=STAGEHAND)
+    raise ConfigError(f"validation row with activations mode {act['mode']!r}; use off, watermark or sync")
+
+
+# ------------------------------------------------------------------ predicted
+
+
+def predict(trace: Trace, row: dict, hardware: Any, source: str) -> dict:
+    from sim import simulate
+
+    budget = None if row["budget_mb"] is None else int(row["budget_mb"] * MB)
+    weights = WeightsConfig(eviction=row["eviction"], lookahead=row["lookahead"], source=source)
+    act = activations_config(row["activations"], trace)
+    pred = simulate(trace, weights, act, hardware, budget, SIM_STEPS, allow_below_floor=False).prediction
+    return {k: pred[k] for k in ("step_ms", "stall_ms", "peak_device_bytes", "compute_ms", "h2d_bytes")}
+
+
+def hardware_of(profile: Any) -> HardwareConfig:
+    """A hardware profile (DictConfig, dict or dataclass) as the schema's dataclass."""
+    from omegaconf import OmegaConf
+
+    if OmegaConf.is_config(profile):
+        profile = OmegaConf.to_container(profile, resolve=True)
+    if not isinstance(profile, dict):
+        profile = asdict(profile)
+    return HardwareConfig(**profile)
+
+
+def _rel(pred: float, meas: float) -> float | None:
+    return None if not meas else (pred - meas) / meas
+
+
+def _ranking(rows: list[dict]) -> list[dict]:
+    """Per group of rows that differ only in the eviction policy: is the order by step time kept?"""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r["kind"] == "infer":
+            groups.setdefault((r["budget_mb"], r["lookahead"]), []).append(r)
+    out = []
+    for (budget, la), rs in sorted(groups.items()):
+        measured = [r["eviction"] for r in sorted(rs, key=lambda r: r["measured"]["step_ms"])]
+        predicted = [r["eviction"] for r in sorted(rs, key=lambda r: r["predicted"]["step_ms"])]
+        times = sorted(r["measured"]["step_ms"] for r in rs)
+        closest = min((b - a) / a for a, b in zip(times, times[1:])) if len(times) > 1 else None
+        out.append({"budget_mb": budget, "lookahead": la, "measured": measured, "predicted": predicted,
+                    "preserved": measured == predicted, "closest_measured_gap": closest})
+    return out
+
+
+def _summary(rows: list[dict]) -> dict:
+    def stats(key: str) -> dict:
+        errs = [abs(r["error"][key]) for r in rows if r["error"][key] is not None]
+        return {"mean": statistics.fmean(errs) if errs else None, "max": max(errs) if errs else None, "n": len(errs)}
+    return {"configs": len(rows), "step_ms": stats("step_ms"), "peak_device_bytes": stats("peak_device_bytes"),
+            "stall_abs_ms": {"mean": statistics.fmean(abs(r["predicted"]["stall_ms"] - r["measured"]["stall_ms"])
+                                                      for r in rows) if rows else None}}
+
+
+def report(trace: Trace, measurements: dict, hardware: Any) -> dict:
+    """Predicted beside measured for every measured configuration, errors, ranking."""
+    if measurements.get("format") != MEASUREMENTS:
+        raise TraceError(f'measurements: not an offload-engine measurements file (format must be "{MEASUREMENTS}")')
+    hw = hardware_of(hardware)
+    source = measurements.get("source", "mmap_registered")
+    rows = []
+    for m in measurements["rows"]:
+        pred = predict(trace, m, hw, source)
+        meas = m["measured"]
+        rows.append({**{k: m[k] for k in ("id", "kind", "budget_mb", "eviction", "lookahead", "activations",
+                                           "held_out")},
+                     "predicted": pred, "measured": meas,
+                     "error": {"step_ms": _rel(pred["step_ms"], meas["step_ms"]),
+                               "stall_ms": _rel(pred["stall_ms"], meas["stall_ms"]) if meas["stall_ms"] >= 1 else None,
+                               "peak_device_bytes": _rel(pred["peak_device_bytes"], meas["peak_device_bytes"])}})
+    fit = [r for r in rows if not r["held_out"]]
+    held = [r for r in rows if r["held_out"]]
+    ranking = _ranking(rows)
+    return {"hardware": hw.name, "trace_model": trace.header.get("model"),
+            "measured_on": measurements.get("device"), "measured_date": measurements.get("date"),
+            "rows": rows, "fit": _summary(fit), "held_out": _summary(held), "ranking": ranking,
+            "ranking_preserved": all(g["preserved"] for g in ranking) if ranking else None}
+
+
+def report_md(rep: dict) -> str:
+    from engine.report import table
+
+    def pct(v: float | None) -> str:
+        return "-" if v is None else f"{v:+.1%}"
+
+    body = [[r["id"] + (" (held out)" if r["held_out"] else ""),
+             f"{r['predicted']['step_ms']:.2f}", f"{r['measured']['step_ms']:.2f}", pct(r["error"]["step_ms"]),
+             f"{r['predicted']['stall_ms']:.2f}", f"{r['measured']['stall_ms']:.2f}",
+             f"{r['predicted']['peak_device_bytes'] / 1e9:.3f}", f"{r['measured']['peak_device_bytes'] / 1e9:.3f}",
+             pct(r["error"]["peak_device_bytes"])] for r in rep["rows"]]
+    md = [f"## Calibration report: {rep['trace_model']} on {rep['hardware']} "
+          f"(measured on {rep['measured_on']}, {rep['measured_date']})", "",
+          table(["config", "pred ms", "meas ms", "step err", "pred stall", "meas stall", "pred peak GB",
+                 "meas peak GB", "peak err"], body), ""]
+    for name in ("fit", "held_out"):
+        s = rep[name]
+        if not s["configs"]:
+            continue
+        st, pk = s["step_ms"], s["peak_device_bytes"]
+        md.append(f"- {name.replace('_', '-')} ({s['configs']} configs): step time error mean {st['mean']:.1%}, "
+                  f"max {st['max']:.1%}; peak device bytes error max {pk['max']:.1%}; "
+                  f"stall |pred - meas| mean {s['stall_abs_ms']['mean']:.2f} ms")
+    for g in rep["ranking"]:
+        md.append(f"- ranking at budget {g['budget_mb']} MB, lookahead {g['lookahead']}: measured "
+                  f"{' < '.join(g['measured'])}, predicted {' < '.join(g['predicted'])}: "
+                  f"{'preserved' if g['preserved'] else 'NOT preserved'}"
+                  + (f" (closest measured gap {g['closest_measured_gap']:.1%})"
+                     if g["closest_measured_gap"] is not None else ""))
+    return "\n".join(md)
+
+
+def read_measurements(path: str | Path) -> dict:
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise TraceError(f"{path}: no measurements; run mode=validate on a GPU to measure them") from None
+    except json.JSONDecodeError as e:
+        raise TraceError(f"{path}: not JSON ({e.msg}); re-measure with mode=validate on a GPU") from None
+    if not isinstance(data, dict) or data.get("format") != MEASUREMENTS or not isinstance(data.get("rows"), list):
+        raise TraceError(f'{path}: not an offload-engine measurements file (format "{MEASUREMENTS}" with rows)')
+    return data
+
+
+# ------------------------------------------------------------------ measured
+
+
+def measure(cfg: Any, spec: Any, trace: Trace, rows: Sequence[dict]) -> dict:
+    """Run every configuration on the GPU; the measurements JSON (module docstring)."""
+    import torch
+
+    from engine.executor.execute import _weight_file
+    from engine.record import _device, _device_name, clock_for
+    from engine.weightfile import WeightFile
+    from contextlib import ExitStack
+
+    from engine.models import make_inputs
+
+    device = _device(cfg.weights.backend)
+    clock = clock_for(device)
+    out = []
+    with ExitStack() as stack:
+        wf = WeightFile(_weight_file(cfg, spec, stack), spec)
+        stack.callback(wf.close)
+        inputs = make_inputs(spec, cfg.workload, device, seed=cfg.seed)
+        for row in rows:
+            if row["kind"] == "infer":
+                meas = _measure_streamed(spec, trace, wf, inputs, row, cfg.weights, clock)
+            else:
+                meas = _measure_training(spec, trace, wf, inputs, row, cfg, device, clock)
+            out.append({**row, "measured": meas})
+            print(f"  measured {row['id']}: step {meas['step_ms']:.2f} ms, stall {meas['stall_ms']:.2f} ms, "
+                  f"peak {meas['peak_device_bytes'] / 1e9:.3f} GB", flush=True)
+    return {"format": MEASUREMENTS, "version": 1, "model": spec.name, "num_layers": spec.num_layers,
+            "workload": trace.header.get("workload"), "device": _device_name(device), "torch": torch.__version__,
+            "cuda": torch.version.cuda if device.type == "cuda" else None, "source": cfg.weights.source,
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "timed_steps": TIMED_STEPS,
+            "rows": out}
+
+
+def _measure_streamed(spec: Any, trace: Trace, wf: Any, inputs: dict, row: dict, weights_cfg: Any,
+                      clock: Any) -> dict:
+    import torch
+
+    from engine.executor.runtime import WeightExecutor, make_backend
+    from engine.executor.sources import host_weights
+    from engine.models import forward
+    from engine.record import KernelStamps
+
+    order = trace.access_order()
+    budget = int(row["budget_mb"] * MB)
+    backend = make_backend(weights_cfg.backend, budget, max(order.sizes.values(), default=0))
+    try:
+        host = host_weights(wf, weights_cfg.source, backend)
+        try:
+            executor = WeightExecutor(order, host.tensors, budget_bytes=budget, eviction=row["eviction"],
+                                      lookahead=row["lookahead"], backend=backend)
+            try:
+                stalls = []
+                with torch.no_grad():
+                    for _ in range(1 + TIMED_STEPS):
+                        stamps = KernelStamps(executor, clock)
+                        with executor.step():
+                            forward(spec, stamps, inputs)
+                        stamps.close()
+                        stalls.append(stamps)
+                tele = executor.telemetry()
+                stall_ms = [sum(s.stall_ns()) / 1e6 for s in stalls[1:]]
+            finally:
+                executor.close()
+        finally:
+            host.close()
+    finally:
+        backend.close()
+    return {"step_ms": statistics.median(t["step_ms"] for t in tele[1:]), "first_step_ms": tele[0]["step_ms"],
+            "stall_ms": statistics.median(stall_ms), "peak_device_bytes": max(t["peak_device_bytes"] for t in tele),
+            "h2d_bytes": tele[-1]["h2d_bytes"], "steps_ms": [t["step_ms"] for t in tele]}
+
+
+def _measure_training(spec: Any, trace: Trace, wf: Any, inputs: dict, row: dict, cfg: Any, device: Any,
+                      clock: Any) -> dict:
+    import torch
+
+    from engine.executor.activations import ActivationOffloader, KernelTracking, ResidentWeights
+    from engine.models import DictSource, forward, init_lora
+    from engine.policy.activations import build_activation_policy
+
+    weights = {n: t.to(device, copy=True) for n, t in wf.tensors().items()}
+    lora = init_lora(spec, cfg.workload.lora_rank, device=device, seed=cfg.seed + 1)
+    act = activations_config(row["activations"], trace)
+    offloader = None
+    if act is not None:
+        offloader = ActivationOffloader(build_activation_policy(act, spec.num_layers), act, device,
+                                        weights=ResidentWeights(weights))
+    times, peaks = [], []
+    try:
+        for _ in range(1 + TIMED_STEPS):
+            for t in lora.values():
+                t.grad = None
+            clock.synchronize()
+            torch.cuda.reset_peak_memory_stats(device)
+            before = torch.cuda.memory_allocated(device)
+            start = clock.stamp()
+            source = DictSource(spec, weights)
+            if offloader is None:
+                out = forward(spec, source, inputs, lora)
+                sum(o.float().pow(2).mean() for o in out.values()).backward()
+            else:
+                with offloader.step():
+                    out = forward(spec, KernelTracking(source, spec, offloader), inputs, lora)
+                    sum(o.float().pow(2).mean() for o in out.values()).backward()
+            del out
+            end = clock.stamp()
+            clock.synchronize()
+            times.append(clock.ns(start, end) / 1e6)
+            peaks.append(spec.model_bytes + torch.cuda.max_memory_allocated(device) - before)
+        stall = ([t["stall_time_ms"] for t in offloader.telemetry()[1:]] if offloader is not None
+                 else [0.0])
+    finally:
+        if offloader is not None:
+            offloader.close()
+        del weights
+        torch.cuda.empty_cache()
+    return {"step_ms": statistics.median(times[1:]), "first_step_ms": times[0],
+            "stall_ms": statistics.median(stall), "peak_device_bytes": max(peaks[1:]), "steps_ms": times}
+
+
+def write_measurements(path: str | Path, data: dict) -> None:
+    Path(path).write_text(json.dumps(data, indent=1) + "\n")
