@@ -12,6 +12,8 @@ from typing import Any, Protocol, Sequence
 
 import torch
 
+from engine.errors import ExecutorError
+
 
 @dataclass
 class Block:
@@ -20,6 +22,39 @@ class Block:
     address: int
     nbytes: int
     data: torch.Tensor
+
+
+class LiveBlocks:
+    """The blocks a backend handed out and has not freed, by address.
+
+    Every free is checked against it before the pool sees it, so a block freed
+    twice fails loudly instead of corrupting the pool."""
+
+    def __init__(self, pool: str):
+        self.pool = pool
+        self._nbytes: dict[int, int] = {}
+        self.bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._nbytes)
+
+    def add(self, address: int, nbytes: int) -> None:
+        self._nbytes[address] = nbytes
+        self.bytes += nbytes
+
+    def remove(self, address: int) -> None:
+        nbytes = self._nbytes.pop(address, None)
+        if nbytes is None:
+            raise ExecutorError(f"{self.pool}: block {address:#x} freed twice or never allocated "
+                                "(a bug in the runtime; nothing was freed)")
+        self.bytes -= nbytes
+
+    def drain(self) -> list[int]:
+        """Forget every block (the pool is going away); their addresses."""
+        addresses = list(self._nbytes)
+        self._nbytes.clear()
+        self.bytes = 0
+        return addresses
 
 
 class Backend(Protocol):
@@ -37,7 +72,12 @@ class Backend(Protocol):
 
     def free_after(self, block: Block, mark: Any) -> None:
         """Free on the copy stream once the compute stream passed `mark` (None:
-        no kernel read the block; the copy stream's order suffices)."""
+        no kernel read the block; the copy stream's order suffices). Raises
+        ExecutorError, freeing nothing, for a block that is not allocated."""
+        ...
+
+    def live_blocks(self) -> int:
+        """Blocks allocated and not freed yet (close() frees them with the pool)."""
         ...
 
     def copy_in(self, block: Block, src: torch.Tensor) -> Any:

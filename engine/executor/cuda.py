@@ -35,7 +35,7 @@ from typing import Any, Sequence
 import torch
 
 from engine.errors import ExecutorError
-from engine.executor.backend import Block
+from engine.executor.backend import Block, LiveBlocks
 
 try:
     from cuda.bindings import driver as cudadrv
@@ -98,6 +98,8 @@ class CudaBackend:
         self._copy_handle = self.copy.cuda_stream
         self._h2d = cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
         self.pool = self._create_pool()
+        self._live = LiveBlocks("cuda pool")
+        self.registered: dict[int, int] = {}  # address -> nbytes of registered host ranges
 
     def _create_pool(self) -> Any:
         props = cudart.cudaMemPoolProps()
@@ -132,6 +134,7 @@ class CudaBackend:
                    f"reserved of a cap of {self.cap_bytes}",
                    "the pool could not place the block under its cap (fragmentation or a missing "
                    "free dependency); raise the budget or report this with the telemetry")
+        self._live.add(ptr, nbytes)
         data = torch.as_tensor(_DeviceBytes(ptr, nbytes), device=self.device)
         return Block(ptr, nbytes, data)
 
@@ -141,10 +144,10 @@ class CudaBackend:
         return done
 
     def free_after(self, block: Block, mark: torch.cuda.Event | None) -> None:
+        self._live.remove(block.address)  # a second free raises here, before the pool sees it
         if mark is not None:
             self.copy.wait_event(mark)
-        _check(cudart.cudaFreeAsync(block.address, self._copy_handle), "cudaFreeAsync",
-               "the block was freed twice (a bug in the runtime)")
+        _check(cudart.cudaFreeAsync(block.address, self._copy_handle), "cudaFreeAsync", "report this")
 
     def copy_in(self, block: Block, src: torch.Tensor) -> torch.cuda.Event:
         _check(cudart.cudaMemcpyAsync(block.address, src.data_ptr(), block.nbytes, self._h2d,
@@ -158,13 +161,13 @@ class CudaBackend:
         self.compute.wait_event(event)
 
     def warm(self, sizes: Sequence[int]) -> None:
-        ptrs, total = [], 0
+        blocks, total = [], 0
         for size in sorted(set(sizes), reverse=True):
             if total + size <= self.budget_bytes:
-                ptrs.append(self.alloc(size).address)
+                blocks.append(self.alloc(size))
                 total += size
-        for ptr in ptrs:  # freed on the stream that allocated them: reusable at once
-            _check(cudart.cudaFreeAsync(ptr, self._copy_handle), "cudaFreeAsync (warm-up)", "report this")
+        for block in blocks:  # freed on the stream that allocated them: reusable at once
+            self.free_after(block, None)
         self.copy.synchronize()
         self.reset_peak()
 
@@ -177,9 +180,11 @@ class CudaBackend:
                f"cudaHostRegister of {nbytes} bytes of the weight file (read-only)",
                "the mapping could not be pinned: check `ulimit -l` (locked memory) and free host RAM, "
                "or use weights.source=mmap (unregistered, slower) or weights.source=pinned (a copy)")
+        self.registered[address] = nbytes
 
     def unregister(self, address: int) -> None:
         _check(cudart.cudaHostUnregister(address), "cudaHostUnregister", "report this")
+        del self.registered[address]
 
     def check_stream(self) -> None:
         current = torch.cuda.current_stream(self.device)
@@ -196,6 +201,9 @@ class CudaBackend:
     def elapsed_ms(self, start: torch.cuda.Event, end: torch.cuda.Event) -> float:
         end.synchronize()
         return start.elapsed_time(end)
+
+    def live_blocks(self) -> int:
+        return len(self._live)
 
     def used_bytes(self) -> int:
         return self._attribute(cudart.cudaMemPoolAttr.cudaMemPoolAttrUsedMemCurrent)
@@ -219,6 +227,9 @@ class CudaBackend:
         if self.pool is None:
             return
         self.synchronize()
+        for address in self._live.drain():  # destroying a pool with blocks out would defer its release
+            _check(cudart.cudaFreeAsync(address, self._copy_handle), "cudaFreeAsync (close)", "report this")
+        self.copy.synchronize()
         _check(cudart.cudaMemPoolDestroy(self.pool), "cudaMemPoolDestroy", "report this")
         self.pool = None
 

@@ -18,7 +18,7 @@ from typing import Sequence
 import torch
 
 from engine.errors import ExecutorError
-from engine.executor.backend import Block
+from engine.executor.backend import Block, LiveBlocks
 
 log = logging.getLogger(__name__)
 
@@ -42,35 +42,31 @@ class HostBackend:
     def __init__(self, cap_bytes: int):
         self.device = torch.device("cpu")
         self.cap_bytes = cap_bytes
-        self._used = 0
         self._peak = 0
         self._reserved_peak = 0
         self._next_address = 1
-        self._live: dict[int, int] = {}  # address -> nbytes
+        self._live = LiveBlocks("host arena")
         self.registered: dict[int, int] = {}  # address -> nbytes
         log.info("host backend (a test backend, no GPU): capped arena of %d bytes", cap_bytes)
 
     def alloc(self, nbytes: int) -> Block:
-        if self._used + nbytes > self.cap_bytes:
+        used = self._live.bytes
+        if used + nbytes > self.cap_bytes:
             raise ExecutorError(
-                f"host arena refused {nbytes} bytes: {self._used} in use of a cap of "
+                f"host arena refused {nbytes} bytes: {used} in use of a cap of "
                 f"{self.cap_bytes}; the executor allocated past its budget (a bug in the runtime)")
         address = self._next_address
         self._next_address += 1
-        self._live[address] = nbytes
-        self._used += nbytes
-        self._peak = max(self._peak, self._used)
-        self._reserved_peak = max(self._reserved_peak, self._used)
+        self._live.add(address, nbytes)
+        self._peak = max(self._peak, self._live.bytes)
+        self._reserved_peak = max(self._reserved_peak, self._live.bytes)
         return Block(address, nbytes, torch.empty(nbytes, dtype=torch.uint8))
 
     def mark(self) -> None:
         return None
 
     def free_after(self, block: Block, mark: None) -> None:
-        nbytes = self._live.pop(block.address, None)
-        if nbytes is None:
-            raise ExecutorError(f"host arena: block {block.address} freed twice or never allocated")
-        self._used -= nbytes
+        self._live.remove(block.address)
 
     def copy_in(self, block: Block, src: torch.Tensor) -> HostEvent:
         block.data.copy_(src.reshape(-1).view(torch.uint8))
@@ -113,7 +109,7 @@ class HostBackend:
         return (end - start) * 1e3
 
     def used_bytes(self) -> int:
-        return self._used
+        return self._live.bytes
 
     def reserved_peak_bytes(self) -> int:
         return self._reserved_peak
@@ -122,11 +118,13 @@ class HostBackend:
         return self._peak
 
     def reset_peak(self) -> None:
-        self._peak = self._used
+        self._peak = self._live.bytes
 
     def synchronize(self) -> None:
         pass
 
+    def live_blocks(self) -> int:
+        return len(self._live)
+
     def close(self) -> None:
-        self._live.clear()
-        self._used = 0
+        self._live.drain()

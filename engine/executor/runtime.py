@@ -22,6 +22,7 @@ order and config it equals a bare `WeightResidency`'s log (decision parity).
 from __future__ import annotations
 
 import threading
+import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
@@ -205,6 +206,9 @@ class WeightExecutor:
                 out[w] = r.tensor
         except BaseException as err:
             self._broken = self._broken or f"{type(err).__name__}: {err}"
+            # The failed fetch's frames hold host tensors (views of the weight file's
+            # mapping); cleared, they let the file close instead of hiding this error.
+            traceback.clear_frames(err.__traceback__)
             raise
         self._next = (position + 1) % len(self.order)
         self._stats.kernels += 1
@@ -228,7 +232,11 @@ class WeightExecutor:
                 raise ExecutorError(f"policy bug: {d.action} {w}, which is already resident")
             src = self.host[w]
             block = self.backend.alloc(self.order.sizes[w])
-            ready = self.backend.copy_in(block, src)
+            try:
+                ready = self.backend.copy_in(block, src)
+            except BaseException:
+                self.backend.free_after(block, None)  # not resident yet: close() would not free it
+                raise
             tensor = block.data.view(src.dtype).view(src.shape)
             self._resident[w] = _Resident(block, tensor, ready)
             self._resident_bytes += block.nbytes
@@ -274,13 +282,23 @@ class WeightExecutor:
         if self._lock.locked() and self._owner is not None:
             raise ExecutorError("close() while a forward runs on this executor; wait for it to finish")
         self.backend.synchronize()
+        refused = []  # a free the backend refuses (freed twice) must not keep the rest allocated
         for r in self._resident.values():
-            self.backend.free_after(r.block, None)
+            try:
+                self.backend.free_after(r.block, None)
+            except ExecutorError as err:
+                refused.append(err)
         self._resident.clear()
         self._last_reader.clear()
         self._resident_bytes = 0
         self.host = {}  # the host views (a file mapping) may be closed after this
-        self.backend.close()
+        leaked = self.backend.live_blocks()
+        self.backend.close()  # frees leaked blocks with the pool
+        if refused:
+            raise refused[0]
+        if leaked:
+            raise ExecutorError(f"{leaked} pool blocks were still allocated after every resident weight was "
+                                "freed: the runtime leaked them (a bug; freed with the pool now): report this")
 
     def __enter__(self) -> WeightExecutor:
         return self
