@@ -136,6 +136,9 @@ class WeightExecutor:
     def step(self) -> Iterator[StepStats]:
         """One forward: every kernel fetched once, in order. Records the step's telemetry."""
         if not self._lock.acquire(blocking=False):
+            if self._owner == threading.get_ident():
+                raise ExecutorError("step() inside a step of the same executor (a forward that calls itself?); "
+                                    "finish one forward before starting the next")
             raise ExecutorError(
                 "another forward is already running on this executor (concurrent execute from "
                 "another thread); run forwards one at a time or give each thread its own executor")
