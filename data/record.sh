@@ -18,12 +18,12 @@ if [ "${SMOKE:-0}" = 1 ]; then
   LTX="+model=tiny workload.video_tokens=1024 workload.audio_tokens=64 workload.text_tokens=64"
   LTX_LOW="$LTX workload.video_tokens=256"
   LLAMA="+model=llama8b model.num_layers=2 workload=decode workload.context_tokens=512"
-  LTX_BUDGET=2; LLAMA_BUDGET=2500; RANK=4
+  LTX_BUDGET=2; LLAMA_BUDGET=3500; RANK=4
 else
   LTX="+model=ltx model.num_layers=8"
   LTX_LOW="$LTX workload.video_tokens=1536"
   LLAMA="+model=llama8b model.num_layers=8 workload=decode"
-  LTX_BUDGET=2500; LLAMA_BUDGET=3000; RANK=32
+  LTX_BUDGET=2500; LLAMA_BUDGET=4500; RANK=32
 fi
 
 weights() {  # weights NAME MODEL_ARGS...: a weight file, written once
@@ -51,3 +51,4 @@ record ltx2_infer_low $LTX_LOW weights.file="$LTX_FILE" budget=$LTX_BUDGET
 record ltx2_train_lora $LTX workload=train_lora workload.lora_rank=$RANK weights.file="$LTX_FILE" budget=$LTX_BUDGET
 validate ltx2_train_lora $LTX workload=train_lora workload.lora_rank=$RANK weights.file="$LTX_FILE"
 record llama_decode $LLAMA weights.file="$LLAMA_FILE" budget=$LLAMA_BUDGET
+validate llama_decode $LLAMA weights.file="$LLAMA_FILE"
