@@ -9,25 +9,31 @@ CI and on the CUDA backend on a GPU (`cuda` marker).
 """
 from __future__ import annotations
 
-from collections import Counter
-from types import SimpleNamespace
-from typing import Any, Callable
+import os
 
-import pytest
-import torch
-from omegaconf import OmegaConf
+# Bitwise LoRA gradients on a GPU need deterministic cuBLAS (DESIGN.md); set
+# before cuBLAS starts in this process.
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
-from engine.config import ActivationsConfig, PoolConfig
-from engine.errors import ExecutorError
-from engine.executor import WeightExecutor, host_weights, make_backend, run_execute
-from engine.executor.activations import ActivationOffloader, KernelTracking
-from engine.executor.host import HostBackend
-from engine.models import DictSource, forward, init_lora, make_inputs, random_weights
-from engine.policy import AccessOrder
-from engine.policy.activations import build_activation_policy
-from engine.policy.weights import WeightResidency, floor
-from engine.spec import load_spec
-from engine.weightfile import WeightFile, materialize
+from collections import Counter  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
+from typing import Any, Callable  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+
+from engine.config import ActivationsConfig, PoolConfig  # noqa: E402
+from engine.errors import ExecutorError  # noqa: E402
+from engine.executor import WeightExecutor, host_weights, make_backend, run_execute  # noqa: E402
+from engine.executor.activations import ActivationOffloader, KernelTracking  # noqa: E402
+from engine.executor.host import HostBackend  # noqa: E402
+from engine.models import DictSource, forward, init_lora, make_inputs, random_weights  # noqa: E402
+from engine.policy import AccessOrder  # noqa: E402
+from engine.policy.activations import build_activation_policy  # noqa: E402
+from engine.policy.weights import WeightResidency, floor  # noqa: E402
+from engine.spec import load_spec  # noqa: E402
+from engine.weightfile import WeightFile, materialize  # noqa: E402
 
 GPU = pytest.param("cuda", marks=[pytest.mark.cuda,
                                   pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")])
@@ -355,8 +361,15 @@ def inputs_device(inputs: dict) -> torch.device:
     return next(t.device for t in inputs.values() if isinstance(t, torch.Tensor))
 
 
+@pytest.fixture
+def deterministic():
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    yield
+    torch.use_deterministic_algorithms(False)
+
+
 @pytest.mark.parametrize("device", ["cpu", GPU])
-def test_a_corrupted_byte_in_a_spilled_activation_is_caught_and_named(device):
+def test_a_corrupted_byte_in_a_spilled_activation_is_caught_and_named(device, deterministic):
     spec = load_spec("tiny", TRAIN)
     weights = {n: t.to(device) for n, t in random_weights(spec, seed=0).items()}
     inputs = make_inputs(spec, TRAIN, device=device, seed=1)
