@@ -306,7 +306,20 @@ class _Trace:
         return self.order
 
 
-def test_a_failed_run_cleans_up_and_the_next_run_matches(env, tmp_path, monkeypatch):
+def _copy_fails(original, block, src):
+    raise RuntimeError("injected: the host copy failed")
+
+
+def _register_refused(original, address, nbytes):
+    raise ExecutorError("cudaHostRegister of the weight file failed: injected; check `ulimit -l`")
+
+
+@pytest.mark.parametrize("method, at, fault, cause", [
+    ("copy_in", 30, _copy_fails, "injected: the host copy failed"),
+    ("register", 1, _register_refused, "check `ulimit -l`"),
+])
+def test_a_failed_run_stops_with_its_cause_and_the_next_run_matches(env, tmp_path, monkeypatch, method, at,
+                                                                     fault, cause):
     if env.backend != "host":
         pytest.skip("run_execute's cleanup is the same on both backends; checked on the host")
     made: list[HostBackend] = []
@@ -316,17 +329,18 @@ def test_a_failed_run_cleans_up_and_the_next_run_matches(env, tmp_path, monkeypa
         backend = HostBackend(capacity)
         made.append(backend)
         ledgers.append(Ledger(backend))
-        if len(made) == 1:  # the first run: its 30th copy fails
-            ledgers[-1].fail("copy_in", 30, lambda original, block, src: (_ for _ in ()).throw(
-                RuntimeError("injected: the host copy failed")))
+        if len(made) == 1:  # the first run fails
+            ledgers[-1].fail(method, at, fault)
         return backend
 
     monkeypatch.setattr("engine.executor.execute.make_backend", tracked)
-    with pytest.raises(RuntimeError, match="injected: the host copy failed"):
+    # The cause, not a later cleanup error (the weight file refusing to close, say).
+    with pytest.raises((RuntimeError, ExecutorError), match=cause):
         run_execute(_cfg(env.path), env.spec, _Trace(env.order), tmp_path / "failed")
+    assert ledgers[0].injected == 1
     assert not (tmp_path / "failed" / "telemetry.jsonl").exists()  # nothing that looks like a result
-    assert made[0].registered == {}
-    ledgers[0].assert_balanced()
+    assert made[0].registered == {} and made[0].live_blocks() == 0
+    assert ledgers[0].live == {}
     result = run_execute(_cfg(env.path), env.spec, _Trace(env.order), tmp_path / "next")
     assert result["outputs_match_reference"] is True
     assert made[1].registered == {}

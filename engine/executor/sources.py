@@ -65,14 +65,15 @@ def pack(tensors: Mapping[str, torch.Tensor], buffer: Callable[[int], torch.Tens
 
 def host_weights(wf: WeightFile, source: str, backend: Backend) -> HostWeights:
     """The host side of every weight in `wf` as `source` says (module docstring)."""
-    if source in ("mmap", "mmap_registered"):
-        views = wf.tensors()
-        if source == "mmap":
-            return HostWeights(views, backend)
+    if source == "mmap":
+        return HostWeights(wf.tensors(), backend)
+    if source == "mmap_registered":
+        # Registered before any view exists: a refusal (locked-memory limit) then
+        # leaves no view in its traceback's frames, and the file can close.
         address, nbytes = page_span(wf.base_address(), wf.file_bytes, mmap.PAGESIZE)
         backend.register(address, nbytes)
         log.info("registered %d bytes of %s with the %s backend", nbytes, wf.path, backend.name)
-        return HostWeights(views, backend, registered=address)
+        return HostWeights(wf.tensors(), backend, registered=address)
     if source in ("pinned", "pageable"):
         views = wf.tensors()
         return HostWeights(pack(views, backend.host_buffer if source == "pinned" else _pageable), backend)
