@@ -130,6 +130,14 @@ class WeightExecutor:
             self._diverge(f"got kernel {kernel}")
         return self._issue(self._next)
 
+    def hand_over(self) -> None:
+        """The calling thread continues the running step: autograd runs a CUDA
+        backward on its device thread while the thread that opened the step waits
+        in backward(), and training fetches the backward's weights from there."""
+        if self._owner is None:
+            raise ExecutorError("hand_over outside a step; call it while `with executor.step():` runs")
+        self._owner = threading.get_ident()
+
     # -- steps ---------------------------------------------------------------------
 
     @contextmanager
