@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from executor_bench import WORKLOAD, access_order, ltx_spec  # noqa: E402
 
+from engine.errors import ExecutorError  # noqa: E402
 from engine.executor import WeightExecutor, host_weights, make_backend  # noqa: E402
 from engine.models import DictSource, forward, make_inputs  # noqa: E402
 from engine.weightfile import WeightFile, materialize  # noqa: E402
@@ -76,18 +77,24 @@ def sample(step: int, ex: WeightExecutor) -> dict:
 
 
 def phase(name: str, spec, order, wf: WeightFile, inputs: dict, reference: dict | None, budget: int,
-          steps: int, trim: bool, eviction: str, lookahead: int) -> tuple[list[dict], bool | None, float]:
+          steps: int, trim: bool, eviction: str, lookahead: int) -> tuple[list[dict], bool | None, float, str | None]:
     backend = make_backend("cuda", budget, max(order.sizes.values()))
     host = host_weights(wf, "mmap_registered", backend)
     ex = WeightExecutor(order, host.tensors, budget_bytes=budget, eviction=eviction, lookahead=lookahead,
                         backend=backend)
-    rows, bitwise = [], None if reference is None else True
+    rows, bitwise, stopped = [], None if reference is None else True, None
     marks = set(c for c in CHECKPOINTS if c <= steps) | {steps}
     start = time.perf_counter()
     with torch.no_grad():
         for step in range(1, steps + 1):
-            with ex.step():
-                out = forward(spec, ex, inputs)
+            try:
+                with ex.step():
+                    out = forward(spec, ex, inputs)
+            except ExecutorError as err:  # a refusal is a result of the soak: record where and why
+                rows.append(sample(step, ex))
+                stopped = f"stopped in step {step}: {err}"
+                print(f"[{time.strftime('%H:%M:%S')}] {name}: {stopped}", flush=True)
+                break
             if step in marks:
                 if reference is not None:
                     bitwise = bitwise and all(torch.equal(out[k], reference[k]) for k in reference)
@@ -99,7 +106,7 @@ def phase(name: str, spec, order, wf: WeightFile, inputs: dict, reference: dict 
     seconds = time.perf_counter() - start
     ex.close()
     host.close()
-    return rows, bitwise, seconds
+    return rows, bitwise, seconds, stopped
 
 
 def drift(rows: list[dict]) -> dict:
@@ -113,7 +120,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--blocks", type=int, default=None, help="transformer blocks (default: the model's 48)")
     ap.add_argument("--model", default="ltx")
-    ap.add_argument("--budget", type=float, default=None, help="MB (default: 40%% of the model)")
+    ap.add_argument("--budget", type=float, default=None, help="MB (default: --budget-fraction of the model)")
+    ap.add_argument("--budget-fraction", type=float, default=0.4)
     ap.add_argument("--eviction", default="belady")
     ap.add_argument("--lookahead", type=int, default=2)
     ap.add_argument("--dir", type=Path, default=Path("/dev/shm"))
@@ -123,7 +131,7 @@ def main() -> None:
 
     spec = ltx_spec(args.model, args.blocks)
     order = access_order(spec)
-    budget = int(args.budget * MB) if args.budget is not None else int(0.4 * spec.model_bytes)
+    budget = int(args.budget * MB) if args.budget is not None else int(args.budget_fraction * spec.model_bytes)
     path = args.dir / f"{spec.name}-{spec.num_layers}blocks-seed0.ptd"
     if not path.exists():
         materialize(spec, path, seed=0, device="cuda")
@@ -147,15 +155,18 @@ def main() -> None:
 
     print()
     print(f"soak: {time.strftime('%Y-%m-%d')}, {torch.cuda.get_device_name()}, torch {torch.__version__}; "
-          f"`python3 benchmarks/soak.py --steps {args.steps} --blocks {spec.num_layers}`")
+          f"`python3 benchmarks/soak.py {' '.join(sys.argv[1:])}`")
     print(f"{spec.name}, {spec.num_layers} blocks, {spec.model_bytes / 1e9:.2f} GB bf16, {len(order)} kernels, "
           f"{len(order.sizes)} weights; budget {budget / MB:.0f} MB, {args.eviction}, lookahead {args.lookahead}; "
           f"weight file in {args.dir}, registered")
     cols = ("step", "pool_used", "pool_reserved_peak", "live_blocks", "registered_ranges", "registered_bytes",
             "pinned", "torch_allocated", "device_free", "rss", "objects", "decisions_logged")
-    for name, (rows, bitwise, seconds) in results.items():
-        print(f"\n{name}: {args.steps} steps in {seconds:.1f} s ({seconds / args.steps * 1e3:.1f} ms a step); "
+    for name, (rows, bitwise, seconds, stopped) in results.items():
+        ran = rows[-1]["step"] - (stopped is not None)
+        print(f"\n{name}: {ran} steps in {seconds:.1f} s ({seconds / max(ran, 1) * 1e3:.1f} ms a step); "
               f"outputs bitwise the all-resident forward at every checkpoint: {bitwise}")
+        if stopped:
+            print(stopped)
         print("| " + " | ".join(cols) + " |")
         print("|" + "---|" * len(cols))
         for r in rows:
