@@ -9,7 +9,8 @@ the forward's kernels, then the backward's in reverse, reading the same weights)
     pack        a saved view of a base weight becomes a handle (kernel i, name,
                 geometry): autograd never holds pool memory the weight policy
                 may evict; everything else goes to the activation offloader
-                (activations=watermark | sync) or stays (activations=off)
+                (activations=watermark | sync) or stays (activations=off;
+                with budget=null nothing is evicted and no hook runs)
     backward    the first unpack of kernel i's weight issues the executor up to
                 position 2F-1-i (the mirror of i), then rebuilds the view over
                 the weight as it is resident now
@@ -281,8 +282,13 @@ def _step(spec: ModelSpec, executor: WeightExecutor, streamed: StreamedWeights,
           device: torch.device) -> tuple[Tensor, dict]:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    hooks: Callable[[], ContextManager] = offloader.step if offloader is not None else (
-        lambda: weight_handles(streamed))
+    hooks: Callable[[], ContextManager]
+    if offloader is not None:
+        hooks = offloader.step
+    elif executor.budget_bytes is None:
+        hooks = nullcontext  # every weight stays resident: autograd may hold them, no hook is needed
+    else:
+        hooks = lambda: weight_handles(streamed)  # noqa: E731
     with executor.step():
         streamed.start_step()
         with hooks():
