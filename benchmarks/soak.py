@@ -19,6 +19,26 @@ host ranges and bytes, pinned bytes of torch's host allocator, torch's device
 allocator bytes, free device memory, host RSS, Python objects alive and the
 decisions logged; then each phase's drift from step 10 to the last, and
 whether the outputs at every checkpoint were bitwise the all-resident forward.
+A pool refusal ends the phase and is printed with the books at that step.
+
+Measured 2026-11-22 on the lent H100 80GB HBM3 (torch 2.11+cu130), `python3
+benchmarks/soak.py --steps 200 --blocks 8 --budget-fraction F`: LTX-2 with 8
+of its 48 blocks (6.87 GB bf16, 630 weights, 308 kernels), belady, lookahead 2,
+6144 video tokens, the file in /dev/shm. Neither budget reached 200 steps: the
+pool's reserved bytes creep up step by step (placement fragmentation) until the
+capped pool refuses a block while the policy's bytes are under the budget. The
+two phases fail identically (deterministic).
+
+| budget | steps run | reserved at step 1 / 10 / refusal | refused |
+|---|---|---|---|
+| 2747 MB (F=0.4) | 13 | 2953 / 3423 / 3557 MB (cap 3552) | 201 MB block, 2541 MB in use |
+| 4120 MB (F=0.6) | 21 | 4295 / 4329 / 4933 MB (cap 4925) | 134 MB block, 3953 MB in use |
+
+Up to the refusal, outputs were bitwise the all-resident forward; live blocks,
+used bytes, registered ranges (1, 6.87 GB) and torch's pinned bytes did not
+grow. Host RSS: +1.49 MB over steps 10-14 and +2.90 MB over 10-22 as shipped
+(the decision logs: ~2.4k-2.6k decisions a step), +0.05 / +0.12 MB with the
+logs trimmed; Python objects +5075 / +15278 as shipped, -1267 / -59 trimmed.
 """
 from __future__ import annotations
 
