@@ -14,7 +14,9 @@ each trace; with several traces, the median over them):
     fetch_host_us           least squares over a streamed forward's fetches: host ns =
                             a + b x (copies issued); b is fetch + allocation, so
                             fetch_host_us = b - alloc_us
-    kernel_launch_us        mean host time per kernel of the resident step, plus the
+    kernel_launch_us        mean host time per kernel of the resident step (kernels over
+                            BLOCKED x the median dropped: the host sat on a full launch
+                            queue behind the held stream), plus the
                             streamed fetch's fixed part a beyond a resident fetch
     compute_slowdown_under_copy   the recorded step beside a stream of H2D copies over
                             its time alone, minus 1 (never below 0)
@@ -38,6 +40,7 @@ from engine.trace import Trace, read_trace
 MIB = 1 << 20
 RIDGE = 100.0  # FLOP per byte above which a kernel counts as compute-bound
 LARGE_COPY = 64 * MIB
+BLOCKED = 10
 FITTED = ("h2d_gbps", "d2h_gbps", "duplex_gbps", "small_copy_mib", "small_copy_gbps", "mmap_registered_gbps",
           "alloc_us", "fetch_host_us", "kernel_launch_us", "compute_slowdown_under_copy", "matmul_tflops",
           "hbm_gbps")
@@ -92,6 +95,13 @@ def fit_fetch_cost(samples: Sequence[Sequence[int]]) -> tuple[float, float]:
     return my - b * mx, b
 
 
+def launch_mean(kernel_ns: Sequence[int]) -> float:
+    """Mean host ns per kernel, without the kernels where the host sat blocked on a
+    full launch queue (over BLOCKED x the median: the recorder holds the stream)."""
+    cut = BLOCKED * statistics.median(kernel_ns)
+    return statistics.fmean(ns for ns in kernel_ns if ns <= cut)
+
+
 def achieved_rates(traces: Sequence[Trace]) -> tuple[float | None, float | None]:
     """(matmul TFLOP/s, HBM GB/s) of the recorded forward kernels."""
     flops = flop_ns = io = io_ns = 0
@@ -121,7 +131,7 @@ def fit_profile(traces: Sequence[Trace], base: Any, name: str, names: Sequence[s
     alloc_us = _med(ns for p in probes for ns in p["alloc_ns"]) / 1e3
     a, b = fit_fetch_cost([s for p in probes for s in p["host"]["fetch"]])
     resident_fetch = _med(p["host"]["resident_fetch_ns"] for p in probes)
-    launch_ns = _med(statistics.fmean(p["host"]["kernel_ns"]) for p in probes) + max(0.0, a - resident_fetch)
+    launch_ns = _med(launch_mean(p["host"]["kernel_ns"]) for p in probes) + max(0.0, a - resident_fetch)
     slowdown = _med(max(0.0, p["compute_under_copy"]["with_copy_ns"] / p["compute_under_copy"]["alone_ns"] - 1)
                     for p in probes)
     registered = [c for t, p in zip(traces, probes) if p.get("weight_source") == "mmap_registered"

@@ -77,10 +77,15 @@ def grid(trace: Trace) -> list[dict]:
             rows.append({"id": f"train {name}", "kind": "train_lora", "budget_mb": None, "eviction": "belady",
                          "lookahead": 1, "activations": act, "held_out": i % 2 == 1})
         return rows
+    from engine.policy.weights import floor
+
     model_mb = sum(trace.weight_sizes.values()) / MB
+    order = trace.access_order()
+    floor_mb = max(floor(order, la).bytes for la in LOOKAHEADS) / MB
     for (ib, frac), (ie, ev), (il, la) in itertools.product(
             enumerate(BUDGET_FRACTIONS), enumerate(EVICTIONS), enumerate(LOOKAHEADS)):
-        budget = round(frac * model_mb)
+        # A fraction of the model, but never under the floor (a decode step's lm_head + embedding).
+        budget = max(round(frac * model_mb), int(floor_mb) + 1 + ib * round(0.25 * model_mb))
         rows.append({"id": f"{ev} budget={budget} lookahead={la}", "kind": "infer", "budget_mb": budget,
                      "eviction": ev, "lookahead": la, "activations": {"mode": "off"},
                      "held_out": (ib + ie + il) % 2 == 1})

@@ -1,0 +1,113 @@
+"""engine/record.py, engine/calibrate.py, engine/validate.py on the CPU (host clocks, shipped data)."""
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import simpy
+
+from engine.calibrate import copy_rates, fit_fetch_cost, fit_profile, launch_mean
+from engine.config import HardwareConfig
+from engine.errors import TraceError
+from engine.models import DictSource, init_lora, make_inputs, random_weights
+from engine.record import HostClock, build_trace, split_backward, time_steps
+from engine.spec import load_spec
+from engine.trace import read_trace, write_trace
+from engine.validate import measurements_path, read_measurements, report
+from sim.link import D2H, H2D, PcieLink
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
+MIB = 1 << 20
+KNOWN = HardwareConfig(
+    name="known", source="test", device_memory_mb=80000, h2d_gbps=50.0, d2h_gbps=40.0, duplex_gbps=70.0,
+    pageable_gbps=7.0, mmap_gbps=7.0, mmap_registered_gbps=50.0, small_copy_mib=[0.0625, 1, 16],
+    small_copy_gbps=[5.0, 40.0, 50.0], matmul_tflops=500.0, hbm_gbps=2000.0)
+
+
+def test_split_backward_covers_the_span_in_proportion() -> None:
+    # Kernels 0..3; backward first unpacks kernel 2 at 10 ns and kernel 0 at 40 ns, ends at 100.
+    out = split_backward({2: 10, 0: 40}, 100, 4, [1.0, 1.0, 1.0, 3.0])
+    assert out == [60, 15, 15, 10]  # 3 -> [0,10); 2,1 share [10,40) by weight; 0 -> [40,100)
+    assert sum(out) == 100
+
+
+def test_record_on_host_clock_writes_a_readable_training_trace(tmp_path: Path) -> None:
+    wl = SimpleNamespace(name="t", kind="train_lora", batch=1, video_tokens=16, audio_tokens=8, text_tokens=8,
+                         context_tokens=0, lora_rank=2)
+    spec = load_spec("tiny", wl)
+    inputs = make_inputs(spec, wl)
+    timing = time_steps(spec, DictSource(spec, random_weights(spec)), inputs, HostClock(),
+                        lora=init_lora(spec, 2, seed=1), warmup=0, steps=1)
+    trace = build_trace(spec, timing, {"model": spec.name})
+    write_trace(tmp_path / "t.jsonl", trace)
+    back = read_trace(tmp_path / "t.jsonl")
+    n = len(spec.kernels)
+    assert len(back.records) == 2 * n and back.header["source"] == "recorded"
+    assert [r.compute_ns for r in back.records[:n]] == timing.forward_ns
+    assert all(r.compute_ns >= 0 for r in back.records)
+    assert sum(s.nbytes for r in back.records for s in r.saved) > 0
+    needs = {x for r in back.records for x in r.needs}
+    assert needs == {s.name for r in back.records for s in r.saved}
+
+
+def _sim_copy_ns(hw: HardwareConfig, copies: list[tuple[str, int]]) -> int:
+    """Copies started together on the simulator's link; ns until the last landed."""
+    env = simpy.Environment()
+    link = PcieLink(env, hw, lambda *a: None)
+    cs = [link.copy(d, "c", n, hw.h2d_gbps if d == H2D else hw.d2h_gbps) for d, n in copies]
+    env.run()
+    return max(c.end_ns for c in cs)
+
+
+def test_calibration_recovers_a_known_profile_from_simulated_probes() -> None:
+    sizes = [int(0.0625 * MIB), MIB, 16 * MIB, 256 * MIB]
+    copies = [{"dir": d, "nbytes": n, "ns": _sim_copy_ns(KNOWN, [(d, n)])} for d in (H2D, D2H) for n in sizes]
+    big = 256 * MIB
+    probes = {"copies": copies,
+              "duplex": [{"h2d_bytes": big, "d2h_bytes": big, "ns": _sim_copy_ns(KNOWN, [(H2D, big), (D2H, big)])}],
+              "alloc_ns": [3000, 3000, 9000], "compute_under_copy": {"alone_ns": 1000, "with_copy_ns": 1100},
+              "host": {"kernel_ns": [20_000, 20_000, 20_000, 900_000], "resident_fetch_ns": 1000,
+                       "fetch": [[0, 1000], [1, 31_000], [2, 61_000]]}}
+    trace = SimpleNamespace(header={"probes": probes, "device": "sim", "date": "d"}, records=())
+    p = fit_profile([trace], KNOWN, "fitted", ["synthetic"])
+    assert p["h2d_gbps"] == pytest.approx(50.0, rel=1e-3) and p["d2h_gbps"] == pytest.approx(40.0, rel=1e-3)
+    # The small-copy table relative to the large rate: 5 / 40 / 50 GB/s at 64 KiB / 1 MiB / >= 16 MiB.
+    assert p["small_copy_gbps"] == pytest.approx([5.0, 40.0, 50.0, 50.0], rel=1e-3)
+    # Equal copies each way share the duplex cap: their bytes over the time until both landed.
+    assert p["duplex_gbps"] == pytest.approx(70.0, rel=1e-3)
+    assert p["alloc_us"] == 3.0 and p["fetch_host_us"] == 27.0  # slope 30 us - alloc 3 us
+    assert p["kernel_launch_us"] == 20.0  # the blocked kernel (900 us) is dropped
+    assert p["compute_slowdown_under_copy"] == pytest.approx(0.1)
+    assert p["pageable_gbps"] == 7.0  # not measured: the base's
+
+
+def test_fit_helpers() -> None:
+    assert fit_fetch_cost([[0, 5], [1, 15], [3, 35]]) == pytest.approx((5.0, 10.0))
+    assert launch_mean([10, 10, 20, 1000]) == pytest.approx(40 / 3)
+    with pytest.raises(TraceError, match="no h2d copy probes"):
+        copy_rates([[{"dir": "d2h", "nbytes": 1, "ns": 1}]], "h2d")
+    with pytest.raises(TraceError, match="no \"probes\""):
+        fit_profile([SimpleNamespace(header={}, records=())], KNOWN, "x", ["t"])
+
+
+def test_report_from_shipped_measurements_on_cpu() -> None:
+    from engine.calibrate import load_hardware
+
+    trace_path = DATA / "ltx2_infer.jsonl.gz"
+    trace = read_trace(trace_path)
+    meas = read_measurements(measurements_path(trace_path))
+    rep = report(trace, meas, load_hardware("h100_pcie5"))
+    assert len(rep["rows"]) == 12 and rep["held_out"]["configs"] == 6
+    # What the shipped H100 measurements give with the DESIGN.md profile (README, data/README.md).
+    assert rep["held_out"]["step_ms"]["mean"] < 0.03 and rep["ranking_preserved"]
+    assert rep["held_out"]["peak_device_bytes"]["max"] < 0.03
+
+
+def test_bad_measurements_are_refused(tmp_path: Path) -> None:
+    bad = tmp_path / "x.measurements.json"
+    bad.write_text("{}")
+    with pytest.raises(TraceError, match="not an offload-engine measurements file"):
+        read_measurements(bad)
+    with pytest.raises(TraceError, match="no measurements"):
+        read_measurements(tmp_path / "none.json")
