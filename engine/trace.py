@@ -16,6 +16,9 @@ Line 1, the header, one JSON object:
     weight_sizes  {weight name: bytes} for every weight any record reads
     source        "synthesized" | "recorded"
     model, workload, hardware, torch, cuda, date   provenance (free-form)
+    probes        recorded traces: copy, allocation, host and compute-under-copy
+                  measurements that mode=calibrate fits (engine/record.py PROBES_DOC);
+                  other extra header keys are provenance and kept as they are
 
 Lines 2.., one JSON object per kernel, in launch order:
 
@@ -31,7 +34,8 @@ Lines 2.., one JSON object per kernel, in launch order:
                        names unique across the trace
     needs       [str]  saved-tensor names this backward record unpacks
     copies      [{...}] optional: copies observed around the kernel (recorded
-                       traces only; free-form, the simulator ignores them)
+                       traces: {dir, nbytes, ns} of each weight copy its fetch issued
+                       in a streamed forward; the simulator ignores them)
 
 Order: all forward records first; a training trace then has one backward
 record per forward record, in reverse order. `read_trace` checks all of this

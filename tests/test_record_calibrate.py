@@ -111,3 +111,26 @@ def test_bad_measurements_are_refused(tmp_path: Path) -> None:
         read_measurements(bad)
     with pytest.raises(TraceError, match="no measurements"):
         read_measurements(tmp_path / "none.json")
+
+
+def test_record_without_a_gpu_names_simulate(run_cli, tmp_path) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    r = run_cli("+model=tiny", "mode=record", "budget=2")
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr
+    assert lines[0].startswith("error: mode=record needs a CUDA GPU") and "mode=simulate" in lines[0]
+
+
+def test_simulate_replays_a_shipped_recorded_trace(run_cli, tmp_path) -> None:
+    import json
+
+    r = run_cli("+model=ltx", "model.num_layers=8", f"trace={DATA / 'ltx2_infer.jsonl.gz'}", "budget=2403",
+                "weights.eviction=priority", "weights.lookahead=1", "sim.timeline=false")
+    assert r.returncode == 0, r.stderr
+    pred = json.loads((tmp_path / "run" / "report.json").read_text())["prediction"]
+    measured = read_measurements(DATA / "ltx2_infer.measurements.json")["rows"]
+    row = next(m for m in measured if m["id"] == "priority budget=2403 lookahead=1")
+    assert abs(pred["step_ms"] - row["measured"]["step_ms"]) / row["measured"]["step_ms"] < 0.03
