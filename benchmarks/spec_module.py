@@ -49,19 +49,18 @@ class _Block(nn.Module):
 
 
 class _LinearCall(TorchFunctionMode):
-    """F.linear on an nn.Linear's own weight (and bias) becomes a call of that module."""
+    """F.linear on the weight (and bias) an nn.Linear holds now becomes a call of that module."""
 
-    def __init__(self, by_weight: dict[int, nn.Linear]):
+    def __init__(self) -> None:
         super().__init__()
-        self.by_weight = by_weight
+        self.by_weight: dict[int, nn.Linear] = {}  # the current kernel's linears, by id of the weight handed out
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is F.linear or func is torch._C._nn.linear:
-            w = args[1] if len(args) > 1 else kwargs.get("weight")
-            lin = self.by_weight.get(id(w))
+        if func is F.linear and len(args) >= 2:
+            lin = self.by_weight.get(id(args[1]))
             bias = args[2] if len(args) > 2 else kwargs.get("bias")
-            if lin is not None and bias is lin.bias:
+            if lin is not None and (bias is None) == (lin.bias is None):
                 return lin(args[0])
         return func(*args, **kwargs)
 
@@ -90,8 +89,9 @@ class SpecModule(nn.Module):
         for group, ml in lists.items():
             self.add_module(group, ml)
         self.linears = nn.ModuleDict()
-        self._params: dict[str, nn.Parameter] = {}
-        by_weight: dict[int, nn.Linear] = {}
+        # weight name -> (module holding it now, attribute, the nn.Linear or None): read at each
+        # fetch, since an offloader may replace a Parameter object (accelerate does).
+        self._where: dict[str, tuple[nn.Module, str, nn.Linear | None]] = {}
         for name, t in weights.items():
             key = owner_of.get(name)
             holder = self if key is None else getattr(self, key[0])[key[1]]
@@ -101,31 +101,58 @@ class SpecModule(nn.Module):
                 if lin is None:
                     lin = nn.Linear(1, 1, bias=f"{module}.bias" in weights, device="meta")
                     holder.linears[_key(module)] = lin
-                p = nn.Parameter(t, requires_grad=False)
-                setattr(lin, leaf, p)
+                setattr(lin, leaf, nn.Parameter(t, requires_grad=False))
                 if leaf == "weight":
                     lin.in_features, lin.out_features = t.shape[1], t.shape[0]
+                self._where[name] = (lin, leaf, lin)
             else:
-                p = nn.Parameter(t, requires_grad=False)
-                holder.register_parameter(_key(name), p)
-            self._params[name] = p
-        for holder in [self, *(b for ml in lists.values() for b in ml)]:
-            for lin in holder.linears.values():
-                by_weight[id(lin.weight)] = lin
+                holder.register_parameter(_key(name), nn.Parameter(t, requires_grad=False))
+                self._where[name] = (holder, _key(name), None)
         self._blocks = [b for ml in lists.values() for b in ml]
         self._blocks.sort(key=lambda b: b.first)
-        self._mode = _LinearCall(by_weight)
+        self._mode = _LinearCall()
         self._go = threading.Semaphore(0)
         self._paused = threading.Semaphore(0)
         self._stop = 0
+        self._abort = False
+        self._job: dict | None = None
+        self._error: BaseException | None = None
         self._worker: threading.Thread | None = None
 
-    # the worker side: the spec forward, pausing before kernel `_stop`
+    # The worker side: one long-lived thread (a new thread per forward would build new
+    # cuBLAS/cuDNN handles and workspaces every step), running the spec forward and
+    # pausing before kernel `_stop`.
     def fetch(self, i: int) -> dict[str, torch.Tensor]:
         while i >= self._stop:  # a kernel past the stop runs only after the next go
             self._paused.release()
             self._go.acquire()
-        return {w: self._params[w] for w in self.spec.kernels[i].weights}
+            if self._abort:
+                raise RuntimeError("forward abandoned by the calling thread")
+        out = {}
+        self._mode.by_weight.clear()
+        for w in self.spec.kernels[i].weights:
+            module, attr, lin = self._where[w]
+            out[w] = t = getattr(module, attr)
+            if lin is not None and attr == "weight":
+                self._mode.by_weight[id(t)] = lin
+        return out
+
+    def _serve(self, device: torch.device) -> None:
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        while True:
+            self._go.acquire()
+            job = self._job
+            if job is None:
+                return
+            try:
+                with torch.no_grad(), self._mode:
+                    job["out"] = spec_forward(self.spec, self, job["inputs"])
+            except BaseException as err:  # handed to the calling thread
+                self._error = err
+            finally:
+                self._stop = len(self.spec.kernels) + 1
+                self._paused.release()
 
     def _run_until(self, stop: int) -> None:
         self._stop = stop
@@ -135,30 +162,31 @@ class SpecModule(nn.Module):
             raise self._error
 
     def forward(self, inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        result: dict = {}
-        self._error = None
-        device = next(iter(inputs.values())).device
+        if self._worker is None:
+            device = next(iter(inputs.values())).device
+            self._worker = threading.Thread(target=self._serve, args=(device,), daemon=True)
+            self._worker.start()
+        self._job, self._error, self._stop = {"inputs": inputs}, None, 0
+        try:
+            for block in self._blocks:
+                self._run_until(block.first)
+                block()
+            self._run_until(len(self.spec.kernels) + 1)
+        except BaseException:
+            if self._error is None:  # failed on this side: the worker waits in fetch; end its forward
+                self._abort = True
+                self._go.release()
+                self._paused.acquire()
+                self._abort = False
+            raise
+        finally:
+            self._error = None
+        return self._job.pop("out")
 
-        def work() -> None:
-            try:
-                if device.type == "cuda":
-                    torch.cuda.set_device(device)
-                self._go.acquire()
-                with torch.no_grad(), self._mode:
-                    result["out"] = spec_forward(self.spec, self, inputs)
-            except BaseException as err:  # handed to the calling thread
-                self._error = err
-            finally:
-                self._stop = len(self.spec.kernels) + 1
-                self._paused.release()
-
-        worker = threading.Thread(target=work, daemon=True)
-        worker.start()
-        for block in self._blocks:
-            self._run_until(block.first)
-            block()
-        self._run_until(len(self.spec.kernels) + 1)
-        worker.join()
-        if self._error is not None:
-            raise self._error
-        return result["out"]
+    def close(self) -> None:
+        """End the worker thread (it holds the module)."""
+        if self._worker is not None:
+            self._job = None
+            self._go.release()
+            self._worker.join()
+            self._worker = None

@@ -33,3 +33,42 @@ def test_peers_bench_runs_on_cpu(tmp_path: Path) -> None:
     assert train["off"]["max_abs_grad_diff"] == 0.0 and len(train) >= 3
     assert done.stdout.rstrip().splitlines()[-1].startswith("(no-offload grad spread")
     assert "| ours priority @1 |" in done.stdout
+
+
+def test_spec_module_follows_replaced_parameters() -> None:
+    """An offloader that swaps in new Parameter objects in a pre-hook (accelerate does) is
+    still what the forward reads: the output stays the spec forward's, bit for bit."""
+    import torch
+    from torch import nn
+
+    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from peers import shape, workload
+    from spec_module import SpecModule
+
+    from engine.models import DictSource, forward, make_inputs, random_weights
+
+    spec = shape("tiny", 2, 16)
+    weights = random_weights(spec, seed=0)
+    inputs = make_inputs(spec, workload(16), seed=1)
+    with torch.no_grad():
+        ref = forward(spec, DictSource(spec, weights), inputs)
+    module = SpecModule(spec, {n: torch.full_like(w, float("nan")) for n, w in weights.items()})
+    linears = {id(m): m for m in module.modules() if isinstance(m, nn.Linear)}
+    by_param = {}
+    for name, (holder, attr, _) in module._where.items():
+        by_param[id(getattr(holder, attr))] = name
+
+    def swap(m: nn.Module, args: tuple) -> None:  # fresh Parameter objects with the real values
+        for attr, p in list(m._parameters.items()):
+            m._parameters[attr] = nn.Parameter(weights[by_param[id(p)]], requires_grad=False)
+            by_param[id(m._parameters[attr])] = by_param[id(p)]
+
+    hooked = [m for m in module.modules() if m._parameters and (id(m) in linears or m is not module)]
+    for m in hooked + [module]:
+        m.register_forward_pre_hook(swap)
+    try:
+        out = module(inputs)
+    finally:
+        module.close()
+    assert all(torch.equal(out[k], ref[k]) for k in ref)
