@@ -21,24 +21,31 @@ decisions logged; then each phase's drift from step 10 to the last, and
 whether the outputs at every checkpoint were bitwise the all-resident forward.
 A pool refusal ends the phase and is printed with the books at that step.
 
-Measured 2026-11-22 on the lent H100 80GB HBM3 (torch 2.11+cu130), `python3
-benchmarks/soak.py --steps 200 --blocks 8 --budget-fraction F`: LTX-2 with 8
-of its 48 blocks (6.87 GB bf16, 630 weights, 308 kernels), belady, lookahead 2,
-6144 video tokens, the file in /dev/shm. Neither budget reached 200 steps: the
-pool's reserved bytes creep up step by step (placement fragmentation) until the
-capped pool refuses a block while the policy's bytes are under the budget. The
-two phases fail identically (deterministic).
+Measured 2026-11-22 on the lent H100 80GB HBM3 (torch 2.11+cu130), before
+relocation: neither budget reached 200 steps (8 LTX-2 blocks, belady): the
+pool's reserve crept up every step until it refused a block under its cap in
+step 14 (budget 40%) / 22 (60%).
 
-| budget | steps run | reserved at step 1 / 10 / refusal | refused |
-|---|---|---|---|
-| 2747 MB (F=0.4) | 13 | 2953 / 3423 / 3557 MB (cap 3552) | 201 MB block, 2541 MB in use |
-| 4120 MB (F=0.6) | 21 | 4295 / 4329 / 4933 MB (cap 4925) | 134 MB block, 3953 MB in use |
+Measured 2026-11-23, same GPU, with freed blocks kept by exact size and a
+relocation on each refusal under the budget (engine/executor/cuda.py), `python3
+benchmarks/soak.py --steps 200 --blocks 8 --budget-fraction F --eviction E`
+(6.87 GB bf16, 630 weights, 308 kernels, lookahead 2, 6144 video tokens, the
+file in /dev/shm). Every run reached 200 steps with outputs bitwise the
+all-resident forward at every checkpoint; live blocks, registered ranges (1,
+6.87 GB) and torch's pinned bytes did not grow; pool used bytes ended at or
+under step 10's.
 
-Up to the refusal, outputs were bitwise the all-resident forward; live blocks,
-used bytes, registered ranges (1, 6.87 GB) and torch's pinned bytes did not
-grow. Host RSS: +1.49 MB over steps 10-14 and +2.90 MB over 10-22 as shipped
-(the decision logs: ~2.4k-2.6k decisions a step), +0.05 / +0.12 MB with the
-logs trimmed; Python objects +5075 / +15278 as shipped, -1267 / -59 trimmed.
+| budget | eviction | ms / step | relocations in 200 steps (as shipped / logs trimmed) | RSS drift 10->200, as shipped / trimmed |
+|---|---|---|---|---|
+| 2747 MB (F=0.4) | belady | 110.3 | 10 / 10 (25.8 GB copied in again) | +12.7 / +8.4 MB |
+| 4120 MB (F=0.6) | belady | 111.6 | 22 / 15 | +43.4 / +0.9 MB (logs kept in full then) |
+| 2747 MB (F=0.4) | priority | 98.9 | 1 / 0 | +25.5 / +0.0 MB (logs kept in full then) |
+| 2747 MB (F=0.4) | lru | 155.5 | 10 / 9 | +68.6 / +3.3 MB (logs kept in full then) |
+
+"As shipped" now keeps the last KEEP_STEPS (16) steps of decisions and
+telemetry (engine/policy/__init__.py); the belady F=0.4 row is with that window
+(+12.7 MB, Python objects +10k: the window filling from 10 to 16 steps); the
+other rows were measured before it, with every decision kept (~0.25 MB a step).
 """
 from __future__ import annotations
 
@@ -103,6 +110,7 @@ def phase(name: str, spec, order, wf: WeightFile, inputs: dict, reference: dict 
     ex = WeightExecutor(order, host.tensors, budget_bytes=budget, eviction=eviction, lookahead=lookahead,
                         backend=backend)
     rows, bitwise, stopped = [], None if reference is None else True, None
+    relocations = relocated = 0
     marks = set(c for c in CHECKPOINTS if c <= steps) | {steps}
     start = time.perf_counter()
     with torch.no_grad():
@@ -121,11 +129,14 @@ def phase(name: str, spec, order, wf: WeightFile, inputs: dict, reference: dict 
                 rows.append(sample(step, ex))
                 print(f"[{time.strftime('%H:%M:%S')}] {name}: step {step}", flush=True)
             del out
+            relocations += ex.steps[-1].relocations
+            relocated += ex.steps[-1].relocated_bytes
             if trim:
                 ex.log.clear(), ex.policy.log.clear(), ex.steps.clear()
     seconds = time.perf_counter() - start
     ex.close()
     host.close()
+    print(f"{name}: {relocations} relocations ({relocated / MB:.0f} MB copied in again)", flush=True)
     return rows, bitwise, seconds, stopped
 
 

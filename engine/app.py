@@ -77,7 +77,7 @@ def prepare(cfg: DictConfig, out_dir: Path) -> Job:
     validate(cfg)
     shape = tuple(OmegaConf.to_yaml(cfg[k]) for k in ("model", "workload", "hardware"))
     spec = _memo(("spec", *shape[:2]), lambda: build_spec(cfg.model, cfg.workload))
-    if cfg.trace:
+    if cfg.trace and not Path(cfg.trace).is_dir():  # a directory: mode=calibrate reads it itself
         stat = Path(cfg.trace).stat()
         source: tuple = ("file", str(Path(cfg.trace).resolve()), stat.st_mtime_ns, stat.st_size)
         trace = _memo(("trace", *source), lambda: read_trace(cfg.trace))

@@ -183,7 +183,12 @@ def validate(cfg: Any) -> None:
     if cfg.trace is not None:
         from pathlib import Path
 
-        if not Path(cfg.trace).is_file():
+        trace = Path(cfg.trace)
+        if trace.is_dir():
+            if cfg.mode != "calibrate":
+                raise ConfigError(f"trace={cfg.trace} is a directory; mode={cfg.mode} replays one trace file "
+                                  "(a directory of traces is for mode=calibrate)")
+        elif not trace.is_file():
             raise ConfigError(f"trace={cfg.trace} does not exist; record one with mode=record or drop trace=")
     act = cfg.activations
     if act.mode != "off" and cfg.workload.kind != "train_lora":

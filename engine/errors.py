@@ -40,3 +40,9 @@ class WeightFileError(EngineError, ValueError):
 
 class ExecutorError(EngineError, RuntimeError):
     """The executor cannot start or continue (pool, registration, divergence, concurrency)."""
+
+
+class PlacementError(ExecutorError):
+    """The pool refused a block the budget allows: its free bytes are split into
+    pieces too small (fragmentation). The runtime relocates its resident blocks
+    once and retries; this reaches the user only if the retry fails too."""

@@ -80,6 +80,10 @@ def comparison_md(rows: list[dict], meas: dict) -> str:
             md.append(f"- {what} {verdict[meas[key]]} the all-resident run")
     md.append(f"- backend {meas['backend']}, {meas['steps']} steps (the first fills the pool; "
               "the table shows the median of the rest)")
+    if meas.get("relocations"):
+        md.append(f"- {meas['relocations']} relocations: the pool refused a block under the budget "
+                  "(fragmentation) and the resident weights were copied in again; the simulator "
+                  "does not model this, so measured times include stalls it did not predict")
     return "\n".join(md)
 
 

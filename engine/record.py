@@ -403,7 +403,7 @@ def streamed_forward(spec: ModelSpec, wf: Any, inputs: Mapping[str, torch.Tensor
         stamps_box: list[KernelStamps] = []
         timed = TimedCopies(backend, clock, lambda: stamps_box[0].current)
         executor = WeightExecutor(order, host.tensors, budget_bytes=budget_bytes, eviction=w.eviction,
-                                  lookahead=w.lookahead, backend=timed)
+                                  lookahead=w.lookahead, backend=timed, keep_steps=None)
         stack.callback(executor.close)
         stamps = KernelStamps(executor, clock)
         stamps_box.append(stamps)

@@ -280,7 +280,7 @@ def _measure_streamed(spec: Any, trace: Trace, wf: Any, inputs: dict, row: dict,
         host = host_weights(wf, weights_cfg.source, backend)
         try:
             executor = WeightExecutor(order, host.tensors, budget_bytes=budget, eviction=row["eviction"],
-                                      lookahead=row["lookahead"], backend=backend)
+                                      lookahead=row["lookahead"], backend=backend, keep_steps=None)
             try:
                 stalls = []
                 with torch.no_grad():
@@ -317,7 +317,7 @@ def _measure_training(spec: Any, trace: Trace, wf: Any, inputs: dict, row: dict,
     offloader = None
     if act is not None:
         offloader = ActivationOffloader(build_activation_policy(act, spec.num_layers), act, device,
-                                        weights=ResidentWeights(weights))
+                                        weights=ResidentWeights(weights), keep_steps=None)
     times, peaks = [], []
     try:
         for _ in range(1 + TIMED_STEPS):

@@ -24,7 +24,7 @@ import torch  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
 from engine.config import ActivationsConfig, PoolConfig  # noqa: E402
-from engine.errors import ExecutorError  # noqa: E402
+from engine.errors import ExecutorError, PlacementError  # noqa: E402
 from engine.executor import WeightExecutor, host_weights, make_backend, run_execute  # noqa: E402
 from engine.executor.activations import ActivationOffloader, KernelTracking  # noqa: E402
 from engine.executor.host import HostBackend  # noqa: E402
@@ -185,6 +185,7 @@ def test_a_copy_that_fails(env, when, monkeypatch):
 def _refusal(backend_name: str, monkeypatch) -> tuple[Callable[..., Any], str]:
     if backend_name == "host":
         def fault(original, nbytes, backend):  # the arena really refuses: the cap shrinks for this call
+            backend.trim()  # a kept block of this size would be reused without asking the arena
             cap, backend.cap_bytes = backend.cap_bytes, backend.used_bytes()
             try:
                 return original(nbytes)
@@ -194,11 +195,74 @@ def _refusal(backend_name: str, monkeypatch) -> tuple[Callable[..., Any], str]:
     from engine.executor import cuda
 
     def fault(original, nbytes, backend):
+        backend.trim()  # a kept block of this size would be reused without asking the pool
+        # The cap shrinks for this call as on the host, so the refusal is over the cap (a
+        # refusal under it is a placement failure, relocated: the test after this one).
+        cap, backend.cap_bytes = backend.cap_bytes, backend.used_bytes()
+        with monkeypatch.context() as m:
+            m.setattr(cuda.cudart, "cudaMallocFromPoolAsync",
+                      lambda *a: (cuda.cudart.cudaError_t.cudaErrorMemoryAllocation, 0))
+            try:
+                return original(nbytes)
+            finally:
+                backend.cap_bytes = cap
+    return fault, r"cudaMallocFromPoolAsync\(\d+\) with \d+ bytes in use .* cudaErrorMemoryAllocation"
+
+
+def _fragmented(backend_name: str, monkeypatch) -> Callable[..., Any]:
+    """A refusal of a block the budget allows. The host arena is a byte counter
+    that never fragments, so there it is raised as is; on CUDA the pool answers
+    out-of-memory and the backend's own check names it a placement failure."""
+    if backend_name == "host":
+        def fault(original, nbytes, backend):
+            raise PlacementError("injected: the pool's free bytes are split")
+        return fault
+    from engine.executor import cuda
+
+    def fault(original, nbytes, backend):
+        backend.trim()
         with monkeypatch.context() as m:
             m.setattr(cuda.cudart, "cudaMallocFromPoolAsync",
                       lambda *a: (cuda.cudart.cudaError_t.cudaErrorMemoryAllocation, 0))
             return original(nbytes)
-    return fault, r"cudaMallocFromPoolAsync\(\d+\) with \d+ bytes in use .* cudaErrorMemoryAllocation"
+    return fault
+
+
+def test_a_fragmented_pool_is_relocated_and_the_step_goes_on(env, monkeypatch):
+    ex = executor(env)
+    ledger = Ledger(ex.backend)
+    fault = _fragmented(env.backend, monkeypatch)
+    ledger.fail("alloc", copies_in_first_step(env) + 7, lambda original, n: fault(original, n, ex.backend))
+    for out in run_steps(env, ex):
+        assert all(torch.equal(out[k], env.reference[k]) for k in env.reference)
+    assert ledger.injected == 1
+    rows = ex.telemetry()
+    assert [r["relocations"] for r in rows] == [0, 1, 0]
+    assert 0 < rows[1]["relocated_bytes"] <= env.budget
+    bare = WeightResidency(env.order, env.budget, "belady", 2)
+    for _ in range(STEPS):
+        for i in range(len(env.order)):
+            bare.issue(i)
+    assert ex.log == bare.log  # the policy's decisions do not change
+    ex.close()
+    ledger.assert_balanced()
+
+
+def test_a_pool_still_fragmented_after_relocation_stops_the_run(env, monkeypatch):
+    ex = executor(env)
+    fault, at = _fragmented(env.backend, monkeypatch), copies_in_first_step(env) + 7
+    original, calls = ex.backend.alloc, [0]
+
+    def alloc(nbytes):
+        calls[0] += 1
+        return original(nbytes) if calls[0] < at else fault(original, nbytes, ex.backend)
+    ex.backend.alloc = alloc
+    ledger = Ledger(ex.backend)
+    with pytest.raises(PlacementError):
+        run_steps(env, ex)
+    assert len(ex.steps) == 1
+    assert_stopped_and_clean(ex, ledger)
+    assert_a_new_run_matches(env)
 
 
 def test_an_allocation_the_pool_refuses(env, monkeypatch):

@@ -353,3 +353,17 @@ def test_weights_group_composes(name):
     with initialize_config_dir(config_dir=os.path.abspath(conf), version_base="1.3"):
         cfg = compose("config", overrides=[f"weights={name}"])
     assert (cfg.weights.eviction, cfg.weights.lookahead) == (name, 2)
+
+
+def test_keep_last_steps_drops_whole_older_steps_in_place():
+    from engine.policy import Decision, keep_last_steps
+
+    log = [Decision(s, 0, "hit", f"w{i}") for i, s in enumerate([0, 0, 1, 1, 2])]
+    keep_last_steps(log, None)
+    assert len(log) == 5
+    keep_last_steps(log, 2)
+    assert [d.step for d in log] == [1, 1, 2]
+    keep_last_steps(log, 5)
+    assert [d.step for d in log] == [1, 1, 2]
+    keep_last_steps(log, 0)
+    assert log == []

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import simpy
 
-from engine.calibrate import copy_rates, fit_fetch_cost, fit_profile, launch_mean
+from engine.calibrate import copy_rates, fit_fetch_cost, fit_profile, launch_mean, load_hardware
 from engine.config import HardwareConfig
 from engine.errors import TraceError
 from engine.models import DictSource, init_lora, make_inputs, random_weights
@@ -92,8 +92,6 @@ def test_fit_helpers() -> None:
 
 
 def test_report_from_shipped_measurements_on_cpu() -> None:
-    from engine.calibrate import load_hardware
-
     trace_path = DATA / "ltx2_infer.jsonl.gz"
     trace = read_trace(trace_path)
     meas = read_measurements(measurements_path(trace_path))
@@ -134,3 +132,29 @@ def test_simulate_replays_a_shipped_recorded_trace(run_cli, tmp_path) -> None:
     measured = read_measurements(DATA / "ltx2_infer.measurements.json")["rows"]
     row = next(m for m in measured if m["id"] == "priority budget=2403 lookahead=1")
     assert abs(pred["step_ms"] - row["measured"]["step_ms"]) / row["measured"]["step_ms"] < 0.03
+
+
+def test_calibrate_cli_fits_a_directory_of_recorded_traces(run_cli, tmp_path: Path) -> None:
+    """trace=DIR fits every recorded trace in it together (the median over them)."""
+    import shutil
+
+    import yaml
+
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    for name in ("ltx2_infer.jsonl.gz", "ltx2_infer_low.jsonl.gz"):
+        shutil.copy(DATA / name, traces / name)
+    out = tmp_path / "fitted.yaml"
+    r = run_cli("+model=tiny", "mode=calibrate", f"trace={traces}", f"out={out}")
+    assert r.returncode == 0, r.stderr
+    assert "ltx2_infer.jsonl.gz, ltx2_infer_low.jsonl.gz" in r.stdout
+    both = yaml.safe_load(out.read_text())
+    one = fit_profile([read_trace(DATA / "ltx2_infer.jsonl.gz")], load_hardware("h100_pcie5"), "one")
+    assert both["name"] == "fitted" and both["h2d_gbps"] > 0 and set(one) <= set(both)
+    # A directory is only for calibrate; an empty one or one with a synthesized trace is refused.
+    r = run_cli("+model=tiny", f"trace={traces}")
+    assert r.returncode == 2 and "is a directory; mode=simulate replays one trace file" in r.stderr
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    r = run_cli("+model=tiny", "mode=calibrate", f"trace={empty}", f"out={out}")
+    assert r.returncode == 2 and "holds no trace" in r.stderr

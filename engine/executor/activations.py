@@ -71,7 +71,7 @@ from torch.utils.hooks import RemovableHandle
 
 from engine.errors import ConfigError, ExecutorError
 from engine.executor.pinned_pool import SlabPool
-from engine.policy import ActivationPolicy, Decision
+from engine.policy import KEEP_STEPS, ActivationPolicy, Decision, keep_last_steps
 from engine.policy.activations import WatermarkPolicy, mb_to_bytes, validate_caps
 from engine.policy.sync import SyncDictPolicy
 from engine.spec import ModelSpec
@@ -349,12 +349,14 @@ class ActivationOffloader:
 
     `policy` must be the one `build_activation_policy(act_cfg, num_layers)`
     builds from the same `act_cfg`: the slabs here mirror its bookings.
-    `log` is every decision carried out; `questions` the current (or last)
-    step's questions, which `replay` puts to a bare policy.
+    `log` is every decision carried out in the last `keep_steps` steps (None:
+    all; the policy's log and history and `telemetry()` are kept as long);
+    `questions` the current (or last) step's questions, which `replay` puts to
+    a bare policy.
     """
 
     def __init__(self, policy: ActivationPolicy, act_cfg: Any, device: torch.device | str = "cuda", *,
-                 weights: ManagedWeights | None = None):
+                 weights: ManagedWeights | None = None, keep_steps: int | None = KEEP_STEPS):
         expected = _POLICY_OF_MODE.get(act_cfg.mode)
         if expected is None:
             raise ConfigError(f"activations.mode={act_cfg.mode!r}: the offloader carries out "
@@ -363,6 +365,8 @@ class ActivationOffloader:
             raise ExecutorError(f"the policy is a {type(policy).__name__} but activations.mode={act_cfg.mode}; "
                                 "build it with build_activation_policy(act_cfg, num_layers) from the same config")
         validate_caps(act_cfg)
+        if keep_steps is not None and keep_steps < 1:
+            raise ExecutorError(f"keep_steps={keep_steps}: keep at least 1 step of decisions (None keeps all)")
         self.policy = policy
         self.device = torch.device(device)
         if self.device.type == "cuda":
@@ -387,6 +391,7 @@ class ActivationOffloader:
         self.log: list[Decision] = []
         self.questions: list[Question] = []
         self._records: list[_StepRecord] = []
+        self.keep_steps = keep_steps
         self._step = -1
         self._in_step = False
         self._broken: str | None = None
@@ -525,6 +530,13 @@ class ActivationOffloader:
         self._in_step = True
         self._step += 1
         self.questions = []
+        if self.keep_steps is not None:
+            keep = self.keep_steps - 1  # and the step starting now
+            keep_last_steps(self.log, keep)
+            if self.policy.log is not self.log:
+                keep_last_steps(self.policy.log, keep)
+            del self.policy.history[:len(self.policy.history) - keep]
+            del self._records[:len(self._records) - keep]
         self._clear_step_state()
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)

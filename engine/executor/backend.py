@@ -28,12 +28,15 @@ class LiveBlocks:
     """The blocks a backend handed out and has not freed, by address.
 
     Every free is checked against it before the pool sees it, so a block freed
-    twice fails loudly instead of corrupting the pool."""
+    twice fails loudly instead of corrupting the pool. `peak` is the high-water
+    of live bytes since the last `reset_peak` (the weights' device bytes; the
+    pool may hold more in reusable blocks, see FreeBlocks)."""
 
     def __init__(self, pool: str):
         self.pool = pool
         self._nbytes: dict[int, int] = {}
         self.bytes = 0
+        self.peak = 0
 
     def __len__(self) -> int:
         return len(self._nbytes)
@@ -41,6 +44,10 @@ class LiveBlocks:
     def add(self, address: int, nbytes: int) -> None:
         self._nbytes[address] = nbytes
         self.bytes += nbytes
+        self.peak = max(self.peak, self.bytes)
+
+    def reset_peak(self) -> None:
+        self.peak = self.bytes
 
     def remove(self, address: int) -> None:
         nbytes = self._nbytes.pop(address, None)
@@ -57,13 +64,76 @@ class LiveBlocks:
         return addresses
 
 
+class FreeBlocks:
+    """Freed blocks kept by exact size for the next allocation of that size.
+
+    Why: a stream-ordered pool places every allocation itself, and weights of
+    many sizes (4 KB to 201 MB on LTX-2) freed and allocated in a cycle made its
+    reserve creep up step after step until it refused a block under its cap
+    (benchmarks/soak.py). A transformer's streamed weights repeat the same few
+    sizes block after block, so the weight that replaces an evicted one nearly
+    always fits the evicted block exactly: reusing it keeps the pool's own
+    placement out of the steady state.
+
+    The books hold live + kept bytes within `limit_bytes` (the budget): before
+    a new block is taken from the pool, `overflow` names the kept blocks to give
+    back, oldest first, so the pool never holds more than the budget in use.
+    A kept block was freed after its last reader on the copy stream, so a later
+    allocation on that stream reuses it in stream order, as the pool would."""
+
+    def __init__(self, limit_bytes: int):
+        self.limit_bytes = limit_bytes
+        self._by_size: dict[int, dict[int, Block]] = {}  # nbytes -> address -> block
+        self._order: dict[int, Block] = {}  # address -> block, oldest first
+        self.bytes = 0
+        self.reused = 0
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def put(self, block: Block) -> None:
+        self._by_size.setdefault(block.nbytes, {})[block.address] = block
+        self._order[block.address] = block
+        self.bytes += block.nbytes
+
+    def take(self, nbytes: int) -> Block | None:
+        """A kept block of exactly `nbytes`, or None."""
+        same = self._by_size.get(nbytes)
+        if not same:
+            return None
+        _, block = same.popitem()
+        del self._order[block.address]
+        self.bytes -= nbytes
+        self.reused += 1
+        return block
+
+    def overflow(self, live_bytes: int, nbytes: int) -> list[Block]:
+        """Remove and return the oldest kept blocks until live + kept + `nbytes`
+        fits the limit (all of them if it never does)."""
+        out = []
+        while self._order and live_bytes + self.bytes + nbytes > self.limit_bytes:
+            out.append(self._pop_oldest())
+        return out
+
+    def drain(self) -> list[Block]:
+        return [self._pop_oldest() for _ in range(len(self._order))]
+
+    def _pop_oldest(self) -> Block:
+        address = next(iter(self._order))
+        block = self._order.pop(address)
+        del self._by_size[block.nbytes][address]
+        self.bytes -= block.nbytes
+        return block
+
+
 class Backend(Protocol):
     name: str
     device: torch.device
     cap_bytes: int  # the most device bytes the pool may hold at once
 
     def alloc(self, nbytes: int) -> Block:
-        """Allocate on the copy stream; raises ExecutorError over the cap."""
+        """Allocate on the copy stream; raises ExecutorError over the cap and
+        PlacementError when the pool's free bytes would hold it but not in one piece."""
         ...
 
     def mark(self) -> Any:
@@ -117,6 +187,21 @@ class Backend(Protocol):
         ...
 
     def used_bytes(self) -> int:
+        """Bytes the pool holds in use: live blocks plus freed blocks kept for reuse."""
+        ...
+
+    def kept_bytes(self) -> int:
+        """Bytes in freed blocks kept for reuse (within the budget with the live ones)."""
+        ...
+
+    def trim(self) -> None:
+        """Give every kept block back to the pool (the next allocation of any size
+        is placed by the pool)."""
+        ...
+
+    def defragment(self) -> None:
+        """With no block live: wait for the device, give kept blocks back and let
+        the pool release its reserve, so the next allocations are placed afresh."""
         ...
 
     def reserved_peak_bytes(self) -> int:
@@ -124,7 +209,7 @@ class Backend(Protocol):
         ...
 
     def peak_bytes(self) -> int:
-        """High-water of used bytes since the last `reset_peak`."""
+        """High-water of live block bytes (the weights held) since the last `reset_peak`."""
         ...
 
     def reset_peak(self) -> None:

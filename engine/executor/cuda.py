@@ -24,12 +24,14 @@ exactly the budget the pool refused in every case (it also rounds its cap up
 to 32 MiB chunks); with room to grow it reserved at most budget + 523 MB
 (priority, 8 GB), i.e. 2.6 x the largest weight. The pool is therefore capped
 at budget + `pool_slack_bytes` (4 x the largest weight); the policy still plans
-with the exact budget, so the logical bytes never exceed it, and the pool
-reserves only what placement needs. A refusal that still happens fails loudly
-with the bytes in use, reserved and the cap. Over many steps that slack is not
-enough: benchmarks/soak.py (8 LTX-2 blocks, belady, budget 40% / 60% of the
-model) saw the reserve creep up every step until the pool refused a block in
-step 14 / 22 (an open problem: placement that does not fragment is needed).
+with the exact budget. Over many steps that slack was not enough when every
+eviction went back to the pool: benchmarks/soak.py saw the reserve creep up
+every step until a refusal in step 14 / 22. Two remedies: freed blocks are kept
+by exact size and reused (FreeBlocks), so the pool is asked less often; and a
+refusal of a block the budget allows is a PlacementError, on which the runtime
+gives every resident block back, `defragment` releases the pool's reserve, and
+the resident weights are copied in again largest first (a relocation: one
+stall of resident bytes / H2D bandwidth, counted in the step's telemetry).
 """
 from __future__ import annotations
 
@@ -37,8 +39,8 @@ from typing import Any, Sequence
 
 import torch
 
-from engine.errors import ExecutorError
-from engine.executor.backend import Block, LiveBlocks
+from engine.errors import ExecutorError, PlacementError
+from engine.executor.backend import Block, FreeBlocks, LiveBlocks
 
 try:
     from cuda.bindings import driver as cudadrv
@@ -102,6 +104,7 @@ class CudaBackend:
         self._h2d = cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
         self.pool = self._create_pool()
         self._live = LiveBlocks("cuda pool")
+        self._free = FreeBlocks(budget_bytes)
         self.registered: dict[int, int] = {}  # address -> nbytes of registered host ranges
 
     def _create_pool(self) -> Any:
@@ -129,17 +132,38 @@ class CudaBackend:
                           "report this with the CUDA version"))
 
     def alloc(self, nbytes: int) -> Block:
+        block = self._free.take(nbytes)
+        if block is None:
+            for kept in self._free.overflow(self._live.bytes, nbytes):
+                self._release(kept.address)
+            block = self._pool_alloc(nbytes)
+        self._live.add(block.address, nbytes)
+        return block
+
+    def _pool_alloc(self, nbytes: int) -> Block:
         err, ptr = cudart.cudaMallocFromPoolAsync(nbytes, self.pool, self._copy_handle)
+        if err != cudart.cudaError_t.cudaSuccess and len(self._free):
+            self.trim()  # kept blocks of other sizes may be what splits the free space
+            err, ptr = cudart.cudaMallocFromPoolAsync(nbytes, self.pool, self._copy_handle)
         if err != cudart.cudaError_t.cudaSuccess:
             used = self._attribute(cudart.cudaMemPoolAttr.cudaMemPoolAttrUsedMemCurrent)
             reserved = self._attribute(cudart.cudaMemPoolAttr.cudaMemPoolAttrReservedMemCurrent)
-            _check((err,), f"cudaMallocFromPoolAsync({nbytes}) with {used} bytes in use and {reserved} "
-                   f"reserved of a cap of {self.cap_bytes}",
-                   "the pool could not place the block under its cap (fragmentation or a missing "
-                   "free dependency); raise the budget or report this with the telemetry")
-        self._live.add(ptr, nbytes)
+            what = (f"cudaMallocFromPoolAsync({nbytes}) with {used} bytes in use and {reserved} "
+                    f"reserved of a cap of {self.cap_bytes}")
+            if err == cudart.cudaError_t.cudaErrorMemoryAllocation and used + nbytes <= self.cap_bytes:
+                device_free = torch.cuda.mem_get_info(self.device)[0]
+                raise PlacementError(
+                    f"{what} failed although the budget allows it: the pool's free space is split into "
+                    f"pieces smaller than the block (fragmentation) or the device has too little free "
+                    f"memory for the pool to grow into ({device_free / 1e6:.0f} MB free); free device "
+                    "memory held elsewhere or raise the budget")
+            _check((err,), what, "the pool could not place the block under its cap; raise the "
+                   "budget or report this with the telemetry")
         data = torch.as_tensor(_DeviceBytes(ptr, nbytes), device=self.device)
         return Block(ptr, nbytes, data)
+
+    def _release(self, address: int) -> None:
+        _check(cudart.cudaFreeAsync(address, self._copy_handle), "cudaFreeAsync", "report this")
 
     def mark(self) -> torch.cuda.Event:
         done = torch.cuda.Event()
@@ -149,8 +173,8 @@ class CudaBackend:
     def free_after(self, block: Block, mark: torch.cuda.Event | None) -> None:
         self._live.remove(block.address)  # a second free raises here, before the pool sees it
         if mark is not None:
-            self.copy.wait_event(mark)
-        _check(cudart.cudaFreeAsync(block.address, self._copy_handle), "cudaFreeAsync", "report this")
+            self.copy.wait_event(mark)  # every later use of the block is on the copy stream
+        self._free.put(block)
 
     def copy_in(self, block: Block, src: torch.Tensor) -> torch.cuda.Event:
         _check(cudart.cudaMemcpyAsync(block.address, src.data_ptr(), block.nbytes, self._h2d,
@@ -209,18 +233,32 @@ class CudaBackend:
         return len(self._live)
 
     def used_bytes(self) -> int:
+        """Bytes the pool holds in use: live weights plus kept free blocks."""
         return self._attribute(cudart.cudaMemPoolAttr.cudaMemPoolAttrUsedMemCurrent)
+
+    def kept_bytes(self) -> int:
+        return self._free.bytes
+
+    def trim(self) -> None:
+        for kept in self._free.drain():
+            self._release(kept.address)
+
+    def defragment(self) -> None:
+        if len(self._live):
+            raise ExecutorError(f"defragment with {len(self._live)} blocks live (a bug in the runtime)")
+        self.trim()
+        self.copy.synchronize()  # frees are stream-ordered: the pool can release them once they ran
+        _check(cudart.cudaMemPoolTrimTo(self.pool, 0), "cudaMemPoolTrimTo", "report this with the CUDA version")
 
     def reserved_peak_bytes(self) -> int:
         """High-water of memory the pool reserved from the device since creation."""
         return self._attribute(cudart.cudaMemPoolAttr.cudaMemPoolAttrReservedMemHigh)
 
     def peak_bytes(self) -> int:
-        return self._attribute(cudart.cudaMemPoolAttr.cudaMemPoolAttrUsedMemHigh)
+        return self._live.peak
 
     def reset_peak(self) -> None:
-        _check(cudart.cudaMemPoolSetAttribute(self.pool, cudart.cudaMemPoolAttr.cudaMemPoolAttrUsedMemHigh,
-                                              cudadrv.cuuint64_t(0)), "resetting the pool high-water", "report this")
+        self._live.reset_peak()
 
     def synchronize(self) -> None:
         self.copy.synchronize()
@@ -230,8 +268,9 @@ class CudaBackend:
         if self.pool is None:
             return
         self.synchronize()
-        for address in self._live.drain():  # destroying a pool with blocks out would defer its release
-            _check(cudart.cudaFreeAsync(address, self._copy_handle), "cudaFreeAsync (close)", "report this")
+        # Destroying a pool with blocks out would defer its release.
+        for address in self._live.drain() + [b.address for b in self._free.drain()]:
+            self._release(address)
         self.copy.synchronize()
         _check(cudart.cudaMemPoolDestroy(self.pool), "cudaMemPoolDestroy", "report this")
         self.pool = None

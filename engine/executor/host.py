@@ -7,7 +7,8 @@ nothing about a GPU; it is not a way to run a model.
 
 Everything runs in order on the host, so a free is complete when it returns
 and marks are nothing; an allocation over the cap raises like the CUDA pool's
-refusal.
+refusal. Freed blocks are kept by exact size and reused as on CUDA
+(FreeBlocks), so that bookkeeping runs in CI too.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from typing import Sequence
 import torch
 
 from engine.errors import ExecutorError
-from engine.executor.backend import Block, LiveBlocks
+from engine.executor.backend import Block, FreeBlocks, LiveBlocks
 
 log = logging.getLogger(__name__)
 
@@ -42,31 +43,34 @@ class HostBackend:
     def __init__(self, cap_bytes: int):
         self.device = torch.device("cpu")
         self.cap_bytes = cap_bytes
-        self._peak = 0
         self._reserved_peak = 0
         self._next_address = 1
         self._live = LiveBlocks("host arena")
+        self._free = FreeBlocks(cap_bytes)
         self.registered: dict[int, int] = {}  # address -> nbytes
         log.info("host backend (a test backend, no GPU): capped arena of %d bytes", cap_bytes)
 
     def alloc(self, nbytes: int) -> Block:
-        used = self._live.bytes
-        if used + nbytes > self.cap_bytes:
-            raise ExecutorError(
-                f"host arena refused {nbytes} bytes: {used} in use of a cap of "
-                f"{self.cap_bytes}; the executor allocated past its budget (a bug in the runtime)")
-        address = self._next_address
-        self._next_address += 1
-        self._live.add(address, nbytes)
-        self._peak = max(self._peak, self._live.bytes)
-        self._reserved_peak = max(self._reserved_peak, self._live.bytes)
-        return Block(address, nbytes, torch.empty(nbytes, dtype=torch.uint8))
+        block = self._free.take(nbytes)
+        if block is None:
+            self._free.overflow(self._live.bytes, nbytes)  # dropped: the arena gets them back
+            used = self._live.bytes
+            if used + nbytes > self.cap_bytes:
+                raise ExecutorError(
+                    f"host arena refused {nbytes} bytes: {used} in use of a cap of "
+                    f"{self.cap_bytes}; the executor allocated past its budget (a bug in the runtime)")
+            block = Block(self._next_address, nbytes, torch.empty(nbytes, dtype=torch.uint8))
+            self._next_address += 1
+        self._live.add(block.address, nbytes)
+        self._reserved_peak = max(self._reserved_peak, self._live.bytes + self._free.bytes)
+        return block
 
     def mark(self) -> None:
         return None
 
     def free_after(self, block: Block, mark: None) -> None:
         self._live.remove(block.address)
+        self._free.put(block)
 
     def copy_in(self, block: Block, src: torch.Tensor) -> HostEvent:
         block.data.copy_(src.reshape(-1).view(torch.uint8))
@@ -83,7 +87,7 @@ class HostBackend:
                 total += size
         for b in blocks:
             self.free_after(b, None)
-        self._peak = 0
+        self.reset_peak()
 
     def host_buffer(self, nbytes: int) -> torch.Tensor:
         return torch.empty(nbytes, dtype=torch.uint8)
@@ -109,16 +113,28 @@ class HostBackend:
         return (end - start) * 1e3
 
     def used_bytes(self) -> int:
-        return self._live.bytes
+        """Bytes the arena holds in use: live weights plus kept free blocks."""
+        return self._live.bytes + self._free.bytes
+
+    def kept_bytes(self) -> int:
+        return self._free.bytes
+
+    def trim(self) -> None:
+        self._free.drain()
+
+    def defragment(self) -> None:
+        if len(self._live):
+            raise ExecutorError(f"defragment with {len(self._live)} blocks live (a bug in the runtime)")
+        self.trim()  # a byte counter never fragments: nothing else to release
 
     def reserved_peak_bytes(self) -> int:
         return self._reserved_peak
 
     def peak_bytes(self) -> int:
-        return self._peak
+        return self._live.peak
 
     def reset_peak(self) -> None:
-        self._peak = self._live.bytes
+        self._live.reset_peak()
 
     def synchronize(self) -> None:
         pass
@@ -128,3 +144,4 @@ class HostBackend:
 
     def close(self) -> None:
         self._live.drain()
+        self.trim()

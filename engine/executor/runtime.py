@@ -29,9 +29,9 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 
-from engine.errors import ExecutorError
+from engine.errors import ExecutorError, PlacementError
 from engine.executor.backend import Backend, Block
-from engine.policy import AccessOrder, Decision
+from engine.policy import KEEP_STEPS, AccessOrder, Decision, keep_last_steps
 from engine.policy.weights import WeightResidency
 
 
@@ -57,6 +57,8 @@ class StepStats:
     evictions: int = 0
     peak_device_bytes: int = 0  # pool used high-water during the step
     peak_resident_bytes: int = 0  # logical bytes the policy held at most
+    relocations: int = 0  # pool refusals under the budget, each answered by a relocation
+    relocated_bytes: int = 0  # resident bytes copied in again by those relocations
     kernels: int = 0  # kernels fetched so far in this step
 
 
@@ -79,11 +81,15 @@ class WeightExecutor:
 
     Run each forward inside `with executor.step():`; it holds a non-blocking
     lock, so a second concurrent forward (another thread) fails at once.
+    `log`, `policy.log` and `steps` hold the last `keep_steps` steps (None: every
+    step, for a bounded run that reads them all).
     """
 
     def __init__(self, order: AccessOrder, host: Mapping[str, torch.Tensor], *,
                  budget_bytes: int | None, eviction: str = "belady", lookahead: int = 2,
-                 backend: str | Backend = "cuda"):
+                 backend: str | Backend = "cuda", keep_steps: int | None = KEEP_STEPS):
+        if keep_steps is not None and keep_steps < 1:
+            raise ExecutorError(f"keep_steps={keep_steps}: keep at least 1 step of decisions (None keeps all)")
         # The policy first: a budget under the floor fails before any device memory is taken.
         self.policy = WeightResidency(order, budget_bytes, eviction, lookahead)
         self.order = order
@@ -107,7 +113,9 @@ class WeightExecutor:
         self._last_reader: dict[str, int] = {}  # resident weight -> position of its last issued reader
         self._issued_any = False
         self.log: list[Decision] = []
-        self.steps: list[StepStats] = []
+        self.steps: list[StepStats] = []  # the last `keep_steps` (None: all), as the decision logs
+        self.keep_steps = keep_steps
+        self._steps_run = 0
 
     # -- the WeightSource protocol -------------------------------------------------
 
@@ -157,7 +165,11 @@ class WeightExecutor:
             self.backend.check_stream()
             self._owner = threading.get_ident()
             self.backend.reset_peak()
-            stats = StepStats(step=len(self.steps), start=self.backend.timer(),
+            if self.keep_steps is not None:
+                keep_last_steps(self.log, self.keep_steps - 1)
+                keep_last_steps(self.policy.log, self.keep_steps - 1)
+                del self.steps[:len(self.steps) - self.keep_steps + 1]
+            stats = StepStats(step=self._steps_run, start=self.backend.timer(),
                               peak_resident_bytes=self._resident_bytes)
             self._stats = stats
             try:
@@ -170,6 +182,7 @@ class WeightExecutor:
             stats.end = self.backend.timer()
             stats.peak_device_bytes = self.backend.peak_bytes()
             self.steps.append(stats)
+            self._steps_run += 1
         finally:
             self._stats = None
             self._owner = None
@@ -189,6 +202,8 @@ class WeightExecutor:
                 "evictions": s.evictions,
                 "peak_device_bytes": s.peak_device_bytes,
                 "peak_resident_bytes": s.peak_resident_bytes,
+                "relocations": s.relocations,
+                "relocated_bytes": s.relocated_bytes,
             })
         return out
 
@@ -242,7 +257,7 @@ class WeightExecutor:
             if w in self._resident:
                 raise ExecutorError(f"policy bug: {d.action} {w}, which is already resident")
             src = self.host[w]
-            block = self.backend.alloc(self.order.sizes[w])
+            block = self._alloc(self.order.sizes[w])
             try:
                 ready = self.backend.copy_in(block, src)
             except BaseException:
@@ -260,6 +275,35 @@ class WeightExecutor:
         else:
             raise ExecutorError(f"the policy answered {d.action} {w}; the executor never runs below "
                                 "the floor (that is mode=simulate sim.allow_below_floor=true)")
+
+    def _alloc(self, nbytes: int) -> Block:
+        try:
+            return self.backend.alloc(nbytes)
+        except PlacementError:
+            self._relocate()
+        return self.backend.alloc(nbytes)  # a second refusal reaches the caller
+
+    def _relocate(self) -> None:
+        """The pool refused a block the budget allows: its free space is split.
+        Every resident block goes back once the kernels issued so far are done,
+        the backend releases its reserve, and the resident weights are copied in
+        again, largest first (what packs best), before the refused allocation is
+        retried. The policy's decisions are unchanged; the cost is one stall of
+        the resident bytes over the H2D link, counted in the step's telemetry."""
+        moved = sorted(self._resident.items(), key=lambda item: item[1].block.nbytes, reverse=True)
+        self._resident.clear()  # a failure below leaves only blocks that exist for close() to free
+        done = self.backend.mark()
+        for _, r in moved:
+            self.backend.free_after(r.block, done)
+        self._last_reader.clear()  # the new blocks have no reader yet
+        self.backend.defragment()
+        stats = self._stats
+        stats.relocations += 1
+        for w, r in moved:
+            block = self.backend.alloc(r.block.nbytes)
+            self._resident[w] = _Resident(block, block.data.view(r.tensor.dtype).view(r.tensor.shape),
+                                          self.backend.copy_in(block, self.host[w]))
+            stats.relocated_bytes += block.nbytes
 
     # -- checks --------------------------------------------------------------------
 

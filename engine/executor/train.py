@@ -253,12 +253,12 @@ def run_train_execute(cfg: Any, spec: ModelSpec, trace: Any, out_dir: str | Path
         host = host_weights(wf, w.source, backend)
         stack.callback(host.close)
         executor = WeightExecutor(order, host.tensors, budget_bytes=budget, eviction=w.eviction,
-                                  lookahead=w.lookahead, backend=backend)
+                                  lookahead=w.lookahead, backend=backend, keep_steps=None)
         stack.callback(executor.close)
         streamed = StreamedWeights(executor, len(spec.kernels))
         offloader = None
         if policy is not None:
-            offloader = ActivationOffloader(policy, act, device, weights=_AsManaged(streamed))
+            offloader = ActivationOffloader(policy, act, device, weights=_AsManaged(streamed), keep_steps=None)
             stack.callback(offloader.close)
         results, peaks = [], []
         for _ in range(steps):
@@ -314,7 +314,8 @@ def _telemetry_row(weights: dict, acts: dict | None, cuda_peak: int | None) -> d
                                          "finalize_wait_ms")})
         row["activation_h2d_bytes"] = row.pop("h2d_bytes")
     row.update({f"weight_{k}": weights[k] for k in ("h2d_bytes", "fetches", "prefetches", "hits", "evictions",
-                                                   "peak_device_bytes", "peak_resident_bytes")})
+                                                   "peak_device_bytes", "peak_resident_bytes",
+                                                   "relocations", "relocated_bytes")})
     row["peak_device_bytes"] = weights["peak_device_bytes"] + (activation_peak or 0)
     return row
 
@@ -336,7 +337,10 @@ def _measurement(rows: list[dict], cfg: Any, budget: int | None, floor_bytes: in
         "steps": len(rows),
         "step_ms": statistics.median(r["step_ms"] for r in steady),
         "first_step_ms": rows[0]["step_ms"],
-        "h2d_bytes": last["weight_h2d_bytes"],
+        # The simulator's h2d_bytes counts every host-to-device copy: weights and activation restores.
+        "h2d_bytes": last["weight_h2d_bytes"] + last["restore_bytes"],
+        "weight_h2d_bytes": last["weight_h2d_bytes"],
+        "relocations": sum(r["weight_relocations"] for r in rows),
         "weight_copies": last["weight_fetches"] + last["weight_prefetches"],
         "weight_hits": last["weight_hits"],
         "weight_misses": last["weight_fetches"],
