@@ -11,9 +11,12 @@ asks, in the same order (the "one policy, two clocks" invariant):
 5. forward: on_save for each tensor the kernel saves.
 
 Host time: fetch_host_us per fetch/prefetch plus the pool's alloc_us, and
-kernel_launch_us per kernel. The host blocks when a weight allocation must
-wait for a free, when an in-flight copy cap forces an inline finalize, and
-when launch_queue_depth kernels are launched but unfinished.
+kernel_launch_us per kernel. A weight allocation that must wait for a free
+does not block the host: as in the executor's stream-ordered pool, the copy
+waits in the copy engine's queue (gated) until the free, and behind every
+eviction's last reader (the executor's copy stream waits for it to free). The host blocks when an
+in-flight copy cap forces an inline finalize, and when launch_queue_depth
+kernels are launched but unfinished.
 """
 from __future__ import annotations
 
@@ -73,6 +76,7 @@ class HostThread:
         # Resident weights -> the copy that brought them in; the last issued kernel reading each.
         self.resident: dict[str, Copy] = {}
         self.last_reader: dict[str, int] = {}
+        self.evicted_reader = -1  # the latest last reader of an evicted weight (_copy_gate)
 
     def issued(self, direction: str, c: Copy) -> None:
         self.copies.append((self.step, direction, c))
@@ -144,12 +148,14 @@ class HostThread:
         if a in ("fetch", "prefetch"):
             yield self.env.timeout(self.fetch_ns)
             nbytes = self.trace.weight_sizes[w]
+            # Stream-ordered allocation: the executor's host gets the block at once
+            # (cudaMallocFromPoolAsync on the copy stream) and the copy waits on the
+            # copy stream for the free; the host does not block.
             granted = self.pool.allocate(nbytes, w)
             if granted is not None:
                 self.log(self.env.now, "host", "wait-alloc " + w)
-                yield from self._blocked_on(granted)
             self.last_reader.pop(w, None)
-            c = self.link.copy(H2D, w, nbytes, self.weight_gbps)
+            c = self.link.copy(H2D, w, nbytes, self.weight_gbps, gate=self._copy_gate(granted))
             self.resident[w] = c
             self.issued(H2D, c)
         elif a == "evict":
@@ -161,6 +167,17 @@ class HostThread:
         else:
             raise ValueError(f"weight decision {a!r} is not one the simulator knows; add it to sim/host.py")
 
+    def _copy_gate(self, granted: simpy.Event | None) -> simpy.Event | None:
+        """What the next weight copy waits for on the copy engine: its allocation
+        and every eviction's last reader so far. The executor frees a block by
+        making its copy stream wait for the block's last reader, so every later
+        copy on that stream waits too, whether or not it reuses those bytes."""
+        barrier = self.compute.done_event(self.evicted_reader) if self.evicted_reader >= 0 else None
+        gates = [e for e in (granted, barrier) if e is not None]
+        if len(gates) < 2:
+            return gates[0] if gates else None
+        return simpy.AllOf(self.env, gates)
+
     def _evict(self, w: str) -> None:
         # Stream-ordered free: the bytes return to the pool only after the last
         # kernel that reads them has run (or, if none has, after the copy landed).
@@ -168,6 +185,7 @@ class HostThread:
         nbytes = self.trace.weight_sizes[w]
         reader = self.last_reader.pop(w, None)
         if reader is not None:
+            self.evicted_reader = max(self.evicted_reader, reader)
             self.compute.after(reader, lambda: self.pool.free(nbytes))
         elif c.done.callbacks is None:
             self.pool.free(nbytes)

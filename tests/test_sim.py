@@ -217,3 +217,31 @@ def test_sync_dict_offloads_groups_and_reloads_them() -> None:
     actions = [d.action for d in result.decisions if d.step == 2]
     assert actions.count("offload_group") == actions.count("wait_offload") == actions.count("reload_group") == 3
     assert result.device_bytes[-1][1] == 6 * 50 * MB
+
+
+def test_a_weight_copy_waits_behind_every_earlier_evictions_last_reader() -> None:
+    """As on the executor's copy stream: freeing a block makes the stream wait for
+    its last reader, so no later copy starts before that kernel ends, even when
+    the pool already has the bytes for it (LTX-2's 8 recorded blocks, where
+    belady evicts several weights read at different kernels for one fetch)."""
+    from pathlib import Path
+
+    from engine.trace import read_trace
+
+    trace = read_trace(Path(__file__).resolve().parents[1] / "data" / "traces" / "ltx2_infer.jsonl.gz")
+    r = run(trace, 2403 * MB, eviction="belady", lookahead=1, steps=2)
+    n = len(trace.records)
+    kernel_end = [t for t, track, what in r.events if track == "compute" and what.startswith("end ")]
+    copy_start = [t for t, track, what in r.events if track == "h2d" and what.startswith("start ")]
+    copies, barrier, checked, read = 0, -1, 0, {}
+    for d in r.decisions:
+        if d.action == "evict" and d.target in read:
+            barrier = max(barrier, read.pop(d.target))
+        elif d.action in ("fetch", "prefetch"):
+            if barrier >= 0:
+                assert copy_start[copies] >= kernel_end[barrier], (d, barrier)
+                checked += 1
+            copies += 1
+        if d.action in ("hit", "fetch") and d.detail in (-1, d.position):
+            read[d.target] = d.step * n + d.position
+    assert checked > 100

@@ -107,7 +107,7 @@ class _Restore:
 
 
 def offload(module: nn.Module, *, budget_mb: float | None, example_inputs: Any,
-            eviction: str = "belady", lookahead: int = 2, backend: str = "cuda") -> OffloadHandle:
+            eviction: str = "priority", lookahead: int = 2, backend: str = "cuda") -> OffloadHandle:
     """Stream `module`'s parameters through a pool capped at `budget_mb` (None: all resident).
 
     `example_inputs` (a tuple of positional arguments, or a dict of keyword
