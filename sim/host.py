@@ -77,6 +77,7 @@ class HostThread:
         self.resident: dict[str, Copy] = {}
         self.last_reader: dict[str, int] = {}
         self.evicted_reader = -1  # the latest last reader of an evicted weight (_copy_gate)
+        self._barrier: tuple[int, simpy.Event | None] | None = None  # (that reader, its completion)
 
     def issued(self, direction: str, c: Copy) -> None:
         self.copies.append((self.step, direction, c))
@@ -168,15 +169,17 @@ class HostThread:
             raise ValueError(f"weight decision {a!r} is not one the simulator knows; add it to sim/host.py")
 
     def _copy_gate(self, granted: simpy.Event | None) -> simpy.Event | None:
-        """What the next weight copy waits for on the copy engine: its allocation
-        and every eviction's last reader so far. The executor frees a block by
-        making its copy stream wait for the block's last reader, so every later
-        copy on that stream waits too, whether or not it reuses those bytes."""
-        barrier = self.compute.done_event(self.evicted_reader) if self.evicted_reader >= 0 else None
-        gates = [e for e in (granted, barrier) if e is not None]
-        if len(gates) < 2:
-            return gates[0] if gates else None
-        return simpy.AllOf(self.env, gates)
+        """What the next weight copy waits for on the copy engine: every eviction's
+        last reader so far. The executor frees a block by making its copy stream
+        wait for the block's last reader, so every later copy on that stream waits
+        too, whether or not it reuses those bytes. That also covers the
+        allocation: every free it could wait for has happened by then (blocks
+        never read free when their copy lands, ahead in the same queue)."""
+        if self.evicted_reader < 0:
+            return granted
+        if self._barrier is None or self._barrier[0] != self.evicted_reader:
+            self._barrier = (self.evicted_reader, self.compute.done_event(self.evicted_reader))
+        return self._barrier[1] or granted
 
     def _evict(self, w: str) -> None:
         # Stream-ordered free: the bytes return to the pool only after the last

@@ -343,6 +343,19 @@ class WeightResidency:
         self._pinned = self._eviction.pinned
         self._reads = [_reads(order, p) for p in range(len(order))]
         self._read_sets = [frozenset(r) for r in self._reads]
+        # What evictions must spare at each position, fixed by the order: the previous
+        # and the current kernel's weights, then those of each kernel up to the
+        # lookahead (beyond n-1 kernels ahead the window has wrapped onto itself).
+        # Built once: the policy answers every kernel of every step with them.
+        n = len(order)
+        self._guard = [self._read_sets[(i - 1) % n] | self._read_sets[i] for i in range(n)]
+        self._guard_ahead: list[list[frozenset[str]]] = []
+        for i in range(n):
+            window, ahead = self._guard[i], []
+            for a in range(1, min(lookahead, n - 1) + 1):
+                window = window | self._read_sets[(i + a) % n]
+                ahead.append(window)
+            self._guard_ahead.append(ahead)
         self._resident: dict[str, None] = {}  # insertion-ordered set
         self._resident_bytes = 0
         self._pinned_bytes = 0  # the resident part of the pinned set
@@ -388,7 +401,7 @@ class WeightResidency:
         n = len(self.order)
         cur = self._read_sets[i]
         prev = self._read_sets[(i - 1) % n]
-        protected = prev | cur
+        protected = self._guard[i]
         for w in self._reads[i]:
             if w in self._resident:
                 self._eviction.use(w, self._at)
@@ -413,11 +426,8 @@ class WeightResidency:
 
     def _prefetch(self, i: int, out: list[Decision]) -> None:
         n = len(self.order)
-        protected = set(self._read_sets[(i - 1) % n]) | self._read_sets[i]
-        # Beyond n-1 kernels ahead the window has wrapped onto itself.
-        for ahead in range(1, min(self.lookahead, n - 1) + 1):
+        for ahead, protected in enumerate(self._guard_ahead[i], start=1):
             j = (i + ahead) % n
-            protected |= self._read_sets[j]
             for w in self._reads[j]:
                 if w in self._resident:
                     continue
