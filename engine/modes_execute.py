@@ -77,7 +77,13 @@ def comparison_md(rows: list[dict], meas: dict) -> str:
                       ("grads_match_reference", "gradients")):
         if key in meas:
             verdict = {True: "bitwise equal to", False: "DIFFER from", None: "not compared with (no room for)"}
+            if meas.get("reference_spread") and meas[key] is not None:
+                verdict = {True: "within the run-to-run spread of", False: "DIFFER beyond the run-to-run spread of"}
             md.append(f"- {what} {verdict[meas[key]]} the all-resident run")
+    if meas.get("reference_spread"):
+        md.append(f"- the all-resident run itself differs between two runs by up to {meas['reference_spread']:.3g} "
+                  "(a non-deterministic CUDA kernel, e.g. cuDNN's attention backward), so training is "
+                  "compared within that spread, not bitwise")
     md.append(f"- backend {meas['backend']}, {meas['steps']} steps (the first fills the pool; "
               "the table shows the median of the rest)")
     if meas.get("relocations"):

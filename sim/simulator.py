@@ -6,13 +6,13 @@ Times are integer nanoseconds throughout.
 """
 from __future__ import annotations
 
-import gc
 from dataclasses import dataclass
 from typing import Any
 
 import simpy
 
 from engine.config import ActivationsConfig
+from engine.gc_pause import paused_gc
 from engine.policy import ActivationPolicy, Decision, WeightPolicy
 from engine.policy.activations import build_activation_policy
 from engine.policy.weights import WeightResidency
@@ -82,16 +82,8 @@ def drive(trace: Trace, weights: WeightPolicy, activations: ActivationPolicy | N
             activations_cfg if activations_cfg is not None else ActivationsConfig(), issued=host.issued,
             log=log)
     process = env.process(host.run())
-    # No cyclic GC during the run: the events and copies it creates are freed by
-    # reference counting, and collections set off by their sheer number walked
-    # every live object (benchmarks/sim_speed.py: ~30 ms of a 120 ms LTX-2 step).
-    gc_was_on = gc.isenabled()
-    gc.disable()
-    try:
+    with paused_gc():  # engine/gc_pause.py: ~30 ms of a 120 ms LTX-2 step (benchmarks/sim_speed.py)
         env.run()
-    finally:
-        if gc_was_on:
-            gc.enable()
     n = len(trace.records)
     if process.is_alive or compute.completed < steps * n:
         raise RuntimeError(

@@ -484,3 +484,16 @@ def test_a_corrupted_byte_in_a_spilled_activation_is_caught_and_named(device, de
     assert all(torch.equal(got[1][k], reference[1][k]) for k in reference[1])
     assert again.telemetry()[-1]["spilled"] > 0
     again.close()
+
+
+def test_without_relocation_a_fragmented_pool_stops_the_run(env, monkeypatch):
+    """Training executors run with relocate=False: autograd may hold weight views
+    across fetches, so a placement refusal stops the run instead of moving them."""
+    ex = executor(env)
+    ex.relocate = False
+    ledger = Ledger(ex.backend)
+    fault = _fragmented(env.backend, monkeypatch)
+    ledger.fail("alloc", copies_in_first_step(env) + 7, lambda original, n: fault(original, n, ex.backend))
+    with pytest.raises(PlacementError, match="relocation is off"):
+        run_steps(env, ex)
+    assert_stopped_and_clean(ex, ledger)

@@ -55,7 +55,6 @@ duplicates, dtypes, checksums and pool accounting all run in CI.
 """
 from __future__ import annotations
 
-import gc
 import time
 import warnings
 import weakref
@@ -71,6 +70,7 @@ from torch.utils.hooks import RemovableHandle
 
 from engine.errors import ConfigError, ExecutorError
 from engine.executor.pinned_pool import SlabPool
+from engine.gc_pause import paused_gc
 from engine.policy import KEEP_STEPS, ActivationPolicy, Decision, keep_last_steps
 from engine.policy.activations import WatermarkPolicy, mb_to_bytes, validate_caps
 from engine.policy.sync import SyncDictPolicy
@@ -407,23 +407,19 @@ class ActivationOffloader:
             raise ExecutorError("step() inside a step of the same offloader; run steps one after another")
         self._check_alive()
         self._start_step()
-        # No cyclic GC inside the step: the hooks' bookkeeping (a few objects per
-        # saved tensor, freed by reference counting when the step ends) set off
-        # collections that walk every live object, 80 ms a step on a CPU keep-all
-        # step where the plain step spends 1 ms in GC (benchmarks/train_bench.py).
-        gc_was_on = gc.isenabled()
-        gc.disable()
+        # No cyclic GC inside the step (engine/gc_pause.py): the hooks' bookkeeping
+        # set off collections costing 80 ms a CPU keep-all step where the plain
+        # step spends 1 ms in GC (benchmarks/train_bench.py).
         try:
-            with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
-                yield
-            self._end_step()
+            with paused_gc():
+                with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+                    yield
+                self._end_step()
         except BaseException as err:
             self._break(f"{type(err).__name__}: {err}")
             raise
         finally:
             self._in_step = False
-            if gc_was_on:
-                gc.enable()
 
     def on_kernel(self, name: str, layer: int) -> None:
         """Forward: spec kernel `name` of `layer` (-1 outside the blocks) runs next.

@@ -200,8 +200,8 @@ class Backend(Protocol):
         ...
 
     def defragment(self) -> None:
-        """With no block live: wait for the device, give kept blocks back and let
-        the pool release its reserve, so the next allocations are placed afresh."""
+        """Give kept blocks back, wait for the frees, and let the pool release the
+        reserve no live block uses, so the next allocations are placed afresh."""
         ...
 
     def reserved_peak_bytes(self) -> int:

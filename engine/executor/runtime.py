@@ -30,6 +30,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import torch
 
 from engine.errors import ExecutorError, PlacementError
+from engine.gc_pause import paused_gc
 from engine.executor.backend import Backend, Block
 from engine.policy import KEEP_STEPS, AccessOrder, Decision, keep_last_steps
 from engine.policy.weights import WeightResidency
@@ -82,12 +83,15 @@ class WeightExecutor:
     Run each forward inside `with executor.step():`; it holds a non-blocking
     lock, so a second concurrent forward (another thread) fails at once.
     `log`, `policy.log` and `steps` hold the last `keep_steps` steps (None: every
-    step, for a bounded run that reads them all).
+    step, for a bounded run that reads them all). `relocate=False` makes a pool
+    refusal under the budget a PlacementError instead of a relocation (training:
+    autograd keeps weight views across several fetches).
     """
 
     def __init__(self, order: AccessOrder, host: Mapping[str, torch.Tensor], *,
                  budget_bytes: int | None, eviction: str = "belady", lookahead: int = 2,
-                 backend: str | Backend = "cuda", keep_steps: int | None = KEEP_STEPS):
+                 backend: str | Backend = "cuda", keep_steps: int | None = KEEP_STEPS,
+                 relocate: bool = True):
         if keep_steps is not None and keep_steps < 1:
             raise ExecutorError(f"keep_steps={keep_steps}: keep at least 1 step of decisions (None keeps all)")
         # The policy first: a budget under the floor fails before any device memory is taken.
@@ -115,6 +119,9 @@ class WeightExecutor:
         self.log: list[Decision] = []
         self.steps: list[StepStats] = []  # the last `keep_steps` (None: all), as the decision logs
         self.keep_steps = keep_steps
+        # Relocation (see _relocate) moves resident weights; it is safe only when every
+        # tensor handed out is used before the next fetch but one, as in inference.
+        self.relocate = relocate
         self._steps_run = 0
 
     # -- the WeightSource protocol -------------------------------------------------
@@ -173,7 +180,8 @@ class WeightExecutor:
                               peak_resident_bytes=self._resident_bytes)
             self._stats = stats
             try:
-                yield stats
+                with paused_gc():  # engine/gc_pause.py: a CLI process holds millions of objects
+                    yield stats
                 if stats.kernels != len(self.order):
                     self._diverge(f"the step ended after {stats.kernels} of {len(self.order)} kernels")
             except BaseException as err:
@@ -257,7 +265,7 @@ class WeightExecutor:
             if w in self._resident:
                 raise ExecutorError(f"policy bug: {d.action} {w}, which is already resident")
             src = self.host[w]
-            block = self._alloc(self.order.sizes[w])
+            block = self._alloc(self.order.sizes[w], d.position)
             try:
                 ready = self.backend.copy_in(block, src)
             except BaseException:
@@ -276,26 +284,38 @@ class WeightExecutor:
             raise ExecutorError(f"the policy answered {d.action} {w}; the executor never runs below "
                                 "the floor (that is mode=simulate sim.allow_below_floor=true)")
 
-    def _alloc(self, nbytes: int) -> Block:
+    def _alloc(self, nbytes: int, position: int) -> Block:
         try:
             return self.backend.alloc(nbytes)
-        except PlacementError:
-            self._relocate()
+        except PlacementError as err:
+            if not self.relocate:
+                raise PlacementError(f"{err} (relocation is off for this executor: autograd may still hold "
+                                     "streamed weights)") from None
+            self._relocate(position)
         return self.backend.alloc(nbytes)  # a second refusal reaches the caller
 
-    def _relocate(self) -> None:
+    def _relocate(self, position: int) -> None:
         """The pool refused a block the budget allows: its free space is split.
-        Every resident block goes back once the kernels issued so far are done,
-        the backend releases its reserve, and the resident weights are copied in
+        The resident blocks go back once the kernels issued so far are done, the
+        backend releases its unused reserve, and those weights are copied in
         again, largest first (what packs best), before the refused allocation is
-        retried. The policy's decisions are unchanged; the cost is one stall of
-        the resident bytes over the H2D link, counted in the step's telemetry."""
-        moved = sorted(self._resident.items(), key=lambda item: item[1].block.nbytes, reverse=True)
-        self._resident.clear()  # a failure below leaves only blocks that exist for close() to free
+        retried. The weights of the kernel being issued and of the one before it
+        stay where they are: as for eviction, tensors handed out for them may
+        still be waiting for their kernel (autograd's backward takes a node's
+        weights before it runs it). The policy's decisions are unchanged; the
+        cost is one stall of the moved bytes over the H2D link, counted in the
+        step's telemetry."""
+        n = len(self.order)
+        stay = set(self._reads[position]) | set(self._reads[(position - 1) % n])
+        moved = sorted(((w, r) for w, r in self._resident.items() if w not in stay),
+                       key=lambda item: item[1].block.nbytes, reverse=True)
         done = self.backend.mark()
+        for w, _ in moved:
+            del self._resident[w]  # a failure below leaves only blocks that exist for close() to free
         for _, r in moved:
             self.backend.free_after(r.block, done)
-        self._last_reader.clear()  # the new blocks have no reader yet
+        for w, _ in moved:
+            self._last_reader.pop(w, None)  # the new blocks have no reader yet
         self.backend.defragment()
         stats = self._stats
         stats.relocations += 1

@@ -247,13 +247,20 @@ def run_train_execute(cfg: Any, spec: ModelSpec, trace: Any, out_dir: str | Path
         compare = _fits_resident(spec, saved_bytes, device)
         stack.enter_context(_deterministic(compare and device.type == "cuda"))
         reference = _reference(spec, wf.tensors(), inputs, lora, steps, device) if compare else None
+        spread = None
+        if reference is not None and device.type == "cuda":
+            # Some CUDA kernels (cuDNN's attention backward at long sequences) stay
+            # non-deterministic even in deterministic mode: a second reference run
+            # measures that spread, so a difference within it is not called wrong.
+            spread = _max_abs_diff(reference, _reference(spec, wf.tensors(), inputs, lora, steps, device))
         capacity = budget if budget is not None else spec.model_bytes
         backend = make_backend(w.backend, capacity, max(order.sizes.values(), default=0))
         stack.callback(backend.close)
         host = host_weights(wf, w.source, backend)
         stack.callback(host.close)
         executor = WeightExecutor(order, host.tensors, budget_bytes=budget, eviction=w.eviction,
-                                  lookahead=w.lookahead, backend=backend, keep_steps=None)
+                                  lookahead=w.lookahead, backend=backend, keep_steps=None,
+                                  relocate=False)  # backward holds weight views across fetches
         stack.callback(executor.close)
         streamed = StreamedWeights(executor, len(spec.kernels))
         offloader = None
@@ -272,9 +279,20 @@ def run_train_execute(cfg: Any, spec: ModelSpec, trace: Any, out_dir: str | Path
             f.write(json.dumps(row) + "\n")
     losses = grads = None
     if reference is not None:
-        losses = all(torch.equal(loss, ref_loss) for (loss, _), (ref_loss, _) in zip(results, reference))
-        grads = all(torch.equal(g[k], ref_g[k]) for (_, g), (_, ref_g) in zip(results, reference) for k in ref_g)
-    return _measurement(rows, cfg, budget, floor_bytes, losses, grads)
+        ok = (lambda a, b: torch.equal(a, b)) if not spread else \
+            (lambda a, b: (a.float() - b.float()).abs().max().item() <= spread)
+        losses = all(ok(loss, ref_loss) for (loss, _), (ref_loss, _) in zip(results, reference))
+        grads = all(ok(g[k], ref_g[k]) for (_, g), (_, ref_g) in zip(results, reference) for k in ref_g)
+    meas = _measurement(rows, cfg, budget, floor_bytes, losses, grads)
+    meas["reference_spread"] = spread  # 0 or None: compared bitwise
+    return meas
+
+
+def _max_abs_diff(a: list[tuple[Tensor, dict]], b: list[tuple[Tensor, dict]]) -> float:
+    """The largest |difference| between two runs' losses and gradients."""
+    diffs = [(la.float() - lb.float()).abs().max().item() for (la, _), (lb, _) in zip(a, b)]
+    diffs += [(ga[k].float() - gb[k].float()).abs().max().item() for (_, ga), (_, gb) in zip(a, b) for k in ga]
+    return max(diffs, default=0.0)
 
 
 def _step(spec: ModelSpec, executor: WeightExecutor, streamed: StreamedWeights,
