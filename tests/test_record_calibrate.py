@@ -99,6 +99,7 @@ def test_report_from_shipped_measurements_on_cpu() -> None:
     assert len(rep["rows"]) == 12 and rep["held_out"]["configs"] == 6
     # What the shipped H100 measurements give with the DESIGN.md profile (README, data/README.md).
     assert rep["held_out"]["step_ms"]["mean"] < 0.03 and rep["ranking_preserved"]
+    assert rep["held_out"]["step_ms"]["max"] < 0.06  # issue 6's targets, with the measured slowdown
     assert rep["held_out"]["peak_device_bytes"]["max"] < 0.03
 
 
