@@ -497,3 +497,17 @@ def test_without_relocation_a_fragmented_pool_stops_the_run(env, monkeypatch):
     with pytest.raises(PlacementError, match="relocation is off"):
         run_steps(env, ex)
     assert_stopped_and_clean(ex, ledger)
+
+
+def test_without_relocation_a_fragmented_reserve_is_relocated_between_steps(env):
+    """The safe point of a training executor: at a step's start, with the pool's
+    reserve near its cap, every resident weight moves at once."""
+    ex = executor(env)
+    ex.relocate = False
+    at_risk = iter([True])  # asked before the second step (the first starts with nothing resident)
+    ex.backend.placement_at_risk = lambda nbytes: next(at_risk, False)
+    for out in run_steps(env, ex):
+        assert all(torch.equal(out[k], env.reference[k]) for k in env.reference)
+    rows = ex.telemetry()
+    assert [r["relocations"] for r in rows] == [0, 1, 0] and rows[1]["relocated_bytes"] > 0
+    ex.close()

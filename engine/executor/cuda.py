@@ -244,6 +244,12 @@ class CudaBackend:
         for kept in self._free.drain():
             self._release(kept.address)
 
+    def placement_at_risk(self, nbytes: int) -> bool:
+        # The reserve creeps up as placement fragments (benchmarks/soak.py); with less
+        # than two such blocks of room to grow, the next refusal is near.
+        reserved = self._attribute(cudart.cudaMemPoolAttr.cudaMemPoolAttrReservedMemCurrent)
+        return self.cap_bytes - reserved < 2 * nbytes
+
     def defragment(self) -> None:
         self.trim()
         self.copy.synchronize()  # frees are stream-ordered: the pool can release them once they ran

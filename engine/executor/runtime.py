@@ -85,7 +85,8 @@ class WeightExecutor:
     `log`, `policy.log` and `steps` hold the last `keep_steps` steps (None: every
     step, for a bounded run that reads them all). `relocate=False` makes a pool
     refusal under the budget a PlacementError instead of a relocation (training:
-    autograd keeps weight views across several fetches).
+    autograd keeps weight views across several fetches); such an executor
+    relocates between steps instead, once the pool's reserve nears its cap.
     """
 
     def __init__(self, order: AccessOrder, host: Mapping[str, torch.Tensor], *,
@@ -179,6 +180,10 @@ class WeightExecutor:
             stats = StepStats(step=self._steps_run, start=self.backend.timer(),
                               peak_resident_bytes=self._resident_bytes)
             self._stats = stats
+            if not self.relocate and self._resident and self._fragmented():
+                # Between steps no tensor handed out is waiting for its kernel: the one
+                # safe point to relocate when a refusal inside a step would stop the run.
+                self._relocate(None)
             try:
                 with paused_gc():  # engine/gc_pause.py: a CLI process holds millions of objects
                     yield stats
@@ -294,7 +299,12 @@ class WeightExecutor:
             self._relocate(position)
         return self.backend.alloc(nbytes)  # a second refusal reaches the caller
 
-    def _relocate(self, position: int) -> None:
+    def _fragmented(self) -> bool:
+        """The pool's reserve crept so near its cap that the largest weight may be
+        refused in the next step (benchmarks/soak.py saw the reserve creep)."""
+        return self.budget_bytes is not None and self.backend.placement_at_risk(max(self.order.sizes.values()))
+
+    def _relocate(self, position: int | None) -> None:
         """The pool refused a block the budget allows: its free space is split.
         The resident blocks go back once the kernels issued so far are done, the
         backend releases its unused reserve, and those weights are copied in
@@ -304,9 +314,9 @@ class WeightExecutor:
         still be waiting for their kernel (autograd's backward takes a node's
         weights before it runs it). The policy's decisions are unchanged; the
         cost is one stall of the moved bytes over the H2D link, counted in the
-        step's telemetry."""
+        step's telemetry. `position` None: between steps, every weight moves."""
         n = len(self.order)
-        stay = set(self._reads[position]) | set(self._reads[(position - 1) % n])
+        stay = set() if position is None else set(self._reads[position]) | set(self._reads[(position - 1) % n])
         moved = sorted(((w, r) for w, r in self._resident.items() if w not in stay),
                        key=lambda item: item[1].block.nbytes, reverse=True)
         done = self.backend.mark()

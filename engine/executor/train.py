@@ -279,8 +279,10 @@ def run_train_execute(cfg: Any, spec: ModelSpec, trace: Any, out_dir: str | Path
             f.write(json.dumps(row) + "\n")
     losses = grads = None
     if reference is not None:
+        # Within twice the spread: the offloaded run and the reference are two draws of
+        # the same non-determinism, one pair of which measured the spread.
         ok = (lambda a, b: torch.equal(a, b)) if not spread else \
-            (lambda a, b: (a.float() - b.float()).abs().max().item() <= spread)
+            (lambda a, b: (a.float() - b.float()).abs().max().item() <= 2 * spread)
         losses = all(ok(loss, ref_loss) for (loss, _), (ref_loss, _) in zip(results, reference))
         grads = all(ok(g[k], ref_g[k]) for (_, g), (_, ref_g) in zip(results, reference) for k in ref_g)
     meas = _measurement(rows, cfg, budget, floor_bytes, losses, grads)
