@@ -83,7 +83,6 @@ import pstats
 import statistics
 import sys
 import time
-from collections import Counter
 from contextlib import nullcontext
 from pathlib import Path
 from types import SimpleNamespace
@@ -94,10 +93,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.config import ActivationsConfig, PoolConfig  # noqa: E402
-from engine.executor.activations import (ActivationOffloader, KernelTracking, Question,  # noqa: E402
-                                         ResidentWeights, ask)
+from engine.executor.activations import ActivationOffloader, KernelTracking, ResidentWeights  # noqa: E402
+from engine.policy import Question  # noqa: E402
 from engine.models import DictSource, forward, init_lora, make_inputs, random_weights  # noqa: E402
 from engine.policy.activations import build_activation_policy  # noqa: E402
+from engine.policy.pool_sizing import exact_pool  # noqa: E402
 from engine.spec import ModelSpec, build_spec, load_model_config  # noqa: E402
 
 GB = 1e9
@@ -193,25 +193,6 @@ def run_row(name: str, step: Callable[[], dict], wrap: Callable[[], ContextManag
           f"host {statistics.median(host):.0f} ms, peak {row.peak_bytes / GB:.2f} GB, "
           f"{mallocs} cudaMallocs and {retries} alloc retries in the timed steps", flush=True)
     return row
-
-
-def size_pool(questions: list[Question], act: ActivationsConfig, num_layers: int) -> PoolConfig:
-    """Exact slabs for this step: one class per saved size the policy may spill, as many
-    slabs as it books at once (replaying the recorded questions)."""
-    counts = Counter(q[2] for q in questions if q[0] == "save" and q[2] >= act.min_tensor_bytes)
-    sizes = sorted(counts)
-    if not sizes:
-        raise SystemExit(f"no saved tensor reaches min_tensor_bytes={act.min_tensor_bytes}; lower --min-tensor-bytes")
-    probe = dataclasses.replace(act, pool=PoolConfig([s / MB for s in sizes], [counts[s] for s in sizes]))
-    policy = build_activation_policy(probe, num_layers)
-    books = policy.saved.pool
-    most = [0] * len(sizes)
-    for q in questions:
-        for d in ask(policy, q):
-            if d.action == "spill":
-                most[d.detail] = max(most[d.detail], books.in_use(d.detail))
-    used = [c for c in range(len(sizes)) if most[c]] or [0]  # spills nothing: the policy still needs a class
-    return PoolConfig([sizes[c] / MB for c in used], [max(most[c], 1) for c in used])
 
 
 def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -372,7 +353,7 @@ def main() -> None:
         plans.append((f"sync K={layers} tuned", dataclasses.replace(act, **tuned)))
     profiled: list[str] = []
     for row_name, act in plans:
-        act = dataclasses.replace(act, pool=size_pool(questions, act, spec.num_layers))
+        act = dataclasses.replace(act, pool=PoolConfig(**exact_pool(act, questions, spec.num_layers)))
         pool_gb = sum(s * n for s, n in zip(act.pool.class_sizes_mb, act.pool.slabs_per_class)) / 1e3
         print(f"  {row_name}: pool of {len(act.pool.class_sizes_mb)} classes, {pool_gb:.2f} GB pinned", flush=True)
         rows.append(offloaded(row_name, act))

@@ -84,10 +84,25 @@ def prepare(cfg: DictConfig, out_dir: Path) -> Job:
     else:
         source = ("synthesized", *shape)
         trace = _memo(("trace", *source), lambda: synthesize(spec, cfg.workload, cfg.hardware))
+    if cfg.activations.mode != "off" and cfg.activations.pool.exact:
+        _size_pool_exactly(cfg, trace, source)
     plan = _memo(("plan", *source, cfg.budget, cfg.weights.lookahead), lambda: make_plan(
         model=spec.name, workload=cfg.workload.name, param_count=spec.param_count,
         order=trace.access_order(), budget_mb=cfg.budget, lookahead=cfg.weights.lookahead))
     return Job(cfg, out_dir, spec, trace, plan)
+
+
+def _size_pool_exactly(cfg: DictConfig, trace: Trace, source: tuple) -> None:
+    """activations/pool=exact: the classes this step's spills need, written into the
+    config so the simulator, the executor and the report all see the same pool."""
+    from engine.policy.pool_sizing import exact_pool, step_questions
+
+    act = cfg.activations
+    sized = _memo(("pool", *source, OmegaConf.to_yaml(act)),
+                  lambda: exact_pool(act, step_questions(trace.records), trace.num_layers))
+    act.pool.class_sizes_mb = sized["class_sizes_mb"]
+    act.pool.slabs_per_class = sized["slabs_per_class"]
+    act.pool.exact = False  # sized: from here on an ordinary pool
 
 
 def _plan_mode(job: Job) -> Outcome:

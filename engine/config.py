@@ -77,6 +77,7 @@ class WeightsConfig:
 class PoolConfig:
     class_sizes_mb: List[float] = field(default_factory=list)
     slabs_per_class: List[int] = field(default_factory=list)
+    exact: bool = False  # size the classes from the step's saved tensors (engine/policy/pool_sizing.py)
 
 
 @dataclass
@@ -194,10 +195,12 @@ def validate(cfg: Any) -> None:
     if act.mode != "off" and cfg.workload.kind != "train_lora":
         raise ConfigError(
             f"activations={act.mode} needs a training workload; add workload=train_lora or activations=off")
-    if act.mode == "watermark":
-        from engine.policy.activations import validate_watermarks
+    if act.mode != "off":
+        from engine.policy.activations import validate_pool, validate_watermarks
 
-        validate_watermarks(act)
+        validate_pool(act.pool)
+        if act.mode == "watermark":
+            validate_watermarks(act)
     if act.mode == "sync" and act.sync_dict is None and act.num_offload_layers <= 0:
         raise ConfigError(
             "activations=sync needs activations.num_offload_layers > 0 or an activations.sync_dict")

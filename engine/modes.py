@@ -27,7 +27,8 @@ def _simulate(job: Job, allow_below_floor: bool):
     return result
 
 
-def prediction_md(pred: dict, eviction: str) -> str:
+def prediction_md(pred: dict, cfg) -> str:
+    """The prediction table of `cfg`'s run (its eviction policy, its activations' pinned pool)."""
     rows = [
         ["step time", f"{pred['step_ms']:.2f} ms (first step {pred['first_step_ms']:.2f} ms)"],
         ["compute", f"{pred['compute_ms']:.2f} ms"],
@@ -37,9 +38,10 @@ def prediction_md(pred: dict, eviction: str) -> str:
         ["peak device bytes", f"{pred['peak_device_bytes']:,} ({fmt_bytes(pred['peak_device_bytes'])})"],
         ["activations kept / spilled", f"{pred['kept']} / {pred['spilled']}"],
         ["pool hits / misses", f"{pred['pool_hits']} / {pred['pool_misses']}"],
+        *([["pinned pool", _pool_md(cfg.activations.pool)]] if cfg.activations.mode != "off" else []),
         ["hazards", f"{len(pred['hazards'])}"],
     ]
-    md = [f"## Prediction ({eviction}, steady state)", "", table(["what", "predicted"], rows)]
+    md = [f"## Prediction ({cfg.weights.eviction}, steady state)", "", table(["what", "predicted"], rows)]
     if pred["hazards"]:
         md += ["", "Use-after-evict hazards (budget under the floor):", "",
                table(["time (ms)", "kernel", "weight", "evicted by"],
@@ -48,6 +50,12 @@ def prediction_md(pred: dict, eviction: str) -> str:
         if len(pred["hazards"]) > 20:
             md.append(f"... and {len(pred['hazards']) - 20} more in report.json")
     return "\n".join(md)
+
+
+def _pool_md(pool) -> str:
+    sizes, slabs = list(pool.class_sizes_mb), list(pool.slabs_per_class)
+    pinned = round(sum(s * n for s, n in zip(sizes, slabs)) * 1e6)
+    return f"{len(sizes)} size classes, {sum(slabs)} slabs, {fmt_bytes(pinned)}"
 
 
 def _report(job: Job, pred: dict, result) -> dict:
@@ -60,7 +68,7 @@ def _report(job: Job, pred: dict, result) -> dict:
 def simulate_mode(job: Job) -> Outcome:
     result = _simulate(job, job.cfg.sim.allow_below_floor)
     pred = result.prediction
-    md = plan_md(job.plan.as_dict()) + "\n\n" + prediction_md(pred, job.cfg.weights.eviction)
+    md = plan_md(job.plan.as_dict()) + "\n\n" + prediction_md(pred, job.cfg)
     return Outcome(_report(job, pred, result), md)
 
 
@@ -97,7 +105,7 @@ def check_mode(job: Job) -> Outcome:
     report["check"] = {"passed": not failures, "failures": failures, "slo": job.cfg.slo.name}
     verdict = "PASS: every condition of slo=" + job.cfg.slo.name + " holds" if not failures else \
         "FAIL:\n" + "\n".join(f"- {f}" for f in failures)
-    md = (plan_md(job.plan.as_dict()) + "\n\n" + prediction_md(pred, job.cfg.weights.eviction)
+    md = (plan_md(job.plan.as_dict()) + "\n\n" + prediction_md(pred, job.cfg)
           + "\n\n## Check\n\n" + verdict)
     for f in failures:
         print(f"check failed: {f}", file=sys.stderr)

@@ -113,7 +113,7 @@ def execute_mode(job: Job) -> Outcome:
     rows = comparison({**pred, **predicted_counts(result)}, meas, training)
     report = _report(job, pred, result)
     report.update(measurement=meas, comparison=rows)
-    md = (plan_md(job.plan.as_dict()) + "\n\n" + prediction_md(pred, cfg.weights.eviction) + "\n\n"
+    md = (plan_md(job.plan.as_dict()) + "\n\n" + prediction_md(pred, cfg) + "\n\n"
           + comparison_md(rows, meas) + f"\n\ntelemetry: {job.out_dir / 'telemetry.jsonl'}")
     wrong = [k for k in ("outputs_match_reference", "loss_match_reference", "grads_match_reference")
              if meas.get(k) is False]

@@ -27,13 +27,14 @@ from __future__ import annotations
 import itertools
 import json
 import statistics
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
 from engine.config import ActivationsConfig, HardwareConfig, PoolConfig, WeightsConfig
 from engine.errors import ConfigError, TraceError
+from engine.policy.pool_sizing import exact_pool, step_questions
 from engine.trace import Trace
 
 MEASUREMENTS = "offload-engine-measurements"
@@ -51,7 +52,7 @@ TRAIN_POLICIES = (
     ("sync-2", {"mode": "sync", "layers": 2}),
     ("sync-3", {"mode": "sync", "layers": 3}),
 )
-STAGEHAND = PoolConfig(class_sizes_mb=[1, 4, 16, 64, 256], slabs_per_class=[512, 2, 2, 2, 2])
+SYNC_CAPS = 64  # conf/activations/sync.yaml's copies in flight
 
 
 def measurements_path(trace_path: str | Path) -> Path:
@@ -98,11 +99,15 @@ def activations_config(act: dict, trace: Trace) -> ActivationsConfig | None:
         return None
     if act["mode"] == "watermark":
         total = saved_bytes(trace) / MB
-        return ActivationsConfig(mode="watermark", high_watermark_mb=round(act["high"] * total),
-                                 low_watermark_mb=round(act["low"] * total), pool=STAGEHAND)
-    if act["mode"] == "sync":
-        return ActivationsConfig(mode="sync", num_offload_layers=act["layers"], pool=STAGEHAND)
-    raise ConfigError(f"validation row with activations mode {act['mode']!r}; use off, watermark or sync")
+        cfg = ActivationsConfig(mode="watermark", high_watermark_mb=round(act["high"] * total),
+                                low_watermark_mb=round(act["low"] * total))
+    elif act["mode"] == "sync":
+        cfg = ActivationsConfig(mode="sync", num_offload_layers=act["layers"], max_inflight_d2h=SYNC_CAPS,
+                                max_inflight_h2d=SYNC_CAPS)
+    else:
+        raise ConfigError(f"validation row with activations mode {act['mode']!r}; use off, watermark or sync")
+    # The pool the CLI's default (activations/pool=exact) gives: every spill pinned.
+    return replace(cfg, pool=PoolConfig(**exact_pool(cfg, step_questions(trace.records), trace.num_layers)))
 
 
 # ------------------------------------------------------------------ predicted

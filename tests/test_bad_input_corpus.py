@@ -16,18 +16,22 @@ from engine.config import HardwareConfig, WorkloadConfig
 from omegaconf import OmegaConf
 
 TRAIN_WM = ("+model=tiny", "workload=train_lora", "activations=watermark")
+TRAIN_WM_FIXED = TRAIN_WM + ("activations/pool=stagehand",)
 
 CONFIG_CASES = {
     "low watermark above high": (TRAIN_WM + ("activations.high_watermark_mb=10",
                                              "activations.low_watermark_mb=20"), "low"),
     "negative watermark": (TRAIN_WM + ("activations.high_watermark_mb=-1",), "negative"),
-    "empty size classes": (TRAIN_WM + ("activations.pool.class_sizes_mb=[]",
+    "empty size classes": (TRAIN_WM_FIXED + ("activations.pool.class_sizes_mb=[]",
                                        "activations.pool.slabs_per_class=[]"), "class"),
-    "duplicate size classes": (TRAIN_WM + ("activations.pool.class_sizes_mb=[1,4,4,64,256]",), "increasing"),
-    "unordered size classes": (TRAIN_WM + ("activations.pool.class_sizes_mb=[4,1,16,64,256]",), "increasing"),
-    "slab counts do not match classes": (TRAIN_WM + ("activations.pool.slabs_per_class=[1,2]",), "slabs_per_class"),
-    "zero slabs": (TRAIN_WM + ("activations.pool.slabs_per_class=[0,2,2,2,2]",), "slab"),
-    "class sizes not numbers": (TRAIN_WM + ("activations.pool.class_sizes_mb=abc",), "class_sizes_mb"),
+    "duplicate size classes": (TRAIN_WM_FIXED + ("activations.pool.class_sizes_mb=[1,4,4,64,256]",), "increasing"),
+    "unordered size classes": (TRAIN_WM_FIXED + ("activations.pool.class_sizes_mb=[4,1,16,64,256]",), "increasing"),
+    "slab counts do not match classes": (TRAIN_WM_FIXED + ("activations.pool.slabs_per_class=[1,2]",), "slabs_per_class"),
+    "zero slabs": (TRAIN_WM_FIXED + ("activations.pool.slabs_per_class=[0,2,2,2,2]",), "slab"),
+    "class sizes not numbers": (TRAIN_WM_FIXED + ("activations.pool.class_sizes_mb=abc",), "class_sizes_mb"),
+    "exact pool given classes too": (TRAIN_WM + ("activations.pool.class_sizes_mb=[1]",
+                                                 "activations.pool.slabs_per_class=[1]"), "exact"),
+    "exact pool with nothing to spill": (TRAIN_WM + ("activations.min_tensor_bytes=100000000000",), "min_tensor_bytes"),
     "activations on an inference workload": (("+model=tiny", "activations=watermark"), "train_lora"),
     "sync offloads every layer": (("+model=tiny", "workload=train_lora", "activations=sync",
                                    "activations.num_offload_layers=4"), "num_offload_layers"),

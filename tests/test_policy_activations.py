@@ -226,7 +226,7 @@ def test_build_activation_policy_by_mode():
         build_activation_policy(act(mode="spill"), 8)
 
 
-def compose_activations(name: str):
+def compose_activations(name: str, *overrides: str):
     from hydra import compose, initialize_config_dir
 
     from engine.config import register
@@ -234,16 +234,88 @@ def compose_activations(name: str):
     register()
     conf = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "conf"))
     with initialize_config_dir(config_dir=conf, version_base="1.3"):
-        return compose("config", overrides=[f"activations={name}"]).activations
+        return compose("config", overrides=[f"activations={name}", *overrides]).activations
 
 
 def test_activation_groups_compose_and_validate():
     assert compose_activations("off").mode == "off"
     wm = compose_activations("watermark")
+    assert wm.pool.exact and not wm.pool.class_sizes_mb  # sized per step by engine.app.prepare
+    with pytest.raises(ConfigError, match="never sized"):
+        build_activation_policy(wm, 16)
+    wm = compose_activations("watermark", "activations/pool=stagehand")
     assert list(wm.pool.class_sizes_mb) == [1, 4, 16, 64, 256]
     assert list(wm.pool.slabs_per_class) == [512, 2, 2, 2, 2]
     assert wm.low_watermark_mb < wm.high_watermark_mb
     assert isinstance(build_activation_policy(wm, 16), WatermarkPolicy)
-    sync = compose_activations("sync")
+    sync = compose_activations("sync", "activations/pool=stagehand")
     assert sync.sync_dict is None and sync.num_offload_layers > 0
     assert isinstance(build_activation_policy(sync, 16), SyncDictPolicy)
+
+
+# ----- the exact pool (activations/pool=exact)
+
+QUESTIONS = [("layer_start", "fwd", 0), ("save", "a", 2 * MB, 0), ("save", "b", 2 * MB, 0),
+             ("save", "small", 1000, 0), ("save", "c", 1 * MB, 0), ("layer_end", "fwd", 0),
+             ("layer_start", "bwd", 0), ("unpack", "c"), ("unpack", "small"), ("unpack", "b"), ("unpack", "a"),
+             ("layer_end", "bwd", 0), ("step_end",)]
+
+
+def test_exact_pool_holds_every_spill_of_the_step_at_once():
+    from engine.policy import replay
+    from engine.policy.pool_sizing import exact_pool
+
+    spill_all = ActivationsConfig(mode="watermark", high_watermark_mb=0, low_watermark_mb=0, min_tensor_bytes=MB)
+    sized = exact_pool(spill_all, QUESTIONS, 1)
+    assert sized == {"class_sizes_mb": [1.0, 2.0], "slabs_per_class": [1, 2]}  # "small" stays, under min_tensor_bytes
+    policy = WatermarkPolicy(ActivationsConfig(**{**spill_all.__dict__, "pool": PoolConfig(**sized)}))
+    actions = [d.action for d in replay(policy, QUESTIONS)]
+    assert actions.count("spill") == 3 and "miss" not in actions
+
+
+def test_exact_pool_of_a_step_that_never_spills_is_one_slab():
+    from engine.policy.pool_sizing import exact_pool
+
+    roomy = ActivationsConfig(mode="watermark", high_watermark_mb=100, low_watermark_mb=90, min_tensor_bytes=MB)
+    assert exact_pool(roomy, QUESTIONS, 1) == {"class_sizes_mb": [1.0], "slabs_per_class": [1]}
+    with pytest.raises(ConfigError, match="min_tensor_bytes"):
+        exact_pool(ActivationsConfig(mode="watermark", min_tensor_bytes=10 * MB), QUESTIONS, 1)
+
+
+def test_the_simulator_asks_a_trace_step_the_questions_step_questions_lists():
+    """step_questions mirrors sim/host.py's order; the sized pool is only exact if they agree."""
+    from types import SimpleNamespace
+
+    from engine.config import HardwareConfig
+    from engine.policy.pool_sizing import exact_pool, step_questions
+    from engine.spec import load_spec
+    from engine.trace import synthesize
+
+    workload = dict(name="train_lora", kind="train_lora", batch=1, video_tokens=64, audio_tokens=16, text_tokens=8,
+                    context_tokens=0, lora_rank=4, steps=2)
+    hw = HardwareConfig(name="t", source="t", device_memory_mb=80000, h2d_gbps=50.0, d2h_gbps=50.0,
+                        duplex_gbps=80.0, pageable_gbps=7.0, mmap_gbps=7.0, mmap_registered_gbps=50.0,
+                        matmul_tflops=500.0, hbm_gbps=2000.0)
+    from omegaconf import OmegaConf
+
+    trace = synthesize(load_spec("tiny", SimpleNamespace(**workload)), OmegaConf.create(workload), hw)
+    act = ActivationsConfig(mode="sync", num_offload_layers=2, min_tensor_bytes=0)
+    questions = step_questions(trace.records)
+    act = ActivationsConfig(**{**act.__dict__, "pool": PoolConfig(**exact_pool(act, questions, trace.num_layers))})
+    asked = []
+    policy = build_activation_policy(act, trace.num_layers)
+    for method in ("on_save", "on_unpack", "on_layer_start", "on_layer_end"):
+        original = getattr(policy, method)
+        kind = method.removeprefix("on_")
+
+        def spy(*args, _original=original, _kind=kind):
+            asked.append((_kind, *args))
+            return _original(*args)
+        setattr(policy, method, spy)
+    from engine.policy.weights import WeightResidency
+    from sim.simulator import drive
+
+    weights = WeightResidency(trace.access_order(), None, eviction="belady", lookahead=1)
+    result = drive(trace, weights, policy, hw, act, 50.0, None, 1)
+    assert asked == [q for q in questions if q[0] != "step_end"]
+    assert result.prediction["pool_misses"] == 0 and result.prediction["spilled"] > 0

@@ -128,3 +128,29 @@ def test_backward_out_of_order_is_a_divergence(tiny):
     finally:
         ex.close()
         wf.close()
+
+
+def test_a_pool_sized_from_the_executors_own_questions_misses_nothing(tiny, tmp_path):
+    """exact_pool is exact for the questions it is given: a recorded step's (mode=record
+    traces hold autograd's real saves; a synthesized trace only approximates them)."""
+    from engine.executor.activations import ActivationOffloader, KernelTracking, ResidentWeights
+    from engine.models import DictSource
+    from engine.policy.activations import build_activation_policy
+    from engine.policy.pool_sizing import exact_pool
+
+    weights = {n: t for n, t in WeightFile(tiny.path, tiny.spec).tensors().items()}
+    lora = init_lora(tiny.spec, tiny.workload.lora_rank, seed=1)
+    keep = ActivationsConfig(mode="watermark", high_watermark_mb=1e9, low_watermark_mb=1e9, min_tensor_bytes=0,
+                             pool=PoolConfig([1.0], [1]))
+    with ActivationOffloader(build_activation_policy(keep, tiny.spec.num_layers), keep, "cpu",
+                             weights=ResidentWeights(weights)) as off:
+        with off.step():
+            out = forward(tiny.spec, KernelTracking(DictSource(tiny.spec, weights), tiny.spec, off),
+                          make_inputs(tiny.spec, tiny.workload, seed=0), lora)
+            sum(o.float().pow(2).mean() for o in out.values()).backward()
+        questions = list(off.questions)
+    c = cfg(tiny, "watermark", BUDGET_MB)
+    c.activations.pool = PoolConfig(**exact_pool(c.activations, questions, tiny.spec.num_layers))
+    m = run_train_execute(c, tiny.spec, tiny.trace, tmp_path)
+    assert m["spill_bytes"] > 0 and m["pool_misses"] == 0
+    assert m["loss_match_reference"] is True and m["grads_match_reference"] is True

@@ -71,7 +71,7 @@ from torch.utils.hooks import RemovableHandle
 from engine.errors import ConfigError, ExecutorError
 from engine.executor.pinned_pool import SlabPool
 from engine.gc_pause import paused_gc
-from engine.policy import KEEP_STEPS, ActivationPolicy, Decision, keep_last_steps
+from engine.policy import KEEP_STEPS, ActivationPolicy, Decision, Question, ask, keep_last_steps
 from engine.policy.activations import WatermarkPolicy, mb_to_bytes, validate_caps
 from engine.policy.sync import SyncDictPolicy
 from engine.spec import ModelSpec
@@ -83,30 +83,6 @@ MB = 1_000_000
 STALL_MIN_MS = 0.01
 
 _POLICY_OF_MODE = {"watermark": WatermarkPolicy, "sync": SyncDictPolicy}
-
-# ----- the questions asked of a policy, recorded so they can be replayed
-
-Question = tuple  # ("save", name, nbytes, layer) | ("unpack", name) | ("layer_start"|"layer_end", phase, layer) | ("step_end",)
-_METHODS = {"save": "on_save", "unpack": "on_unpack", "layer_start": "on_layer_start",
-            "layer_end": "on_layer_end"}
-
-
-def ask(policy: ActivationPolicy, question: Question) -> list[Decision]:
-    """Put one recorded question to `policy`; its answers (none for step_end)."""
-    kind, *args = question
-    if kind == "step_end":
-        policy.on_step_end()
-        return []
-    return getattr(policy, _METHODS[kind])(*args)
-
-
-def replay(policy: ActivationPolicy, questions: Sequence[Question]) -> list[Decision]:
-    """Every answer a bare policy gives to `questions`, in order."""
-    out: list[Decision] = []
-    for q in questions:
-        out += ask(policy, q)
-    return out
-
 
 # ----- managed weights: the seam to the weight runtime
 

@@ -126,5 +126,29 @@ class ActivationPolicy(Protocol):
         ...
 
 
+# The questions a driver asks an activation policy, recorded so they can be replayed
+# (the executor keeps a step's; engine.policy.pool_sizing derives them from a trace).
+Question = tuple  # ("save", name, nbytes, layer) | ("unpack", name) | ("layer_start"|"layer_end", phase, layer) | ("step_end",)
+_METHODS = {"save": "on_save", "unpack": "on_unpack", "layer_start": "on_layer_start",
+            "layer_end": "on_layer_end"}
+
+
+def ask(policy: ActivationPolicy, question: Question) -> list[Decision]:
+    """Put one recorded question to `policy`; its answers (none for step_end)."""
+    kind, *args = question
+    if kind == "step_end":
+        policy.on_step_end()
+        return []
+    return getattr(policy, _METHODS[kind])(*args)
+
+
+def replay(policy: ActivationPolicy, questions: Sequence[Question]) -> list[Decision]:
+    """Every answer a bare policy gives to `questions`, in order."""
+    out: list[Decision] = []
+    for q in questions:
+        out += ask(policy, q)
+    return out
+
+
 def dump_log(log: Sequence[Decision]) -> list[dict]:
     return [d.as_dict() for d in log]

@@ -94,6 +94,11 @@ def _check_classes(sizes: list[float], slabs: list[int], key: str) -> None:
 
 
 def validate_pool(pool_cfg: Any) -> None:
+    if getattr(pool_cfg, "exact", False):
+        if list(pool_cfg.class_sizes_mb) or list(pool_cfg.slabs_per_class):
+            raise ConfigError("activations.pool.exact=true sizes the pool from the step itself; drop "
+                              "class_sizes_mb and slabs_per_class, or set activations.pool.exact=false")
+        return
     _check_classes(list(pool_cfg.class_sizes_mb), list(pool_cfg.slabs_per_class), "class_sizes_mb")
 
 
@@ -158,6 +163,9 @@ class SavedTensors:
     def __init__(self, act_cfg: Any):
         self.min_tensor_bytes = int(act_cfg.min_tensor_bytes)
         pool = act_cfg.pool
+        if getattr(pool, "exact", False):
+            raise ConfigError("activations.pool.exact=true but the pool was never sized for the step; the CLI "
+                              "sizes it from the trace, a script calls engine.policy.pool_sizing.exact_pool")
         self.pool: SizeClassPool | None = None
         if list(pool.class_sizes_mb) or list(pool.slabs_per_class):
             validate_pool(pool)  # half a pool is a mistake, not "no pool"
