@@ -25,8 +25,9 @@ apart) and torch's pinned bytes after the row, set-up time, and max |out - refer
 max |out - reference| / max |reference| over every output. A row whose output is not bitwise
 the reference's is marked WRONG when its relative error exceeds --tolerance, "differs" below it.
 
-Training rows: benchmarks/train_bench.py run as is on the LTX-2 LoRA step (--train-layers
-blocks): no offload, our watermark and sync-dict modes, save_on_cpu(pin_memory=True).
+Training rows: benchmarks/train_bench.py in a fresh process on the LTX-2 LoRA step (--train-args;
+by default 8 blocks at 16384 video tokens): no offload, our watermark and sync-dict modes,
+save_on_cpu(pin_memory=True).
 
 Writes bench.json (versions, GPU, date, every row) under --out and prints a markdown table last.
 
@@ -393,7 +394,8 @@ def table(result: dict) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--models", default="ltx,flux", help="model shapes, comma-separated (conf/model names)")
+    p.add_argument("--models", default="ltx,flux",
+                   help="model shapes, comma-separated (conf/model names); empty: training rows only")
     p.add_argument("--blocks", type=int, default=None, help="blocks of the first model (default: all)")
     p.add_argument("--flux-blocks", type=int, default=None, help="blocks of the other models (default: all)")
     p.add_argument("--tokens", type=int, default=6144, help="video tokens of the first model")
@@ -407,7 +409,10 @@ def main() -> None:
     p.add_argument("--dir", default=None, help="where weight files go (default /dev/shm/offload-bench)")
     p.add_argument("--no-peers", action="store_true")
     p.add_argument("--no-train", action="store_true")
-    p.add_argument("--train-args", default="--layers 8 --sync-layers 3 --spill-factors 1.5 --warmup 1 --steps 3")
+    # 16384 video tokens: at 6144 the H100's LoRA step is host-bound (cuBLAS costs ~75 us of
+    # host time a matmul there), and any per-tensor hook cost shows in full.
+    p.add_argument("--train-args", default="--layers 8 --video-tokens 16384 --sync-layers 2,3 --spill-factors 1,1.5 "
+                                            "--warmup 2 --steps 5")
     p.add_argument("--tolerance", type=float, default=1e-2, help="max rel err above which an output is WRONG")
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
     args = p.parse_args()
@@ -425,7 +430,7 @@ def main() -> None:
     def save() -> None:
         out_path.write_text(json.dumps(result, indent=1, default=str))
 
-    for i, model in enumerate(args.models.split(",")):
+    for i, model in enumerate(m for m in args.models.split(",") if m):
         tokens = args.tokens if i == 0 else args.flux_tokens
         spec = shape(model, args.blocks if i == 0 else args.flux_blocks, tokens)
         bench = Bench(args, spec, device, tokens, save)

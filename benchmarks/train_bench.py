@@ -15,8 +15,8 @@ Rows:
   watermark S=..  high watermark = saved bytes - S (low 0.5 GB under it), S picked
                   from the no-offload peak: S = k x 13% of it, so the peak can drop 13%
   sync K=..       TransformerEngine-style sync dict derived for K offloaded layers
-  "default" rows keep the config's caps (4 copies in flight each way) and
-  restore_lookahead (8); "tuned" rows use --caps and --lookahead
+  spilling rows run with the config's copies in flight (64 each way) and
+  restore_lookahead (8), or with --caps / --lookahead
   save_on_cpu     torch.autograd.graph.save_on_cpu(pin_memory=True)
 Each row: --warmup steps, then --steps steps, each timed with CUDA events around
 the whole step (forward + backward, after a synchronize); the table shows the
@@ -274,11 +274,11 @@ def main() -> None:
     p.add_argument("--spill-factors", default="1,1.5,2", help="watermark rows: S = factor x 13%% of the peak")
     p.add_argument("--sync-layers", default="4,5")
     p.add_argument("--min-tensor-bytes", type=int, default=1 << 20)
-    p.add_argument("--caps", type=int, default=64, help="max_inflight_d2h/h2d of the tuned rows")
-    p.add_argument("--lookahead", type=int, default=32, help="restore_lookahead of the tuned rows")
+    p.add_argument("--caps", type=int, default=None, help="max_inflight_d2h/h2d (default: the config's, 64)")
+    p.add_argument("--lookahead", type=int, default=None, help="restore_lookahead (default: the config's, 8)")
     p.add_argument("--profile", action="store_true",
                    help="also: GPU kernel time of one no-offload step, the host profile of one keep-all step, "
-                        "and torch.profiler over one step of the first tuned spilling row")
+                        "and torch.profiler over one step of the first spilling row")
     p.add_argument("--no-save-on-cpu", action="store_true")
     p.add_argument("--deterministic", action="store_true")
     p.add_argument("--out", type=Path)
@@ -336,28 +336,24 @@ def main() -> None:
     print(f"  {sum(q[0] == 'save' for q in questions)} saved groups, {saved / GB:.2f} GB; "
           f"no-offload peak {peak / GB:.2f} GB", flush=True)
 
-    # The first of each mode also runs with the config's defaults (caps 4, lookahead 8).
-    tuned = dict(max_inflight_d2h=args.caps, max_inflight_h2d=args.caps, restore_lookahead=args.lookahead)
+    # The config's copies in flight and restore lookahead, or --caps / --lookahead where given.
+    knobs = dict(max_inflight_d2h=args.caps or base.max_inflight_d2h, max_inflight_h2d=args.caps or base.max_inflight_h2d,
+                 restore_lookahead=base.restore_lookahead if args.lookahead is None else args.lookahead)
     plans: list[tuple[str, ActivationsConfig]] = []
-    for i, k in enumerate(float(f) for f in args.spill_factors.split(",") if f):
+    for k in (float(f) for f in args.spill_factors.split(",") if f):
         target = k * TARGET_REDUCTION * peak
         high = max(saved - target, 0) / MB
-        act = dataclasses.replace(base, high_watermark_mb=high, low_watermark_mb=max(high - 500, 0))
-        if i == 0:
-            plans.append((f"watermark S={target / GB:.1f}GB default", act))
-        plans.append((f"watermark S={target / GB:.1f}GB tuned", dataclasses.replace(act, **tuned)))
-    for i, layers in enumerate(int(n) for n in args.sync_layers.split(",") if n):
-        act = dataclasses.replace(base, mode="sync", num_offload_layers=layers)
-        if i == 0:
-            plans.append((f"sync K={layers} default", act))
-        plans.append((f"sync K={layers} tuned", dataclasses.replace(act, **tuned)))
+        plans.append((f"watermark S={target / GB:.1f}GB", dataclasses.replace(
+            base, high_watermark_mb=high, low_watermark_mb=max(high - 500, 0), **knobs)))
+    for layers in (int(n) for n in args.sync_layers.split(",") if n):
+        plans.append((f"sync K={layers}", dataclasses.replace(base, mode="sync", num_offload_layers=layers, **knobs)))
     profiled: list[str] = []
     for row_name, act in plans:
         act = dataclasses.replace(act, pool=PoolConfig(**exact_pool(act, questions, spec.num_layers)))
         pool_gb = sum(s * n for s, n in zip(act.pool.class_sizes_mb, act.pool.slabs_per_class)) / 1e3
         print(f"  {row_name}: pool of {len(act.pool.class_sizes_mb)} classes, {pool_gb:.2f} GB pinned", flush=True)
         rows.append(offloaded(row_name, act))
-        if args.profile and device.type == "cuda" and row_name.endswith("tuned") and not profiled:
+        if args.profile and device.type == "cuda" and not profiled:
             profiled.append(row_name)
             profile_spill(step, row_name, act, spec, weights, device)
     if not args.no_save_on_cpu:
@@ -395,7 +391,7 @@ def main() -> None:
 
     print(f"\n{spec.name} x{args.layers}, {args.video_tokens} video tokens, rank {args.rank}, on {name}; "
           f"median of {args.steps} after {args.warmup} warm-up; no-offload grad spread {spread:.3g}; "
-          f"tuned: caps {args.caps}, restore_lookahead {args.lookahead}")
+          f"copies in flight {knobs['max_inflight_d2h']}, restore_lookahead {knobs['restore_lookahead']}")
     print(f"{'row':<28}{'step ms':>9}{'host ms':>9}{'overhead':>10}{'peak GB':>9}{'-peak':>8}{'spilled GB':>12}"
           f"{'stall ms':>10}{'misses':>8}{'max|dgrad|':>12}{'mallocs':>9}{'retries':>9}")
     for rec in records:

@@ -86,8 +86,8 @@ class ActivationsConfig:
     high_watermark_mb: float = 0.0
     low_watermark_mb: float = 0.0
     pool: PoolConfig = field(default_factory=PoolConfig)
-    max_inflight_d2h: int = 4
-    max_inflight_h2d: int = 4
+    max_inflight_d2h: int = 64  # copies in flight before the host waits for the oldest
+    max_inflight_h2d: int = 64
     restore_lookahead: int = 8  # saved tensors restored ahead of backward's need
     min_tensor_bytes: int = 1048576  # smaller tensors always stay on the device
     sync_dict: Optional[Dict[int, List[int]]] = None

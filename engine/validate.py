@@ -52,7 +52,6 @@ TRAIN_POLICIES = (
     ("sync-2", {"mode": "sync", "layers": 2}),
     ("sync-3", {"mode": "sync", "layers": 3}),
 )
-SYNC_CAPS = 64  # conf/activations/sync.yaml's copies in flight
 
 
 def measurements_path(trace_path: str | Path) -> Path:
@@ -102,8 +101,7 @@ def activations_config(act: dict, trace: Trace) -> ActivationsConfig | None:
         cfg = ActivationsConfig(mode="watermark", high_watermark_mb=round(act["high"] * total),
                                 low_watermark_mb=round(act["low"] * total))
     elif act["mode"] == "sync":
-        cfg = ActivationsConfig(mode="sync", num_offload_layers=act["layers"], max_inflight_d2h=SYNC_CAPS,
-                                max_inflight_h2d=SYNC_CAPS)
+        cfg = ActivationsConfig(mode="sync", num_offload_layers=act["layers"])
     else:
         raise ConfigError(f"validation row with activations mode {act['mode']!r}; use off, watermark or sync")
     # The pool the CLI's default (activations/pool=exact) gives: every spill pinned.

@@ -27,9 +27,14 @@ The policy's answers, carried out:
 - spill / miss   book a slab of the size class (`detail`) / unpinned host
                  memory; watermark mode copies it out at once (D2H on the
                  spill stream, after the compute stream's work so far) and
-                 drops the device tensor once the copy has landed (polled at
-                 every hook; inline at the max_inflight_d2h cap); sync mode
-                 waits for its layer's offload_group;
+                 drops the device tensor at once: it is recorded on the spill
+                 stream, so the allocator reuses its memory only after the
+                 copy has read it, as the simulator frees it when the D2H
+                 ends (waiting for the copy on the host instead kept a
+                 spilled tensor's memory as long as the host ran ahead of the
+                 GPU: no peak reduction without a low max_inflight_d2h, whose
+                 waits cost step time); sync mode waits for its layer's
+                 offload_group;
 - offload_group  D2H of the layer's booked groups;
 - wait_offload   the compute stream waits for them (timed, as a stall), then
                  the device tensors go;
@@ -203,6 +208,7 @@ class _CudaCopies:
             s.wait_event(e)
         with torch.cuda.stream(s):
             dst.copy_(src, non_blocking=True)
+        src.record_stream(s)  # its memory may be freed before the copy has read it
         return s.record_event()
 
     def restore(self, shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype, src: Tensor,
@@ -264,7 +270,6 @@ class _Group:
     unpacked: int = 0
     booked: bool = False  # the policy spilled it (a slab or, on a miss, host memory is booked)
     sent: bool = False  # its D2H is issued
-    leaving: bool = False  # watermark: its device tensor goes once the D2H has landed
     restored: bool = False
     released: bool = False
     waited: bool = True  # the compute stream has waited for its restore (or there was none)
@@ -721,8 +726,8 @@ class ActivationOffloader:
             g = self._by_name[d.target]
             self._book(g, d.detail if a == "spill" else None)
             if not self.spill_by_group:
-                g.leaving = True
                 self._spill(g)
+                self._leave_device(g)  # recorded on the spill stream: freed once the copy has read it
         elif a == "offload_group":
             for g in self._booked.get(d.detail, ()):
                 if not g.sent and not g.released:
@@ -786,7 +791,7 @@ class ActivationOffloader:
         c.restored += 1
         c.restore_bytes += g.nbytes
         if g.device is not None:
-            g.leaving = False  # it never left (its D2H had not landed, or its group was not waited)
+            # a sync group whose offload was not waited yet: it never left
             return
         self._make_room(self._h2d, self.max_h2d)
         g.device, g.restore_done = self._copies.restore(g.shape, g.stride, g.dtype, g.host, g.spill_done)
@@ -815,14 +820,10 @@ class ActivationOffloader:
         c = self._counts
         c.saved_peak_bytes = max(c.saved_peak_bytes, self._device_bytes)
 
-    def _landed(self, g: _Group) -> None:
-        if g.leaving and not g.restored and g.device is not None:
-            self._leave_device(g)
-
     def _poll(self) -> None:
-        """Finish copies that have completed: landed spills free their device tensors."""
+        """Forget copies that have completed (they no longer count against the caps)."""
         while self._d2h and self._copies.done(self._d2h[0].spill_done):
-            self._landed(self._d2h.popleft())
+            self._d2h.popleft()
         while self._h2d and self._copies.done(self._h2d[0].restore_done):
             self._h2d.popleft()
 
@@ -834,8 +835,6 @@ class ActivationOffloader:
             start = time.perf_counter()
             self._copies.wait_host(g.spill_done if queue is self._d2h else g.restore_done)
             self._counts.finalize_wait_s += time.perf_counter() - start
-            if queue is self._d2h:
-                self._landed(g)
 
     def _verify(self, g: _Group) -> None:
         if g.checksum is None:
