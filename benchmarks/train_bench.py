@@ -70,6 +70,18 @@ watermark S=3.4 GB tuned +50.9% / +60.1% (-10.1% peak), sync K=3 tuned +12.2% / 
 peak). Every row is host-bound (host ms = step ms) and the unchanged off row moved by 10%
 between the processes, so the variant showed nothing beyond that noise and was not kept;
 sync K=3 tuned at +12.2% is the lowest spilling overhead measured so far.
+
+2026-11-23, later: why the 6144-token rows are host-bound. torch.profiler on the lent H100:
+aten::mm takes 88 us of host time a call (1302 calls a step of 8 blocks), addmm 216 us,
+against ~16 us for an elementwise op; one 6144x2048x2048 bf16 F.linear costs 55-80 us of host
+time there (cuBLAS's host path on this machine), while the 8-block step's kernels total 146 ms
+of GPU time. At 16384 video tokens the GPU is the bottleneck (host 438 ms, step 549 ms) and the
+hooks' host cost hides: `--layers 8 --video-tokens 16384 --spill-factors 1,1.5 --sync-layers 2,3
+--warmup 2 --steps 5` gave keep-all +1.8% / -0.0%, sync K=2 with 64 copies in flight +1.6% /
++1.4% / +2.2% at -16.1% peak in three runs, save_on_cpu +281% / +303% (-70.6%). Defaults
+changed after these runs (64 copies in flight, the exact pool, watermark spills freed once
+their D2H has read them); `python benchmarks/peers.py --models ''` then measured the table in
+the README (sync K=2 +1.9% at -16.9%, watermark +7.9% at -12.2%, save_on_cpu +311.9%).
 """
 from __future__ import annotations
 
