@@ -117,6 +117,8 @@ class ResidentWeights:
         self._by_storage = {t.untyped_storage().data_ptr(): name for name, t in weights.items()}
 
     def handle(self, tensor: Tensor) -> Hashable | None:
+        if tensor.requires_grad:
+            return None  # a frozen weight's view never requires grad: an activation (the common case)
         name = self._by_storage.get(tensor.untyped_storage().data_ptr())
         if name is None:
             return None
@@ -287,6 +289,7 @@ class _SavedRef:
     stride: tuple[int, ...]
     offset: int  # storage offset relative to the unit's
     boundary: int  # index of the forward layer boundary it was saved under
+    whole: bool  # the unit itself (its geometry): unpack returns the unit without a view
 
 
 @dataclass(eq=False, slots=True)
@@ -609,7 +612,10 @@ class ActivationOffloader:
     # -- the hooks -----------------------------------------------------------------
 
     def _pack(self, t: Tensor) -> Any:
-        self._check_alive()
+        # A LoRA step of 8 LTX-2 blocks saves ~2000 tensors: every microsecond
+        # here is ~2 ms a step when the host is the bottleneck.
+        if self._broken:
+            self._check_alive()
         if self._in_backward:
             raise ExecutorError("a tensor was saved during backward (double backward, or recomputation); "
                                 "the activation offloader handles one forward then one backward per step")
@@ -633,19 +639,22 @@ class ActivationOffloader:
     def _reference(self, t: Tensor, root: Tensor) -> _SavedRef:
         # The unit that moves: the base when it is dense and of the same dtype
         # (views then rebuild over it), else the saved tensor itself.
-        whole = root.dtype == t.dtype and _dense(root)
-        unit = root if whole else t
-        key: Hashable = id(root) if whole else (id(root), tuple(t.shape), t.stride(), t.storage_offset(), t.dtype)
+        through_base = root.dtype == t.dtype and _dense(root)
+        size, stride = tuple(t.shape), t.stride()
+        key: Hashable = id(root) if through_base else (id(root), size, stride, t.storage_offset(), t.dtype)
         entry = self._groups.get(key)
         if entry is not None and entry[0]() is root:
             g = entry[1]
         else:
-            g = self._new_group(unit.detach())
+            unit = root if through_base else t
+            g = self._new_group(unit.detach(), through_base or _dense(t))
             self._groups[key] = (weakref.ref(root), g)
         g.refs += 1
-        return _SavedRef(g, tuple(t.shape), t.stride(), t.storage_offset() - g.unit_offset, len(self._path) - 1)
+        offset = t.storage_offset() - g.unit_offset
+        return _SavedRef(g, size, stride, offset, len(self._path) - 1,
+                         size == g.shape and stride == g.stride and not offset)
 
-    def _new_group(self, unit: Tensor) -> _Group:
+    def _new_group(self, unit: Tensor, dense: bool) -> _Group:
         if not self._path:
             self._enter_forward(0)  # a model that marks no layers: everything is layer 0
         if self._kernel is not None:
@@ -656,7 +665,7 @@ class ActivationOffloader:
         self._saves += 1
         layer = self._boundary[1]
         g = _Group(name, layer, unit.numel() * unit.element_size(), self._step,
-                   unit, unit.storage_offset(), tuple(unit.shape), unit.stride(), unit.dtype, _dense(unit))
+                   unit, unit.storage_offset(), tuple(unit.shape), unit.stride(), unit.dtype, dense)
         self._by_name[name] = g
         self._counts.activations_saved += 1
         self._to_device(g.nbytes)
@@ -668,7 +677,8 @@ class ActivationOffloader:
             return ref.tensor
         if isinstance(ref, _WeightRef):
             return self.weights.fetch(ref.handle)
-        self._check_alive()
+        if self._broken:
+            self._check_alive()
         g = ref.group
         if g.step != self._step or not self._in_step:
             raise ExecutorError(f"backward used {g.name}, saved in step {g.step}, after that step ended; "
@@ -698,7 +708,7 @@ class ActivationOffloader:
             if self.debug_checksums:
                 self._verify(g)
         out = g.device
-        if g.dense and (ref.size != tuple(out.shape) or ref.stride != out.stride() or ref.offset):
+        if g.dense and not ref.whole:
             out = out.as_strided(ref.size, ref.stride, out.storage_offset() + ref.offset)
         if g.unpacked == g.refs:
             self._leave_device(g)  # its last saved reference: the device copy goes with it
