@@ -31,6 +31,9 @@ class Job:
     spec: ModelSpec
     trace: Trace
     plan: Plan
+    # weights=auto's simulation of the chosen policy: (allow_below_floor, SimResult),
+    # which the mode reuses rather than simulating the same run twice.
+    simulated: tuple | None = None
 
 
 @dataclass(frozen=True)
@@ -89,7 +92,46 @@ def prepare(cfg: DictConfig, out_dir: Path) -> Job:
     plan = _memo(("plan", *source, cfg.budget, cfg.weights.lookahead), lambda: make_plan(
         model=spec.name, workload=cfg.workload.name, param_count=spec.param_count,
         order=trace.access_order(), budget_mb=cfg.budget, lookahead=cfg.weights.lookahead))
-    return Job(cfg, out_dir, spec, trace, plan)
+    simulated = _choose_eviction(cfg, trace, plan, source) if cfg.weights.eviction == "auto" else None
+    return Job(cfg, out_dir, spec, trace, plan, simulated)
+
+
+# Modes that run one eviction policy; the others (plan lists all three) need no choice.
+_ONE_POLICY_MODES = ("simulate", "check", "execute", "record")
+
+
+def _choose_eviction(cfg: DictConfig, trace: Trace, plan: Plan, source: tuple) -> tuple | None:
+    """weights=auto: the eviction policy the simulator predicts fastest for this
+    budget, trace and hardware, written into the config (with every candidate's
+    predicted step) so the simulator, the executor and the report agree. No single
+    policy wins everywhere: priority pins budget - floor bytes, which for an LLM
+    decode step (whose floor is the 1 GB lm_head plus the lookahead window) leaves
+    almost nothing pinned at a tight budget, where belady is 2-3x faster."""
+    from engine.policy.weights import EVICTIONS
+
+    w = cfg.weights
+    if plan.budget_bytes is None or cfg.mode not in _ONE_POLICY_MODES:
+        w.eviction = "priority"  # everything resident, or no policy runs: nothing to choose
+        return None
+    from sim import simulate
+
+    allow = cfg.mode == "check" or cfg.sim.allow_below_floor  # as the modes simulate
+    results = {}
+
+    def predict() -> dict[str, tuple[int, float]]:
+        for name in EVICTIONS:
+            results[name] = simulate(trace, OmegaConf.merge(w, {"eviction": name}), cfg.activations, cfg.hardware,
+                                     budget_bytes=plan.budget_bytes, steps=cfg.workload.steps,
+                                     allow_below_floor=allow)
+        # Below the floor a policy with fewer use-after-evict hazards wins whatever its speed.
+        return {name: (len(r.prediction["hazards"]), round(r.prediction["step_ms"], 3)) for name, r in results.items()}
+
+    key = ("eviction", *source, cfg.budget, cfg.workload.steps, OmegaConf.to_yaml(w),
+           OmegaConf.to_yaml(cfg.activations), OmegaConf.to_yaml(cfg.hardware), allow)
+    predicted = _memo(key, predict)
+    w.eviction = min(predicted, key=predicted.get)
+    w.predicted_ms = {name: ms for name, (_, ms) in predicted.items()}
+    return (allow, results[w.eviction]) if results else None  # a sweep's memo hit simulates again
 
 
 def _size_pool_exactly(cfg: DictConfig, trace: Trace, source: tuple) -> None:
@@ -124,6 +166,8 @@ def _config_summary(cfg: DictConfig) -> dict:
         "budget_mb": cfg.budget,
         "mode": cfg.mode,
         "eviction": cfg.weights.eviction,
+        # weights=auto: every candidate's predicted step (ms)
+        "eviction_predicted_ms": OmegaConf.to_container(cfg.weights.predicted_ms) if cfg.weights.predicted_ms else None,
         "lookahead": cfg.weights.lookahead,
         "activations": cfg.activations.mode,
         "trace": cfg.trace,

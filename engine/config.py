@@ -66,7 +66,9 @@ class WorkloadConfig:
 
 @dataclass
 class WeightsConfig:
-    eviction: str = "priority"  # lru | belady | priority
+    eviction: str = "priority"  # lru | belady | priority | auto (the fastest in the simulator)
+    # Filled when eviction=auto is resolved: each candidate's predicted step time (ms).
+    predicted_ms: Optional[Dict[str, float]] = None
     lookahead: int = 2  # kernels ahead the copy stream prefetches
     source: str = "mmap_registered"  # pinned | mmap_registered | mmap | pageable
     file: Optional[str] = None  # .ptd (safetensors) weight file for execute
@@ -167,7 +169,7 @@ def validate(cfg: Any) -> None:
         raise ConfigError(
             "no model given; add +model=NAME, one of: " + ", ".join(available_models()))
     _one_of("mode", cfg.mode, MODES)
-    _one_of("weights.eviction", cfg.weights.eviction, EVICTIONS)
+    _one_of("weights.eviction", cfg.weights.eviction, EVICTIONS + ("auto",))
     _one_of("weights.source", cfg.weights.source, WEIGHT_SOURCES)
     _one_of("weights.backend", cfg.weights.backend, BACKENDS)
     _one_of("activations.mode", cfg.activations.mode, ACTIVATION_MODES)

@@ -12,9 +12,12 @@ def _simulate(job: Job, allow_below_floor: bool):
     from sim.timeline import plot_timeline, write_chrome_trace
 
     cfg = job.cfg
-    result = simulate(job.trace, cfg.weights, cfg.activations, cfg.hardware,
-                      budget_bytes=job.plan.budget_bytes, steps=cfg.workload.steps,
-                      allow_below_floor=allow_below_floor)
+    if job.simulated is not None and job.simulated[0] == allow_below_floor:
+        result = job.simulated[1]  # weights=auto simulated this very run to choose it
+    else:
+        result = simulate(job.trace, cfg.weights, cfg.activations, cfg.hardware,
+                          budget_bytes=job.plan.budget_bytes, steps=cfg.workload.steps,
+                          allow_below_floor=allow_below_floor)
     timeline = cfg.sim.timeline
     if timeline is None:
         from hydra.core.hydra_config import HydraConfig
@@ -42,6 +45,11 @@ def prediction_md(pred: dict, cfg) -> str:
         ["hazards", f"{len(pred['hazards'])}"],
     ]
     md = [f"## Prediction ({cfg.weights.eviction}, steady state)", "", table(["what", "predicted"], rows)]
+    if cfg.weights.predicted_ms:
+        ranked = sorted(cfg.weights.predicted_ms.items(), key=lambda kv: kv[1])
+        md += ["", f"weights=auto chose {cfg.weights.eviction}, the fastest predicted: "
+               + ", ".join(f"{name} {ms:.2f} ms" for name, ms in ranked)
+               + " (pin one with weights=priority|belady|lru)"]
     if pred["hazards"]:
         md += ["", "Use-after-evict hazards (budget under the floor):", "",
                table(["time (ms)", "kernel", "weight", "evicted by"],

@@ -143,3 +143,32 @@ def test_materialize_writes_a_file_execute_can_run_and_never_overwrites(run_cli,
     line = _one_line_error(run_cli("+model=tiny", "mode=materialize", f"out={out}"))
     assert "already exists" in line and out.read_bytes() == before
     assert "needs out=PATH" in _one_line_error(run_cli("+model=tiny", "mode=materialize"))
+
+
+def test_auto_eviction_runs_the_policy_the_simulator_predicts_fastest(run_cli, tmp_path):
+    """The default weights=auto simulates each eviction and runs the fastest; the
+    report keeps every candidate's prediction, and the chosen run is the same
+    prediction an explicit weights=NAME gives."""
+    r = run_cli("+model=tiny", "budget=1.0")
+    assert r.returncode == 0, r.stderr
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    cfg = report["config"]
+    predicted = cfg["eviction_predicted_ms"]
+    assert set(predicted) == {"lru", "belady", "priority"}
+    assert cfg["eviction"] == min(predicted, key=predicted.get)
+    assert report["prediction"]["step_ms"] == pytest.approx(predicted[cfg["eviction"]], abs=1e-3)
+    assert f"weights=auto chose {cfg['eviction']}" in r.stdout
+    pinned = run_cli("+model=tiny", "budget=1.0", f"weights={cfg['eviction']}")
+    assert pinned.returncode == 0, pinned.stderr
+    again = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert again["prediction"] == report["prediction"] and again["config"]["eviction_predicted_ms"] is None
+
+
+def test_auto_eviction_picks_belady_for_an_llm_decode_step_at_a_tight_budget(run_cli, tmp_path):
+    """Priority pins budget - floor, and a decode step's floor (lm_head, embedding, the
+    lookahead window) is most of a tight budget: belady is predicted 3x faster."""
+    r = run_cli("+model=llama8b", "model.num_layers=8", "workload=decode", "budget=4203")
+    assert r.returncode == 0, r.stderr
+    cfg = json.loads((tmp_path / "run" / "report.json").read_text())["config"]
+    assert cfg["eviction"] == "belady"
+    assert cfg["eviction_predicted_ms"]["priority"] > 2 * cfg["eviction_predicted_ms"]["belady"]
