@@ -31,8 +31,9 @@ class Job:
     spec: ModelSpec
     trace: Trace
     plan: Plan
-    # weights=auto's simulation of the chosen policy: (allow_below_floor, SimResult),
-    # which the mode reuses rather than simulating the same run twice.
+    # weights=auto: every candidate's predicted step (ms), and the simulation of the
+    # chosen one as (allow_below_floor, SimResult), which the mode reuses.
+    eviction_predicted_ms: dict[str, float] | None = None
     simulated: tuple | None = None
 
 
@@ -92,15 +93,16 @@ def prepare(cfg: DictConfig, out_dir: Path) -> Job:
     plan = _memo(("plan", *source, cfg.budget, cfg.weights.lookahead), lambda: make_plan(
         model=spec.name, workload=cfg.workload.name, param_count=spec.param_count,
         order=trace.access_order(), budget_mb=cfg.budget, lookahead=cfg.weights.lookahead))
-    simulated = _choose_eviction(cfg, trace, plan, source) if cfg.weights.eviction == "auto" else None
-    return Job(cfg, out_dir, spec, trace, plan, simulated)
+    predicted, simulated = _choose_eviction(cfg, trace, plan, source) if cfg.weights.eviction == "auto" else (None, None)
+    return Job(cfg, out_dir, spec, trace, plan, predicted, simulated)
 
 
 # Modes that run one eviction policy; the others (plan lists all three) need no choice.
 _ONE_POLICY_MODES = ("simulate", "check", "execute", "record")
 
 
-def _choose_eviction(cfg: DictConfig, trace: Trace, plan: Plan, source: tuple) -> tuple | None:
+def _choose_eviction(cfg: DictConfig, trace: Trace, plan: Plan,
+                     source: tuple) -> tuple[dict[str, float] | None, tuple | None]:
     """weights=auto: the eviction policy the simulator predicts fastest for this
     budget, trace and hardware, written into the config (with every candidate's
     predicted step) so the simulator, the executor and the report agree. No single
@@ -112,7 +114,7 @@ def _choose_eviction(cfg: DictConfig, trace: Trace, plan: Plan, source: tuple) -
     w = cfg.weights
     if plan.budget_bytes is None or cfg.mode not in _ONE_POLICY_MODES:
         w.eviction = "priority"  # everything resident, or no policy runs: nothing to choose
-        return None
+        return None, None
     from sim import simulate
 
     allow = cfg.mode == "check" or cfg.sim.allow_below_floor  # as the modes simulate
@@ -130,8 +132,8 @@ def _choose_eviction(cfg: DictConfig, trace: Trace, plan: Plan, source: tuple) -
            OmegaConf.to_yaml(cfg.activations), OmegaConf.to_yaml(cfg.hardware), allow)
     predicted = _memo(key, predict)
     w.eviction = min(predicted, key=predicted.get)
-    w.predicted_ms = {name: ms for name, (_, ms) in predicted.items()}
-    return (allow, results[w.eviction]) if results else None  # a sweep's memo hit simulates again
+    simulated = (allow, results[w.eviction]) if results else None  # a sweep's memo hit simulates again
+    return {name: ms for name, (_, ms) in predicted.items()}, simulated
 
 
 def _size_pool_exactly(cfg: DictConfig, trace: Trace, source: tuple) -> None:
@@ -149,7 +151,7 @@ def _size_pool_exactly(cfg: DictConfig, trace: Trace, source: tuple) -> None:
 
 def _plan_mode(job: Job) -> Outcome:
     plan = job.plan.as_dict()
-    return Outcome({"config": _config_summary(job.cfg), "plan": plan, **_plan_keys(plan)},
+    return Outcome({"config": _config_summary(job), "plan": plan, **_plan_keys(plan)},
                    plan_md(plan))
 
 
@@ -158,7 +160,8 @@ def _plan_keys(plan: dict) -> dict:
     return {k: plan[k] for k in ("model_bytes", "floor_bytes", "floor_kernels", "policies")}
 
 
-def _config_summary(cfg: DictConfig) -> dict:
+def _config_summary(job: Job) -> dict:
+    cfg = job.cfg
     return {
         "model": cfg.model.name,
         "workload": cfg.workload.name,
@@ -166,8 +169,7 @@ def _config_summary(cfg: DictConfig) -> dict:
         "budget_mb": cfg.budget,
         "mode": cfg.mode,
         "eviction": cfg.weights.eviction,
-        # weights=auto: every candidate's predicted step (ms)
-        "eviction_predicted_ms": OmegaConf.to_container(cfg.weights.predicted_ms) if cfg.weights.predicted_ms else None,
+        "eviction_predicted_ms": job.eviction_predicted_ms,  # weights=auto: every candidate's step (ms)
         "lookahead": cfg.weights.lookahead,
         "activations": cfg.activations.mode,
         "trace": cfg.trace,

@@ -67,8 +67,6 @@ class WorkloadConfig:
 @dataclass
 class WeightsConfig:
     eviction: str = "priority"  # lru | belady | priority | auto (the fastest in the simulator)
-    # Filled when eviction=auto is resolved: each candidate's predicted step time (ms).
-    predicted_ms: Optional[Dict[str, float]] = None
     lookahead: int = 2  # kernels ahead the copy stream prefetches
     source: str = "mmap_registered"  # pinned | mmap_registered | mmap | pageable
     file: Optional[str] = None  # .ptd (safetensors) weight file for execute

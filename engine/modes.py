@@ -30,8 +30,9 @@ def _simulate(job: Job, allow_below_floor: bool):
     return result
 
 
-def prediction_md(pred: dict, cfg) -> str:
-    """The prediction table of `cfg`'s run (its eviction policy, its activations' pinned pool)."""
+def prediction_md(pred: dict, job: Job) -> str:
+    """The prediction table of the job's run (its eviction policy, its activations' pinned pool)."""
+    cfg = job.cfg
     rows = [
         ["step time", f"{pred['step_ms']:.2f} ms (first step {pred['first_step_ms']:.2f} ms)"],
         ["compute", f"{pred['compute_ms']:.2f} ms"],
@@ -45,8 +46,8 @@ def prediction_md(pred: dict, cfg) -> str:
         ["hazards", f"{len(pred['hazards'])}"],
     ]
     md = [f"## Prediction ({cfg.weights.eviction}, steady state)", "", table(["what", "predicted"], rows)]
-    if cfg.weights.predicted_ms:
-        ranked = sorted(cfg.weights.predicted_ms.items(), key=lambda kv: kv[1])
+    if job.eviction_predicted_ms:
+        ranked = sorted(job.eviction_predicted_ms.items(), key=lambda kv: kv[1])
         md += ["", f"weights=auto chose {cfg.weights.eviction}, the fastest predicted: "
                + ", ".join(f"{name} {ms:.2f} ms" for name, ms in ranked)
                + " (pin one with weights=priority|belady|lru)"]
@@ -68,7 +69,7 @@ def _pool_md(pool) -> str:
 
 def _report(job: Job, pred: dict, result) -> dict:
     plan = job.plan.as_dict()
-    return {"config": _config_summary(job.cfg), "plan": plan, **_plan_keys(plan),
+    return {"config": _config_summary(job), "plan": plan, **_plan_keys(plan),
             "prediction": pred, "decisions_per_step": len(result.decisions) // job.cfg.workload.steps}
 
 
@@ -76,7 +77,7 @@ def _report(job: Job, pred: dict, result) -> dict:
 def simulate_mode(job: Job) -> Outcome:
     result = _simulate(job, job.cfg.sim.allow_below_floor)
     pred = result.prediction
-    md = plan_md(job.plan.as_dict()) + "\n\n" + prediction_md(pred, job.cfg)
+    md = plan_md(job.plan.as_dict()) + "\n\n" + prediction_md(pred, job)
     return Outcome(_report(job, pred, result), md)
 
 
@@ -113,7 +114,7 @@ def check_mode(job: Job) -> Outcome:
     report["check"] = {"passed": not failures, "failures": failures, "slo": job.cfg.slo.name}
     verdict = "PASS: every condition of slo=" + job.cfg.slo.name + " holds" if not failures else \
         "FAIL:\n" + "\n".join(f"- {f}" for f in failures)
-    md = (plan_md(job.plan.as_dict()) + "\n\n" + prediction_md(pred, job.cfg)
+    md = (plan_md(job.plan.as_dict()) + "\n\n" + prediction_md(pred, job)
           + "\n\n## Check\n\n" + verdict)
     for f in failures:
         print(f"check failed: {f}", file=sys.stderr)

@@ -113,7 +113,7 @@ def execute_mode(job: Job) -> Outcome:
     rows = comparison({**pred, **predicted_counts(result)}, meas, training)
     report = _report(job, pred, result)
     report.update(measurement=meas, comparison=rows)
-    md = (plan_md(job.plan.as_dict()) + "\n\n" + prediction_md(pred, cfg) + "\n\n"
+    md = (plan_md(job.plan.as_dict()) + "\n\n" + prediction_md(pred, job) + "\n\n"
           + comparison_md(rows, meas) + f"\n\ntelemetry: {job.out_dir / 'telemetry.jsonl'}")
     wrong = [k for k in ("outputs_match_reference", "loss_match_reference", "grads_match_reference")
              if meas.get(k) is False]
@@ -150,7 +150,7 @@ def materialize_mode(job: Job) -> Outcome:
     path = _materialize_target(job.cfg.out, job.spec.model_bytes)
     info = run_materialize(job.cfg, job.spec, path)
     plan = job.plan.as_dict()
-    report = {"config": _config_summary(job.cfg), "plan": plan, **_plan_keys(plan), "materialized": info}
+    report = {"config": _config_summary(job), "plan": plan, **_plan_keys(plan), "materialized": info}
     md = (f"## Weight file: {job.spec.name}\n\n" + table(["what", "value"], [
         ["file", info["weights_file"]],
         ["tensors", f"{info['weights']:,}"],

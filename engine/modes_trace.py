@@ -59,7 +59,7 @@ def record_mode(job: Job) -> Outcome:
         c = probes["compute_under_copy"]
         rows.append(["step beside H2D copies", f"{c['with_copy_ns'] / 1e6:.3f} ms"])
     md = f"## Recorded {h['model']} ({job.cfg.workload.name})\n\n" + table(["what", "value"], rows)
-    report = {"config": _config_summary(job.cfg), "trace": str(path), "records": len(trace.records),
+    report = {"config": _config_summary(job), "trace": str(path), "records": len(trace.records),
               "step_ns": h["step_ns"], "device": h["device"]}
     return Outcome(report, md + f"\n\nreplay it: python -m engine +model=... trace={path}")
 
@@ -84,7 +84,7 @@ def calibrate_mode(job: Job) -> Outcome:
     md = (f"## Calibrated profile {profile['name']}\n\nfrom {', '.join(p.name for p in paths)}\n\n" + table(["field", "fitted", job.cfg.hardware.name], rows)
           + f"\n\nwrote {target}" + ("; use it as hardware=" + target.stem if target.parent.name == "hardware"
                                      else "; copy it to conf/hardware/ to use it as hardware=" + target.stem))
-    return Outcome({"config": _config_summary(job.cfg), "profile": profile, "written": str(target)}, md)
+    return Outcome({"config": _config_summary(job), "profile": profile, "written": str(target)}, md)
 
 
 @register_mode("validate")
@@ -103,4 +103,4 @@ def validate_mode(job: Job) -> Outcome:
         where = f"measured now; wrote {written} (ship it as {beside.name} beside the trace)"
     rep = v.report(job.trace, measurements, job.cfg.hardware)
     md = v.report_md(rep) + "\n\n" + where
-    return Outcome({"config": _config_summary(job.cfg), "validation": rep}, md)
+    return Outcome({"config": _config_summary(job), "validation": rep}, md)
