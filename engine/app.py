@@ -93,7 +93,9 @@ def prepare(cfg: DictConfig, out_dir: Path) -> Job:
     plan = _memo(("plan", *source, cfg.budget, cfg.weights.lookahead), lambda: make_plan(
         model=spec.name, workload=cfg.workload.name, param_count=spec.param_count,
         order=trace.access_order(), budget_mb=cfg.budget, lookahead=cfg.weights.lookahead))
-    predicted, simulated = _choose_eviction(cfg, trace, plan, source) if cfg.weights.eviction == "auto" else (None, None)
+    predicted = simulated = None
+    if cfg.weights.eviction == "auto":
+        predicted, simulated = _choose_eviction(cfg, trace, plan, source)
     return Job(cfg, out_dir, spec, trace, plan, predicted, simulated)
 
 
@@ -104,8 +106,9 @@ _ONE_POLICY_MODES = ("simulate", "check", "execute", "record")
 def _choose_eviction(cfg: DictConfig, trace: Trace, plan: Plan,
                      source: tuple) -> tuple[dict[str, float] | None, tuple | None]:
     """weights=auto: the eviction policy the simulator predicts fastest for this
-    budget, trace and hardware, written into the config (with every candidate's
-    predicted step) so the simulator, the executor and the report agree. No single
+    budget, trace and hardware, written into the config so the simulator, the
+    executor and the report agree; returns every candidate's predicted step (ms)
+    and the chosen one's simulation (None on a sweep's memo hit). No single
     policy wins everywhere: priority pins budget - floor bytes, which for an LLM
     decode step (whose floor is the 1 GB lm_head plus the lookahead window) leaves
     almost nothing pinned at a tight budget, where belady is 2-3x faster."""
