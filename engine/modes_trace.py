@@ -81,7 +81,8 @@ def calibrate_mode(job: Job) -> Outcome:
     if target.parent != job.out_dir:
         shutil.copy(target, job.out_dir / target.name)
     rows = [[f, str(profile[f]), str(job.cfg.hardware[f])] for f in FITTED]
-    md = (f"## Calibrated profile {profile['name']}\n\nfrom {', '.join(p.name for p in paths)}\n\n" + table(["field", "fitted", job.cfg.hardware.name], rows)
+    md = (f"## Calibrated profile {profile['name']}\n\nfrom {', '.join(p.name for p in paths)}\n\n"
+          + table(["field", "fitted", job.cfg.hardware.name], rows)
           + f"\n\nwrote {target}" + ("; use it as hardware=" + target.stem if target.parent.name == "hardware"
                                      else "; copy it to conf/hardware/ to use it as hardware=" + target.stem))
     return Outcome({"config": _config_summary(job), "profile": profile, "written": str(target)}, md)

@@ -123,6 +123,7 @@ class WeightExecutor:
         # Relocation (see _relocate) moves resident weights; it is safe only when every
         # tensor handed out is used before the next fetch but one, as in inference.
         self.relocate = relocate
+        self._largest = max(order.sizes.values(), default=0)  # what placement_at_risk asks about
         self._steps_run = 0
 
     # -- the WeightSource protocol -------------------------------------------------
@@ -302,7 +303,7 @@ class WeightExecutor:
     def _fragmented(self) -> bool:
         """The pool's reserve crept so near its cap that the largest weight may be
         refused in the next step (benchmarks/soak.py saw the reserve creep)."""
-        return self.budget_bytes is not None and self.backend.placement_at_risk(max(self.order.sizes.values()))
+        return self.budget_bytes is not None and self.backend.placement_at_risk(self._largest)
 
     def _relocate(self, position: int | None) -> None:
         """The pool refused a block the budget allows: its free space is split.
