@@ -409,7 +409,7 @@ def main() -> None:
     p.add_argument("--dir", default=None, help="where weight files go (default /dev/shm/offload-bench)")
     p.add_argument("--no-peers", action="store_true")
     p.add_argument("--no-train", action="store_true")
-    # 16384 video tokens: at 6144 the H100's LoRA step is host-bound (cuBLAS costs ~75 us of
+    # 16384 video tokens: at 6144 the H100's LoRA step is host-bound (cuBLAS costs 52-100 us of
     # host time a matmul there), and any per-tensor hook cost shows in full.
     p.add_argument("--train-args", default="--layers 8 --video-tokens 16384 --sync-layers 2,3 --spill-factors 1,1.5 "
                                             "--warmup 2 --steps 5")

@@ -73,7 +73,7 @@ sync K=3 tuned at +12.2% is the lowest spilling overhead measured so far.
 
 2026-11-23, later: why the 6144-token rows are host-bound. torch.profiler on the lent H100:
 aten::mm takes 88 us of host time a call (1302 calls a step of 8 blocks), addmm 216 us,
-against ~16 us for an elementwise op; one 6144x2048x2048 bf16 F.linear costs 55-80 us of host
+against ~16 us for an elementwise op; one 6144x2048x2048 bf16 F.linear costs 52-100 us of host
 time there (cuBLAS's host path on this machine), while the 8-block step's kernels total 146 ms
 of GPU time. At 16384 video tokens the GPU is the bottleneck (host 438 ms, step 549 ms) and the
 hooks' host cost hides: `--layers 8 --video-tokens 16384 --spill-factors 1,1.5 --sync-layers 2,3

@@ -26,7 +26,7 @@ else
   LTX_BUDGET=2500; LLAMA_BUDGET=4500; RANK=32
 fi
 # The training step at 16384 video tokens: at 6144 the H100's step is host-bound
-# (cuBLAS costs ~75 us of host time a matmul there), at 16384 the GPU is the bottleneck.
+# (cuBLAS costs 52-100 us of host time a matmul there: benchmarks/matmul_host_cost.py), at 16384 the GPU is the bottleneck.
 LTX_TRAIN="$LTX workload=train_lora workload.lora_rank=$RANK"
 [ "${SMOKE:-0}" = 1 ] || LTX_TRAIN="$LTX_TRAIN workload.video_tokens=16384"
 
