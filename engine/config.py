@@ -89,6 +89,7 @@ class ActivationsConfig:
     max_inflight_d2h: int = 64  # copies in flight before the host waits for the oldest
     max_inflight_h2d: int = 64
     restore_lookahead: int = 8  # saved tensors restored ahead of backward's need
+    restore_within_low_watermark: bool = True  # watermark: also restore ahead while under the low watermark
     min_tensor_bytes: int = 1048576  # smaller tensors always stay on the device
     sync_dict: Optional[Dict[int, List[int]]] = None
     num_offload_layers: int = 0

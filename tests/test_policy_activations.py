@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -159,7 +159,7 @@ def test_watermark_hysteresis_worked_example():
 
 
 def test_watermark_restores_predictively_in_backward_order():
-    p = WatermarkPolicy(act())  # restore_lookahead 1
+    p = WatermarkPolicy(act(restore_within_low_watermark=False))  # restore_lookahead 1, nothing more
     forward(p, SAVES)
     back = {name: p.on_unpack(name) for name in ["s", "t5", "t4", "t3", "t2", "t1", "t0"]}
     assert back == {
@@ -181,10 +181,54 @@ def test_watermark_restores_predictively_in_backward_order():
 
 
 def test_without_lookahead_restores_are_on_demand():
-    p = WatermarkPolicy(act(restore_lookahead=0))
+    p = WatermarkPolicy(act(restore_lookahead=0, restore_within_low_watermark=False))
     forward(p, SAVES)
     assert p.on_unpack("t5") == [Decision(0, 5, "release", "t5")]
     assert p.on_unpack("t3") == [Decision(0, 3, "restore", "t3"), Decision(0, 3, "release", "t3")]
+
+
+def test_watermark_restores_ahead_while_under_the_low_watermark():
+    p = WatermarkPolicy(act())  # low 6 MB; after forward t4, t5 and s hold 6.5 MB
+    forward(p, SAVES)
+    back = {name: p.on_unpack(name) for name in ["s", "t5", "t4", "t3", "t2", "t1", "t0"]}
+    assert back == {
+        "s": [Decision(0, 3, "restore", "t3"), Decision(0, 6, "release", "s")],  # the window of 1
+        "t5": [Decision(0, 5, "release", "t5")],  # 9 MB once t5 goes: no room for t2
+        "t4": [Decision(0, 2, "restore", "t2"), Decision(0, 4, "release", "t4")],  # 3 + 3 MB: room
+        "t3": [Decision(0, 1, "restore", "t1"), Decision(0, 3, "release", "t3")],  # beyond the window
+        "t2": [Decision(0, 0, "restore", "t0"), Decision(0, 2, "release", "t2")],
+        "t1": [Decision(0, 1, "release", "t1")],
+        "t0": [Decision(0, 0, "release", "t0")],
+    }
+    p.on_step_end()
+    assert p.history[0].peak_device_bytes == 12 * MB  # forward's; backward stayed under it
+
+
+def test_restores_ahead_stop_short_of_the_inflight_cap():
+    p = WatermarkPolicy(act(restore_lookahead=0, max_inflight_h2d=2, low_watermark_mb=6.0))
+    forward(p, SAVES)
+    for name in ["s", "t5", "t4"]:
+        p.on_unpack(name)
+    # 6 MB free under the low watermark would take t3 and t2; the cap of 2 in flight allows 1 ahead.
+    assert [d.target for d in p.log if d.action == "restore"] == ["t3"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 8), min_size=2, max_size=30), st.integers(2, 30))
+def test_restores_ahead_never_lift_saved_bytes_over_the_low_watermark(sizes_mb, low_mb):
+    p = WatermarkPolicy(act(high_watermark_mb=low_mb + 2.0, low_watermark_mb=float(low_mb), restore_lookahead=0,
+                            pool=PoolConfig([8], [len(sizes_mb)])))
+    names = [f"t{i}" for i in range(len(sizes_mb))]
+    forward(p, [(n, mb * MB, i) for i, (n, mb) in enumerate(zip(names, sizes_mb))])
+    for n in reversed(names):
+        rec = p.saved.records[n]
+        on_demand = rec.nbytes if rec.spilled and not rec.restored else 0
+        before = p.saved.device_bytes
+        p.on_unpack(n)
+        assert p.saved.device_bytes <= max(p.low_bytes, before + on_demand - rec.nbytes)
+    p.on_step_end()
+    c = p.history[0]
+    assert c.restored == c.spilled
 
 
 def test_step_end_with_unreleased_tensors_raises_and_steps_repeat():

@@ -41,7 +41,10 @@ The policy's answers, carried out:
 - restore        H2D on the restore stream into a new device tensor; the
                  compute stream waits for it when backward first uses it (the
                  wait is timed: stall_time_ms); at the max_inflight_h2d cap the
-                 oldest restore is finalized inline;
+                 oldest restore is finalized inline. A restore of the tensor
+                 being unpacked (on demand) goes on a stream of its own: the
+                 restore stream may hold predictive restores still waiting for
+                 their spills to land, and the compute stream waits now;
 - reload_group   restore every group of the layer that is still off the device;
 - release        the slab goes back to its class (a later spill into it waits
                  for this restore to have read it); the device tensor goes when
@@ -164,7 +167,7 @@ class _HostCopies:
         dst.copy_(src)
 
     def restore(self, shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype, src: Tensor,
-                after: Any) -> tuple[Tensor, None]:
+                after: Any, on_demand: bool = False) -> tuple[Tensor, None]:
         out = torch.empty_strided(shape, stride, dtype=dtype)
         _bytes(out).copy_(src)
         return out, None
@@ -199,6 +202,12 @@ class _CudaCopies:
         self.device = device
         self.spill_stream = torch.cuda.Stream(device)
         self.restore_stream = torch.cuda.Stream(device)
+        # On-demand restores: behind the restore stream's queue they would wait for
+        # predictive restores gated on spills still in flight (H100, LTX-2 8 blocks,
+        # 16384 tokens, watermark at 0.8: the text context, saved in block 0 and
+        # again in every block, was restored on demand at backward's start and
+        # the compute stream sat 35-52 ms behind the spill stream's backlog).
+        self.demand_stream = torch.cuda.Stream(device)
 
     def _compute(self) -> torch.cuda.Stream:
         return torch.cuda.current_stream(self.device)
@@ -214,8 +223,8 @@ class _CudaCopies:
         return s.record_event()
 
     def restore(self, shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype, src: Tensor,
-                after: torch.cuda.Event | None) -> tuple[Tensor, torch.cuda.Event]:
-        s = self.restore_stream
+                after: torch.cuda.Event | None, on_demand: bool = False) -> tuple[Tensor, torch.cuda.Event]:
+        s = self.demand_stream if on_demand else self.restore_stream
         if after is not None:
             s.wait_event(after)
         with torch.cuda.stream(s):
@@ -249,6 +258,7 @@ class _CudaCopies:
     def synchronize(self) -> None:
         self.spill_stream.synchronize()
         self.restore_stream.synchronize()
+        self.demand_stream.synchronize()
 
 
 # ----- saved tensors
@@ -352,6 +362,7 @@ class ActivationOffloader:
         if keep_steps is not None and keep_steps < 1:
             raise ExecutorError(f"keep_steps={keep_steps}: keep at least 1 step of decisions (None keeps all)")
         self.policy = policy
+        self._unpacking: _Group | None = None  # the group whose unpack the policy is answering
         self.device = torch.device(device)
         if self.device.type == "cuda":
             if not torch.cuda.is_available():
@@ -697,7 +708,9 @@ class ActivationOffloader:
             raise ExecutorError(f"backward used {g.name} more often than it was saved: a second backward over "
                                 "the same graph (retain_graph=True) is not supported under activation offload")
         if g.unpacked == 0:
+            self._unpacking = g
             self._answer(("unpack", g.name), self.policy.on_unpack(g.name))
+            self._unpacking = None
         g.unpacked += 1
         if g.device is None:
             raise ExecutorError(f"policy bug: {g.name} was released without a restore after its spill")
@@ -804,7 +817,8 @@ class ActivationOffloader:
             # a sync group whose offload was not waited yet: it never left
             return
         self._make_room(self._h2d, self.max_h2d)
-        g.device, g.restore_done = self._copies.restore(g.shape, g.stride, g.dtype, g.host, g.spill_done)
+        g.device, g.restore_done = self._copies.restore(g.shape, g.stride, g.dtype, g.host, g.spill_done,
+                                                        on_demand=g is self._unpacking)
         g.waited = False
         c.h2d_bytes += g.nbytes
         self._to_device(g.nbytes)

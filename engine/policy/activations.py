@@ -13,8 +13,13 @@ kept: their copies cost more in latency than they free.
 Every spill takes a slab from a size-class pinned pool ("spill", detail = class
 index) or, when no slab fits or all are busy, falls back to unpinned host memory
 ("miss", counted). Backward restores are predictive: backward unpacks in reverse
-save order, so each unpack also restores the next `restore_lookahead` spilled
-tensors ahead of it.
+save order, so each unpack keeps the next `restore_lookahead` spilled tensors
+ahead of it restored, and, with `restore_within_low_watermark`, restores further
+ahead, in that order, while the saved bytes on the device stay at or under the
+low watermark. Backward frees the last layers' tensors first, so the restores
+of the oldest (spilled) ones start as soon as there is room for them instead
+of a few tensors before their use, when the H2D link can no longer hide them;
+the saved bytes never rise above what forward held.
 
 MB here is 1e6 bytes, as for the budget.
 """
@@ -271,10 +276,18 @@ class WatermarkPolicy:
         self.high_bytes = mb_to_bytes(act_cfg.high_watermark_mb)
         self.low_bytes = mb_to_bytes(act_cfg.low_watermark_mb)
         self.restore_lookahead = int(act_cfg.restore_lookahead)
+        self.within_low = bool(act_cfg.restore_within_low_watermark)
+        # Restores ahead stop short of the in-flight cap: past it the driver waits
+        # inline for the oldest, whose spill may still be on its way out.
+        self.max_ahead = max(self.restore_lookahead, int(act_cfg.max_inflight_h2d) - 1)
         self.saved = SavedTensors(act_cfg)
         self.log = self.saved.log
         self._candidates: dict[str, SavedRecord] = {}  # kept, spillable, in save order
         self._spilled: list[tuple[int, SavedRecord]] = []  # (save index, record), sorted
+        # Backward's restores: _spilled[:_cursor + 1] are not restored yet (or unpacked
+        # out of order); _ahead holds the restored ones not yet unpacked.
+        self._cursor = -1
+        self._ahead: set[str] = set()
 
     @property
     def counters(self) -> StepCounters:
@@ -295,6 +308,7 @@ class WatermarkPolicy:
                 oldest = self._candidates.pop(next(iter(self._candidates)))
                 out.append(s.spill(oldest, oldest.layer, leaves_device=True))
                 bisect.insort(self._spilled, (oldest.index, oldest), key=lambda e: e[0])
+            self._cursor = len(self._spilled) - 1
         if not rec.spilled:
             out.append(s.decide(layer, "keep", tensor))
         return out
@@ -311,18 +325,23 @@ class WatermarkPolicy:
         out: list[Decision] = []
         if rec.spilled and not rec.restored:
             out.append(s.restore(rec, rec.layer))  # on demand: the driver measures the stall
-        # Predictive: the next restore_lookahead spilled tensors in backward
-        # (reverse save) order form a window; restore those not on their way yet.
-        k = bisect.bisect_left(self._spilled, rec.index, key=lambda e: e[0]) - 1
-        window = 0
-        while k >= 0 and window < self.restore_lookahead:
-            ahead = self._spilled[k][1]
-            k -= 1
-            if ahead.name not in s.records:
-                continue  # already unpacked (backward ran out of reverse order)
-            window += 1
-            if not ahead.restored:
-                out.append(s.restore(ahead, ahead.layer))
+        self._ahead.discard(tensor)
+        # Room under the low watermark once this tensor is released.
+        room = self.low_bytes - (s.device_bytes - (rec.nbytes if rec.on_device else 0))
+        while self._cursor >= 0:
+            ahead = self._spilled[self._cursor][1]
+            if ahead.restored or ahead.name not in s.records:
+                self._cursor -= 1  # restored on demand, or unpacked already
+                continue
+            if ahead.index > rec.index:
+                break  # backward ran out of reverse order: this one comes back on demand
+            n = len(self._ahead)
+            if n >= self.restore_lookahead and not (self.within_low and ahead.nbytes <= room and n < self.max_ahead):
+                break
+            out.append(s.restore(ahead, ahead.layer))
+            self._ahead.add(ahead.name)
+            room -= ahead.nbytes
+            self._cursor -= 1
         self._candidates.pop(tensor, None)
         out.append(s.release(tensor, rec.layer))
         return out
@@ -331,6 +350,7 @@ class WatermarkPolicy:
         self.saved.end_step()
         self._candidates.clear()
         self._spilled.clear()
+        self._ahead.clear()
 
 
 def _build_watermark(act_cfg: Any, num_layers: int) -> ActivationPolicy:
