@@ -16,7 +16,8 @@ Rows:
                   from the no-offload peak: S = k x 13% of it, so the peak can drop 13%
   sync K=..       TransformerEngine-style sync dict derived for K offloaded layers
   spilling rows run with the config's copies in flight (64 each way) and
-  restore_lookahead (8), or with --caps / --lookahead
+  restore_lookahead (8) and restores ahead under the low watermark, or with --caps /
+  --lookahead / --no-restore-within-low
   save_on_cpu     torch.autograd.graph.save_on_cpu(pin_memory=True)
 Each row: --warmup steps, then --steps steps, each timed with CUDA events around
 the whole step (forward + backward, after a synchronize); the table shows the
@@ -82,6 +83,11 @@ hooks' host cost hides: `--layers 8 --video-tokens 16384 --spill-factors 1,1.5 -
 changed after these runs (64 copies in flight, the exact pool, watermark spills freed once
 their D2H has read them); `python benchmarks/peers.py --models ''` then measured the table in
 the README (sync K=2 +1.9% at -16.9%, watermark +7.9% at -12.2%, save_on_cpu +311.9%).
+
+2026-11-23, 13:42 UTC, after on-demand restores got a stream of their own (the watermark rows'
+stall was the text context's on-demand restore queued behind predictive restores waiting for
+the spill backlog), the same command: off 552.0 ms, watermark S=4.5 GB +1.3% (-11.8% peak),
+S=6.7 GB +4.0% (-17.7%), sync K=2 +3.4% (steps 556-574 ms), sync K=3 +6.6%, save_on_cpu +283.6%.
 """
 from __future__ import annotations
 
@@ -288,6 +294,9 @@ def main() -> None:
     p.add_argument("--min-tensor-bytes", type=int, default=1 << 20)
     p.add_argument("--caps", type=int, default=None, help="max_inflight_d2h/h2d (default: the config's, 64)")
     p.add_argument("--lookahead", type=int, default=None, help="restore_lookahead (default: the config's, 8)")
+    p.add_argument("--no-restore-within-low", action="store_true",
+                   help="watermark rows restore only restore_lookahead tensors ahead, not also while under "
+                        "the low watermark (restore_within_low_watermark=false)")
     p.add_argument("--profile", action="store_true",
                    help="also: GPU kernel time of one no-offload step, the host profile of one keep-all step, "
                         "and torch.profiler over one step of the first spilling row")
@@ -350,7 +359,8 @@ def main() -> None:
 
     # The config's copies in flight and restore lookahead, or --caps / --lookahead where given.
     knobs = dict(max_inflight_d2h=args.caps or base.max_inflight_d2h, max_inflight_h2d=args.caps or base.max_inflight_h2d,
-                 restore_lookahead=base.restore_lookahead if args.lookahead is None else args.lookahead)
+                 restore_lookahead=base.restore_lookahead if args.lookahead is None else args.lookahead,
+                 restore_within_low_watermark=not args.no_restore_within_low)
     plans: list[tuple[str, ActivationsConfig]] = []
     for k in (float(f) for f in args.spill_factors.split(",") if f):
         target = k * TARGET_REDUCTION * peak
@@ -403,7 +413,8 @@ def main() -> None:
 
     print(f"\n{spec.name} x{args.layers}, {args.video_tokens} video tokens, rank {args.rank}, on {name}; "
           f"median of {args.steps} after {args.warmup} warm-up; no-offload grad spread {spread:.3g}; "
-          f"copies in flight {knobs['max_inflight_d2h']}, restore_lookahead {knobs['restore_lookahead']}")
+          f"copies in flight {knobs['max_inflight_d2h']}, restore_lookahead {knobs['restore_lookahead']}, "
+          f"restore_within_low_watermark {knobs['restore_within_low_watermark']}")
     print(f"{'row':<28}{'step ms':>9}{'host ms':>9}{'overhead':>10}{'peak GB':>9}{'-peak':>8}{'spilled GB':>12}"
           f"{'stall ms':>10}{'misses':>8}{'max|dgrad|':>12}{'mallocs':>9}{'retries':>9}")
     for rec in records:
