@@ -519,3 +519,28 @@ def test_slabs_have_exact_sizes_and_come_back():
         pool.take(2)
     pool.give_back(slabs[0], None)
     assert pool.free_slabs(0) == 1 and pool.take(1).data.numel() == 5000
+
+
+def test_on_demand_restores_are_told_apart_from_predictive_ones(tiny):
+    """An on-demand restore must not queue behind predictive ones (on CUDA: a stream of its own);
+    the executor flags exactly the restores of the tensor being unpacked."""
+    def restores(act: ActivationsConfig) -> list[bool]:
+        off = offloader(act, weights=ResidentWeights(tiny.weights))
+        seen: list[bool] = []
+        copy = off._copies.restore
+
+        def flagged(*args, on_demand: bool = False):
+            seen.append(on_demand)
+            return copy(*args, on_demand=on_demand)
+
+        off._copies.restore = flagged
+        with off.step():
+            lora_step(tiny, off)
+        off.close()
+        return seen
+
+    on_demand = restores(cfg(restore_lookahead=0, restore_within_low_watermark=False))
+    assert on_demand and all(on_demand)
+    ahead = restores(cfg(restore_lookahead=4, restore_within_low_watermark=False))
+    assert len(ahead) == len(on_demand)  # the same tensors come back, most of them ahead of need
+    assert sum(ahead) < len(ahead) // 2
