@@ -174,16 +174,25 @@ class SavedTensorLog:
     stamps: KernelStamps
     weight_ptrs: set[int]  # storages of frozen weights and adapters: weights, not activations
     saved: dict[int, list[int]] = field(default_factory=dict)  # kernel -> bytes of each new storage
+    # (kernel, index in its saved list) -> the last kernel that saved that storage again (the
+    # text context: block 0 saves it, every later block again); backward unpacks it first there.
+    last_saver: dict[tuple[int, int], int] = field(default_factory=dict)
     first_unpack: dict[int, Any] = field(default_factory=dict)  # kernel -> stamp
-    _seen: set[int] = field(default_factory=set)
+    _seen: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     def pack(self, t: torch.Tensor) -> tuple[int, torch.Tensor]:
         i = self.stamps.current
         storage = t.untyped_storage()
         ptr = storage.data_ptr()
-        if ptr not in self.weight_ptrs and ptr not in self._seen:  # views and duplicates once
-            self._seen.add(ptr)
-            self.saved.setdefault(i, []).append(storage.nbytes())
+        if ptr in self.weight_ptrs:
+            return i, t
+        first = self._seen.get(ptr)
+        if first is None:  # views and duplicates once, under the kernel that saved them first
+            saved = self.saved.setdefault(i, [])
+            self._seen[ptr] = (i, len(saved))
+            saved.append(storage.nbytes())
+        elif i != first[0]:
+            self.last_saver[first] = i
         return i, t
 
     def unpack(self, packed: tuple[int, torch.Tensor]) -> torch.Tensor:
@@ -242,6 +251,7 @@ class StepTiming:
     backward_ns: list[int] | None
     host_ns: list[int]
     saved: dict[int, list[int]]
+    last_saver: dict[tuple[int, int], int]  # SavedTensorLog.last_saver
     step_ns: int
     fetch_ns: int  # median host time of one fetch from the (resident) source
 
@@ -264,6 +274,7 @@ def time_steps(spec: ModelSpec, source: Any, inputs: Mapping[str, torch.Tensor],
         weight_ptrs |= {t.untyped_storage().data_ptr() for t in getattr(source, "weights", {}).values()}
     fwd_rows, bwd_rows, host_rows, step_rows, fetch_rows = [], [], [], [], []
     saved: dict[int, list[int]] = {}
+    last_saver: dict[tuple[int, int], int] = {}
     for s in range(warmup + steps):
         clock.synchronize()
         clock.hold(hold_ns)
@@ -303,9 +314,10 @@ def time_steps(spec: ModelSpec, source: Any, inputs: Mapping[str, torch.Tensor],
             bwd = split_backward(marks, clock.ns(bwd_start, end), len(spec.kernels), predictor_weights)
             bwd[-1] += loss_ns
             bwd_rows.append(bwd)
-            saved = hooks.saved
+            saved, last_saver = hooks.saved, hooks.last_saver
     return StepTiming(forward_ns=_median(fwd_rows), backward_ns=_median(bwd_rows) if training else None,
-                      host_ns=_median(host_rows), saved=saved, step_ns=_median(step_rows)[0],
+                      host_ns=_median(host_rows), saved=saved, last_saver=last_saver,
+                      step_ns=_median(step_rows)[0],
                       fetch_ns=round(statistics.median(fetch_rows)))
 
 
@@ -331,12 +343,17 @@ def build_trace(spec: ModelSpec, timing: StepTiming, header: dict,
                                     compute_ns=timing.forward_ns[i], flops=k.flops, io_bytes=k.io_bytes,
                                     saved=saved, copies=tuple(copies.get(i, ()))))
     if training:
+        # A tensor is needed where backward first unpacks it: the mirror of its last saver.
+        needs: dict[int, list[str]] = {}
+        for i, f in enumerate(forward):
+            for n, s in enumerate(f.saved):
+                needs.setdefault(timing.last_saver.get((i, n), i), []).append(s.name)
         for i in reversed(range(len(spec.kernels))):
-            k, f = spec.kernels[i], forward[i]
+            k = spec.kernels[i]
             backward.append(KernelRecord(
                 name=k.name + BACKWARD_SUFFIX, layer=k.layer, phase="bwd", weights=tuple(k.weights),
                 compute_ns=timing.backward_ns[i], flops=BACKWARD_FLOPS_FACTOR * k.flops,
-                io_bytes=BACKWARD_FLOPS_FACTOR * k.io_bytes, needs=tuple(s.name for s in f.saved)))
+                io_bytes=BACKWARD_FLOPS_FACTOR * k.io_bytes, needs=tuple(needs.get(i, ()))))
     records = tuple(forward + backward)
     trace = Trace(header={**header, "format": FORMAT, "version": VERSION, "records": len(records),
                           "source": "recorded"},

@@ -32,7 +32,10 @@ Lines 2.., one JSON object per kernel, in launch order:
     saved       [{"name": str, "nbytes": int, "layer": int}]
                        tensors autograd saves for backward (forward records);
                        names unique across the trace
-    needs       [str]  saved-tensor names this backward record unpacks
+    needs       [str]  saved-tensor names this backward record unpacks first: saved by
+                       its forward mirror, or by an earlier forward record when a later
+                       kernel saved that storage again (backward meets the last saver
+                       first); each name at most once in the trace
     copies      [{...}] optional: copies observed around the kernel (recorded
                        traces: {dir, nbytes, ns} of each weight copy its fetch issued
                        in a streamed forward; the simulator ignores them)
@@ -344,6 +347,8 @@ def check_trace(trace: Trace) -> None:
     forward: list[KernelRecord] = []
     backward = 0
     saved_names: set[str] = set()
+    saver: dict[str, int] = {}  # saved name -> index of its forward record
+    needed: set[str] = set()
     for i, r in enumerate(trace.records):
         where = f"line {i + 2} ({r.name})"
         for w in r.weights:
@@ -355,6 +360,7 @@ def check_trace(trace: Trace) -> None:
                 raise TraceError(f"{where}: saved tensor {s.name!r} is saved twice; saved names must be "
                                  "unique (prefix the kernel name)")
             saved_names.add(s.name)
+            saver[s.name] = len(forward)
         if r.phase == "fwd":
             if backward:
                 raise TraceError(f"{where}: forward record after a backward one; forward records come first")
@@ -366,13 +372,18 @@ def check_trace(trace: Trace) -> None:
             raise TraceError(f"{where}: a backward record cannot save tensors (saved must be empty)")
         if backward >= len(forward):
             raise TraceError(f"{where}: more backward records than forward ones")
-        mirror = forward[len(forward) - 1 - backward]
+        at = len(forward) - 1 - backward
+        mirror = forward[at]
         if r.name != mirror.name + BACKWARD_SUFFIX:
             raise TraceError(f"{where}: backward must run the forward in reverse; expected "
                              f"{mirror.name + BACKWARD_SUFFIX!r} here")
-        unknown = [n for n in r.needs if n not in {s.name for s in mirror.saved}]
-        if unknown:
-            raise TraceError(f"{where}: needs {unknown[0]!r}, which {mirror.name} does not save")
+        for n in r.needs:
+            if saver.get(n, at + 1) > at:
+                raise TraceError(f"{where}: needs {n!r}, which neither {mirror.name} nor an earlier forward "
+                                 "record saves")
+            if n in needed:
+                raise TraceError(f"{where}: needs {n!r} a second time; a saved tensor is unpacked first once")
+            needed.add(n)
         backward += 1
     if backward and backward != len(forward):
         raise TraceError(f"line {len(trace.records) + 1}: backward stops after {backward} of "

@@ -9,7 +9,9 @@ link and device bytes in the pool:
 - a spill is a D2H copy that may start only after that kernel, and the
   device bytes drop when it lands;
 - a restore is an H2D copy after the spill landed; device bytes rise when it
-  starts; the backward kernel that needs the tensor waits for it;
+  starts; the backward kernel that needs the tensor waits for it; a restore
+  of the tensor being unpacked (on demand) jumps the H2D queue, as the
+  executor's own stream for those does;
 - a release frees the device bytes once the backward kernel that read the
   tensor has completed (stream-ordered).
 
@@ -80,6 +82,7 @@ class SavedActivations:
         self.groups: dict[int, list[Copy]] = {}
         self.in_flight: dict[str, deque[Copy]] = {D2H: deque(), H2D: deque()}
         self.counts = StepCounts()
+        self.unpacking: str | None = None  # the tensor whose unpack the policy is answering
 
     def new_step(self) -> StepCounts:
         """Start counting a new step; returns the finished step's counts."""
@@ -124,7 +127,7 @@ class SavedActivations:
         elif a == "wait_offload":
             deps.extend(c.done for c in self.groups.get(d.detail, ()))
         elif a == "restore":
-            yield from self._restore(self.tensors[d.target])
+            yield from self._restore(self.tensors[d.target], urgent=d.target == self.unpacking)
         elif a == "reload_group":
             for t in self.by_layer.get(d.detail, ()):
                 if t.name in self.tensors:
@@ -155,7 +158,7 @@ class SavedActivations:
         self.in_flight[D2H].append(c)
         self.issued(D2H, c)
 
-    def _restore(self, t: _Saved) -> Iterator[simpy.Event]:
+    def _restore(self, t: _Saved, urgent: bool = False) -> Iterator[simpy.Event]:
         if t.spill is None or t.restore is not None:
             return  # never left the device, or already coming back
         yield from self._finalize_oldest(H2D, self.max_h2d)
@@ -163,7 +166,7 @@ class SavedActivations:
         c = self.link.copy(H2D, "restore " + t.name, t.nbytes,
                            self.pinned_h2d if t.pinned else self.pageable,
                            gate=spill_done if spill_done.callbacks is not None else None,
-                           on_start=lambda: self.pool.add_activation(t.nbytes))
+                           on_start=lambda: self.pool.add_activation(t.nbytes), urgent=urgent)
         t.restore = c
         self.in_flight[H2D].append(c)
         self.issued(H2D, c)

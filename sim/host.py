@@ -116,7 +116,9 @@ class HostThread:
                     if act is None:
                         self.saved.release(name, seq, deps)  # no policy: everything stayed on the device
                     else:
+                        self.saved.unpacking = name
                         yield from self._activation(act.on_unpack(name), seq, deps)
+                        self.saved.unpacking = None
                 yield env.timeout(self.launch_ns)
                 self.log(env.now, "host", "end " + rec.name)
                 self.compute.launch(seq, rec, deps)

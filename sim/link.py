@@ -1,7 +1,9 @@
 """The PCIe link between host and GPU: two copy queues sharing one duplex cap.
 
 Each direction (H2D, D2H) is one FIFO queue: concurrent copies in one
-direction serialize, as they do on the GPU's copy engines. The two directions
+direction serialize, as they do on the GPU's copy engines. An urgent copy (an
+on-demand restore, which the executor issues on a stream of its own) goes to
+the head of its queue: behind the copy in progress, ahead of every waiting one. The two directions
 run at the same time, but their sum is capped (H100: 54.4 GB/s H2D alone,
 87.6 GB/s in total with D2H), so a copy is re-rated whenever the other
 direction starts or stops: a fluid model, one timer per rate change, never
@@ -77,6 +79,7 @@ class Copy:
     done: simpy.Event
     gate: simpy.Event | None = None
     on_start: Callable[[], None] | None = None
+    urgent: bool = False  # queued ahead of the non-urgent copies (PcieLink.copy)
     start_ns: int = -1
     end_ns: int = -1
     remaining: float = field(default=0.0, repr=False)
@@ -105,11 +108,19 @@ class PcieLink:
         self.log = log
 
     def copy(self, direction: str, label: str, nbytes: int, gbps: float,
-             gate: simpy.Event | None = None, on_start: Callable[[], None] | None = None) -> Copy:
+             gate: simpy.Event | None = None, on_start: Callable[[], None] | None = None,
+             urgent: bool = False) -> Copy:
         """Queue a copy; `gbps` is its large-copy rate from its source."""
         c = Copy(label=label, nbytes=nbytes, gbps=gbps * self.efficiency(nbytes),
                  done=self.env.event(), gate=gate, on_start=on_start)
         d = self.dirs[direction]
+        if urgent:
+            c.urgent = True
+            # Behind the urgent copies already waiting (their stream is FIFO too), ahead of the rest.
+            d.queue.insert(next((i for i, w in enumerate(d.queue) if not w.urgent), len(d.queue)), c)
+            if d.active is None:
+                self._start_next(d)  # a gated head no longer holds it back
+            return c
         d.queue.append(c)
         if d.active is None and not d.gated:
             self._start_next(d)

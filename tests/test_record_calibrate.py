@@ -51,6 +51,40 @@ def test_record_on_host_clock_writes_a_readable_training_trace(tmp_path: Path) -
     assert needs == {s.name for r in back.records for s in r.saved}
 
 
+def test_a_recorded_trace_needs_each_tensor_where_the_executor_first_unpacks_it() -> None:
+    """Same saves as the executor, and its first unpacks come record by record in the trace's
+    backward order: a storage saved again by a later kernel (the text context, saved by every
+    block's cross-attention) is needed at the last saver's mirror, where backward meets it."""
+    from engine.config import ActivationsConfig, PoolConfig
+    from engine.executor.activations import ActivationOffloader, KernelTracking, ResidentWeights
+    from engine.models import forward
+    from engine.policy.activations import build_activation_policy
+    from engine.policy.pool_sizing import step_questions
+
+    wl = SimpleNamespace(name="t", kind="train_lora", batch=1, video_tokens=16, audio_tokens=8, text_tokens=8,
+                         context_tokens=0, lora_rank=2)
+    spec = load_spec("tiny", wl)
+    inputs, weights = make_inputs(spec, wl), random_weights(spec)
+    timing = time_steps(spec, DictSource(spec, weights), inputs, HostClock(), lora=init_lora(spec, 2, seed=1),
+                        warmup=0, steps=1)
+    trace = build_trace(spec, timing, {"model": spec.name})
+    keep_all = ActivationsConfig(mode="watermark", high_watermark_mb=1e9, low_watermark_mb=1e9,
+                                 pool=PoolConfig([1.0], [1]), min_tensor_bytes=0)
+    off = ActivationOffloader(build_activation_policy(keep_all, spec.num_layers), keep_all, "cpu",
+                              weights=ResidentWeights(weights))
+    with off.step():
+        out = forward(spec, KernelTracking(DictSource(spec, weights), spec, off), inputs, init_lora(spec, 2, seed=1))
+        sum(o.float().pow(2).mean() for o in out.values()).backward()
+    off.close()
+    saves = [q for q in off.questions if q[0] == "save"]
+    assert saves == [q for q in step_questions(trace.records) if q[0] == "save"]
+    where = {n: i for i, r in enumerate(trace.records) for n in r.needs}
+    first_unpacks = [where[q[1]] for q in off.questions if q[0] == "unpack"]
+    assert len(first_unpacks) == len(saves) and first_unpacks == sorted(first_unpacks)
+    assert any(n not in {s.name for s in trace.records[2 * len(spec.kernels) - 1 - i].saved}
+               for i, r in enumerate(trace.records) if r.phase == "bwd" for n in r.needs)  # some saved again
+
+
 def _sim_copy_ns(hw: HardwareConfig, copies: list[tuple[str, int]]) -> int:
     """Copies started together on the simulator's link; ns until the last landed."""
     env = simpy.Environment()

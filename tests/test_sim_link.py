@@ -103,6 +103,34 @@ def test_gate_holds_the_queue() -> None:
     assert a.start_ns == 1000 and b.start_ns == a.end_ns
 
 
+def test_an_urgent_copy_passes_a_gated_head_and_waits_only_for_the_copy_in_progress() -> None:
+    env, link, _ = _link()
+    gate = env.event()
+    running = link.copy(H2D, "running", GB, 54.4)
+    held = link.copy(H2D, "held", GB, 54.4, gate=gate)  # a predictive restore whose spill is still out
+    urgent = link.copy(H2D, "urgent", GB // 100, 54.4, urgent=True)  # an on-demand restore
+    late = link.copy(H2D, "late", GB // 100, 54.4, urgent=True)
+
+    def open_gate():
+        yield env.timeout(100_000_000)
+        gate.succeed()
+
+    env.process(open_gate())
+    env.run()
+    assert urgent.start_ns == running.end_ns and late.start_ns == urgent.end_ns  # urgent ones in order
+    assert held.start_ns == 100_000_000  # the gate still holds it, nothing else
+
+
+def test_an_urgent_copy_starts_at_once_when_only_a_gated_head_waits() -> None:
+    env, link, _ = _link()
+    gate = env.event()
+    held = link.copy(H2D, "held", GB, 54.4, gate=gate)
+    urgent = link.copy(H2D, "urgent", GB // 100, 54.4, urgent=True)
+    env.process((lambda: (yield env.timeout(10**9)) or gate.succeed())())
+    env.run()
+    assert urgent.start_ns == 0 and held.start_ns == 10**9
+
+
 def test_pool_waits_fifo_until_frees() -> None:
     env = simpy.Environment()
     pool = DevicePool(env, 100)

@@ -169,7 +169,9 @@ def test_backward_incomplete(tmp_path: Path) -> None:
 
 
 def test_needs_and_duplicate_saves(tmp_path: Path) -> None:
-    assert "needs 'n:input', which a does not save" in _error(tmp_path, lambda o: o[6].update(needs=["n:input"]))
+    assert "needs 'n:input', which neither a nor an earlier forward record saves" in _error(
+        tmp_path, lambda o: o[6].update(needs=["n:input"]))
+    assert "needs 'input' a second time" in _error(tmp_path, lambda o: o[6].update(needs=["input", "input"]))
     msg = _error(tmp_path, lambda o: o[2].update(saved=[{"name": "input", "nbytes": 1, "layer": 0}]))
     assert msg.startswith("line 3 (n): saved tensor 'input' is saved twice")
 
@@ -185,3 +187,17 @@ def test_not_json(tmp_path: Path) -> None:
         f.write("{]\n")
     with pytest.raises(TraceError, match="line 1: header is not JSON"):
         read_trace(tmp_path / "x.gz")
+
+
+def test_a_tensor_saved_again_is_needed_at_its_last_savers_mirror(tmp_path: Path) -> None:
+    """A storage a later kernel saves again (the text context of every block) is unpacked first
+    where backward meets that later kernel: an earlier record's tensor may be needed there."""
+    path, objs = _lines(tmp_path)
+    first = next(o for o in objs[1:] if o["saved"])
+    name = first["saved"][0]["name"]
+    for o in objs[1:]:
+        if o["phase"] == "bwd":
+            o["needs"] = [n for n in o["needs"] if n != name]
+    objs[4]["needs"] = objs[4]["needs"] + [name]  # the first backward record: the last forward's mirror
+    trace = read_trace(_write(path, objs))
+    assert name in trace.records[3].needs
