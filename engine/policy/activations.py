@@ -19,7 +19,8 @@ ahead, in that order, while the saved bytes on the device stay at or under the
 low watermark. Backward frees the last layers' tensors first, so the restores
 of the oldest (spilled) ones start as soon as there is room for them instead
 of a few tensors before their use, when the H2D link can no longer hide them;
-the saved bytes never rise above what forward held.
+these restores never lift the saved bytes over the low watermark, and stop
+short of max_inflight_h2d.
 
 MB here is 1e6 bytes, as for the budget.
 """
