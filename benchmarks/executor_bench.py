@@ -69,8 +69,8 @@ from engine.policy import AccessOrder, Decision  # noqa: E402
 from engine.policy.weights import WeightResidency  # noqa: E402
 from engine.spec import build_spec, load_model_config  # noqa: E402
 from engine.weightfile import WeightFile, materialize  # noqa: E402
+from engine.units import MB
 
-MB = 1_000_000
 GiB = 1 << 30
 WORKLOAD = SimpleNamespace(name="infer", kind="infer", batch=1, video_tokens=6144, audio_tokens=128,
                            text_tokens=256, context_tokens=0, lora_rank=0)

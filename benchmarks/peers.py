@@ -68,11 +68,11 @@ from engine.executor import WeightExecutor, host_weights  # noqa: E402
 from engine.models import DictSource, forward, make_inputs, random_weights  # noqa: E402
 from engine.spec import ModelSpec, build_spec, load_model_config  # noqa: E402
 from engine.weightfile import WeightFile, materialize  # noqa: E402
+from engine.units import MB
 from executor_bench import access_order, choose_dir, h2d_gbps  # noqa: E402
 from soak import pinned_bytes  # noqa: E402
 from spec_module import SpecModule  # noqa: E402
 
-MB = 1_000_000
 GB = 1e9
 
 

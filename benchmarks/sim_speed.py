@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 from hydra import compose, initialize_config_dir  # noqa: E402
 
 from engine.config import register  # noqa: E402
-from engine.plan import budget_bytes  # noqa: E402
+from engine.units import budget_bytes  # noqa: E402
 from engine.policy import Decision  # noqa: E402
 from engine.policy.weights import WeightResidency  # noqa: E402
 from engine.spec import build_spec  # noqa: E402

@@ -66,8 +66,8 @@ from engine.errors import ExecutorError  # noqa: E402
 from engine.executor import WeightExecutor, host_weights, make_backend  # noqa: E402
 from engine.models import DictSource, forward, make_inputs  # noqa: E402
 from engine.weightfile import WeightFile, materialize  # noqa: E402
+from engine.units import MB
 
-MB = 1_000_000
 CHECKPOINTS = (1, 10, 50, 100, 200)
 SETTLED = 10  # drift is measured from this step (the first steps fill the pool and warm allocators)
 

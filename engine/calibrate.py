@@ -36,8 +36,8 @@ from typing import Any, Iterable, Sequence
 
 from engine.errors import ConfigError, TraceError
 from engine.trace import Trace, read_trace
+from engine.units import MIB
 
-MIB = 1 << 20
 RIDGE = 100.0  # FLOP per byte above which a kernel counts as compute-bound
 LARGE_COPY = 64 * MIB
 BLOCKED = 10

@@ -10,12 +10,9 @@ from dataclasses import dataclass
 
 from engine.policy import AccessOrder
 from engine.policy.weights import EVICTIONS, Floor, ResidencySummary, floor, residency_summary
+from engine.units import budget_bytes
 
-MB = 1_000_000  # budgets are decimal megabytes, as GPU memory is quoted
 
-
-def budget_bytes(budget_mb: float | None) -> int | None:
-    return None if budget_mb is None else int(round(budget_mb * MB))
 
 
 @dataclass(frozen=True)

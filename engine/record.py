@@ -45,6 +45,7 @@ from engine.errors import ExecutorError
 from engine.spec import ModelSpec, SavedTensor
 from engine.trace import (BACKWARD_FLOPS_FACTOR, BACKWARD_SUFFIX, FORMAT, VERSION, ExecutionTimePredictor,
                           KernelRecord, Trace, check_trace, write_trace)
+from engine.units import MIB
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,6 @@ TIMED_STEPS = 5
 HOLD_FACTOR = 1.5
 FIRST_HOLD_NS = 50_000_000
 CYCLES_PER_NS = 2
-MIB = 1 << 20
 PROBE_SIZES = (4096, 65536, MIB, 4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB)
 PROBE_BYTES = 1 << 30  # per size and direction: enough repeats to average out event resolution
 PROBE_REPEATS = 5
@@ -523,7 +523,8 @@ def _plain(node: Any) -> Any:
 
 def record(cfg: Any, spec: ModelSpec, out_dir: str | Path) -> tuple[Path, Trace]:
     """Record one step of `spec` under cfg.workload; writes out_dir/trace.jsonl."""
-    from engine.executor.execute import _weight_file, budget_bytes
+    from engine.executor.execute import _weight_file
+    from engine.units import budget_bytes
     from engine.models import DictSource, init_lora, make_inputs
     from engine.weightfile import WeightFile
 

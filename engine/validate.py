@@ -36,9 +36,9 @@ from engine.config import ActivationsConfig, HardwareConfig, PoolConfig, Weights
 from engine.errors import ConfigError, TraceError
 from engine.policy.pool_sizing import exact_pool, step_questions
 from engine.trace import Trace
+from engine.units import MB
 
 MEASUREMENTS = "offload-engine-measurements"
-MB = 1_000_000
 BUDGET_FRACTIONS = (0.35, 0.6)
 EVICTIONS = ("lru", "belady", "priority")
 LOOKAHEADS = (1, 4)

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import simpy
+from engine.units import MIB
 
 H2D = "h2d"
 D2H = "d2h"
-MIB = 1 << 20
 
 
 def source_gbps(hardware: Any, source: str) -> float:

@@ -83,9 +83,9 @@ from engine.policy import KEEP_STEPS, ActivationPolicy, Decision, Question, ask,
 from engine.policy.activations import WatermarkPolicy, mb_to_bytes, validate_caps
 from engine.policy.sync import SyncDictPolicy
 from engine.spec import ModelSpec
+from engine.units import MB
 
 Tensor = torch.Tensor
-MB = 1_000_000
 # A compute-stream wait on a restore shorter than this is the two timing
 # events' own cost, not a stall.
 STALL_MIN_MS = 0.01

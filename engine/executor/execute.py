@@ -24,16 +24,13 @@ from engine.policy import AccessOrder
 from engine.policy.weights import WeightResidency
 from engine.spec import ModelSpec
 from engine.weightfile import WeightFile, materialize
+from engine.units import budget_bytes
 
 log = logging.getLogger(__name__)
 
-MB = 1_000_000
 TEMP_FILE_MAX_BYTES = 2_000_000_000  # models up to this size get a temporary weight file
 REFERENCE_FRACTION = 0.6  # the reference runs all resident when the model takes under this much free memory
 
-
-def budget_bytes(budget_mb: float | None) -> int | None:
-    return None if budget_mb is None else int(round(budget_mb * MB))
 
 
 def run_materialize(cfg: Any, spec: ModelSpec, out_path: str | Path) -> dict:

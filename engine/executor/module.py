@@ -31,8 +31,8 @@ from engine.errors import ExecutorError
 from engine.executor.runtime import WeightExecutor
 from engine.executor.sources import pack
 from engine.policy import AccessOrder
+from engine.units import MB
 
-MB = 1_000_000  # budgets are decimal megabytes, as in the config
 
 # Tensor properties that read metadata, not data: reading them outside the
 # owning module does not need the weight on the device.

@@ -36,7 +36,8 @@ import torch
 
 from engine.errors import ExecutorError
 from engine.executor.activations import ActivationOffloader, KernelTracking
-from engine.executor.execute import REFERENCE_FRACTION, _device, _weight_file, budget_bytes
+from engine.executor.execute import REFERENCE_FRACTION, _device, _weight_file
+from engine.units import budget_bytes
 from engine.executor.runtime import WeightExecutor, make_backend
 from engine.executor.sources import host_weights
 from engine.models import DictSource, forward, init_lora, make_inputs
@@ -46,9 +47,9 @@ from engine.policy.weights import WeightResidency
 from engine.spec import ModelSpec
 from engine.trace import BACKWARD_SUFFIX
 from engine.weightfile import WeightFile
+from engine.units import MB
 
 Tensor = torch.Tensor
-MB = 1_000_000
 # The adapters move between steps (a real training loop), small enough that
 # bf16 LoRA weights stay at sane scales over a few steps.
 LEARNING_RATE = 1e-3

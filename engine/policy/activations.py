@@ -32,8 +32,8 @@ from typing import Any, Callable, Sequence
 
 from engine.errors import ConfigError
 from engine.policy import ActivationPolicy, Decision
+from engine.units import MB
 
-MB = 1_000_000
 
 
 def mb_to_bytes(mb: float) -> int:

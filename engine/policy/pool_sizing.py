@@ -23,8 +23,8 @@ from typing import Any, Iterable, Sequence
 
 from engine.errors import ConfigError
 from engine.policy import Question, ask
+from engine.units import MB
 
-MB = 1_000_000
 
 
 def step_questions(records: Iterable[Any]) -> list[Question]:

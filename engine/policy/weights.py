@@ -47,8 +47,8 @@ from typing import Callable, Container, Iterable, Mapping, Protocol
 
 from engine.errors import BelowFloorError, ConfigError
 from engine.policy import AccessOrder, Decision
+from engine.units import MB
 
-MB = 1_000_000
 
 
 def _reads(order: AccessOrder, position: int) -> tuple[str, ...]:
