@@ -16,32 +16,7 @@ Measures, with CUDA events after warm-up (medians, random bf16 weights):
   are under the budget (fragmentation)?
 Writes bench.json next to --out and prints a table last.
 
-Measured 2026-11-22 on the lent H100 80GB HBM3 (PCIe Gen5, torch 2.11+cu130,
-cuda-bindings 13.3.1), `python3 benchmarks/executor_bench.py`: LTX-2, 48 blocks,
-37.75 GB bf16, 6144 video + 128 audio + 256 text tokens, lookahead 2, the
-weight file in /dev/shm (tmpfs: a page-cache-warm mapping; disk not timed),
-registered; H2D 54.8 GB/s from the mapping; all resident 361.0 ms.
-
-| eviction | budget MB | step ms | streamed GB/step | PCIe floor ms | target ms | vs target |
-|---|---|---|---|---|---|---|
-| belady | 8000 | 661.6 | 29.78 | 543.5 | 543.5 | +21.7% |
-| belady | 16000 | 577.9 | 21.78 | 397.5 | 397.5 | +45.4% |
-| belady | 24000 | 493.7 | 13.78 | 251.5 | 361.0 | +36.8% |
-| lru | 8000 | 699.7 | 37.75 | 689.1 | 689.1 | +1.5% |
-| lru | 16000 | 696.4 | 37.75 | 689.1 | 689.1 | +1.1% |
-| lru | 24000 | 699.5 | 37.75 | 689.1 | 689.1 | +1.5% |
-| priority | 8000 | 553.5 | 30.23 | 551.7 | 551.7 | +0.3% |
-| priority | 16000 | 408.1 | 22.30 | 407.0 | 407.0 | +0.3% |
-| priority | 24000 | 363.0 | 14.24 | 259.9 | 361.0 | +0.6% |
-| belady, lookahead 8 | 16000 | 541.9 | 21.77 | 397.4 | 397.4 | +36.4% |
-| budget = model size | 37753 | 357.1 | 0 | 0 | 361.0 | -1.1% |
-
-Every run's outputs were bitwise equal to the all-resident forward. Belady with
-its decisions replayed (no policy host cost) ran the same, so the gap is in
-the decisions: Belady evicts the weights read just before the previous kernel,
-so each prefetch waits for the compute stream to finish that kernel and the
-copy stream runs only ~3 kernels ahead; LRU and priority evict weights read
-long ago and keep the copy engine busy.
+Results: benchmarks/results/executor-h100-2026-11-22.md.
 """
 from __future__ import annotations
 

@@ -9,16 +9,7 @@ Each case: 20 warm-up calls, then 100 calls timed with perf_counter on the host 
 us/call) and to the end of the GPU work after a synchronize (total us/call). The shapes
 are the LTX-2 step's at 6144 video tokens with 2048-wide weights and a rank-32 LoRA A.
 
-Measured on the lent H100 (torch 2.11.0+cu130), 2026-11-23, one process per setting
-(this code, run as a scratch script before it was committed), host us/call:
-    CUBLAS_WORKSPACE_CONFIG=:4096:8, default  linear 81.3, linear+bias 175.1, lora_A 66.1, mm2d 61.6
-                                     cublas   linear 79.6, linear+bias 202.1, lora_A 79.8, mm2d 83.8
-                                     cublaslt linear 129.3, linear+bias 137.2, lora_A 127.0, mm2d 134.8
-    unset,                           default  linear 53.6, linear+bias 139.1, lora_A 52.4, mm2d 55.0
-                                     cublas   linear 99.5, linear+bias 164.9, lora_A 61.1, mm2d 65.9
-                                     cublaslt linear 127.1, linear+bias 125.2, lora_A 126.1, mm2d 138.7
-A matmul without bias: 52-100 us of host time through cuBLAS (125-139 through cuBLASLt),
-where pytorch/pytorch#161822 measures ~8.5 us for a 512x512 bf16 matmul elsewhere.
+Results: benchmarks/results/matmul-host-cost-h100-2026-11-23.md.
 """
 from __future__ import annotations
 

@@ -31,16 +31,7 @@ save_on_cpu(pin_memory=True).
 
 Writes bench.json (versions, GPU, date, every row) under --out and prints a markdown table last.
 
-Measured 2026-11-22 on the lent H100 80GB HBM3, torch 2.11.0+cu130, diffusers 0.42.1,
-accelerate 1.15.0, `python benchmarks/peers.py --out $OUT` (242 s): LTX-2 48 blocks, resident
-356.5 ms, PCIe floor 686.5; ours priority 573.8 / 436.0 / 374.3 ms at 8000 / 16000 / 24000 MB,
-belady 677.5 / 585.5 / 500.2, lru 777.6 / 735.0 / 755.7; wrapper resident 376.5; diffusers
-block-level 1371.6 (peak 2.97 GB), leaf-level 1158.6 (0.87 GB); accelerate cpu_offload 2198.1.
-Every output bitwise equal to the resident one. FLUX.1-dev 57 blocks: resident 137.1, floor
-437.1, ours belady 327.5 / 216.8 at 8000 / 16000, priority 310.8 at 8000 (priority @16000 and
-lru @8000/@16000 refused by the capped pool: fragmentation), diffusers block 581.6, leaf 612.3,
-accelerate 990.6. Training (8 blocks): off 228.9 ms, watermark tuned +44.0%, sync K=3 tuned
-+54.9%, save_on_cpu +364.5%. Table in README.md, "Benchmarks against peers".
+Results: benchmarks/results/peers-h100-2026-11-23.md.
 """
 from __future__ import annotations
 

@@ -6,21 +6,13 @@ torch.profiler traces of single steps (Chrome JSON, gzipped) to see where the co
 
 The step is train_bench's (8 LTX-2 blocks, 16384 video tokens, LoRA rank 32, weights resident),
 the rows are mode=validate's training grid rows built from the shipped recording
-(engine.validate.activations_config: the watermarks as fractions of the trace's saved bytes,
-the exact pinned pool), each with restore_within_low_watermark on (`wm08`) or off (`wm08_old`).
+(the watermarks as fractions of the trace's saved bytes, the exact pinned pool), each with
+restore_within_low_watermark on (`wm08`) or off (`wm08_old`).
 Each row: median of 5 steps after 2 warm-up (train_bench.run_row); stall and finalize waits from
 the offloader's telemetry. In each profiled step, the compute stream's idle gaps over 1 ms and
 the copies' spans are printed (`--gap-ms`); open the traces in chrome://tracing or Perfetto.
 
-Measured on the lent H100 (torch 2.11, cu130), 2026-11-23, two device calls (fresh machines):
-before on-demand restores had a stream of their own (the working tree between 49250ff and
-e91ac03): off 549.3 ms; wm08_old 603.7 (stall 47.8 ms), wm08 602.1 (51.1); wm06_old 698.0
-(82.8), wm06 704.8 (90.1); sync2 556.1. Profiles: one compute-stream gap of 35.2 ms (wm08_old)
-and 52.2 ms (wm08) at backward's start, ending as the D2H spill backlog drained and the first
-restore landed. After (e91ac03): wm08_old 561.8 ms, wm08 563.4, wm06 658.0, every stall 0.0.
-Those runs used this script's scratch form (the same rows, steps and profiler calls); this
-tidied form was not run on the GPU (the session's device time was spent); its gap analysis
-was checked on the CPU against the saved wm08_old profile (35.19 ms, as above).
+Results: benchmarks/results/restore-profile-h100-2026-11-23.md.
 """
 from __future__ import annotations
 

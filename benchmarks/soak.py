@@ -21,31 +21,7 @@ decisions logged; then each phase's drift from step 10 to the last, and
 whether the outputs at every checkpoint were bitwise the all-resident forward.
 A pool refusal ends the phase and is printed with the books at that step.
 
-Measured 2026-11-22 on the lent H100 80GB HBM3 (torch 2.11+cu130), before
-relocation: neither budget reached 200 steps (8 LTX-2 blocks, belady): the
-pool's reserve crept up every step until it refused a block under its cap in
-step 14 (budget 40%) / 22 (60%).
-
-Measured 2026-11-23, same GPU, with freed blocks kept by exact size and a
-relocation on each refusal under the budget (engine/executor/cuda.py), `python3
-benchmarks/soak.py --steps 200 --blocks 8 --budget-fraction F --eviction E`
-(6.87 GB bf16, 630 weights, 308 kernels, lookahead 2, 6144 video tokens, the
-file in /dev/shm). Every run reached 200 steps with outputs bitwise the
-all-resident forward at every checkpoint; live blocks, registered ranges (1,
-6.87 GB) and torch's pinned bytes did not grow; pool used bytes ended at or
-under step 10's.
-
-| budget | eviction | ms / step | relocations in 200 steps (as shipped / logs trimmed) | RSS drift 10->200, as shipped / trimmed |
-|---|---|---|---|---|
-| 2747 MB (F=0.4) | belady | 110.3 | 10 / 10 (25.8 GB copied in again) | +12.7 / +8.4 MB |
-| 4120 MB (F=0.6) | belady | 111.6 | 22 / 15 | +43.4 / +0.9 MB (logs kept in full then) |
-| 2747 MB (F=0.4) | priority | 98.9 | 1 / 0 | +25.5 / +0.0 MB (logs kept in full then) |
-| 2747 MB (F=0.4) | lru | 155.5 | 10 / 9 | +68.6 / +3.3 MB (logs kept in full then) |
-
-"As shipped" now keeps the last KEEP_STEPS (16) steps of decisions and
-telemetry (engine/policy/__init__.py); the belady F=0.4 row is with that window
-(+12.7 MB, Python objects +10k: the window filling from 10 to 16 steps); the
-other rows were measured before it, with every decision kept (~0.25 MB a step).
+Results: benchmarks/results/soak-h100-2026-11-23.md.
 """
 from __future__ import annotations
 

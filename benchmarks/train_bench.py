@@ -28,66 +28,8 @@ step). Each offloaded row's slab pool is sized exactly from the recorded step:
 one class per spilled size, as many slabs as the policy books at once (no
 misses, no rounding). The table is printed last; --out writes every row as JSON.
 
-Measured on the lent H100 (torch 2.11, cu130), 2026-11-22, after the offloader
-stopped cyclic GC inside a step (GC passes set off by the hooks' bookkeeping
-were most of the keep-all row's former ~190 ms) and checks Parameter by
-issubclass. Run A: `CUBLAS_WORKSPACE_CONFIG=:4096:8 python benchmarks/train_bench.py
---spill-factors 1.5,2 --sync-layers 5,6 --profile`; run B (another fresh
-machine, 110 s limit, stopped before its save_on_cpu row): `--spill-factors 1.5
---sync-layers 6 --profile`, with torch.profiler on one spilling step.
-
-    run A                       step ms  overhead  peak GB  -peak  spilled GB
-    off                           524      0        33.76     0        0
-    keep-all (hooks only)         545     +4.1%     34.05   -0.8%      0
-    watermark S=6.6 GB default    900    +71.8%     27.66   18.1%     7.07
-    watermark S=6.6 GB tuned      752    +43.6%     29.89   11.5%     7.07
-    watermark S=8.8 GB tuned      846    +61.5%     27.79   17.7%     9.25
-    sync K=5 default              979    +86.9%     29.14   13.7%     6.05
-    sync K=5 tuned                800    +52.8%     29.43   12.9%     6.05
-    sync K=6 tuned                753    +43.8%     28.49   15.6%     7.27
-    save_on_cpu(pin_memory)      2316   +342%       16.62   50.8%       -
-    run B: off 504, keep-all 606 (+20%), watermark S=6.6 GB default 784 / tuned
-    673 (+33.5%, -12.8%), sync K=6 default 896 / tuned 781 (+55%, -17.3%).
-    The day before (the previous code): off 540, keep-all 731, watermark S=6.6 GB
-    tuned 788 (-14.6%), sync K=6 tuned 720 (-15.6%).
-
-The hooks' own cost (keep-all against off) fell from ~190 ms a step to 21 ms
-(run A) - 100 ms (run B: the same rows move by 50-100 ms between fresh machines;
-the step is host-bound, 296 ms of GPU kernels in a ~520 ms step). A keep-all step
-now runs one gen-0 collection (1.5 ms) instead of tens. The spilling rows still
-cost +33-55% at the Stagehand-like -13..-17%: no host waits on copies (the tuned
-rows' finalize waits are 0, no stall is measured, no cudaMalloc retries, the same
-~15 cudaMallocs a step as the off row), and torch.profiler shows no blocking
-copy or synchronize on the host in a spilling step; the extra time is in the
-compute ops' own host time (aten::mm 279 ms self CPU under the profiler), which
-this benchmark does not explain yet. The <=3% target is not met; save_on_cpu
-is 4.4x the off step. max |dgrad| was 6.1e-05 in every row, the no-offload row's
-own step-to-step spread (cuDNN attention is not deterministic).
-
-2026-11-23, same GPU, `--layers 8 --spill-factors 1.5 --sync-layers 3 --warmup 2 --steps 5
---no-save-on-cpu`, two processes on one machine, the second with restored tensors allocated on
-the compute stream instead of record_stream: off 275.2 / 247.0 ms, keep-all +17.3% / +32.2%,
-watermark S=3.4 GB tuned +50.9% / +60.1% (-10.1% peak), sync K=3 tuned +12.2% / +64.1% (-16.6%
-peak). Every row is host-bound (host ms = step ms) and the unchanged off row moved by 10%
-between the processes, so the variant showed nothing beyond that noise and was not kept;
-sync K=3 tuned at +12.2% is the lowest spilling overhead measured so far.
-
-2026-11-23, later: why the 6144-token rows are host-bound. torch.profiler on the lent H100:
-aten::mm takes 88 us of host time a call (1302 calls a step of 8 blocks), addmm 216 us,
-against ~16 us for an elementwise op; one 6144x2048x2048 bf16 F.linear costs 52-100 us of host
-time there (cuBLAS's host path on this machine), while the 8-block step's kernels total 146 ms
-of GPU time. At 16384 video tokens the GPU is the bottleneck (host 438 ms, step 549 ms) and the
-hooks' host cost hides: `--layers 8 --video-tokens 16384 --spill-factors 1,1.5 --sync-layers 2,3
---warmup 2 --steps 5` gave keep-all +1.8% / -0.0%, sync K=2 with 64 copies in flight +1.6% /
-+1.4% / +2.2% at -16.1% peak in three runs, save_on_cpu +281% / +303% (-70.6%). Defaults
-changed after these runs (64 copies in flight, the exact pool, watermark spills freed once
-their D2H has read them); `python benchmarks/peers.py --models ''` then measured the table in
-the README (sync K=2 +1.9% at -16.9%, watermark +7.9% at -12.2%, save_on_cpu +311.9%).
-
-2026-11-23, 13:42 UTC, after on-demand restores got a stream of their own (the watermark rows'
-stall was the text context's on-demand restore queued behind predictive restores waiting for
-the spill backlog), the same command: off 552.0 ms, watermark S=4.5 GB +1.3% (-11.8% peak),
-S=6.7 GB +4.0% (-17.7%), sync K=2 +3.4% (steps 556-574 ms), sync K=3 +6.6%, save_on_cpu +283.6%.
+Results: benchmarks/results/train-bench-h100-2026-11-23.md (and the peers run of these rows,
+peers-h100-2026-11-23.md).
 """
 from __future__ import annotations
 
