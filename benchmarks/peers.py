@@ -227,7 +227,7 @@ class Bench:
         try:
             t = time.perf_counter()
             ex = WeightExecutor(access_order(spec), self.tensors, budget_bytes=budget_mb * MB, eviction=eviction,
-                                lookahead=self.args.lookahead, backend="cuda" if dev.type == "cuda" else "host")
+                                lookahead=self.args.lookahead, backend="cuda" if dev.type == "cuda" else "cpu")
             setup = time.perf_counter() - t
 
             def step() -> dict:

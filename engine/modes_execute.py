@@ -15,7 +15,7 @@ from engine.errors import BelowFloorError, ConfigError
 from engine.modes import _report, _simulate, prediction_md
 from engine.report import fmt_bytes, plan_md, table
 
-HOST_BACKEND_NOTE = ("note: weights.backend=host is the test backend (device memory is a capped host arena, "
+CPU_BACKEND_NOTE = ("note: weights.backend=cpu is the test backend (device memory is a capped host arena, "
                      "copies run on the CPU): its control path is the real one, its timings are not a GPU's")
 
 # Quantities both sides know, in the order a user reads them: (label, key, unit).
@@ -101,8 +101,8 @@ def execute_mode(job: Job) -> Outcome:
         floor = job.plan.floor
         raise BelowFloorError(job.plan.budget_bytes, floor.bytes, tuple(floor.kernels))
     training = cfg.workload.kind == "train_lora"
-    if cfg.weights.backend == "host":
-        print(HOST_BACKEND_NOTE, file=sys.stderr)
+    if cfg.weights.backend == "cpu":
+        print(CPU_BACKEND_NOTE, file=sys.stderr)
     result = _simulate(job, allow_below_floor=False)
     pred = result.prediction
     if training:

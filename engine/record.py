@@ -507,11 +507,11 @@ def copy_stream_beside(alone_ns: int, device: torch.device) -> Callable[[], None
 
 
 def _device(backend: str) -> torch.device:
-    if backend == "host":
+    if backend == "cpu":
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise ExecutorError("mode=record needs a CUDA GPU and none is visible; predict without one with "
-                            "mode=simulate (or weights.backend=host to exercise the recorder on the CPU)")
+                            "mode=simulate (or weights.backend=cpu to exercise the recorder on the CPU)")
     return torch.device("cuda", torch.cuda.current_device())
 
 

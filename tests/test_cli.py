@@ -92,12 +92,12 @@ def test_below_floor_names_the_exact_minimum(run_cli):
     assert "use budget=" in line and "blocks." in line
 
 
-# Small token counts keep the host backend's CPU forward fast in CI.
+# Small token counts keep the cpu backend's CPU forward fast in CI.
 SMALL = ("workload.video_tokens=64", "workload.audio_tokens=16", "workload.text_tokens=8")
 
 
 def test_execute_on_the_host_backend_matches_its_prediction(run_cli, tmp_path):
-    r = run_cli("+model=tiny", "mode=execute", "weights.backend=host", "budget=2", "sim.timeline=false", *SMALL)
+    r = run_cli("+model=tiny", "mode=execute", "weights.backend=cpu", "budget=2", "sim.timeline=false", *SMALL)
     assert r.returncode == 0, r.stderr
     assert "test backend" in r.stderr and "Measured beside predicted" in r.stdout
     report = json.loads((tmp_path / "run" / "report.json").read_text())
@@ -114,7 +114,7 @@ def test_execute_on_the_host_backend_matches_its_prediction(run_cli, tmp_path):
 
 
 def test_execute_refuses_below_the_floor_before_touching_memory(run_cli, tmp_path):
-    line = _one_line_error(run_cli("+model=tiny", "mode=execute", "weights.backend=host", "budget=0.3"))
+    line = _one_line_error(run_cli("+model=tiny", "mode=execute", "weights.backend=cpu", "budget=0.3"))
     assert "under the floor of 0.462 MB" in line and "use budget=1 or more" in line
     assert not (tmp_path / "run" / "telemetry.jsonl").exists()
 
@@ -135,7 +135,7 @@ def test_materialize_writes_a_file_execute_can_run_and_never_overwrites(run_cli,
     assert r.returncode == 0, r.stderr
     assert out.stat().st_size > 3_773_248 and f"weights.file={out}" in r.stdout
     assert not list(out.parent.glob("*.partial"))
-    run = run_cli("+model=tiny", "mode=execute", "weights.backend=host", f"weights.file={out}", "budget=2",
+    run = run_cli("+model=tiny", "mode=execute", "weights.backend=cpu", f"weights.file={out}", "budget=2",
                   "sim.timeline=false", *SMALL, f"hydra.run.dir={tmp_path}/exec")
     assert run.returncode == 0, run.stderr
     assert json.loads((tmp_path / "exec" / "report.json").read_text())["measurement"]["weights_file"] == str(out)

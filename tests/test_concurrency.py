@@ -1,6 +1,6 @@
 """Concurrency: a second forward on a busy executor fails at once (and leaves the
 first one's run intact); executors and offloaded modules with separate pools
-run side by side, also from two threads at once. Host backend in CI, CUDA on a
+run side by side, also from two threads at once. The cpu backend in CI, CUDA on a
 GPU (`cuda` marker).
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ STEPS = 3
 WAIT_S = 20  # the most any thread here waits for another; a failure "at once" takes milliseconds
 
 
-@pytest.fixture(scope="module", params=["host", GPU])
+@pytest.fixture(scope="module", params=["cpu", GPU])
 def env(request):
     backend = request.param
     if backend == "cuda":

@@ -1,4 +1,4 @@
-"""The executor on the host backend: bitwise outputs, decision parity, the cap, and every loud failure."""
+"""The executor on the cpu backend: bitwise outputs, decision parity, the cap, and every loud failure."""
 from __future__ import annotations
 
 import json
@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from engine.errors import BelowFloorError, ExecutorError
 from engine.executor import WeightExecutor, host_weights, make_backend, run_execute
-from engine.executor.host import HostBackend
+from engine.executor.cpu import CpuBackend
 from engine.models import DictSource, forward, make_inputs
 from engine.policy import AccessOrder
 from engine.policy.weights import WeightResidency, floor
@@ -62,7 +62,7 @@ def test_bitwise_outputs_parity_and_cap(tiny, eviction, lookahead):
     fl = floor(tiny.order, lookahead).bytes
     for budget in (fl, fl + 40_000, 2 * fl, None):
         ex = WeightExecutor(tiny.order, tiny.wf.tensors(), budget_bytes=budget, eviction=eviction,
-                            lookahead=lookahead, backend="host")
+                            lookahead=lookahead, backend="cpu")
         outs = run_steps(tiny, ex)
         for out in outs:
             assert out.keys() == tiny.reference.keys()
@@ -78,7 +78,7 @@ def test_bitwise_outputs_parity_and_cap(tiny, eviction, lookahead):
 def test_telemetry_counts_match_the_log(tiny):
     budget = 2 * floor(tiny.order, 2).bytes
     ex = WeightExecutor(tiny.order, tiny.wf.tensors(), budget_bytes=budget, eviction="belady", lookahead=2,
-                        backend="host")
+                        backend="cpu")
     run_steps(tiny, ex)
     rows = ex.telemetry()
     assert [r["step"] for r in rows] == [0, 1, 2]
@@ -92,7 +92,7 @@ def test_telemetry_counts_match_the_log(tiny):
         assert r["step_ms"] > 0
         assert 0 < r["peak_resident_bytes"] <= budget
     # all resident: nothing is copied after the first step
-    ex = WeightExecutor(tiny.order, tiny.wf.tensors(), budget_bytes=None, backend="host")
+    ex = WeightExecutor(tiny.order, tiny.wf.tensors(), budget_bytes=None, backend="cpu")
     run_steps(tiny, ex)
     assert [r["h2d_bytes"] for r in ex.telemetry()] == [tiny.spec.model_bytes, 0, 0]
 
@@ -100,7 +100,7 @@ def test_telemetry_counts_match_the_log(tiny):
 @pytest.mark.parametrize("source", ["pinned", "mmap_registered", "mmap", "pageable"])
 def test_every_host_source_gives_the_same_outputs(tiny, source):
     budget = floor(tiny.order, 2).bytes
-    backend = HostBackend(budget)
+    backend = CpuBackend(budget)
     host = host_weights(tiny.wf, source, backend)
     assert bool(backend.registered) == (source == "mmap_registered")
     ex = WeightExecutor(tiny.order, host.tensors, budget_bytes=budget, backend=backend)
@@ -114,14 +114,14 @@ def test_every_host_source_gives_the_same_outputs(tiny, source):
 def test_below_floor_fails_at_init_with_the_exact_minimum(tiny):
     fl = floor(tiny.order, 2).bytes
     with pytest.raises(BelowFloorError, match=rf"use budget={-(-fl // 10**6)} or more") as err:
-        WeightExecutor(tiny.order, tiny.wf.tensors(), budget_bytes=fl - 1, backend="host")
+        WeightExecutor(tiny.order, tiny.wf.tensors(), budget_bytes=fl - 1, backend="cpu")
     assert err.value.floor_bytes == fl
     assert f"{fl / 1e6:.3f} MB" in str(err.value)
 
 
 def executor(tiny, **kw) -> WeightExecutor:
     kw.setdefault("budget_bytes", 2 * floor(tiny.order, 2).bytes)
-    return WeightExecutor(tiny.order, tiny.wf.tensors(), backend="host", **kw)
+    return WeightExecutor(tiny.order, tiny.wf.tensors(), backend="cpu", **kw)
 
 
 def test_out_of_order_fetch_names_the_first_divergent_kernel(tiny):
@@ -194,7 +194,7 @@ def test_concurrent_execute_fails_at_once(tiny):
 
 
 def test_arena_refuses_over_the_cap_and_double_frees():
-    arena = HostBackend(1000)
+    arena = CpuBackend(1000)
     a = arena.alloc(600)
     with pytest.raises(ExecutorError, match="host arena refused 500 bytes: 600 in use of a cap of 1000"):
         arena.alloc(500)
@@ -206,7 +206,7 @@ def test_arena_refuses_over_the_cap_and_double_frees():
 
 def test_an_arena_smaller_than_the_budget_fails_loudly(tiny):
     budget = 2 * floor(tiny.order, 2).bytes
-    ex = WeightExecutor(tiny.order, tiny.wf.tensors(), budget_bytes=budget, backend=HostBackend(budget // 2))
+    ex = WeightExecutor(tiny.order, tiny.wf.tensors(), budget_bytes=budget, backend=CpuBackend(budget // 2))
     with pytest.raises(ExecutorError, match="host arena refused"):
         run_steps(tiny, ex, steps=1)
 
@@ -215,10 +215,10 @@ def test_host_tensors_must_match_the_order(tiny):
     host = dict(tiny.wf.tensors())
     host.pop("proj_in.bias")
     with pytest.raises(ExecutorError, match="no host tensor for weight proj_in.bias"):
-        WeightExecutor(tiny.order, host, budget_bytes=None, backend="host")
+        WeightExecutor(tiny.order, host, budget_bytes=None, backend="cpu")
     host["proj_in.bias"] = torch.zeros(3, dtype=torch.bfloat16)
     with pytest.raises(ExecutorError, match="proj_in.bias is 6 bytes on the host"):
-        WeightExecutor(tiny.order, host, budget_bytes=None, backend="host")
+        WeightExecutor(tiny.order, host, budget_bytes=None, backend="cpu")
     with pytest.raises(ExecutorError, match="weights.backend='tpu'"):
         make_backend("tpu", 10, 1)
 
@@ -235,7 +235,7 @@ def test_any_order_runs_with_parity_under_the_cap(sizes, reads, extra, lookahead
                         {n: 4 * s for n, s in zip(names, sizes)})
     host = {n: torch.arange(order.sizes[n] // 4, dtype=torch.float32) + i for i, n in enumerate(names)}
     budget = floor(order, lookahead).bytes + extra
-    ex = WeightExecutor(order, host, budget_bytes=budget, eviction=eviction, lookahead=lookahead, backend="host")
+    ex = WeightExecutor(order, host, budget_bytes=budget, eviction=eviction, lookahead=lookahead, backend="cpu")
     for _ in range(3):
         with ex.step():
             for i in range(len(order)):
@@ -246,7 +246,7 @@ def test_any_order_runs_with_parity_under_the_cap(sizes, reads, extra, lookahead
 
 
 def cfg(**weights):
-    base = {"eviction": "belady", "lookahead": 2, "source": "mmap_registered", "file": None, "backend": "host"}
+    base = {"eviction": "belady", "lookahead": 2, "source": "mmap_registered", "file": None, "backend": "cpu"}
     return OmegaConf.create({"weights": {**base, **weights}, "workload": WORKLOAD, "budget": 1.0, "seed": 0})
 
 
@@ -289,5 +289,5 @@ def test_run_execute_refuses_a_trace_of_another_model(tiny, tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given without a GPU")
 def test_run_execute_without_a_gpu_says_what_to_do(tiny, tmp_path):
-    with pytest.raises(ExecutorError, match=r"no CUDA device; use mode=simulate \(or weights.backend=host"):
+    with pytest.raises(ExecutorError, match=r"no CUDA device; use mode=simulate \(or weights.backend=cpu"):
         run_execute(cfg(backend="cuda", file=str(tiny.path)), tiny.spec, _Trace(tiny.order), tmp_path)

@@ -1,4 +1,4 @@
-"""offload() on plain torch modules (host backend): bitwise outputs, restore, and its loud failures."""
+"""offload() on plain torch modules (cpu backend): bitwise outputs, restore, and its loud failures."""
 from __future__ import annotations
 
 import threading
@@ -62,7 +62,7 @@ def make(**kw) -> tuple[Net, torch.Tensor, torch.Tensor]:
 def test_offload_matches_bitwise_and_restores(eviction, budget_mb):
     net, x, ref = make()
     before = {n: p.detach().clone() for n, p in net.named_parameters()}
-    h = engine.offload(net, budget_mb=budget_mb, example_inputs=(x,), eviction=eviction, backend="host")
+    h = engine.offload(net, budget_mb=budget_mb, example_inputs=(x,), eviction=eviction, backend="cpu")
     assert h.order.kernels[:2] == ("embed", "blocks.0.norm")
     assert "unused" not in h.order.kernels
     assert set(h.resident_params) == {f"blocks.{i}.gain" for i in range(4)}
@@ -82,7 +82,7 @@ def test_offload_matches_bitwise_and_restores(eviction, budget_mb):
 
 def test_decision_parity_with_a_bare_policy():
     net, x, _ = make()
-    h = engine.offload(net, budget_mb=0.07, example_inputs=(x,), eviction="belady", lookahead=3, backend="host")
+    h = engine.offload(net, budget_mb=0.07, example_inputs=(x,), eviction="belady", lookahead=3, backend="cpu")
     with torch.no_grad():
         net(x)
         net(x)
@@ -108,7 +108,7 @@ def test_a_read_outside_the_owner_and_tied_weights():
     outer = Peek(net)
     with torch.no_grad():
         ref = outer(x)
-    h = engine.offload(outer, budget_mb=None, example_inputs=(x,), backend="host")
+    h = engine.offload(outer, budget_mb=None, example_inputs=(x,), backend="cpu")
     assert "inner.embed.bias" in h.resident_params
     shared = "inner.head.weight"
     assert sum(shared in r for r in h.order.reads) == 2  # read by head and out: one weight
@@ -121,7 +121,7 @@ def test_a_read_outside_the_owner_and_tied_weights():
 def test_below_floor_names_the_minimum_and_leaves_the_module_alone():
     net, x, ref = make()
     with pytest.raises(BelowFloorError, match=r"use budget=1 or more"):
-        engine.offload(net, budget_mb=0.001, example_inputs=(x,), backend="host")
+        engine.offload(net, budget_mb=0.001, example_inputs=(x,), backend="cpu")
     assert "forward" not in net.__dict__
     assert all(not m._forward_pre_hooks and not m._forward_hooks for m in net.modules())
     with torch.no_grad():
@@ -139,14 +139,14 @@ def test_divergence_when_another_path_runs():
     torch.manual_seed(0)
     net = Branchy().eval()
     x = torch.randn(2, 5, 8)
-    h = engine.offload(net, budget_mb=None, example_inputs=(x,), backend="host")
+    h = engine.offload(net, budget_mb=None, example_inputs=(x,), backend="cpu")
     with torch.no_grad(), pytest.raises(ExecutorError, match=r"schedule divergence at kernel position 7: "
                                                              r"expected blocks.2.norm, got kernel head"):
         net(x, skip=True)
     h.remove()
 
     net = Net().eval()
-    h = engine.offload(net, budget_mb=None, example_inputs=(x,), backend="host")
+    h = engine.offload(net, budget_mb=None, example_inputs=(x,), backend="cpu")
     with torch.no_grad(), pytest.raises(ExecutorError, match="unused ran but did not run in the recording"):
         net.unused(torch.randn(32))
     h.remove()
@@ -154,7 +154,7 @@ def test_divergence_when_another_path_runs():
 
 def test_grad_mode_is_refused():
     net, x, _ = make()
-    h = engine.offload(net, budget_mb=None, example_inputs=(x,), backend="host")
+    h = engine.offload(net, budget_mb=None, example_inputs=(x,), backend="cpu")
     with pytest.raises(ExecutorError, match="under torch.no_grad"):
         net(x)
     h.remove()
@@ -168,7 +168,7 @@ def test_concurrent_forward_on_one_module_fails_at_once():
         inside.set()
         release.wait(10)
 
-    h = engine.offload(net, budget_mb=None, example_inputs=(x,), backend="host")
+    h = engine.offload(net, budget_mb=None, example_inputs=(x,), backend="cpu")
     hook = net.blocks[0].fc1.register_forward_pre_hook(slow)
     results = []
 
@@ -203,7 +203,7 @@ def test_a_transformers_model_from_a_config():
     ids = torch.randint(0, 256, (2, 12))
     with torch.no_grad():
         ref = model(input_ids=ids).logits
-    h = engine.offload(model, budget_mb=0.2, example_inputs={"input_ids": ids}, backend="host")
+    h = engine.offload(model, budget_mb=0.2, example_inputs={"input_ids": ids}, backend="cpu")
     with torch.no_grad():
         assert all(torch.equal(model(input_ids=ids).logits, ref) for _ in range(2))
     assert h.telemetry()[-1]["h2d_bytes"] > 0
@@ -222,7 +222,7 @@ def test_a_diffusers_model_from_a_config():
                   height=hh, width=ww, return_dict=False)
     with torch.no_grad():
         ref = model(**inputs)[0]
-    h = engine.offload(model, budget_mb=0.3, example_inputs=inputs, backend="host")
+    h = engine.offload(model, budget_mb=0.3, example_inputs=inputs, backend="cpu")
     assert "transformer_blocks.0.scale_shift_table" in h.resident_params  # owned by a block with children
     with torch.no_grad():
         assert all(torch.equal(model(**inputs)[0], ref) for _ in range(2))

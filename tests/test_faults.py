@@ -4,7 +4,7 @@ and a new run in the same process gives bitwise the reference outputs.
 Faults are injected from outside the product: a backend's methods are wrapped
 on the instance (the wrapper also keeps its own ledger of every block handed
 out and freed), or, on CUDA, a runtime binding is made to return a CUDA error,
-so the backend's own error path runs. Each fault runs on the host backend in
+so the backend's own error path runs. Each fault runs on the cpu backend in
 CI and on the CUDA backend on a GPU (`cuda` marker).
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ from engine.config import ActivationsConfig, PoolConfig  # noqa: E402
 from engine.errors import ExecutorError, PlacementError  # noqa: E402
 from engine.executor import WeightExecutor, host_weights, make_backend, run_execute  # noqa: E402
 from engine.executor.activations import ActivationOffloader, KernelTracking  # noqa: E402
-from engine.executor.host import HostBackend  # noqa: E402
+from engine.executor.cpu import CpuBackend  # noqa: E402
 from engine.models import DictSource, forward, init_lora, make_inputs, random_weights  # noqa: E402
 from engine.policy import AccessOrder  # noqa: E402
 from engine.policy.activations import build_activation_policy  # noqa: E402
@@ -42,7 +42,7 @@ WORKLOAD = dict(name="infer", kind="infer", batch=1, video_tokens=8, audio_token
 STEPS = 3
 
 
-@pytest.fixture(scope="module", params=["host", GPU])
+@pytest.fixture(scope="module", params=["cpu", GPU])
 def env(request, tmp_path_factory):
     backend = request.param
     if backend == "cuda":
@@ -154,7 +154,7 @@ def copies_in_first_step(env) -> int:
 
 
 def _copy_fault(backend_name: str, monkeypatch) -> tuple[Callable[..., Any], str]:
-    if backend_name == "host":
+    if backend_name == "cpu":
         def fault(original, block, src):
             raise RuntimeError("injected: the host copy failed")
         return fault, "injected: the host copy failed"
@@ -183,7 +183,7 @@ def test_a_copy_that_fails(env, when, monkeypatch):
 
 
 def _refusal(backend_name: str, monkeypatch) -> tuple[Callable[..., Any], str]:
-    if backend_name == "host":
+    if backend_name == "cpu":
         def fault(original, nbytes, backend):  # the arena really refuses: the cap shrinks for this call
             backend.trim()  # a kept block of this size would be reused without asking the arena
             cap, backend.cap_bytes = backend.cap_bytes, backend.used_bytes()
@@ -213,7 +213,7 @@ def _fragmented(backend_name: str, monkeypatch) -> Callable[..., Any]:
     """A refusal of a block the budget allows. The host arena is a byte counter
     that never fragments, so there it is raised as is; on CUDA the pool answers
     out-of-memory and the backend's own check names it a placement failure."""
-    if backend_name == "host":
+    if backend_name == "cpu":
         def fault(original, nbytes, backend):
             raise PlacementError("injected: the pool's free bytes are split")
         return fault
@@ -353,12 +353,12 @@ def test_a_failed_registration_leaves_the_file_closable(env, monkeypatch):
     assert_a_new_run_matches(env)
 
 
-# ----- a whole run (mode=execute) on the host backend
+# ----- a whole run (mode=execute) on the cpu backend
 
 
 def _cfg(path) -> Any:
     weights = {"eviction": "belady", "lookahead": 2, "source": "mmap_registered", "file": str(path),
-               "backend": "host"}
+               "backend": "cpu"}
     return OmegaConf.create({"weights": weights, "workload": WORKLOAD, "budget": 1.0, "seed": 0})
 
 
@@ -384,13 +384,13 @@ def _register_refused(original, address, nbytes):
 ])
 def test_a_failed_run_stops_with_its_cause_and_the_next_run_matches(env, tmp_path, monkeypatch, method, at,
                                                                      fault, cause):
-    if env.backend != "host":
+    if env.backend != "cpu":
         pytest.skip("run_execute's cleanup is the same on both backends; checked on the host")
-    made: list[HostBackend] = []
+    made: list[CpuBackend] = []
     ledgers: list[Ledger] = []
 
-    def tracked(name: str, capacity: int, largest: int) -> HostBackend:
-        backend = HostBackend(capacity)
+    def tracked(name: str, capacity: int, largest: int) -> CpuBackend:
+        backend = CpuBackend(capacity)
         made.append(backend)
         ledgers.append(Ledger(backend))
         if len(made) == 1:  # the first run fails

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.executor.backend import Block, FreeBlocks
-from engine.executor.host import HostBackend
+from engine.executor.cpu import CpuBackend
 
 
 def _block(address: int, nbytes: int) -> Block:
@@ -59,7 +59,7 @@ def test_books_stay_exact_under_any_sequence(ops):
 
 
 def test_host_arena_reuses_freed_blocks_and_stays_within_its_cap():
-    arena = HostBackend(cap_bytes=100)
+    arena = CpuBackend(cap_bytes=100)
     a, b = arena.alloc(40), arena.alloc(40)
     arena.free_after(a, None)
     assert arena.used_bytes() == 80 and arena.kept_bytes() == 40

@@ -1,4 +1,4 @@
-"""Soak: many steps on the host backend leave every book where the first steps left it.
+"""Soak: many steps on the cpu backend leave every book where the first steps left it.
 
 1000 weight-streaming steps of the tiny model (tiny inputs, the floor budget,
 so every step evicts and copies) and a run of LoRA training steps with the
@@ -26,7 +26,7 @@ import torch
 from engine.config import ActivationsConfig, PoolConfig
 from engine.executor import WeightExecutor, host_weights
 from engine.executor.activations import ActivationOffloader, KernelTracking
-from engine.executor.host import HostBackend
+from engine.executor.cpu import CpuBackend
 from engine.models import DictSource, forward, init_lora, make_inputs, random_weights
 from engine.policy import KEEP_STEPS, AccessOrder
 from engine.policy.activations import build_activation_policy
@@ -63,7 +63,7 @@ def test_1000_weight_streaming_steps_grow_nothing(tmp_path):
     wf = WeightFile(path, spec)
     with torch.no_grad():
         reference = forward(spec, DictSource(spec, {n: t.clone() for n, t in wf.tensors().items()}), inputs)
-    backend = HostBackend(budget)
+    backend = CpuBackend(budget)
     host = host_weights(wf, "mmap_registered", backend)
     ex = WeightExecutor(order, host.tensors, budget_bytes=budget, eviction="belady", lookahead=2, backend=backend)
     books = set()

@@ -1,4 +1,4 @@
-"""mode=execute for train_lora on the host backend: LoRA steps with streamed or
+"""mode=execute for train_lora on the cpu backend: LoRA steps with streamed or
 resident base weights and watermark / sync / no activation spill; losses and
 gradients bitwise equal to plain steps with every weight resident."""
 from __future__ import annotations
@@ -15,7 +15,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from engine.config import ActivationsConfig, HardwareConfig, PoolConfig, WeightsConfig
 from engine.errors import ExecutorError
 from engine.executor import WeightExecutor
-from engine.executor.host import HostBackend
+from engine.executor.cpu import CpuBackend
 from engine.executor.train import (ACTIVATION_FIELDS, StreamedWeights, lora_loss, run_train_execute,
                                    weight_handles)
 from engine.models import forward, init_lora, make_inputs
@@ -43,7 +43,7 @@ def tiny(tmp_path_factory):
 def cfg(tiny, mode: str, budget: float | None) -> object:
     act = ActivationsConfig(mode=mode, high_watermark_mb=0.05, low_watermark_mb=0.03, min_tensor_bytes=0,
                             pool=POOL, num_offload_layers=2)
-    return OmegaConf.create({"weights": WeightsConfig(backend="host", source="pinned", file=str(tiny.path)),
+    return OmegaConf.create({"weights": WeightsConfig(backend="cpu", source="pinned", file=str(tiny.path)),
                              "activations": act, "workload": WORKLOAD, "budget": budget, "seed": 0})
 
 
@@ -67,7 +67,7 @@ def test_training_steps_are_bitwise_the_plain_steps(tiny, tmp_path, mode, budget
         assert rows[-1]["weight_peak_device_bytes"] <= BUDGET_MB * 1e6
 
 
-class _TrackedBackend(HostBackend):
+class _TrackedBackend(CpuBackend):
     """Host arena that remembers every block's memory it handed out (weakly)."""
 
     def __init__(self, cap_bytes: int):
@@ -113,7 +113,7 @@ def test_autograd_holds_no_evicted_weight(tiny, handles):
 def test_backward_out_of_order_is_a_divergence(tiny):
     order = tiny.trace.access_order()
     wf = WeightFile(tiny.path, tiny.spec)
-    ex = WeightExecutor(order, wf.tensors(), budget_bytes=None, backend="host")
+    ex = WeightExecutor(order, wf.tensors(), budget_bytes=None, backend="cpu")
     streamed = StreamedWeights(ex, len(tiny.spec.kernels))
     try:
         with pytest.raises(ExecutorError, match="schedule divergence"):

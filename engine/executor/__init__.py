@@ -2,7 +2,7 @@
 
     WeightExecutor   runtime.py   carries out policy decisions on a backend (a WeightSource)
     CudaBackend      cuda.py      capped cudaMemPool, copy stream, registered host memory
-    HostBackend      host.py      the same on the CPU, for tests
+    CpuBackend      host.py      the same on the CPU, for tests
     offload          module.py    any torch.nn.Module
     run_execute      execute.py   mode=execute (and run_materialize for mode=materialize)
 """

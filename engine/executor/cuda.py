@@ -90,7 +90,7 @@ class CudaBackend:
 
     def __init__(self, budget_bytes: int, slack_bytes: int):
         if not torch.cuda.is_available():
-            raise ExecutorError("no CUDA device; use mode=simulate (or weights.backend=host to "
+            raise ExecutorError("no CUDA device; use mode=simulate (or weights.backend=cpu to "
                                 "exercise the executor on the CPU)")
         if cudart is None:
             raise ExecutorError("the CUDA backend needs cuda-python's runtime bindings "

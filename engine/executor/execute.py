@@ -43,7 +43,7 @@ def run_materialize(cfg: Any, spec: ModelSpec, out_path: str | Path) -> dict:
 def _device(backend: str) -> torch.device:
     if backend == "cuda":
         if not torch.cuda.is_available():
-            raise ExecutorError("no CUDA device; use mode=simulate (or weights.backend=host to exercise "
+            raise ExecutorError("no CUDA device; use mode=simulate (or weights.backend=cpu to exercise "
                                 "the executor on the CPU)")
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")

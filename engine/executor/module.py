@@ -166,13 +166,13 @@ def _offload(module: nn.Module, device: torch.device, args: tuple, kwargs: dict,
 
 
 def _compute_device(backend: str) -> torch.device:
-    if backend == "host":
+    if backend == "cpu":
         return torch.device("cpu")
     if backend == "cuda":
         if not torch.cuda.is_available():
-            raise ExecutorError("no CUDA device; use backend='host' to exercise the executor on the CPU")
+            raise ExecutorError("no CUDA device; use backend='cpu' to exercise the executor on the CPU")
         return torch.device("cuda", torch.cuda.current_device())
-    raise ExecutorError(f"backend={backend!r} is not one of cuda, host; pick one of those")
+    raise ExecutorError(f"backend={backend!r} is not one of cuda, cpu; pick one of those")
 
 
 def _leaves(module: nn.Module, names: dict[int, str]) -> tuple[list[_Leaf], list[nn.Parameter]]:

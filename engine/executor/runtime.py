@@ -65,16 +65,16 @@ class StepStats:
 
 def make_backend(name: str, capacity_bytes: int, largest_weight_bytes: int) -> Backend:
     """A backend whose pool holds `capacity_bytes` of weights (the CUDA pool adds
-    a fragmentation slack; the host arena is exact)."""
-    if name == "host":
-        from engine.executor.host import HostBackend
+    a fragmentation slack; the cpu backend's arena is exact)."""
+    if name == "cpu":
+        from engine.executor.cpu import CpuBackend
 
-        return HostBackend(capacity_bytes)
+        return CpuBackend(capacity_bytes)
     if name == "cuda":
         from engine.executor.cuda import CudaBackend, pool_slack_bytes
 
         return CudaBackend(capacity_bytes, pool_slack_bytes(largest_weight_bytes))
-    raise ExecutorError(f"weights.backend={name!r} is not one of cuda, host; pick one of those")
+    raise ExecutorError(f"weights.backend={name!r} is not one of cuda, cpu; pick one of those")
 
 
 class WeightExecutor:

@@ -1,11 +1,11 @@
-"""The host backend: a TEST backend that runs the executor's control path on the CPU.
+"""The cpu backend: a TEST backend that runs the executor's control path on the CPU.
 
 "Device memory" is a capped host arena (a byte counter over real tensors) and
 copies are host memcpys, so every decision path (hit, fetch, prefetch, evict),
 stream-ordered reuse and failure mode runs in CI without a GPU. It measures
 nothing about a GPU; it is not a way to run a model.
 
-Everything runs in order on the host, so a free is complete when it returns
+Everything runs in order on the CPU, so a free is complete when it returns
 and marks are nothing; an allocation over the cap raises like the CUDA pool's
 refusal. Freed blocks are kept by exact size and reused as on CUDA
 (FreeBlocks), so that bookkeeping runs in CI too.
@@ -26,19 +26,19 @@ log = logging.getLogger(__name__)
 PAGE = 4096
 
 
-class HostEvent:
-    """Copies on the host finish before `copy_in` returns: every event is complete."""
+class CpuEvent:
+    """Copies on the CPU finish before `copy_in` returns: every event is complete."""
 
     __slots__ = ()
 
 
-_DONE = HostEvent()
+_DONE = CpuEvent()
 
 
-class HostBackend:
+class CpuBackend:
     """Capped host arena + host copies (test backend; see the module docstring)."""
 
-    name = "host"
+    name = "cpu"
 
     def __init__(self, cap_bytes: int):
         self.device = torch.device("cpu")
@@ -48,7 +48,7 @@ class HostBackend:
         self._live = LiveBlocks("host arena")
         self._free = FreeBlocks(cap_bytes)
         self.registered: dict[int, int] = {}  # address -> nbytes
-        log.info("host backend (a test backend, no GPU): capped arena of %d bytes", cap_bytes)
+        log.info("cpu backend (a test backend, no GPU): capped arena of %d bytes", cap_bytes)
 
     def alloc(self, nbytes: int) -> Block:
         block = self._free.take(nbytes)
@@ -72,11 +72,11 @@ class HostBackend:
         self._live.remove(block.address)
         self._free.put(block)
 
-    def copy_in(self, block: Block, src: torch.Tensor) -> HostEvent:
+    def copy_in(self, block: Block, src: torch.Tensor) -> CpuEvent:
         block.data.copy_(src.reshape(-1).view(torch.uint8))
         return _DONE
 
-    def wait_ready(self, event: HostEvent) -> None:
+    def wait_ready(self, event: CpuEvent) -> None:
         pass
 
     def warm(self, sizes: Sequence[int]) -> None:
@@ -104,7 +104,7 @@ class HostBackend:
             raise ExecutorError(f"unregister: {address:#x} was not registered")
 
     def check_stream(self) -> None:
-        pass  # one host thread: there is no other stream to be on
+        pass  # one thread on the CPU: there is no other stream to be on
 
     def timer(self) -> float:
         return time.perf_counter()
