@@ -39,7 +39,7 @@ from engine.models import DictSource, forward, init_lora, make_inputs  # noqa: E
 from engine.policy.activations import build_activation_policy  # noqa: E402
 from engine.spec import build_spec, load_model_config  # noqa: E402
 from engine.trace import read_trace  # noqa: E402
-from engine.validate import activations_config  # noqa: E402
+from engine.validation import activations_config  # noqa: E402
 
 TRACE = Path(__file__).resolve().parents[1] / "data/traces/ltx2_train_lora.jsonl.gz"
 WM08 = {"mode": "watermark", "high": 0.8, "low": 0.7}

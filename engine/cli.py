@@ -14,15 +14,24 @@ and exit code 2.
 from __future__ import annotations
 
 import io
+import json
+import math
 import sys
 from pathlib import Path
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 import conf
 from engine.cli_errors import condense_hydra_error
 from engine.config import register
+from engine.errors import EngineError
+from engine.job import objective, prepare
+from engine.modes import runner
+from engine.report import write_report
+from engine.spec import SpecError
 
 # The configs ship as the package `conf`. Hydra reads a directory faster than a
 # pkg:// source (a 100-point sweep composes the config twice per point), and a
@@ -67,9 +76,34 @@ def task(cfg: DictConfig) -> float | None:
     if _stderr is not None and not _stderr.released:
         _stderr.release()
         sys.stderr = _stderr.real
-    from engine.app import run_job
-
     return run_job(cfg)
+
+
+def run_job(cfg: DictConfig) -> float | None:
+    """Prepare the job, run its mode, write and print the report; returns the objective's value."""
+    hc = HydraConfig.get()
+    out_dir = Path(hc.runtime.output_dir)
+    multirun = hc.mode == RunMode.MULTIRUN
+    try:
+        job = prepare(cfg, out_dir)
+        outcome = runner(cfg.mode)(job)
+    except (EngineError, SpecError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        if multirun:
+            # The sweep goes on; the summary lists this point as failed.
+            out_dir.mkdir(parents=True, exist_ok=True)
+            (out_dir / "error.json").write_text(json.dumps({
+                "overrides": list(hc.overrides.task), "error": str(err)}) + "\n")
+            return math.nan
+        sys.exit(getattr(err, "exit_code", 2))
+    value = objective(cfg, outcome.report)
+    outcome.report["objective_value"] = value
+    write_report(out_dir, outcome.report, outcome.markdown)
+    print(outcome.markdown)
+    print(f"\nreport: {out_dir / 'report.json'}")
+    if outcome.exit_code and not multirun:
+        sys.exit(outcome.exit_code)
+    return value
 
 
 _app = hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")(task)
@@ -95,5 +129,3 @@ def main() -> None:
         # --help and --cfg print and return before any job starts.
         _stderr.release()
         sys.stderr = _stderr.real
-
-

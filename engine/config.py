@@ -4,7 +4,7 @@ Each group (hardware, workload, weights, activations, slo, model) has a
 dataclass here, so a wrong type or an unknown key fails when Hydra composes
 the config, before any work starts. Cross-field rules that a type cannot
 express (low watermark above high, overlapping size classes) live in
-`validate()`, which every mode calls first.
+`check_config()`, which every job runs first.
 """
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
 from engine.errors import ConfigError
+from engine.modes import MODES
 
-MODES = ("plan", "simulate", "check", "execute", "materialize", "record", "calibrate", "validate")
 EVICTIONS = ("lru", "belady", "priority")
 ACTIVATION_MODES = ("off", "watermark", "sync")
 WORKLOAD_KINDS = ("infer", "train_lora", "decode")
@@ -162,12 +162,12 @@ def _one_of(key: str, value: Any, allowed: tuple[str, ...]) -> None:
         raise ConfigError(f"{key}={value!r} is not one of {', '.join(allowed)}; pick one of those")
 
 
-def validate(cfg: Any) -> None:
+def check_config(cfg: Any) -> None:
     """Rules across fields; raises ConfigError with a one-line message and its fix."""
     if OmegaConf.is_missing(cfg, "model") or cfg.model is None:
         raise ConfigError(
             "no model given; add +model=NAME, one of: " + ", ".join(available_models()))
-    _one_of("mode", cfg.mode, MODES)
+    _one_of("mode", cfg.mode, tuple(MODES))
     _one_of("weights.eviction", cfg.weights.eviction, EVICTIONS + ("auto",))
     _one_of("weights.source", cfg.weights.source, WEIGHT_SOURCES)
     _one_of("weights.backend", cfg.weights.backend, BACKENDS)

@@ -17,7 +17,7 @@ Line 1, the header, one JSON object:
     source        "synthesized" | "recorded"
     model, workload, hardware, torch, cuda, date   provenance (free-form)
     probes        recorded traces: copy, allocation, host and compute-under-copy
-                  measurements that mode=calibrate fits (engine/record.py PROBES_DOC);
+                  measurements that mode=calibrate fits (engine/record/probes.py PROBES_DOC);
                   other extra header keys are provenance and kept as they are
 
 Lines 2.., one JSON object per kernel, in launch order:

@@ -4,7 +4,7 @@ from hydra import compose, initialize_config_module
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
-from engine.config import available_models, register, validate
+from engine.config import available_models, check_config, register
 from engine.errors import ConfigError
 
 register()
@@ -24,7 +24,7 @@ def test_every_shipped_model_is_listed():
 @pytest.mark.parametrize("model", MODELS)
 def test_every_model_composes_and_validates(model):
     cfg = _compose(f"+model={model}", "budget=16000")
-    validate(cfg)
+    check_config(cfg)
     assert cfg.model.name
     assert cfg.budget == 16000.0
 
@@ -64,7 +64,7 @@ def test_schema_rejects_at_compose_time(override):
     (["+model=tiny", "trace=/no/such/trace.jsonl"], "does not exist"),
     (["+model=tiny", "weights.lookahead=-1"], "lookahead"),
 ])
-def test_validate_names_the_problem(overrides, fragment):
+def test_check_config_names_the_problem(overrides, fragment):
     cfg = _compose(*overrides)
     with pytest.raises(ConfigError, match=fragment.replace("(", r"\(").replace("'", "'")):
-        validate(cfg)
+        check_config(cfg)

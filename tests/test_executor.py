@@ -12,9 +12,10 @@ from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 from engine.errors import BelowFloorError, ExecutorError
-from engine.executor import WeightExecutor, host_weights, make_backend, run_execute
+from engine.executor import WeightExecutor, host_weights, make_backend
 from engine.executor.cpu import CpuBackend
 from engine.models import DictSource, forward, make_inputs
+from engine.modes.execute import run_execute
 from engine.policy import AccessOrder
 from engine.policy.weights import WeightResidency, floor
 from engine.spec import load_spec

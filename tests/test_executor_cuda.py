@@ -14,9 +14,10 @@ pytestmark = [pytest.mark.cuda,
 pytest.importorskip("cuda.bindings.runtime", reason="needs cuda-python (pip install cuda-python)")
 
 from engine.errors import ExecutorError  # noqa: E402
-from engine.executor import WeightExecutor, host_weights, run_execute  # noqa: E402
+from engine.executor import WeightExecutor, host_weights  # noqa: E402
 from engine.executor.cuda import POOL_CHUNK, CudaBackend, pool_slack_bytes  # noqa: E402
 from engine.models import DictSource, forward, make_inputs  # noqa: E402
+from engine.modes.execute import run_execute  # noqa: E402
 from engine.policy import AccessOrder  # noqa: E402
 from engine.policy.weights import WeightResidency, floor  # noqa: E402
 from engine.spec import load_spec  # noqa: E402

@@ -25,10 +25,11 @@ from omegaconf import OmegaConf  # noqa: E402
 
 from engine.config import ActivationsConfig, PoolConfig  # noqa: E402
 from engine.errors import ExecutorError, PlacementError  # noqa: E402
-from engine.executor import WeightExecutor, host_weights, make_backend, run_execute  # noqa: E402
+from engine.executor import WeightExecutor, host_weights, make_backend  # noqa: E402
 from engine.executor.activations import ActivationOffloader, KernelTracking  # noqa: E402
 from engine.executor.cpu import CpuBackend  # noqa: E402
 from engine.models import DictSource, forward, init_lora, make_inputs, random_weights  # noqa: E402
+from engine.modes.execute import run_execute  # noqa: E402
 from engine.policy import AccessOrder  # noqa: E402
 from engine.policy.activations import build_activation_policy  # noqa: E402
 from engine.policy.weights import WeightResidency, floor  # noqa: E402
@@ -397,7 +398,7 @@ def test_a_failed_run_stops_with_its_cause_and_the_next_run_matches(env, tmp_pat
             ledgers[-1].fail(method, at, fault)
         return backend
 
-    monkeypatch.setattr("engine.executor.execute.make_backend", tracked)
+    monkeypatch.setattr("engine.executor.setup.make_backend", tracked)
     # The cause, not a later cleanup error (the weight file refusing to close, say).
     with pytest.raises((RuntimeError, ExecutorError), match=cause):
         run_execute(_cfg(env.path), env.spec, _Trace(env.order), tmp_path / "failed")

@@ -284,7 +284,7 @@ def compose_activations(name: str, *overrides: str):
 def test_activation_groups_compose_and_validate():
     assert compose_activations("off").mode == "off"
     wm = compose_activations("watermark")
-    assert wm.pool.exact and not wm.pool.class_sizes_mb  # sized per step by engine.app.prepare
+    assert wm.pool.exact and not wm.pool.class_sizes_mb  # sized per step by engine.job.prepare
     with pytest.raises(ConfigError, match="never sized"):
         build_activation_policy(wm, 16)
     wm = compose_activations("watermark", "activations/pool=stagehand")

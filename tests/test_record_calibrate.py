@@ -1,4 +1,4 @@
-"""engine/record.py, engine/calibrate.py, engine/validate.py on the CPU (host clocks, shipped data)."""
+"""engine/record/, engine/calibrate.py, engine/validation.py on the CPU (perf_counter clocks, shipped data)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,10 +11,11 @@ from engine.calibrate import copy_rates, fit_fetch_cost, fit_profile, launch_mea
 from engine.config import HardwareConfig
 from engine.errors import TraceError
 from engine.models import DictSource, init_lora, make_inputs, random_weights
-from engine.record import HostClock, build_trace, split_backward, time_steps
+from engine.record.clocks import CpuClock
+from engine.record.timing import build_trace, split_backward, time_steps
 from engine.spec import load_spec
 from engine.trace import read_trace, write_trace
-from engine.validate import measurements_path, read_measurements, report
+from engine.validation import measurements_path, read_measurements, report
 from sim.link import D2H, H2D, PcieLink
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
@@ -37,7 +38,7 @@ def test_record_on_host_clock_writes_a_readable_training_trace(tmp_path: Path) -
                          context_tokens=0, lora_rank=2)
     spec = load_spec("tiny", wl)
     inputs = make_inputs(spec, wl)
-    timing = time_steps(spec, DictSource(spec, random_weights(spec)), inputs, HostClock(),
+    timing = time_steps(spec, DictSource(spec, random_weights(spec)), inputs, CpuClock(),
                         lora=init_lora(spec, 2, seed=1), warmup=0, steps=1)
     trace = build_trace(spec, timing, {"model": spec.name})
     write_trace(tmp_path / "t.jsonl", trace)
@@ -65,7 +66,7 @@ def test_a_recorded_trace_needs_each_tensor_where_the_executor_first_unpacks_it(
                          context_tokens=0, lora_rank=2)
     spec = load_spec("tiny", wl)
     inputs, weights = make_inputs(spec, wl), random_weights(spec)
-    timing = time_steps(spec, DictSource(spec, weights), inputs, HostClock(), lora=init_lora(spec, 2, seed=1),
+    timing = time_steps(spec, DictSource(spec, weights), inputs, CpuClock(), lora=init_lora(spec, 2, seed=1),
                         warmup=0, steps=1)
     trace = build_trace(spec, timing, {"model": spec.name})
     keep_all = ActivationsConfig(mode="watermark", high_watermark_mb=1e9, low_watermark_mb=1e9,

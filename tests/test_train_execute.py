@@ -16,9 +16,9 @@ from engine.config import ActivationsConfig, HardwareConfig, PoolConfig, Weights
 from engine.errors import ExecutorError
 from engine.executor import WeightExecutor
 from engine.executor.cpu import CpuBackend
-from engine.executor.train import (ACTIVATION_FIELDS, StreamedWeights, lora_loss, run_train_execute,
-                                   weight_handles)
+from engine.executor.training import ACTIVATION_FIELDS, StreamedWeights, lora_loss, weight_handles
 from engine.models import forward, init_lora, make_inputs
+from engine.modes.execute import run_train_execute
 from engine.spec import load_spec
 from engine.trace import synthesize
 from engine.weightfile import WeightFile, materialize

@@ -2,14 +2,16 @@
 
     WeightExecutor   runtime.py   carries out policy decisions on a backend (a WeightSource)
     CudaBackend      cuda.py      capped cudaMemPool, copy stream, registered host memory
-    CpuBackend      host.py      the same on the CPU, for tests
+    CpuBackend       cpu.py       the same on the CPU, for tests
+    host_weights     sources.py   where the host copy of each weight lives
+    setup            setup.py     device, weight file, backend -> host weights -> executor, measurements
+    training         training.py  LoRA training steps over streamed weights
     offload          module.py    any torch.nn.Module
-    run_execute      execute.py   mode=execute (and run_materialize for mode=materialize)
+
+The modes that run it (execute, materialize, record, validate) live in engine/modes/.
 """
-from engine.executor.execute import run_execute, run_materialize
 from engine.executor.module import OffloadHandle, offload
 from engine.executor.runtime import WeightExecutor, make_backend
 from engine.executor.sources import host_weights
 
-__all__ = ["OffloadHandle", "WeightExecutor", "host_weights", "make_backend", "offload", "run_execute",
-           "run_materialize"]
+__all__ = ["OffloadHandle", "WeightExecutor", "host_weights", "make_backend", "offload"]

@@ -29,9 +29,12 @@ from torch.overrides import TorchFunctionMode
 
 from engine.errors import ExecutorError
 from engine.executor.runtime import WeightExecutor
+from engine.executor.setup import compute_device
 from engine.executor.sources import pack
 from engine.policy import AccessOrder
 from engine.units import MB
+
+NO_CUDA = "no CUDA device; use backend='cpu' to exercise the executor on the CPU"
 
 
 # Tensor properties that read metadata, not data: reading them outside the
@@ -116,7 +119,7 @@ def offload(module: nn.Module, *, budget_mb: float | None, example_inputs: Any,
     run under torch.no_grad() (inference). A budget under the floor raises
     BelowFloorError with the exact minimum in MB; the module is left untouched.
     """
-    device = _compute_device(backend)
+    device = compute_device(backend, no_cuda=NO_CUDA)
     args, kwargs = (tuple(example_inputs), {}) if not isinstance(example_inputs, dict) else ((), example_inputs)
     restore = _Restore(module)
     try:
@@ -163,16 +166,6 @@ def _offload(module: nn.Module, device: torch.device, args: tuple, kwargs: dict,
     hooks = _install(module, executor, ran, [leaf for leaf in leaves if leaf not in ran], placeholders)
     resident = [names[id(p)] for p in kept] + [names[id(p)] for p in outside]
     return OffloadHandle(module, executor, order, restore, hooks, resident)
-
-
-def _compute_device(backend: str) -> torch.device:
-    if backend == "cpu":
-        return torch.device("cpu")
-    if backend == "cuda":
-        if not torch.cuda.is_available():
-            raise ExecutorError("no CUDA device; use backend='cpu' to exercise the executor on the CPU")
-        return torch.device("cuda", torch.cuda.current_device())
-    raise ExecutorError(f"backend={backend!r} is not one of cuda, cpu; pick one of those")
 
 
 def _leaves(module: nn.Module, names: dict[int, str]) -> tuple[list[_Leaf], list[nn.Parameter]]:

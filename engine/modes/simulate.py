@@ -1,13 +1,15 @@
-"""The modes beyond `plan`: simulate and check (simulate-before-deploy)."""
+"""mode=simulate (the prediction) and mode=check (the prediction held against an SLO)."""
 from __future__ import annotations
 
 import sys
+from typing import Any
 
-from engine.app import Job, Outcome, _config_summary, _plan_keys, register_mode
+from engine.job import Job, Outcome, plan_report
 from engine.report import fmt_bytes, plan_md, table
 
 
-def _simulate(job: Job, allow_below_floor: bool):
+def run_simulation(job: Job, allow_below_floor: bool) -> Any:
+    """The simulator's run of the job (a SimResult); writes the timeline unless a sweep runs."""
     from sim import simulate
     from sim.timeline import plot_timeline, write_chrome_trace
 
@@ -61,24 +63,23 @@ def prediction_md(pred: dict, job: Job) -> str:
     return "\n".join(md)
 
 
-def _pool_md(pool) -> str:
+def _pool_md(pool: Any) -> str:
     sizes, slabs = list(pool.class_sizes_mb), list(pool.slabs_per_class)
     pinned = round(sum(s * n for s, n in zip(sizes, slabs)) * 1e6)
     return f"{len(sizes)} size classes, {sum(slabs)} slabs, {fmt_bytes(pinned)}"
 
 
-def _report(job: Job, pred: dict, result) -> dict:
-    plan = job.plan.as_dict()
-    return {"config": _config_summary(job), "plan": plan, **_plan_keys(plan),
-            "prediction": pred, "decisions_per_step": len(result.decisions) // job.cfg.workload.steps}
+def prediction_report(job: Job, pred: dict, result: Any) -> dict:
+    """The report of a simulated job: its head, the prediction and the decisions a step."""
+    return {**plan_report(job), "prediction": pred,
+            "decisions_per_step": len(result.decisions) // job.cfg.workload.steps}
 
 
-@register_mode("simulate")
 def simulate_mode(job: Job) -> Outcome:
-    result = _simulate(job, job.cfg.sim.allow_below_floor)
+    result = run_simulation(job, job.cfg.sim.allow_below_floor)
     pred = result.prediction
     md = plan_md(job.plan.as_dict()) + "\n\n" + prediction_md(pred, job)
-    return Outcome(_report(job, pred, result), md)
+    return Outcome(prediction_report(job, pred, result), md)
 
 
 def slo_failures(job: Job, pred: dict) -> list[str]:
@@ -104,13 +105,12 @@ def slo_failures(job: Job, pred: dict) -> list[str]:
     return out
 
 
-@register_mode("check")
 def check_mode(job: Job) -> Outcome:
     # Below the floor the check still simulates, to show why it fails.
-    result = _simulate(job, allow_below_floor=True)
+    result = run_simulation(job, allow_below_floor=True)
     pred = result.prediction
     failures = slo_failures(job, pred)
-    report = _report(job, pred, result)
+    report = prediction_report(job, pred, result)
     report["check"] = {"passed": not failures, "failures": failures, "slo": job.cfg.slo.name}
     verdict = "PASS: every condition of slo=" + job.cfg.slo.name + " holds" if not failures else \
         "FAIL:\n" + "\n".join(f"- {f}" for f in failures)

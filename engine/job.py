@@ -1,26 +1,21 @@
-"""The job behind `python -m engine`: validate, plan, then run the chosen mode.
+"""One job of `python -m engine`: the checked config, its spec, trace and plan.
 
-Modes are a registry keyed by name; a mode joins `config.MODES` when it
-exists, so an unknown one is rejected at validation like any bad value.
+`prepare` builds a `Job` for any mode; a mode (engine/modes/) turns it into an
+`Outcome`; `objective` is the float a sweeper minimizes over outcomes.
 """
 from __future__ import annotations
 
-import json
 import math
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from engine.config import validate
-from engine.errors import EngineError
+from engine.config import check_config
+from engine.modes import MODES
 from engine.plan import Plan, make_plan
-from engine.report import plan_md, write_report
-from engine.spec import ModelSpec, SpecError, build_spec
+from engine.spec import ModelSpec, build_spec
 from engine.trace import Trace, read_trace, synthesize
 
 
@@ -62,6 +57,36 @@ def objective(cfg: DictConfig, report: dict) -> float:
     return float(budget_mb) if check["passed"] else FAILED_SLO - float(budget_mb)
 
 
+def config_summary(job: Job) -> dict:
+    """The settings a report opens with."""
+    cfg = job.cfg
+    return {
+        "model": cfg.model.name,
+        "workload": cfg.workload.name,
+        "hardware": cfg.hardware.name,
+        "budget_mb": cfg.budget,
+        "mode": cfg.mode,
+        "eviction": cfg.weights.eviction,
+        "eviction_predicted_ms": job.eviction_predicted_ms,  # weights=auto: every candidate's step (ms)
+        "lookahead": cfg.weights.lookahead,
+        "activations": cfg.activations.mode,
+        "trace": cfg.trace,
+        "seed": cfg.seed,
+        "objective": cfg.objective,
+    }
+
+
+def plan_keys(plan: dict) -> dict:
+    """Stable top-level keys that scripts and the sweep summary read."""
+    return {k: plan[k] for k in ("model_bytes", "floor_bytes", "floor_kernels", "policies")}
+
+
+def plan_report(job: Job) -> dict:
+    """The report's head: the settings, the plan and the plan's stable keys."""
+    plan = job.plan.as_dict()
+    return {"config": config_summary(job), "plan": plan, **plan_keys(plan)}
+
+
 # A sweep runs many jobs in one process (or in a few reused workers) that
 # differ only in budget or policy: the spec, the trace and the plan of a point
 # are kept for the points after it. All three are read-only once built.
@@ -78,7 +103,8 @@ def _memo(key: tuple, build: Callable[[], object]) -> object:
 
 
 def prepare(cfg: DictConfig, out_dir: Path) -> Job:
-    validate(cfg)
+    """Check the config and build the job's spec, trace and plan."""
+    check_config(cfg)
     shape = tuple(OmegaConf.to_yaml(cfg[k]) for k in ("model", "workload", "hardware"))
     spec = _memo(("spec", *shape[:2]), lambda: build_spec(cfg.model, cfg.workload))
     if cfg.trace and not Path(cfg.trace).is_dir():  # a directory: mode=calibrate reads it itself
@@ -99,10 +125,6 @@ def prepare(cfg: DictConfig, out_dir: Path) -> Job:
     return Job(cfg, out_dir, spec, trace, plan, predicted, simulated)
 
 
-# Modes that run one eviction policy; the others (plan lists all three) need no choice.
-_ONE_POLICY_MODES = ("simulate", "check", "execute", "record")
-
-
 def _choose_eviction(cfg: DictConfig, trace: Trace, plan: Plan,
                      source: tuple) -> tuple[dict[str, float] | None, tuple | None]:
     """weights=auto: the eviction policy the simulator predicts fastest for this
@@ -110,12 +132,12 @@ def _choose_eviction(cfg: DictConfig, trace: Trace, plan: Plan,
     executor and the report agree; returns every candidate's predicted step (ms)
     and the chosen one's simulation (None on a sweep's memo hit). No single
     policy wins everywhere: priority pins budget - floor bytes, which for an LLM
-    decode step (whose floor is the 1 GB lm_head plus the lookahead window) leaves
-    almost nothing pinned at a tight budget, where belady is 2-3x faster."""
+    decode step (whose floor is the lm_head plus the lookahead window) leaves
+    almost nothing pinned at a tight budget, where belady is faster."""
     from engine.policy.weights import EVICTIONS
 
     w = cfg.weights
-    if plan.budget_bytes is None or cfg.mode not in _ONE_POLICY_MODES:
+    if plan.budget_bytes is None or not MODES[cfg.mode].one_policy:
         w.eviction = "priority"  # everything resident, or no policy runs: nothing to choose
         return None, None
     from sim import simulate
@@ -150,71 +172,3 @@ def _size_pool_exactly(cfg: DictConfig, trace: Trace, source: tuple) -> None:
     act.pool.class_sizes_mb = sized["class_sizes_mb"]
     act.pool.slabs_per_class = sized["slabs_per_class"]
     act.pool.exact = False  # sized: from here on an ordinary pool
-
-
-def _plan_mode(job: Job) -> Outcome:
-    plan = job.plan.as_dict()
-    return Outcome({"config": _config_summary(job), "plan": plan, **_plan_keys(plan)},
-                   plan_md(plan))
-
-
-def _plan_keys(plan: dict) -> dict:
-    # Stable top-level keys that scripts and the sweep summary read.
-    return {k: plan[k] for k in ("model_bytes", "floor_bytes", "floor_kernels", "policies")}
-
-
-def _config_summary(job: Job) -> dict:
-    cfg = job.cfg
-    return {
-        "model": cfg.model.name,
-        "workload": cfg.workload.name,
-        "hardware": cfg.hardware.name,
-        "budget_mb": cfg.budget,
-        "mode": cfg.mode,
-        "eviction": cfg.weights.eviction,
-        "eviction_predicted_ms": job.eviction_predicted_ms,  # weights=auto: every candidate's step (ms)
-        "lookahead": cfg.weights.lookahead,
-        "activations": cfg.activations.mode,
-        "trace": cfg.trace,
-        "seed": cfg.seed,
-        "objective": cfg.objective,
-    }
-
-
-MODES: dict[str, Callable[[Job], Outcome]] = {"plan": _plan_mode}
-
-
-def register_mode(name: str) -> Callable[[Callable[[Job], Outcome]], Callable[[Job], Outcome]]:
-    def deco(fn: Callable[[Job], Outcome]) -> Callable[[Job], Outcome]:
-        MODES[name] = fn
-        return fn
-    return deco
-
-
-def run_job(cfg: DictConfig) -> float | None:
-    hc = HydraConfig.get()
-    out_dir = Path(hc.runtime.output_dir)
-    multirun = hc.mode == RunMode.MULTIRUN
-    import engine.modes  # noqa: F401  (registers the modes beyond plan)
-    import engine.modes_execute  # noqa: F401
-    import engine.modes_trace  # noqa: F401
-    try:
-        job = prepare(cfg, out_dir)
-        outcome = MODES[cfg.mode](job)
-    except (EngineError, SpecError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        if multirun:
-            # The sweep goes on; the summary lists this point as failed.
-            out_dir.mkdir(parents=True, exist_ok=True)
-            (out_dir / "error.json").write_text(json.dumps({
-                "overrides": list(hc.overrides.task), "error": str(err)}) + "\n")
-            return math.nan
-        sys.exit(getattr(err, "exit_code", 2))
-    value = objective(cfg, outcome.report)
-    outcome.report["objective_value"] = value
-    write_report(out_dir, outcome.report, outcome.markdown)
-    print(outcome.markdown)
-    print(f"\nreport: {out_dir / 'report.json'}")
-    if outcome.exit_code and not multirun:
-        sys.exit(outcome.exit_code)
-    return value

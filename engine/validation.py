@@ -27,6 +27,7 @@ from __future__ import annotations
 import itertools
 import json
 import statistics
+from contextlib import ExitStack, nullcontext
 from dataclasses import asdict, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -44,6 +45,8 @@ EVICTIONS = ("lru", "belady", "priority")
 LOOKAHEADS = (1, 4)
 TIMED_STEPS = 5
 SIM_STEPS = 3  # the first warms the pool; the last is the steady state
+NO_CUDA = ("mode=validate needs a CUDA GPU to measure and none is visible; put the measurements beside "
+           "the trace (X.measurements.json) to validate without one")
 # Training: (name, activations settings); watermarks are fractions of the step's saved bytes.
 TRAIN_POLICIES = (
     ("off", {"mode": "off"}),
@@ -238,19 +241,15 @@ def measure(cfg: Any, spec: Any, trace: Trace, rows: Sequence[dict]) -> dict:
     """Run every configuration on the GPU; the measurements JSON (module docstring)."""
     import torch
 
-    from engine.executor.execute import _weight_file
-    from engine.record import _device, _device_name, clock_for
-    from engine.weightfile import WeightFile
-    from contextlib import ExitStack
-
+    from engine.executor.setup import compute_device, device_name, open_weight_file
     from engine.models import make_inputs
+    from engine.record.clocks import clock_for
 
-    device = _device(cfg.weights.backend)
+    device = compute_device(cfg.weights.backend, no_cuda=NO_CUDA)
     clock = clock_for(device)
     out = []
     with ExitStack() as stack:
-        wf = WeightFile(_weight_file(cfg, spec, stack), spec)
-        stack.callback(wf.close)
+        wf = open_weight_file(cfg, spec, stack)
         inputs = make_inputs(spec, cfg.workload, device, seed=cfg.seed)
         for row in rows:
             if row["kind"] == "infer":
@@ -261,7 +260,7 @@ def measure(cfg: Any, spec: Any, trace: Trace, rows: Sequence[dict]) -> dict:
             print(f"  measured {row['id']}: step {meas['step_ms']:.2f} ms, stall {meas['stall_ms']:.2f} ms, "
                   f"peak {meas['peak_device_bytes'] / 1e9:.3f} GB", flush=True)
     return {"format": MEASUREMENTS, "version": 1, "model": spec.name, "num_layers": spec.num_layers,
-            "workload": trace.header.get("workload"), "device": _device_name(device), "torch": torch.__version__,
+            "workload": trace.header.get("workload"), "device": device_name(device), "torch": torch.__version__,
             "cuda": torch.version.cuda if device.type == "cuda" else None, "source": cfg.weights.source,
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "timed_steps": TIMED_STEPS,
             "rows": out}
@@ -271,36 +270,25 @@ def _measure_streamed(spec: Any, trace: Trace, wf: Any, inputs: dict, row: dict,
                       clock: Any) -> dict:
     import torch
 
-    from engine.executor.runtime import WeightExecutor, make_backend
-    from engine.executor.sources import host_weights
+    from engine.executor.setup import streamed_executor
     from engine.models import forward
-    from engine.record import KernelStamps
+    from engine.record.timing import KernelStamps
 
-    order = trace.access_order()
     budget = int(row["budget_mb"] * MB)
-    backend = make_backend(weights_cfg.backend, budget, max(order.sizes.values(), default=0))
-    try:
-        host = host_weights(wf, weights_cfg.source, backend)
-        try:
-            executor = WeightExecutor(order, host.tensors, budget_bytes=budget, eviction=row["eviction"],
-                                      lookahead=row["lookahead"], backend=backend, keep_steps=None)
-            try:
-                stalls = []
-                with torch.no_grad():
-                    for _ in range(1 + TIMED_STEPS):
-                        stamps = KernelStamps(executor, clock)
-                        with executor.step():
-                            forward(spec, stamps, inputs)
-                        stamps.close()
-                        stalls.append(stamps)
-                tele = executor.telemetry()
-                stall_ms = [sum(s.stall_ns()) / 1e6 for s in stalls[1:]]
-            finally:
-                executor.close()
-        finally:
-            host.close()
-    finally:
-        backend.close()
+    with ExitStack() as stack:
+        executor = streamed_executor(stack, wf, trace.access_order(), backend=weights_cfg.backend,
+                                     source=weights_cfg.source, budget_bytes=budget, eviction=row["eviction"],
+                                     lookahead=row["lookahead"], keep_steps=None)
+        stalls = []
+        with torch.no_grad():
+            for _ in range(1 + TIMED_STEPS):
+                stamps = KernelStamps(executor, clock)
+                with executor.step():
+                    forward(spec, stamps, inputs)
+                stamps.close()
+                stalls.append(stamps)
+        tele = executor.telemetry()
+        stall_ms = [sum(s.stall_ns()) / 1e6 for s in stalls[1:]]
     return {"step_ms": statistics.median(t["step_ms"] for t in tele[1:]), "first_step_ms": tele[0]["step_ms"],
             "stall_ms": statistics.median(stall_ms), "peak_device_bytes": max(t["peak_device_bytes"] for t in tele),
             "h2d_bytes": tele[-1]["h2d_bytes"], "steps_ms": [t["step_ms"] for t in tele]}
@@ -310,8 +298,9 @@ def _measure_training(spec: Any, trace: Trace, wf: Any, inputs: dict, row: dict,
                       clock: Any) -> dict:
     import torch
 
-    from engine.executor.activations import ActivationOffloader, KernelTracking, ResidentWeights
-    from engine.models import DictSource, forward, init_lora
+    from engine.executor.activations import ActivationOffloader, ResidentWeights
+    from engine.executor.training import lora_step
+    from engine.models import DictSource, init_lora
     from engine.policy.activations import build_activation_policy
 
     weights = {n: t.to(device, copy=True) for n, t in wf.tensors().items()}
@@ -330,15 +319,8 @@ def _measure_training(spec: Any, trace: Trace, wf: Any, inputs: dict, row: dict,
             torch.cuda.reset_peak_memory_stats(device)
             before = torch.cuda.memory_allocated(device)
             start = clock.stamp()
-            source = DictSource(spec, weights)
-            if offloader is None:
-                out = forward(spec, source, inputs, lora)
-                sum(o.float().pow(2).mean() for o in out.values()).backward()
-            else:
-                with offloader.step():
-                    out = forward(spec, KernelTracking(source, spec, offloader), inputs, lora)
-                    sum(o.float().pow(2).mean() for o in out.values()).backward()
-            del out
+            with offloader.step() if offloader is not None else nullcontext():
+                lora_step(spec, DictSource(spec, weights), inputs, lora, offloader)
             end = clock.stamp()
             clock.synchronize()
             times.append(clock.ns(start, end) / 1e6)

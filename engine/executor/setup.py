@@ -1,0 +1,139 @@
+"""Setting up a run on the executor, the same way for every mode and benchmark.
+
+    compute_device       where the model computes for a backend name (cuda | cpu)
+    device_name          that device in a report
+    fits_resident        room for an all-resident reference run
+    open_weight_file     cfg.weights.file, or a temporary file of seeded random weights
+    streamed_executor    backend (the capped pool) -> host weights -> WeightExecutor
+    shared_host_weights  host weights that several executors, each with a pool of its own, read
+    run_settings, step_times, weight_counts   the measurement's rows from the telemetry
+
+Everything opened here is closed by the caller's ExitStack, last opened first.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import statistics
+import tempfile
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import torch
+
+from engine.errors import ExecutorError
+from engine.executor.backend import Backend
+from engine.executor.runtime import WeightExecutor, make_backend
+from engine.executor.sources import host_weights
+from engine.policy import KEEP_STEPS, AccessOrder
+from engine.spec import ModelSpec
+from engine.weightfile import WeightFile, materialize
+
+log = logging.getLogger(__name__)
+
+NO_CUDA = ("no CUDA device; use mode=simulate (or weights.backend=cpu to exercise the executor "
+           "on the CPU)")
+TEMP_FILE_MAX_BYTES = 2_000_000_000  # models up to this size get a temporary weight file
+# A run compares with an all-resident reference when the model takes under this much free memory.
+REFERENCE_FRACTION = 0.6
+
+
+def compute_device(backend: str, no_cuda: str = NO_CUDA) -> torch.device:
+    """The current CUDA device for backend "cuda" (ExecutorError `no_cuda` without one), the CPU for "cpu"."""
+    if backend == "cpu":
+        return torch.device("cpu")
+    if backend != "cuda":
+        raise ExecutorError(f"backend={backend!r} is not one of cuda, cpu; pick one of those")
+    if not torch.cuda.is_available():
+        raise ExecutorError(no_cuda)
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (cpu backend)"
+
+
+def fits_resident(nbytes: int, device: torch.device) -> bool:
+    """Whether `nbytes` all resident leave room for a run beside them: at most
+    REFERENCE_FRACTION of the free memory where the model computes."""
+    if device.type == "cuda":
+        free = torch.cuda.mem_get_info(device)[0]
+    else:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return nbytes <= REFERENCE_FRACTION * free
+
+
+def open_weight_file(cfg: Any, spec: ModelSpec, stack: ExitStack) -> WeightFile:
+    """cfg.weights.file opened for `spec`; without one, a model of up to
+    TEMP_FILE_MAX_BYTES gets its random weights (seed cfg.seed) in a temporary
+    file that lives as long as `stack`."""
+    if cfg.weights.file is not None:
+        path = Path(cfg.weights.file)
+    elif spec.model_bytes > TEMP_FILE_MAX_BYTES:
+        raise ExecutorError(
+            f"weights.file is not set and model {spec.name} is {spec.model_bytes / 1e9:.2f} GB; write its "
+            f"weights once with mode=materialize out=PATH, then pass weights.file=PATH")
+    else:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="offload-weights-")))
+        log.info("weights.file is not set: materializing %s (%d bytes) into a temporary file", spec.name,
+                 spec.model_bytes)
+        path = materialize(spec, tmp / f"{spec.name}.ptd", seed=cfg.seed)
+    wf = WeightFile(path, spec)
+    stack.callback(wf.close)
+    return wf
+
+
+def streamed_executor(stack: ExitStack, wf: WeightFile, order: AccessOrder, *, backend: str, source: str,
+                      budget_bytes: int | None, eviction: str, lookahead: int,
+                      keep_steps: int | None = KEEP_STEPS, relocate: bool = True,
+                      wrap: Callable[[Backend], Backend] | None = None) -> WeightExecutor:
+    """A WeightExecutor streaming `wf`'s weights in `order`: a `backend` pool that
+    holds the budget (every weight of the file when there is none), the host side
+    of the weights as `source` says, closed by `stack`. `wrap`, if given, wraps
+    the backend the executor sees (the recorder times its copies so)."""
+    capacity = budget_bytes if budget_bytes is not None else wf.spec.model_bytes
+    pool = make_backend(backend, capacity, max(order.sizes.values(), default=0))
+    stack.callback(pool.close)
+    host = host_weights(wf, source, pool)
+    stack.callback(host.close)
+    executor = WeightExecutor(order, host.tensors, budget_bytes=budget_bytes, eviction=eviction,
+                              lookahead=lookahead, backend=pool if wrap is None else wrap(pool),
+                              keep_steps=keep_steps, relocate=relocate)
+    stack.callback(executor.close)
+    return executor
+
+
+def shared_host_weights(stack: ExitStack, wf: WeightFile, source: str, backend: str) -> Mapping[str, torch.Tensor]:
+    """The host side of `wf`'s weights as `source` says, for executors that each
+    make a pool of their own: a `backend` pool that holds nothing keeps the
+    registration (source=mmap_registered) until `stack` closes."""
+    holder = make_backend(backend, 0, 0)
+    stack.callback(holder.close)
+    host = host_weights(wf, source, holder)
+    stack.callback(host.close)
+    return host.tensors
+
+
+def run_settings(weights: Any) -> dict:
+    """The weights config a measurement ran under."""
+    return {"backend": weights.backend, "source": weights.source, "eviction": weights.eviction,
+            "lookahead": weights.lookahead}
+
+
+def step_times(rows: list[dict]) -> dict:
+    """Steps run, their median step time and the first one's. Times are noisy:
+    the median of the steps after the first, which fills the pool and the caches."""
+    steady = rows[1:] or rows
+    return {"steps": len(rows), "step_ms": statistics.median(r["step_ms"] for r in steady),
+            "first_step_ms": rows[0]["step_ms"]}
+
+
+def weight_counts(last: dict, prefix: str = "") -> dict:
+    """The weight pool's counts in the last step's telemetry row (its keys under
+    `prefix`). Counts are deterministic but settle over a few steps: the last
+    step's are the steady state, the simulator's too."""
+    return {"weight_copies": last[f"{prefix}fetches"] + last[f"{prefix}prefetches"],
+            "weight_hits": last[f"{prefix}hits"],  # reads that found the weight resident
+            "weight_misses": last[f"{prefix}fetches"],  # reads that had to fetch on demand
+            "evictions": last[f"{prefix}evictions"]}

@@ -1,0 +1,58 @@
+"""mode=calibrate: trace=PATH (recorded) or trace=DIR (every recorded trace in it,
+fitted together) -> a hardware profile yaml (engine/calibrate.py);
+out=conf/hardware/NAME.yaml writes it where hardware=NAME finds it."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from engine.errors import ConfigError
+from engine.job import Job, Outcome, config_summary
+from engine.report import table
+from engine.trace import Trace, read_trace
+
+
+def recorded_trace(job: Job, mode: str) -> str:
+    """The job's trace=PATH, which must be a trace recorded with mode=record."""
+    if job.cfg.trace is None:
+        raise ConfigError(f"mode={mode} needs trace=PATH, a trace recorded with mode=record")
+    if job.trace.header.get("source") != "recorded":
+        raise ConfigError(f"mode={mode}: trace={job.cfg.trace} is {job.trace.header.get('source')}, not recorded; "
+                          "record one on a GPU with mode=record")
+    return job.cfg.trace
+
+
+def _recorded_in(directory: Path) -> tuple[list[Path], list[Trace]]:
+    """Every recorded trace in `directory` (*.jsonl, *.jsonl.gz), read and checked."""
+    paths = sorted(p for p in directory.iterdir() if p.name.endswith((".jsonl", ".jsonl.gz")))
+    traces = [read_trace(p) for p in paths]
+    synthesized = [p.name for p, t in zip(paths, traces) if t.header.get("source") != "recorded"]
+    if synthesized:
+        raise ConfigError(f"trace={directory}: {', '.join(synthesized)} not recorded; calibrate fits only "
+                          "traces from mode=record (move the others out)")
+    if not traces:
+        raise ConfigError(f"trace={directory} holds no trace (*.jsonl, *.jsonl.gz); record some with mode=record")
+    return paths, traces
+
+
+def calibrate_mode(job: Job) -> Outcome:
+    from engine.calibrate import FITTED, fit_profile, profile_yaml
+
+    target = Path(job.cfg.out) if job.cfg.out else job.out_dir / "h100_calibrated.yaml"
+    if target.suffix != ".yaml":
+        raise ConfigError(f"out={job.cfg.out}: the profile is a .yaml file (e.g. conf/hardware/h100_calibrated.yaml)")
+    if job.cfg.trace is not None and Path(job.cfg.trace).is_dir():
+        paths, traces = _recorded_in(Path(job.cfg.trace))
+    else:
+        paths, traces = [Path(recorded_trace(job, "calibrate"))], [job.trace]
+    profile = fit_profile(traces, job.cfg.hardware, target.stem, [p.name for p in paths])
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(profile_yaml(profile))
+    if target.parent != job.out_dir:
+        shutil.copy(target, job.out_dir / target.name)
+    rows = [[f, str(profile[f]), str(job.cfg.hardware[f])] for f in FITTED]
+    md = (f"## Calibrated profile {profile['name']}\n\nfrom {', '.join(p.name for p in paths)}\n\n"
+          + table(["field", "fitted", job.cfg.hardware.name], rows)
+          + f"\n\nwrote {target}" + ("; use it as hardware=" + target.stem if target.parent.name == "hardware"
+                                     else "; copy it to conf/hardware/ to use it as hardware=" + target.stem))
+    return Outcome({"config": config_summary(job), "profile": profile, "written": str(target)}, md)

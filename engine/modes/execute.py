@@ -1,0 +1,357 @@
+"""The modes that touch real memory: execute (run on the device) and materialize.
+
+execute runs the simulator first on the very same config and trace, then the
+executor, and prints the two side by side: the prediction a user checked
+before deploying is the thing the measurement is held against.
+
+    run_execute         workload.steps forwards of the spec-built model, its weights
+                        streamed from the weight file through the executor; every
+                        step's outputs compared bitwise with the all-resident forward
+                        when the model fits
+    run_train_execute   workload=train_lora: LoRA training steps (engine/executor/training.py),
+                        activations spilled by the activation offloader; losses and
+                        gradients compared with all-resident steps when they fit
+    run_materialize     mode=materialize: random weights written to a weight file
+"""
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import statistics
+import sys
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.errors import BelowFloorError, ConfigError, ExecutorError
+from engine.executor.activations import ActivationOffloader
+from engine.executor.setup import (compute_device, fits_resident, open_weight_file, run_settings, step_times,
+                                   streamed_executor, weight_counts)
+from engine.executor.training import (AsManaged, StreamedWeights, check_train_order, deterministic, max_abs_diff,
+                                      reference_steps, telemetry_row, train_step)
+from engine.job import Job, Outcome, plan_report
+from engine.models import DictSource, forward, init_lora, make_inputs
+from engine.modes.simulate import prediction_md, prediction_report, run_simulation
+from engine.policy import AccessOrder
+from engine.policy.activations import build_activation_policy
+from engine.policy.weights import WeightResidency
+from engine.report import fmt_bytes, plan_md, table
+from engine.spec import ModelSpec
+from engine.units import budget_bytes
+from engine.weightfile import materialize
+
+log = logging.getLogger(__name__)
+
+CPU_BACKEND_NOTE = ("note: weights.backend=cpu is the test backend (device memory is a capped host arena, "
+                    "copies run on the CPU): its control path is the real one, its timings are not a GPU's")
+
+# Quantities both sides know, in the order a user reads them: (label, key, unit).
+# Inference compares weight traffic; training adds the activation side, whose
+# pool is the Stagehand size-class pool.
+_INFER_ROWS = (
+    ("step time", "step_ms", "ms"),
+    ("first step", "first_step_ms", "ms"),
+    ("H2D bytes / step", "h2d_bytes", "bytes"),
+    ("weight copies / step", "weight_copies", "count"),
+    ("weight pool hits / step", "weight_hits", "count"),
+    ("weight pool misses (demand fetches) / step", "weight_misses", "count"),
+    ("peak device bytes", "peak_device_bytes", "bytes"),
+)
+_TRAIN_ROWS = (
+    ("stall", "stall_ms", "ms"),
+    ("spilled bytes / step", "spill_bytes", "bytes"),
+    ("activation pool hits / step", "pool_hits", "count"),
+    ("activation pool misses / step", "pool_misses", "count"),
+)
+
+
+def _cell(value: object, unit: str) -> str:
+    if value is None:
+        return "-"
+    if unit == "ms":
+        return f"{value:.2f} ms"
+    if unit == "bytes":
+        return fmt_bytes(value)
+    return f"{value:,}"
+
+
+def predicted_counts(result: Any) -> dict:
+    """The simulator's last-step weight counts, from its decision log (the executor logs the same)."""
+    last_step = max((d.step for d in result.decisions), default=0)
+    last = [d for d in result.decisions if d.step == last_step]
+    return {"weight_copies": sum(d.action in ("fetch", "prefetch") for d in last),
+            "weight_misses": sum(d.action == "fetch" for d in last),
+            "weight_hits": sum(d.action == "hit" for d in last)}
+
+
+def comparison(pred: dict, meas: dict, training: bool) -> list[dict]:
+    """Predicted against measured, one row per quantity; `pred` holds the simulator's figures."""
+    rows = []
+    for label, key, unit in _INFER_ROWS + (_TRAIN_ROWS if training else ()):
+        p = pred["d2h_bytes"] if key == "spill_bytes" else pred.get(key)
+        m = meas.get(key)
+        err = None if p in (None, 0) or m is None else (m - p) / p
+        rows.append({"what": label, "key": key, "unit": unit, "predicted": p, "measured": m,
+                     "relative_error": err})
+    return rows
+
+
+def comparison_md(rows: list[dict], meas: dict) -> str:
+    """The comparison table and what the run's notes say about it."""
+    body = [[r["what"], _cell(r["predicted"], r["unit"]), _cell(r["measured"], r["unit"]),
+             "-" if r["relative_error"] is None else f"{r['relative_error']:+.1%}"] for r in rows]
+    md = ["## Measured beside predicted", "", table(["what", "predicted", "measured", "error"], body), ""]
+    for key, what in (("outputs_match_reference", "outputs"), ("loss_match_reference", "loss"),
+                      ("grads_match_reference", "gradients")):
+        if key in meas:
+            verdict = {True: "bitwise equal to", False: "DIFFER from", None: "not compared with (no room for)"}
+            if meas.get("reference_spread") and meas[key] is not None:
+                verdict = {True: "within the run-to-run spread of", False: "DIFFER beyond the run-to-run spread of"}
+            md.append(f"- {what} {verdict[meas[key]]} the all-resident run")
+    if meas.get("reference_spread"):
+        md.append(f"- the all-resident run itself differs between two runs by up to {meas['reference_spread']:.3g} "
+                  "(a non-deterministic CUDA kernel, e.g. cuDNN's attention backward), so training is "
+                  "compared within twice that spread, not bitwise")
+    md.append(f"- backend {meas['backend']}, {meas['steps']} steps (the first fills the pool; "
+              "the table shows the median of the rest)")
+    if meas.get("relocations"):
+        md.append(f"- {meas['relocations']} relocations: the pool refused a block under the budget "
+                  "(fragmentation) and the resident weights were copied in again; the simulator "
+                  "does not model this, so measured times include stalls it did not predict")
+    return "\n".join(md)
+
+
+def execute_mode(job: Job) -> Outcome:
+    cfg = job.cfg
+    if job.plan.below_floor:
+        # Execute never runs below the floor; the simulator can show why.
+        floor = job.plan.floor
+        raise BelowFloorError(job.plan.budget_bytes, floor.bytes, tuple(floor.kernels))
+    training = cfg.workload.kind == "train_lora"
+    if cfg.weights.backend == "cpu":
+        print(CPU_BACKEND_NOTE, file=sys.stderr)
+    result = run_simulation(job, allow_below_floor=False)
+    pred = result.prediction
+    run = run_train_execute if training else run_execute
+    meas = run(cfg, job.spec, job.trace, job.out_dir)
+    rows = comparison({**pred, **predicted_counts(result)}, meas, training)
+    report = prediction_report(job, pred, result)
+    report.update(measurement=meas, comparison=rows)
+    md = (plan_md(job.plan.as_dict()) + "\n\n" + prediction_md(pred, job) + "\n\n"
+          + comparison_md(rows, meas) + f"\n\ntelemetry: {job.out_dir / 'telemetry.jsonl'}")
+    wrong = [k for k in ("outputs_match_reference", "loss_match_reference", "grads_match_reference")
+             if meas.get(k) is False]
+    for k in wrong:
+        print(f"execute: {k.split('_')[0]} differ from the all-resident run", file=sys.stderr)
+    return Outcome(report, md, exit_code=1 if wrong else 0)
+
+
+def _materialize_target(out: str | None, model_bytes: int) -> Path:
+    if out is None:
+        raise ConfigError("mode=materialize needs out=PATH, the weight file to write (e.g. out=/data/ltx.ptd)")
+    path = Path(out).expanduser()
+    if path.exists():
+        raise ConfigError(f"out={out} already exists; remove it or pick another path (materialize never "
+                          "overwrites a weight file)")
+    parent = path.parent if path.parent.exists() else next(p for p in path.parents if p.exists())
+    free = shutil.disk_usage(parent).free
+    if free < model_bytes:
+        raise ConfigError(f"out={out} needs {fmt_bytes(model_bytes)} but {parent} has {fmt_bytes(free)} free; "
+                          "pick a filesystem with room")
+    return path
+
+
+def _model_choice(job: Job) -> str:
+    from hydra.core.hydra_config import HydraConfig
+
+    return HydraConfig.get().runtime.choices.get("model") or job.cfg.model.name
+
+
+def materialize_mode(job: Job) -> Outcome:
+    path = _materialize_target(job.cfg.out, job.spec.model_bytes)
+    info = run_materialize(job.cfg, job.spec, path)
+    report = {**plan_report(job), "materialized": info}
+    md = (f"## Weight file: {job.spec.name}\n\n" + table(["what", "value"], [
+        ["file", info["weights_file"]],
+        ["tensors", f"{info['weights']:,}"],
+        ["bytes", f"{info['model_bytes']:,} ({fmt_bytes(info['model_bytes'])})"],
+        ["seed", info["seed"]],
+    ]) + f"\n\nrun it: python -m engine +model={_model_choice(job)} mode=execute weights.file={info['weights_file']}"
+        + (f" budget={job.cfg.budget:g}" if job.cfg.budget is not None else ""))
+    return Outcome(report, md)
+
+
+def run_materialize(cfg: Any, spec: ModelSpec, out_path: str | Path) -> dict:
+    """Write random weights for `spec` (seed cfg.seed) to `out_path`; the GPU generates when there is one."""
+    path = materialize(spec, out_path, seed=cfg.seed)
+    return {"weights_file": str(path), "model": spec.name, "model_bytes": spec.model_bytes,
+            "weights": len(spec.weights), "seed": cfg.seed}
+
+
+def _start_run(cfg: Any, order: AccessOrder, out_dir: str | Path) -> tuple[int | None, int, Path]:
+    """The budget in bytes, the floor, and the output directory (made). The floor
+    first: a budget under it fails before any file or device memory is touched."""
+    w = cfg.weights
+    budget = budget_bytes(cfg.budget)
+    floor_bytes = WeightResidency(order, budget, w.eviction, w.lookahead).floor.bytes
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return budget, floor_bytes, out_dir
+
+
+def _write_telemetry(out_dir: Path, rows: list[dict]) -> None:
+    with open(out_dir / "telemetry.jsonl", "w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+
+
+def _check_order(order: AccessOrder, spec: ModelSpec) -> None:
+    """The trace must be this spec's forward: same kernels, same weights."""
+    if len(order) != len(spec.kernels):
+        raise ExecutorError(f"the trace has {len(order)} kernels but model {spec.name} runs {len(spec.kernels)} "
+                            "per forward; execute runs inference: use workload=infer and a matching trace")
+    for i, k in enumerate(spec.kernels):
+        if order.kernels[i] != k.name or tuple(order.reads[i]) != tuple(k.weights):
+            raise ExecutorError(f"schedule divergence at kernel position {i}: the trace has {order.kernels[i]}, "
+                                f"the model runs {k.name}; record or synthesize the trace for this model")
+
+
+def _reference(spec: ModelSpec, host: dict, inputs: dict, device: torch.device) -> dict | None:
+    """The all-resident forward's outputs, or None when the model does not fit beside the pool."""
+    if device.type == "cuda" and not fits_resident(spec.model_bytes, device):
+        log.info("the model does not fit on the device all resident: no bitwise reference")
+        return None
+    weights = {n: t.to(device, copy=True) for n, t in host.items()}
+    with torch.no_grad():
+        out = forward(spec, DictSource(spec, weights), inputs)
+    del weights
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()  # the pool is not torch's: give the reference's memory back
+    return out
+
+
+def run_execute(cfg: Any, spec: ModelSpec, trace: Any, out_dir: str | Path) -> dict:
+    """Run cfg.workload.steps forwards through the executor; write telemetry.jsonl; return the measurement."""
+    w = cfg.weights
+    device = compute_device(w.backend)
+    order = trace.access_order()
+    _check_order(order, spec)
+    budget, floor_bytes, out_dir = _start_run(cfg, order, out_dir)
+    with ExitStack() as stack:
+        wf = open_weight_file(cfg, spec, stack)
+        inputs = make_inputs(spec, cfg.workload, device, seed=cfg.seed)
+        reference = _reference(spec, wf.tensors(), inputs, device)
+        executor = streamed_executor(stack, wf, order, backend=w.backend, source=w.source, budget_bytes=budget,
+                                     eviction=w.eviction, lookahead=w.lookahead, keep_steps=None)
+        outputs = []
+        with torch.no_grad():
+            for _ in range(cfg.workload.steps):
+                with executor.step():
+                    outputs.append(forward(spec, executor, inputs))
+        telemetry = executor.telemetry()  # waits for the last step
+        match = None if reference is None else all(
+            torch.equal(out[k], reference[k]) for out in outputs for k in reference)
+        pool_cap = executor.backend.cap_bytes
+        reserved_peak = executor.backend.reserved_peak_bytes()
+    _write_telemetry(out_dir, telemetry)
+    last = telemetry[-1]
+    return {
+        **run_settings(w),
+        "budget_bytes": budget,
+        "floor_bytes": floor_bytes,
+        "pool_cap_bytes": pool_cap,
+        "pool_reserved_peak_bytes": reserved_peak,
+        **step_times(telemetry),
+        "h2d_bytes": last["h2d_bytes"],
+        **weight_counts(last),
+        # Pool refusals under the budget (fragmentation), each answered by copying the
+        # resident weights in again; the simulator does not model them.
+        "relocations": sum(row["relocations"] for row in telemetry),
+        "peak_device_bytes": max(row["peak_device_bytes"] for row in telemetry),
+        "peak_resident_bytes": max(row["peak_resident_bytes"] for row in telemetry),
+        "outputs_match_reference": match,
+        "weights_file": w.file,  # None: a temporary file, gone now
+    }
+
+
+def run_train_execute(cfg: Any, spec: ModelSpec, trace: Any, out_dir: str | Path) -> dict:
+    """Run cfg.workload.steps LoRA training steps; write telemetry.jsonl; return the measurement.
+
+    When the model and its saved activations fit the device beside nothing else,
+    the same steps run first with every weight resident and no hooks, and every
+    step's loss and gradients are compared with that reference."""
+    w, act = cfg.weights, cfg.activations
+    if cfg.workload.kind != "train_lora" or cfg.workload.lora_rank < 1:
+        raise ExecutorError(f"training execute needs workload.kind=train_lora with lora_rank >= 1 (got "
+                            f"{cfg.workload.kind}, rank {cfg.workload.lora_rank}); use workload=train_lora")
+    device = compute_device(w.backend)
+    order = trace.access_order()
+    check_train_order(order, spec)
+    budget, floor_bytes, out_dir = _start_run(cfg, order, out_dir)
+    policy = build_activation_policy(act, spec.num_layers)  # a bad activations config fails here too
+    saved_bytes = sum(s.nbytes for r in trace.records for s in r.saved)
+    steps = cfg.workload.steps
+    with ExitStack() as stack:
+        wf = open_weight_file(cfg, spec, stack)
+        inputs = make_inputs(spec, cfg.workload, device, seed=cfg.seed)
+        lora = init_lora(spec, cfg.workload.lora_rank, device=device, seed=cfg.seed + 1)
+        compare = fits_resident(spec.model_bytes + saved_bytes, device)
+        stack.enter_context(deterministic(compare and device.type == "cuda"))
+        reference = reference_steps(spec, wf.tensors(), inputs, lora, steps, device) if compare else None
+        spread = None
+        if reference is not None and device.type == "cuda":
+            # Some CUDA kernels (cuDNN's attention backward at long sequences) stay
+            # non-deterministic even in deterministic mode: a second reference run
+            # measures that spread, so a difference within it is not called wrong.
+            spread = max_abs_diff(reference, reference_steps(spec, wf.tensors(), inputs, lora, steps, device))
+        executor = streamed_executor(stack, wf, order, backend=w.backend, source=w.source, budget_bytes=budget,
+                                     eviction=w.eviction, lookahead=w.lookahead, keep_steps=None,
+                                     relocate=False)  # backward holds weight views across fetches
+        streamed = StreamedWeights(executor, len(spec.kernels))
+        offloader = None
+        if policy is not None:
+            offloader = ActivationOffloader(policy, act, device, weights=AsManaged(streamed), keep_steps=None)
+            stack.callback(offloader.close)
+        results, peaks = [], []
+        for _ in range(steps):
+            results.append(train_step(spec, executor, streamed, offloader, inputs, lora, device))
+            peaks.append(torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None)
+        weight_rows = executor.telemetry()  # waits for the last step
+        act_rows = offloader.telemetry() if offloader is not None else [None] * steps
+    rows = [telemetry_row(wr, ar, peak) for wr, ar, peak in zip(weight_rows, act_rows, peaks)]
+    _write_telemetry(out_dir, rows)
+    losses = grads = None
+    if reference is not None:
+        # Within twice the spread: the offloaded run and the reference are two draws of
+        # the same non-determinism, one pair of which measured the spread.
+        ok = (lambda a, b: torch.equal(a, b)) if not spread else \
+            (lambda a, b: (a.float() - b.float()).abs().max().item() <= 2 * spread)
+        losses = all(ok(loss, ref_loss) for (loss, _), (ref_loss, _) in zip(results, reference))
+        grads = all(ok(g[k], ref_g[k]) for (_, g), (_, ref_g) in zip(results, reference) for k in ref_g)
+    last = rows[-1]
+    return {
+        **run_settings(w),
+        "activations": act.mode,
+        "budget_bytes": budget,
+        "floor_bytes": floor_bytes,
+        **step_times(rows),
+        # The simulator's h2d_bytes counts every host-to-device copy: weights and activation restores.
+        "h2d_bytes": last["weight_h2d_bytes"] + last["restore_bytes"],
+        "weight_h2d_bytes": last["weight_h2d_bytes"],
+        "relocations": sum(r["weight_relocations"] for r in rows),
+        **weight_counts(last, "weight_"),
+        "peak_device_bytes": max(r["peak_device_bytes"] for r in rows),
+        "spill_bytes": last["spill_bytes"],
+        "restore_bytes": last["restore_bytes"],
+        "pool_hits": last["pool_hits"],
+        "pool_misses": last["pool_misses"],
+        "stall_ms": statistics.median(r["stall_time_ms"] for r in rows[1:] or rows),
+        "loss_match_reference": losses,
+        "grads_match_reference": grads,
+        "weights_file": w.file,  # None: a temporary file, gone now
+        "reference_spread": spread,  # 0 or None: compared bitwise
+    }

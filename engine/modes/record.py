@@ -1,0 +1,101 @@
+"""mode=record: one step on the GPU, timed kernel by kernel -> trace.jsonl (engine/record/)."""
+from __future__ import annotations
+
+import logging
+from contextlib import ExitStack
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+
+from engine.executor.setup import compute_device, device_name, open_weight_file
+from engine.job import Job, Outcome, config_summary
+from engine.models import DictSource, init_lora, make_inputs
+from engine.record.clocks import clock_for
+from engine.record.probes import copy_stream_beside, probe_copies, streamed_forward
+from engine.record.timing import TIMED_STEPS, build_trace, time_steps
+from engine.report import table
+from engine.spec import ModelSpec
+from engine.trace import Trace, write_trace
+from engine.units import budget_bytes
+
+log = logging.getLogger(__name__)
+
+NO_CUDA = ("mode=record needs a CUDA GPU and none is visible; predict without one with "
+           "mode=simulate (or weights.backend=cpu to exercise the recorder on the CPU)")
+
+
+def record_mode(job: Job) -> Outcome:
+    path, trace = record(job.cfg, job.spec, job.out_dir)
+    h = trace.header
+    probes = h["probes"]
+    rows = [["trace", str(path)], ["records", f"{len(trace.records):,}"],
+            ["step (GPU, resident)", f"{h['step_ns'] / 1e6:.3f} ms"],
+            ["kernel compute, sum", f"{sum(r.compute_ns for r in trace.records) / 1e6:.3f} ms"],
+            ["saved for backward", f"{sum(s.nbytes for r in trace.records for s in r.saved) / 1e9:.3f} GB"],
+            ["weight copies observed", f"{sum(len(r.copies) for r in trace.records):,}"],
+            ["device", f"{h['device']} (torch {h['torch']}, CUDA {h['cuda']})"]]
+    if "compute_under_copy" in probes:
+        c = probes["compute_under_copy"]
+        rows.append(["step beside H2D copies", f"{c['with_copy_ns'] / 1e6:.3f} ms"])
+    md = f"## Recorded {h['model']} ({job.cfg.workload.name})\n\n" + table(["what", "value"], rows)
+    report = {"config": config_summary(job), "trace": str(path), "records": len(trace.records),
+              "step_ns": h["step_ns"], "device": h["device"]}
+    return Outcome(report, md + f"\n\nreplay it: python -m engine +model=... trace={path}")
+
+
+def _plain(node: Any) -> Any:
+    return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+
+
+def record(cfg: Any, spec: ModelSpec, out_dir: str | Path) -> tuple[Path, Trace]:
+    """Record one step of `spec` under cfg.workload; writes out_dir/trace.jsonl."""
+    device = compute_device(cfg.weights.backend, no_cuda=NO_CUDA)
+    clock = clock_for(device)
+    training = cfg.workload.kind == "train_lora"
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with ExitStack() as stack:
+        wf = open_weight_file(cfg, spec, stack)
+        weights = {n: t.to(device, copy=True) for n, t in wf.tensors().items()}
+        inputs = make_inputs(spec, cfg.workload, device, seed=cfg.seed)
+        lora = init_lora(spec, cfg.workload.lora_rank, device=device, seed=cfg.seed + 1) if training else None
+        source = DictSource(spec, weights)
+        timing = time_steps(spec, source, inputs, clock, lora=lora)
+        log.info("recorded %s: step %.3f ms", spec.name, timing.step_ns / 1e6)
+        probes: dict[str, Any] = {"host": {"kernel_ns": timing.host_ns,
+                                           "resident_fetch_ns": timing.fetch_ns}}
+        if device.type == "cuda":
+            beside = time_steps(spec, source, inputs, clock, lora=lora, warmup=1, steps=3,
+                                beside=copy_stream_beside(timing.step_ns, device))
+            probes["compute_under_copy"] = {"alone_ns": timing.step_ns, "with_copy_ns": beside.step_ns}
+        del weights, source
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        budget = budget_bytes(cfg.budget)
+        copies, fetch, alloc_ns = streamed_forward(spec, wf, inputs, cfg, clock, budget)
+        probes["host"]["fetch"] = fetch
+        probes["alloc_ns"] = alloc_ns
+        probes["weight_source"] = cfg.weights.source
+        copied = [c for cs in copies.values() for c in cs]
+        probes["weight_gbps"] = (sum(c["nbytes"] for c in copied) / max(1, sum(c["ns"] for c in copied))
+                                 if copied else None)
+        if device.type == "cuda":
+            probes["copies"], probes["duplex"] = probe_copies(device)
+        header = {
+            "model": spec.name, "num_layers": spec.num_layers, "workload": _plain(cfg.workload),
+            "hardware": cfg.hardware.name, "device": device_name(device), "torch": torch.__version__,
+            "cuda": torch.version.cuda if device.type == "cuda" else None,
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "clock": "cuda events" if device.type == "cuda" else "perf_counter (cpu backend)",
+            "timed_steps": TIMED_STEPS, "step_ns": timing.step_ns,
+            "streamed": {"budget_bytes": budget, "eviction": cfg.weights.eviction,
+                         "lookahead": cfg.weights.lookahead, "source": cfg.weights.source},
+            "probes": probes,
+        }
+    trace = build_trace(spec, timing, header, copies)
+    path = out_dir / "trace.jsonl"
+    write_trace(path, trace)
+    return path, trace

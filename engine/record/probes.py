@@ -1,0 +1,162 @@
+"""What the copies cost: weight copies timed inside a streamed forward, and the
+copy engine's own figures (mode=record's header "probes", PROBES_DOC)."""
+from __future__ import annotations
+
+import statistics
+import time
+from contextlib import ExitStack
+from typing import Any, Callable, Mapping
+
+import torch
+
+from engine.executor.setup import streamed_executor
+from engine.models import forward
+from engine.policy import AccessOrder
+from engine.record.clocks import Clock
+from engine.record.timing import KernelStamps
+from engine.spec import ModelSpec
+from engine.units import MIB
+
+PROBE_SIZES = (4096, 65536, MIB, 4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB)
+PROBE_BYTES = 1 << 30  # per size and direction: enough repeats to average out event resolution
+PROBE_REPEATS = 5
+
+PROBES_DOC = """header["probes"] (recorded traces; all times in ns):
+    copies      [{dir: "h2d"|"d2h", nbytes, ns}]  pinned copies of one size back to back, ns per copy
+    duplex      [{h2d_bytes, d2h_bytes, ns}]     one copy each way started together, ns until both landed
+    alloc_ns    [int]                            host time of one pool allocation
+    compute_under_copy  {alone_ns, with_copy_ns} the recorded step alone and beside a stream of H2D copies
+    host        {kernel_ns: [host ns per forward record, resident], resident_fetch_ns: median host ns
+                 of one resident fetch, fetch: [[copies issued, host ns] per fetch of a streamed forward]}
+    weight_source, weight_gbps                   where the streamed forward's weights came from, and
+                                                 its copies' bytes over their copy-engine time"""
+
+
+class TimedCopies:
+    """A backend wrapper that times every weight copy on the copy stream and
+    every pool allocation on the host; everything else goes to the backend."""
+
+    def __init__(self, backend: Any, clock: Clock, position: Callable[[], int]):
+        self.backend = backend
+        self.clock = clock
+        self.position = position
+        self.stream = getattr(backend, "copy", None)
+        self.copies: list[tuple[int, int, Any, Any]] = []  # (kernel, nbytes, start, end)
+        self.alloc_ns: list[int] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.backend, name)
+
+    def alloc(self, nbytes: int) -> Any:
+        t0 = time.perf_counter_ns()
+        block = self.backend.alloc(nbytes)
+        self.alloc_ns.append(time.perf_counter_ns() - t0)
+        return block
+
+    def copy_in(self, block: Any, src: torch.Tensor) -> Any:
+        start = self.clock.stamp(self.stream)
+        ready = self.backend.copy_in(block, src)
+        self.copies.append((self.position() + 1, block.nbytes, start, self.clock.stamp(self.stream)))
+        return ready
+
+    def by_kernel(self) -> dict[int, list[dict]]:
+        out: dict[int, list[dict]] = {}
+        for k, nbytes, a, b in self.copies:
+            out.setdefault(k, []).append({"dir": "h2d", "nbytes": nbytes, "ns": self.clock.ns(a, b)})
+        return out
+
+
+def streamed_forward(spec: ModelSpec, wf: Any, inputs: Mapping[str, torch.Tensor], cfg: Any, clock: Clock,
+                     budget_bytes: int | None) -> tuple[dict[int, list[dict]], list[list[int]], list[int]]:
+    """One cold forward through the executor (every weight copied at least once):
+    the copies by kernel, [copies issued, host ns] per fetch, and allocation times."""
+    order = AccessOrder(tuple(k.name for k in spec.kernels), tuple(k.weights for k in spec.kernels),
+                        {n: w.nbytes for n, w in spec.weights.items()})
+    w = cfg.weights
+    with ExitStack() as stack:
+        stamps_box: list[KernelStamps] = []
+        timed: list[TimedCopies] = []
+
+        def wrap(backend: Any) -> TimedCopies:
+            timed.append(TimedCopies(backend, clock, lambda: stamps_box[0].current))
+            return timed[0]
+
+        executor = streamed_executor(stack, wf, order, backend=w.backend, source=w.source,
+                                     budget_bytes=budget_bytes, eviction=w.eviction, lookahead=w.lookahead,
+                                     keep_steps=None, wrap=wrap)
+        stamps = KernelStamps(executor, clock)
+        stamps_box.append(stamps)
+        with torch.no_grad(), executor.step():
+            forward(spec, stamps, inputs)
+        stamps.close()
+        clock.synchronize()
+        issued = [0] * len(spec.kernels)
+        for d in executor.log:
+            if d.action in ("fetch", "prefetch"):
+                issued[d.position] += 1
+        fetch = [[issued[i], ns] for i, ns in enumerate(stamps.host_fetch)]
+        return timed[0].by_kernel(), fetch, timed[0].alloc_ns
+
+
+def _events_ns(fn: Callable[[], None], stream: torch.cuda.Stream) -> int:
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record(stream)
+    fn()
+    b.record(stream)
+    b.synchronize()
+    return round(a.elapsed_time(b) * 1e6)
+
+
+def probe_copies(device: torch.device) -> tuple[list[dict], list[dict]]:
+    """Pinned copies by size each way (ns per copy, back to back), and both ways at once."""
+    big = PROBE_SIZES[-1]
+    host = torch.empty(big, dtype=torch.uint8, pin_memory=True).fill_(1)
+    host2 = torch.empty(big, dtype=torch.uint8, pin_memory=True)
+    dev = torch.ones(big, dtype=torch.uint8, device=device)
+    dev2 = torch.empty(big, dtype=torch.uint8, device=device)
+    s1, s2 = torch.cuda.Stream(device), torch.cuda.Stream(device)
+    copies = []
+    for size in PROBE_SIZES:
+        reps = max(4, min(256, PROBE_BYTES // size))
+        for direction, dst, src in (("h2d", dev2, host), ("d2h", host2, dev)):
+            def run() -> None:
+                with torch.cuda.stream(s1):
+                    for _ in range(reps):
+                        dst[:size].copy_(src[:size], non_blocking=True)
+            run()
+            ns = statistics.median(_events_ns(run, s1) for _ in range(PROBE_REPEATS))
+            copies.append({"dir": direction, "nbytes": size, "ns": round(ns / reps)})
+    duplex = []
+    for _ in range(PROBE_REPEATS):
+        torch.cuda.synchronize(device)
+        start = torch.cuda.Event(enable_timing=True)
+        start.record(s1)
+        s2.wait_event(start)
+        with torch.cuda.stream(s1):
+            dev2.copy_(host, non_blocking=True)
+        with torch.cuda.stream(s2):
+            host2.copy_(dev, non_blocking=True)
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+        ends[0].record(s1)
+        ends[1].record(s2)
+        torch.cuda.synchronize(device)
+        duplex.append({"h2d_bytes": big, "d2h_bytes": big,
+                       "ns": round(max(start.elapsed_time(e) for e in ends) * 1e6)})
+    return copies, duplex
+
+
+def copy_stream_beside(alone_ns: int, device: torch.device) -> Callable[[], None]:
+    """For time_steps(beside=...): H2D copies on a side stream from the step's start,
+    enough to outlast it at ~60 GB/s with margin."""
+    chunk = 256 * MIB
+    host = torch.empty(chunk, dtype=torch.uint8, pin_memory=True).fill_(1)
+    dev = torch.empty(chunk, dtype=torch.uint8, device=device)
+    side = torch.cuda.Stream(device)
+    n = max(4, int(alone_ns * 60 * 1.5 / chunk) + 1)
+
+    def start() -> None:
+        side.wait_stream(torch.cuda.current_stream(device))  # not during the hold
+        with torch.cuda.stream(side):
+            for _ in range(n):
+                dev.copy_(host, non_blocking=True)
+    return start

@@ -1,0 +1,255 @@
+"""Timing one step kernel by kernel (forward, and the LoRA backward), and the trace it makes."""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+
+from engine.executor.training import lora_loss
+from engine.models import forward
+from engine.record.clocks import Clock
+from engine.spec import ModelSpec, SavedTensor
+from engine.trace import (BACKWARD_FLOPS_FACTOR, BACKWARD_SUFFIX, FORMAT, VERSION, ExecutionTimePredictor,
+                          KernelRecord, Trace, check_trace)
+
+WARMUP_STEPS = 2
+TIMED_STEPS = 5
+# The compute stream is held while the host queues a step: for this many times
+# the previous step's host time (the first step: FIRST_HOLD_NS).
+HOLD_FACTOR = 1.5
+FIRST_HOLD_NS = 50_000_000
+
+
+class KernelStamps:
+    """A WeightSource wrapper: stamps around each fetch, host time of each kernel.
+
+    One instance times one forward (plus, in training, its backward through
+    `SavedTensorLog`). `close()` stamps the end of the last kernel."""
+
+    def __init__(self, source: Any, clock: Clock):
+        self.source = source
+        self.clock = clock
+        self.current = -1  # the kernel whose math runs now
+        self.before: list[Any] = []  # stamp before fetch i: kernel i-1 ended
+        self.after: list[Any] = []  # stamp after fetch i: kernel i starts
+        self.host_start: list[int] = []  # perf_counter_ns at fetch i
+        self.host_fetch: list[int] = []  # ns the host spent inside fetch i
+        self.end: Any = None
+        self.host_end = 0
+
+    def fetch(self, i: int) -> Mapping[str, torch.Tensor]:
+        t0 = time.perf_counter_ns()
+        self.before.append(self.clock.stamp())
+        out = self.source.fetch(i)
+        self.after.append(self.clock.stamp())
+        self.host_start.append(t0)
+        self.host_fetch.append(time.perf_counter_ns() - t0)
+        self.current = i
+        return out
+
+    def close(self) -> None:
+        self.end = self.clock.stamp()
+        self.host_end = time.perf_counter_ns()
+
+    def compute_ns(self) -> list[int]:
+        ends = self.before[1:] + [self.end]
+        return [self.clock.ns(a, b) for a, b in zip(self.after, ends)]
+
+    def stall_ns(self) -> list[int]:
+        return [self.clock.ns(a, b) for a, b in zip(self.before, self.after)]
+
+    def host_ns(self) -> list[int]:
+        """Host time per kernel: its fetch, its math's Python and launches."""
+        return [b - a for a, b in zip(self.host_start, self.host_start[1:] + [self.host_end])]
+
+
+@dataclass
+class SavedTensorLog:
+    """Saved-tensor hooks: what each forward kernel saves, when the backward reaches it."""
+
+    stamps: KernelStamps
+    weight_ptrs: set[int]  # storages of frozen weights and adapters: weights, not activations
+    saved: dict[int, list[int]] = field(default_factory=dict)  # kernel -> bytes of each new storage
+    # (kernel, index in its saved list) -> the last kernel that saved that storage again (the
+    # text context: block 0 saves it, every later block again); backward unpacks it first there.
+    last_saver: dict[tuple[int, int], int] = field(default_factory=dict)
+    first_unpack: dict[int, Any] = field(default_factory=dict)  # kernel -> stamp
+    _seen: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+    def pack(self, t: torch.Tensor) -> tuple[int, torch.Tensor]:
+        i = self.stamps.current
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr in self.weight_ptrs:
+            return i, t
+        first = self._seen.get(ptr)
+        if first is None:  # views and duplicates once, under the kernel that saved them first
+            saved = self.saved.setdefault(i, [])
+            self._seen[ptr] = (i, len(saved))
+            saved.append(storage.nbytes())
+        elif i != first[0]:
+            self.last_saver[first] = i
+        return i, t
+
+    def unpack(self, packed: tuple[int, torch.Tensor]) -> torch.Tensor:
+        i, t = packed
+        if i not in self.first_unpack:
+            self.first_unpack[i] = self.stamps.clock.stamp()
+        return t
+
+    def hooks(self) -> Any:
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+
+
+def split_backward(marks: Mapping[int, int], end_ns: int, n: int, weights: Sequence[float]) -> list[int]:
+    """Backward time per forward kernel 0..n-1 from first-unpack times.
+
+    `marks` maps a kernel to when the backward first unpacked its tensors (ns
+    from the backward's start, which counts as kernel n-1's); the time from one
+    mark to the next lower kernel's mark (or `end_ns`) is split over the
+    kernels it covers in proportion to `weights` (predicted times; equal
+    shares where those are all 0)."""
+    starts = {**marks, n - 1: 0}
+    cuts = sorted(starts, reverse=True)
+    times, latest = [], 0
+    for k in cuts:  # the backward runs in reverse order: keep the marks monotone
+        latest = max(latest, starts[k])
+        times.append(latest)
+    out = [0] * n
+    for j, k in enumerate(cuts):
+        lower, t_next = (cuts[j + 1], times[j + 1]) if j + 1 < len(cuts) else (-1, max(end_ns, times[j]))
+        span = t_next - times[j]
+        covered = range(k, lower, -1)
+        share = [weights[c] for c in covered]
+        total = sum(share)
+        if total <= 0:
+            share, total = [1.0] * len(share), float(len(share))
+        given = 0
+        for c, w in zip(covered, share):
+            out[c] = round(span * w / total)
+            given += out[c]
+        out[lower + 1] += span - given  # rounding: the covered kernels sum to the span exactly
+    return out
+
+
+def _median(rows: Sequence[Sequence[int]]) -> list[int]:
+    return [round(statistics.median(col)) for col in zip(*rows)]
+
+
+@dataclass
+class StepTiming:
+    """One recorded step (medians over the timed steps)."""
+
+    forward_ns: list[int]
+    backward_ns: list[int] | None
+    host_ns: list[int]
+    saved: dict[int, list[int]]
+    last_saver: dict[tuple[int, int], int]  # SavedTensorLog.last_saver
+    step_ns: int
+    fetch_ns: int  # median host time of one fetch from the (resident) source
+
+
+def time_steps(spec: ModelSpec, source: Any, inputs: Mapping[str, torch.Tensor], clock: Clock, *,
+               lora: Mapping[str, torch.Tensor] | None = None, warmup: int = WARMUP_STEPS,
+               steps: int = TIMED_STEPS, beside: Callable[[], None] | None = None,
+               hold_ns: int = FIRST_HOLD_NS) -> StepTiming:
+    """Time `steps` forwards (training: forward + backward when `lora` is given) of `spec`.
+
+    `beside`, if given, runs as each step starts (after the hold): work to run
+    beside the step, e.g. copies on a side stream."""
+    training = lora is not None
+    predictor_weights = _backward_weights(spec) if training else None
+    weight_ptrs = set()
+    if training:
+        weight_ptrs = {t.untyped_storage().data_ptr() for t in lora.values()}
+        weight_ptrs |= {t.untyped_storage().data_ptr() for t in getattr(source, "weights", {}).values()}
+    fwd_rows, bwd_rows, host_rows, step_rows, fetch_rows = [], [], [], [], []
+    saved: dict[int, list[int]] = {}
+    last_saver: dict[tuple[int, int], int] = {}
+    for s in range(warmup + steps):
+        clock.synchronize()
+        clock.hold(hold_ns)
+        host0 = time.perf_counter_ns()
+        stamps = KernelStamps(source, clock)
+        start = clock.stamp()
+        if beside is not None:
+            beside()
+        if training:
+            for t in lora.values():
+                t.grad = None
+            hooks = SavedTensorLog(stamps, weight_ptrs)
+            with hooks.hooks():
+                out = forward(spec, stamps, inputs, lora)
+                stamps.close()
+                loss = lora_loss(out)
+                bwd_start = clock.stamp()
+                loss.backward()
+            end = clock.stamp()
+        else:
+            with torch.no_grad():
+                forward(spec, stamps, inputs)
+            stamps.close()
+            end = stamps.end
+        hold_ns = round(HOLD_FACTOR * (time.perf_counter_ns() - host0))
+        clock.synchronize()
+        if s < warmup:
+            continue
+        fwd_rows.append(stamps.compute_ns())
+        host_rows.append(stamps.host_ns())
+        fetch_rows.extend(stamps.host_fetch)
+        step_rows.append([clock.ns(start, end)])
+        if training:
+            marks = {k: clock.ns(bwd_start, e) for k, e in hooks.first_unpack.items()}
+            # The loss and its gradient sit between the forward's end and the backward's start.
+            loss_ns = clock.ns(stamps.end, bwd_start)
+            bwd = split_backward(marks, clock.ns(bwd_start, end), len(spec.kernels), predictor_weights)
+            bwd[-1] += loss_ns
+            bwd_rows.append(bwd)
+            saved, last_saver = hooks.saved, hooks.last_saver
+    return StepTiming(forward_ns=_median(fwd_rows), backward_ns=_median(bwd_rows) if training else None,
+                      host_ns=_median(host_rows), saved=saved, last_saver=last_saver,
+                      step_ns=_median(step_rows)[0],
+                      fetch_ns=round(statistics.median(fetch_rows)))
+
+
+def _backward_weights(spec: ModelSpec) -> list[float]:
+    """Relative backward time of each kernel, from the spec's FLOPs and bytes on a nominal GPU."""
+    p = ExecutionTimePredictor(SimpleNamespace(matmul_tflops=700.0, hbm_gbps=3000.0))
+    return [float(p.kernel_ns(k.op, BACKWARD_FLOPS_FACTOR * k.flops, BACKWARD_FLOPS_FACTOR * k.io_bytes))
+            for k in spec.kernels]
+
+
+def build_trace(spec: ModelSpec, timing: StepTiming, header: dict,
+                copies: Mapping[int, list[dict]] | None = None) -> Trace:
+    """The trace of a recorded step: forward records, then (training) the backward mirror."""
+    copies = copies or {}
+    training = timing.backward_ns is not None
+    forward, backward = [], []
+    for i, k in enumerate(spec.kernels):
+        saved = tuple(SavedTensor(f"{k.name}/t{n}", nbytes, k.layer)
+                      for n, nbytes in enumerate(timing.saved.get(i, ()))) if training else ()
+        forward.append(KernelRecord(name=k.name, layer=k.layer, phase="fwd", weights=tuple(k.weights),
+                                    compute_ns=timing.forward_ns[i], flops=k.flops, io_bytes=k.io_bytes,
+                                    saved=saved, copies=tuple(copies.get(i, ()))))
+    if training:
+        # A tensor is needed where backward first unpacks it: the mirror of its last saver.
+        needs: dict[int, list[str]] = {}
+        for i, f in enumerate(forward):
+            for n, s in enumerate(f.saved):
+                needs.setdefault(timing.last_saver.get((i, n), i), []).append(s.name)
+        for i in reversed(range(len(spec.kernels))):
+            k = spec.kernels[i]
+            backward.append(KernelRecord(
+                name=k.name + BACKWARD_SUFFIX, layer=k.layer, phase="bwd", weights=tuple(k.weights),
+                compute_ns=timing.backward_ns[i], flops=BACKWARD_FLOPS_FACTOR * k.flops,
+                io_bytes=BACKWARD_FLOPS_FACTOR * k.io_bytes, needs=tuple(needs.get(i, ()))))
+    records = tuple(forward + backward)
+    trace = Trace(header={**header, "format": FORMAT, "version": VERSION, "records": len(records),
+                          "source": "recorded"},
+                  weight_sizes={n: w.nbytes for n, w in spec.weights.items()}, records=records)
+    check_trace(trace)
+    return trace
