@@ -29,6 +29,7 @@ import shutil
 import statistics
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -37,14 +38,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.errors import ExecutorError  # noqa: E402
-from engine.executor import WeightExecutor, host_weights  # noqa: E402
+from engine.executor import WeightExecutor  # noqa: E402
 from engine.executor.cuda import CudaBackend, pool_slack_bytes  # noqa: E402
+from engine.executor.setup import compute_device, device_name, forward_order, shared_host_weights  # noqa: E402
 from engine.models import DictSource, forward, make_inputs  # noqa: E402
 from engine.policy import AccessOrder, Decision  # noqa: E402
 from engine.policy.weights import WeightResidency  # noqa: E402
 from engine.spec import build_spec, load_model_config  # noqa: E402
+from engine.units import MB  # noqa: E402
 from engine.weightfile import WeightFile, materialize  # noqa: E402
-from engine.units import MB
 
 GiB = 1 << 30
 WORKLOAD = SimpleNamespace(name="infer", kind="infer", batch=1, video_tokens=6144, audio_tokens=128,
@@ -60,11 +62,6 @@ def ltx_spec(model: str, blocks: int | None):
     if blocks is not None and blocks != cfg.num_layers:
         cfg = dataclasses.replace(cfg, num_layers=blocks)
     return build_spec(cfg, WORKLOAD)
-
-
-def access_order(spec) -> AccessOrder:
-    return AccessOrder(tuple(k.name for k in spec.kernels), tuple(k.weights for k in spec.kernels),
-                       {n: w.nbytes for n, w in spec.weights.items()})
 
 
 def free_bytes(path: Path) -> int:
@@ -222,7 +219,8 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     torch.manual_seed(0)
-    result: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    device = compute_device("cuda", no_cuda="executor_bench.py needs a CUDA device")
+    result: dict = {"device": device_name(device), "torch": torch.__version__}
     out_path = Path(args.out) / "bench.json"
 
     def save() -> None:
@@ -240,7 +238,7 @@ def main() -> None:
     if where is None:
         raise SystemExit(f"no room for the weight file in {candidates}")
     spec = ltx_spec(args.model, blocks)
-    order = access_order(spec)
+    order = forward_order(spec)
     result.update(model=spec.name, blocks=blocks, model_bytes=spec.model_bytes, weights=len(spec.weights),
                   kernels=len(spec.kernels), file_dir=str(where), file_dir_free=free_bytes(where))
     log(f"{spec.name}: {blocks} blocks, {spec.model_bytes / 1e9:.2f} GB, {len(spec.weights)} weights, "
@@ -252,10 +250,11 @@ def main() -> None:
     result["materialize_s"] = time.perf_counter() - t
     log(f"materialized {path} in {result['materialize_s']:.1f} s")
 
+    stack = ExitStack()
     wf = WeightFile(path, spec)
-    reg = CudaBackend(64 * MB, slack_bytes=0)  # registers the mapping once for every config
+    stack.callback(wf.close)
     t = time.perf_counter()
-    host = host_weights(wf, "mmap_registered", reg)
+    host = shared_host_weights(stack, wf, "mmap_registered", "cuda")  # registered once for every config
     result["register_s"] = time.perf_counter() - t
     flat = wf.data_view()[:4 << 30]
     result["h2d_gbps"] = h2d_gbps(flat)
@@ -268,7 +267,7 @@ def main() -> None:
     save()
 
     inputs = make_inputs(spec, WORKLOAD, device="cuda", seed=1)
-    weights = {n: t.to("cuda", non_blocking=True) for n, t in host.tensors.items()}
+    weights = {n: t.to("cuda", non_blocking=True) for n, t in host.items()}
     torch.cuda.synchronize()
     outs = []
 
@@ -300,7 +299,7 @@ def main() -> None:
     probes = result["pool_probes"] = []
     for ev, b in configs:
         for slack in (pool_slack_bytes(largest), b * MB // 2):
-            p = pool_probe(order, host.tensors, b * MB, args.lookahead, logs[ev, b], slack)
+            p = pool_probe(order, host, b * MB, args.lookahead, logs[ev, b], slack)
             p["eviction"] = ev
             probes.append(p)
             log(f"pool {ev} {b} MB + slack {slack / MB:.0f} MB: "
@@ -323,30 +322,28 @@ def main() -> None:
         save()
 
     for ev, b in configs:
-        r = run_executor(spec, order, host.tensors, inputs, reference, b * MB, ev, args.lookahead, args.steps)
+        r = run_executor(spec, order, host, inputs, reference, b * MB, ev, args.lookahead, args.steps)
         r["policy_ms"] = policy_ms[f"{ev}-{b}"]
         record(r, f"{ev} {b} MB")
         if ev == "belady":
-            r = run_executor(spec, order, host.tensors, inputs, reference, b * MB, ev, args.lookahead, args.steps,
+            r = run_executor(spec, order, host, inputs, reference, b * MB, ev, args.lookahead, args.steps,
                              replay=Replay(logs[ev, b], len(order)))
             r["policy_ms"] = 0.0
             record(r, f"belady {b} MB, decisions replayed (no policy cost)")
 
     mid = budgets[len(budgets) // 2]
     for lookahead in (4, 8):
-        r = run_executor(spec, order, host.tensors, inputs, reference, mid * MB, "belady", lookahead, args.steps)
+        r = run_executor(spec, order, host, inputs, reference, mid * MB, "belady", lookahead, args.steps)
         record(r, f"belady {mid} MB, lookahead {lookahead}")
 
     model_mb = math.ceil(spec.model_bytes / MB)
-    r = run_executor(spec, order, host.tensors, inputs, reference, model_mb * MB, "belady", args.lookahead,
+    r = run_executor(spec, order, host, inputs, reference, model_mb * MB, "belady", args.lookahead,
                      args.steps)
     record(r, f"budget = model size ({model_mb} MB)")
     if "refused" not in r:
         r["target_ms"] = result["resident_ms"]
         log(f"budget = model size vs all resident: {r['step_ms'] / result['resident_ms'] - 1:+.1%}")
-    host.close()
-    reg.close()
-    wf.close()
+    stack.close()
 
     print()
     print(f"device: {result['device']}; {spec.name} {blocks} blocks, {spec.model_bytes / 1e9:.2f} GB bf16, "

@@ -45,6 +45,7 @@ import statistics
 import subprocess
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable
@@ -55,12 +56,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from engine.executor import WeightExecutor, host_weights  # noqa: E402
+from engine.executor import WeightExecutor  # noqa: E402
+from engine.executor.setup import compute_device, forward_order, shared_host_weights  # noqa: E402
 from engine.models import DictSource, forward, make_inputs, random_weights  # noqa: E402
 from engine.spec import ModelSpec, build_spec, load_model_config  # noqa: E402
+from engine.units import MB  # noqa: E402
 from engine.weightfile import WeightFile, materialize  # noqa: E402
-from engine.units import MB
-from executor_bench import access_order, choose_dir, h2d_gbps  # noqa: E402
+from executor_bench import choose_dir, h2d_gbps  # noqa: E402
 from soak import pinned_bytes  # noqa: E402
 from spec_module import SpecModule  # noqa: E402
 
@@ -150,7 +152,8 @@ class Bench:
         self.rows: list[dict] = []
         self.info: dict[str, Any] = {"model": spec.name, "kernels": len(spec.kernels),
                                      "model_bytes": spec.model_bytes}
-        self.wf = self.reg = self.host = None
+        self.stack = ExitStack()
+        self.path: Path | None = None
 
     def load(self) -> None:
         spec, args = self.spec, self.args
@@ -158,8 +161,6 @@ class Bench:
             self.tensors = random_weights(spec, seed=0)
             self.inputs = make_inputs(spec, workload(self.tokens), seed=1)
             return
-        from engine.executor.cuda import CudaBackend
-
         where = choose_dir(spec.model_bytes, [Path(args.dir)] if args.dir else
                            [Path("/dev/shm/offload-bench"), ROOT / ".bench"])
         if where is None:
@@ -169,21 +170,18 @@ class Bench:
         if not self.path.exists():
             materialize(spec, self.path, seed=0)
         self.info["materialize_s"] = time.perf_counter() - t
-        self.wf = WeightFile(self.path, spec)
-        self.reg = CudaBackend(64 * MB, slack_bytes=0)
-        self.host = host_weights(self.wf, "mmap_registered", self.reg)
-        self.tensors = self.host.tensors
-        self.info["h2d_gbps"] = h2d_gbps(self.wf.data_view()[:min(4 << 30, spec.model_bytes)])
+        wf = WeightFile(self.path, spec)
+        self.stack.callback(wf.close)
+        self.tensors = shared_host_weights(self.stack, wf, "mmap_registered", "cuda")
+        self.info["h2d_gbps"] = h2d_gbps(wf.data_view()[:min(4 << 30, spec.model_bytes)])
         self.inputs = make_inputs(spec, workload(self.tokens), device=self.device, seed=1)
         log(f"{spec.name}: {spec.num_layers} blocks, {spec.model_bytes / GB:.2f} GB in {self.path} "
             f"(materialized in {self.info['materialize_s']:.1f} s); H2D {self.info['h2d_gbps']:.1f} GB/s")
 
     def close(self) -> None:
         self.tensors = None
-        if self.host is not None:
-            self.host.close()
-            self.reg.close()
-            self.wf.close()
+        self.stack.close()
+        if self.path is not None:
             self.path.unlink()
 
     def record(self, row: dict, times: list[float], out: dict | None, setup_s: float, peak: int) -> None:
@@ -226,8 +224,8 @@ class Bench:
         name = f"ours {eviction} @{budget_mb}"
         try:
             t = time.perf_counter()
-            ex = WeightExecutor(access_order(spec), self.tensors, budget_bytes=budget_mb * MB, eviction=eviction,
-                                lookahead=self.args.lookahead, backend="cuda" if dev.type == "cuda" else "cpu")
+            ex = WeightExecutor(forward_order(spec), self.tensors, budget_bytes=budget_mb * MB, eviction=eviction,
+                                lookahead=self.args.lookahead, backend=dev.type)
             setup = time.perf_counter() - t
 
             def step() -> dict:
@@ -407,9 +405,7 @@ def main() -> None:
     p.add_argument("--tolerance", type=float, default=1e-2, help="max rel err above which an output is WRONG")
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
     args = p.parse_args()
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("no CUDA device; run with --device cpu (timings then mean nothing)")
-    device = torch.device(args.device)
+    device = compute_device(args.device, no_cuda="no CUDA device; run with --device cpu (timings then mean nothing)")
     args.out.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

@@ -32,11 +32,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from train_bench import Clock, device_weights, run_row  # noqa: E402
+from train_bench import device_weights, run_row  # noqa: E402
 
-from engine.executor.activations import ActivationOffloader, KernelTracking, ResidentWeights  # noqa: E402
-from engine.models import DictSource, forward, init_lora, make_inputs  # noqa: E402
+from engine.executor.activations import ActivationOffloader, ResidentWeights  # noqa: E402
+from engine.executor.setup import compute_device  # noqa: E402
+from engine.executor.training import lora_step  # noqa: E402
+from engine.models import DictSource, init_lora, make_inputs  # noqa: E402
 from engine.policy.activations import build_activation_policy  # noqa: E402
+from engine.record.clocks import clock_for  # noqa: E402
 from engine.spec import build_spec, load_model_config  # noqa: E402
 from engine.trace import read_trace  # noqa: E402
 from engine.validation import activations_config  # noqa: E402
@@ -78,7 +81,7 @@ def main() -> None:
     if unknown:
         p.error(f"--rows: {unknown[0]!r} is not one of {', '.join(ROWS)}")
     args.out.mkdir(parents=True, exist_ok=True)
-    device = torch.device("cuda")
+    device = compute_device("cuda", no_cuda="restore_profile.py needs a CUDA device")
     model_cfg = dataclasses.replace(load_model_config("ltx"), num_layers=8)
     workload = SimpleNamespace(kind="train_lora", batch=1, video_tokens=16384, audio_tokens=128, text_tokens=256,
                                context_tokens=0, lora_rank=32)
@@ -87,16 +90,10 @@ def main() -> None:
     lora = init_lora(spec, 32, device=device, seed=1)
     inputs = make_inputs(spec, workload, device=device, seed=2)
     trace = read_trace(TRACE)
-    clock = Clock(device)
+    clock = clock_for(device)
 
     def step(off: ActivationOffloader | None = None) -> dict:
-        for t in lora.values():
-            t.grad = None
-        source = DictSource(spec, weights)
-        if off is not None:
-            source = KernelTracking(source, spec, off)
-        out = forward(spec, source, inputs, lora)
-        sum(o.float().pow(2).mean() for o in out.values()).backward()
+        lora_step(spec, DictSource(spec, weights), inputs, lora, off)
         return {}
 
     def profiled(name: str, wrap) -> None:

@@ -29,6 +29,7 @@ import argparse
 import gc
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import torch
@@ -36,13 +37,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from executor_bench import WORKLOAD, access_order, ltx_spec  # noqa: E402
+from executor_bench import WORKLOAD, ltx_spec  # noqa: E402
 
 from engine.errors import ExecutorError  # noqa: E402
-from engine.executor import WeightExecutor, host_weights, make_backend  # noqa: E402
+from engine.executor import WeightExecutor  # noqa: E402
+from engine.executor.setup import forward_order, streamed_executor  # noqa: E402
 from engine.models import DictSource, forward, make_inputs  # noqa: E402
+from engine.units import MB  # noqa: E402
 from engine.weightfile import WeightFile, materialize  # noqa: E402
-from engine.units import MB
 
 CHECKPOINTS = (1, 10, 50, 100, 200)
 SETTLED = 10  # drift is measured from this step (the first steps fill the pool and warm allocators)
@@ -81,37 +83,34 @@ def sample(step: int, ex: WeightExecutor) -> dict:
 
 def phase(name: str, spec, order, wf: WeightFile, inputs: dict, reference: dict | None, budget: int,
           steps: int, trim: bool, eviction: str, lookahead: int) -> tuple[list[dict], bool | None, float, str | None]:
-    backend = make_backend("cuda", budget, max(order.sizes.values()))
-    host = host_weights(wf, "mmap_registered", backend)
-    ex = WeightExecutor(order, host.tensors, budget_bytes=budget, eviction=eviction, lookahead=lookahead,
-                        backend=backend)
     rows, bitwise, stopped = [], None if reference is None else True, None
     relocations = relocated = 0
     marks = set(c for c in CHECKPOINTS if c <= steps) | {steps}
-    start = time.perf_counter()
-    with torch.no_grad():
-        for step in range(1, steps + 1):
-            try:
-                with ex.step():
-                    out = forward(spec, ex, inputs)
-            except ExecutorError as err:  # a refusal is a result of the soak: record where and why
-                rows.append(sample(step, ex))
-                stopped = f"stopped in step {step}: {err}"
-                print(f"[{time.strftime('%H:%M:%S')}] {name}: {stopped}", flush=True)
-                break
-            if step in marks:
-                if reference is not None:
-                    bitwise = bitwise and all(torch.equal(out[k], reference[k]) for k in reference)
-                rows.append(sample(step, ex))
-                print(f"[{time.strftime('%H:%M:%S')}] {name}: step {step}", flush=True)
-            del out
-            relocations += ex.steps[-1].relocations
-            relocated += ex.steps[-1].relocated_bytes
-            if trim:
-                ex.log.clear(), ex.policy.log.clear(), ex.steps.clear()
-    seconds = time.perf_counter() - start
-    ex.close()
-    host.close()
+    with ExitStack() as stack:
+        ex = streamed_executor(stack, wf, order, backend="cuda", source="mmap_registered", budget_bytes=budget,
+                               eviction=eviction, lookahead=lookahead)
+        start = time.perf_counter()
+        with torch.no_grad():
+            for step in range(1, steps + 1):
+                try:
+                    with ex.step():
+                        out = forward(spec, ex, inputs)
+                except ExecutorError as err:  # a refusal is a result of the soak: record where and why
+                    rows.append(sample(step, ex))
+                    stopped = f"stopped in step {step}: {err}"
+                    print(f"[{time.strftime('%H:%M:%S')}] {name}: {stopped}", flush=True)
+                    break
+                if step in marks:
+                    if reference is not None:
+                        bitwise = bitwise and all(torch.equal(out[k], reference[k]) for k in reference)
+                    rows.append(sample(step, ex))
+                    print(f"[{time.strftime('%H:%M:%S')}] {name}: step {step}", flush=True)
+                del out
+                relocations += ex.steps[-1].relocations
+                relocated += ex.steps[-1].relocated_bytes
+                if trim:
+                    ex.log.clear(), ex.policy.log.clear(), ex.steps.clear()
+        seconds = time.perf_counter() - start
     print(f"{name}: {relocations} relocations ({relocated / MB:.0f} MB copied in again)", flush=True)
     return rows, bitwise, seconds, stopped
 
@@ -137,7 +136,7 @@ def main() -> None:
         sys.exit("soak.py needs a CUDA device; the host-backend soak is tests/test_soak.py")
 
     spec = ltx_spec(args.model, args.blocks)
-    order = access_order(spec)
+    order = forward_order(spec)
     budget = int(args.budget * MB) if args.budget is not None else int(args.budget_fraction * spec.model_bytes)
     path = args.dir / f"{spec.name}-{spec.num_layers}blocks-seed0.ptd"
     if not path.exists():

@@ -46,18 +46,21 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable, ContextManager
+from typing import Callable, ContextManager
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.config import ActivationsConfig, PoolConfig  # noqa: E402
-from engine.executor.activations import ActivationOffloader, KernelTracking, ResidentWeights  # noqa: E402
+from engine.executor.activations import ActivationOffloader, ResidentWeights  # noqa: E402
+from engine.executor.setup import compute_device  # noqa: E402
+from engine.executor.training import lora_step  # noqa: E402
 from engine.policy import Question  # noqa: E402
-from engine.models import DictSource, forward, init_lora, make_inputs, random_weights  # noqa: E402
+from engine.models import DictSource, init_lora, make_inputs, random_weights  # noqa: E402
 from engine.policy.activations import build_activation_policy  # noqa: E402
 from engine.policy.pool_sizing import exact_pool  # noqa: E402
+from engine.record.clocks import Clock, clock_for  # noqa: E402
 from engine.spec import ModelSpec, build_spec, load_model_config  # noqa: E402
 
 GB = 1e9
@@ -87,30 +90,6 @@ def device_weights(spec: ModelSpec, device: torch.device, seed: int = 0) -> dict
     return out
 
 
-class Clock:
-    """CUDA events on the device's stream; the host clock on the CPU."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-
-    def sync(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize()
-
-    def mark(self) -> Any:
-        if not self.cuda:
-            return time.perf_counter()
-        e = torch.cuda.Event(enable_timing=True)
-        e.record()
-        return e
-
-    def ms(self, start: Any, end: Any) -> float:
-        if not self.cuda:
-            return (end - start) * 1e3
-        end.synchronize()
-        return start.elapsed_time(end)
-
-
 @dataclasses.dataclass
 class Row:
     name: str
@@ -131,14 +110,15 @@ def run_row(name: str, step: Callable[[], dict], wrap: Callable[[], ContextManag
     for i in range(warmup + steps):
         if i == warmup and device.type == "cuda":
             before = torch.cuda.memory_stats()
-        clock.sync()
+        clock.synchronize()
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
-        start, t0 = clock.mark(), time.perf_counter()
+        start, t0 = clock.stamp(), time.perf_counter()
         with wrap():
             g = step()
-        end, t1 = clock.mark(), time.perf_counter()
-        ms = clock.ms(start, end)
+        end, t1 = clock.stamp(), time.perf_counter()
+        clock.synchronize()
+        ms = clock.ns(start, end) / 1e6
         if i >= warmup:
             times.append(ms)
             host.append((t1 - t0) * 1e3)
@@ -247,10 +227,10 @@ def main() -> None:
     p.add_argument("--out", type=Path)
     args = p.parse_args()
 
-    device = torch.device(args.device)
+    device = compute_device(args.device, no_cuda="no CUDA device; run with --device cpu (timings then mean nothing)")
     if args.deterministic:
         torch.use_deterministic_algorithms(True)
-    clock = Clock(device)
+    clock = clock_for(device)
     model_cfg = dataclasses.replace(load_model_config(args.model), num_layers=args.layers)
     workload = SimpleNamespace(kind="train_lora", batch=1, video_tokens=args.video_tokens,
                                audio_tokens=args.audio_tokens, text_tokens=args.text_tokens, context_tokens=0,
@@ -260,21 +240,14 @@ def main() -> None:
     weights = device_weights(spec, device)
     lora = init_lora(spec, args.rank, device=device, seed=1)
     inputs = make_inputs(spec, workload, device=device, seed=2)
-    clock.sync()
+    clock.synchronize()
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     print(f"{spec.name}: {args.layers} blocks, {spec.model_bytes / GB:.2f} GB of weights, "
           f"{sum(t.numel() for t in lora.values()) / 1e6:.1f} M LoRA parameters, on {name} "
           f"(torch {torch.__version__}); set up in {time.perf_counter() - t0:.1f} s", flush=True)
 
     def step(off: ActivationOffloader | None = None) -> dict[str, torch.Tensor]:
-        for t in lora.values():
-            t.grad = None
-        source = DictSource(spec, weights)
-        if off is not None:
-            source = KernelTracking(source, spec, off)
-        out = forward(spec, source, inputs, lora)
-        loss = sum(o.float().pow(2).mean() for o in out.values())
-        loss.backward()
+        lora_step(spec, DictSource(spec, weights), inputs, lora, off)
         return {k: t.grad.detach().clone() for k, t in lora.items()}
 
     def offloaded(row_name: str, act: ActivationsConfig) -> Row:

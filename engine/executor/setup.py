@@ -4,6 +4,7 @@
     device_name          that device in a report
     fits_resident        room for an all-resident reference run
     open_weight_file     cfg.weights.file, or a temporary file of seeded random weights
+    forward_order        the access order of one forward of a spec-built model
     streamed_executor    backend (the capped pool) -> host weights -> WeightExecutor
     shared_host_weights  host weights that several executors, each with a pool of its own, read
     run_settings, step_times, weight_counts   the measurement's rows from the telemetry
@@ -82,6 +83,12 @@ def open_weight_file(cfg: Any, spec: ModelSpec, stack: ExitStack) -> WeightFile:
     wf = WeightFile(path, spec)
     stack.callback(wf.close)
     return wf
+
+
+def forward_order(spec: ModelSpec) -> AccessOrder:
+    """The access order of one forward of `spec`: its kernels and the weights each reads."""
+    return AccessOrder(tuple(k.name for k in spec.kernels), tuple(k.weights for k in spec.kernels),
+                       {n: w.nbytes for n, w in spec.weights.items()})
 
 
 def streamed_executor(stack: ExitStack, wf: WeightFile, order: AccessOrder, *, backend: str, source: str,

@@ -9,9 +9,8 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from engine.executor.setup import streamed_executor
+from engine.executor.setup import forward_order, streamed_executor
 from engine.models import forward
-from engine.policy import AccessOrder
 from engine.record.clocks import Clock
 from engine.record.timing import KernelStamps
 from engine.spec import ModelSpec
@@ -70,8 +69,7 @@ def streamed_forward(spec: ModelSpec, wf: Any, inputs: Mapping[str, torch.Tensor
                      budget_bytes: int | None) -> tuple[dict[int, list[dict]], list[list[int]], list[int]]:
     """One cold forward through the executor (every weight copied at least once):
     the copies by kernel, [copies issued, host ns] per fetch, and allocation times."""
-    order = AccessOrder(tuple(k.name for k in spec.kernels), tuple(k.weights for k in spec.kernels),
-                        {n: w.nbytes for n, w in spec.weights.items()})
+    order = forward_order(spec)
     w = cfg.weights
     with ExitStack() as stack:
         stamps_box: list[KernelStamps] = []
