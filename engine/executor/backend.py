@@ -68,9 +68,9 @@ class FreeBlocks:
     """Freed blocks kept by exact size for the next allocation of that size.
 
     Why: a stream-ordered pool places every allocation itself, and weights of
-    many sizes (4 KB to 201 MB on LTX-2) freed and allocated in a cycle made its
-    reserve creep up step after step until it refused a block under its cap
-    (benchmarks/soak.py). A transformer's streamed weights repeat the same few
+    many sizes freed and allocated in a cycle fragment it: its reserve creeps up
+    step after step until it refuses a block under its cap (benchmarks/soak.py
+    runs that cycle). A transformer's streamed weights repeat the same few
     sizes block after block, so the weight that replaces an evicted one nearly
     always fits the evicted block exactly: reusing it keeps the pool's own
     placement out of the steady state.
@@ -226,6 +226,17 @@ class Backend(Protocol):
 
     def close(self) -> None:
         ...
+
+
+def warm_sizes(sizes: Sequence[int], limit_bytes: int) -> list[int]:
+    """The blocks `Backend.warm` allocates: one per distinct size, largest first,
+    each while the blocks so far and it fit `limit_bytes`."""
+    chosen, total = [], 0
+    for size in sorted(set(sizes), reverse=True):
+        if total + size <= limit_bytes:
+            chosen.append(size)
+            total += size
+    return chosen
 
 
 def page_span(address: int, nbytes: int, page: int) -> tuple[int, int]:

@@ -19,7 +19,7 @@ from typing import Sequence
 import torch
 
 from engine.errors import ExecutorError
-from engine.executor.backend import Block, FreeBlocks, LiveBlocks
+from engine.executor.backend import Block, FreeBlocks, LiveBlocks, warm_sizes
 
 log = logging.getLogger(__name__)
 
@@ -80,13 +80,8 @@ class CpuBackend:
         pass
 
     def warm(self, sizes: Sequence[int]) -> None:
-        blocks, total = [], 0
-        for size in sorted(set(sizes), reverse=True):
-            if total + size <= self.cap_bytes:
-                blocks.append(self.alloc(size))
-                total += size
-        for b in blocks:
-            self.free_after(b, None)
+        for block in [self.alloc(size) for size in warm_sizes(sizes, self.cap_bytes)]:
+            self.free_after(block, None)
         self.reset_peak()
 
     def host_buffer(self, nbytes: int) -> torch.Tensor:

@@ -17,22 +17,19 @@ Mapping of the runtime's requests to CUDA (cuda-python's runtime bindings):
 - register   -> cudaHostRegister(ReadOnly | Portable) of a page-aligned range.
 
 Fragmentation. The pool places blocks itself and never moves them; with
-weights from 4 KB to 201 MB (LTX-2) it can refuse a block while the policy's
-logical bytes are under the budget. Measured on the H100 with LTX-2 (3510
-weights, budgets 8/16/24 GB, lru/belady/priority, 3 steps replayed): capped at
-exactly the budget the pool refused in every case (it also rounds its cap up
-to 32 MiB chunks); with room to grow it reserved at most budget + 523 MB
-(priority, 8 GB), i.e. 2.6 x the largest weight. The pool is therefore capped
-at budget + `pool_slack_bytes` (4 x the largest weight); the policy still plans
-with the exact budget. Over many steps that slack was not enough when every
-eviction went back to the pool: benchmarks/soak.py saw the reserve creep up
-every step until a refusal in step 14 / 22. Two remedies: freed blocks are kept
-by exact size and reused (FreeBlocks), so the pool is asked less often; and a
-refusal of a block the budget allows is a PlacementError, on which the runtime
-gives the resident blocks back (all but the current and the previous kernel's),
-`defragment` releases the pool's unused reserve, and those weights are copied
-in again largest first (a relocation: one
-stall of resident bytes / H2D bandwidth, counted in the step's telemetry).
+weights of many sizes it can refuse a block while the policy's logical bytes
+are under the budget, and capped at exactly the budget it does. The pool is
+therefore capped at budget + `pool_slack_bytes` (4 x the largest weight, in
+whole 32 MiB chunks, which is also how the pool reserves); the policy still
+plans with the exact budget. Over many steps a slack alone is not enough when
+every eviction goes back to the pool: its reserve creeps up step after step
+(benchmarks/soak.py). So freed blocks are kept by exact size and reused
+(FreeBlocks), and the pool is asked less often; and a refusal of a block the
+budget allows is a PlacementError, on which the runtime gives the resident
+blocks back (all but the current and the previous kernel's), `defragment`
+releases the pool's unused reserve, and those weights are copied in again
+largest first (a relocation: one stall of resident bytes / H2D bandwidth,
+counted in the step's telemetry).
 """
 from __future__ import annotations
 
@@ -41,7 +38,7 @@ from typing import Any, Sequence
 import torch
 
 from engine.errors import ExecutorError, PlacementError
-from engine.executor.backend import Block, FreeBlocks, LiveBlocks
+from engine.executor.backend import Block, FreeBlocks, LiveBlocks, warm_sizes
 
 try:
     from cuda.bindings import driver as cudadrv
@@ -50,15 +47,15 @@ except ImportError:  # reported when a CUDA backend is asked for, not at import
     cudart = cudadrv = None
 
 _UNLIMITED = 2**64 - 1
-POOL_CHUNK = 32 << 20  # bytes; the pool reserves device memory in 32 MiB chunks (measured)
+POOL_CHUNK = 32 << 20  # bytes; the pool reserves device memory in 32 MiB chunks
 SLACK_LARGEST = 4  # slack, in units of the largest weight (module docstring)
 
 
 def pool_slack_bytes(largest_weight_bytes: int) -> int:
     """Bytes the pool may reserve beyond the budget so that fragmentation never
     refuses a block the policy's accounting allows: four of the largest weight,
-    in whole pool chunks, at least one (module docstring: 2.6 were needed on LTX-2).
-    Never 0: a pool's maxSize of 0 would mean no cap at all."""
+    in whole pool chunks, at least one (never 0: a pool's maxSize of 0 would
+    mean no cap at all)."""
     slack = max(SLACK_LARGEST * largest_weight_bytes, 1)
     return -(-slack // POOL_CHUNK) * POOL_CHUNK
 
@@ -189,12 +186,8 @@ class CudaBackend:
         self.compute.wait_event(event)
 
     def warm(self, sizes: Sequence[int]) -> None:
-        blocks, total = [], 0
-        for size in sorted(set(sizes), reverse=True):
-            if total + size <= self.budget_bytes:
-                blocks.append(self.alloc(size))
-                total += size
-        for block in blocks:  # freed on the stream that allocated them: reusable at once
+        # Freed on the stream that allocated them: reusable at once.
+        for block in [self.alloc(size) for size in warm_sizes(sizes, self.budget_bytes)]:
             self.free_after(block, None)
         self.copy.synchronize()
         self.reset_peak()
@@ -245,8 +238,8 @@ class CudaBackend:
             self._release(kept.address)
 
     def placement_at_risk(self, nbytes: int) -> bool:
-        # The reserve creeps up as placement fragments (benchmarks/soak.py); with less
-        # than two such blocks of room to grow, the next refusal is near.
+        # The reserve creeps up as placement fragments; with less than two
+        # such blocks of room to grow, the next refusal is near.
         reserved = self._attribute(cudart.cudaMemPoolAttr.cudaMemPoolAttrReservedMemCurrent)
         return self.cap_bytes - reserved < 2 * nbytes
 

@@ -302,7 +302,7 @@ class WeightExecutor:
 
     def _fragmented(self) -> bool:
         """The pool's reserve crept so near its cap that the largest weight may be
-        refused in the next step (benchmarks/soak.py saw the reserve creep)."""
+        refused in the next step."""
         return self.budget_bytes is not None and self.backend.placement_at_risk(self._largest)
 
     def _relocate(self, position: int | None) -> None:
