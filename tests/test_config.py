@@ -68,3 +68,14 @@ def test_check_config_names_the_problem(overrides, fragment):
     cfg = _compose(*overrides)
     with pytest.raises(ConfigError, match=fragment.replace("(", r"\(").replace("'", "'")):
         check_config(cfg)
+
+
+def test_the_allowed_modes_are_the_registrys():
+    """engine.modes.MODES is the one list: config accepts exactly its names, and each runs a function."""
+    from engine.modes import MODES, runner
+
+    with pytest.raises(ConfigError, match=", ".join(MODES)):
+        check_config(_compose("+model=tiny", "mode=dance"))
+    for name in MODES:
+        check_config(_compose("+model=tiny", f"mode={name}"))
+        assert callable(runner(name))
