@@ -39,10 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.errors import ExecutorError  # noqa: E402
 from engine.executor import WeightExecutor, host_weights  # noqa: E402
 from engine.executor.cuda import CudaBackend, pool_slack_bytes  # noqa: E402
-from engine.models import DictSource, forward, make_inputs  # noqa: E402
+from engine.models import build_spec, forward, load_model_config, make_inputs  # noqa: E402
+from engine.models.run import DictSource  # noqa: E402
 from engine.policy import AccessOrder, Decision  # noqa: E402
 from engine.policy.weights import WeightResidency  # noqa: E402
-from engine.spec import build_spec, load_model_config  # noqa: E402
 from engine.weightfile import WeightFile, materialize  # noqa: E402
 from engine.units import MB
 

@@ -32,12 +32,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from train_bench import Clock, device_weights, run_row  # noqa: E402
+from train_bench import Clock, run_row  # noqa: E402
 
 from engine.executor.activations import ActivationOffloader, KernelTracking, ResidentWeights  # noqa: E402
-from engine.models import DictSource, forward, init_lora, make_inputs  # noqa: E402
+from engine.models import build_spec, forward, load_model_config, make_inputs  # noqa: E402
+from engine.models.lora import init_lora, lora_loss  # noqa: E402
+from engine.models.run import DictSource  # noqa: E402
+from engine.models.seeded import random_weights  # noqa: E402
 from engine.policy.activations import build_activation_policy  # noqa: E402
-from engine.spec import build_spec, load_model_config  # noqa: E402
 from engine.trace import read_trace  # noqa: E402
 from engine.validate import activations_config  # noqa: E402
 
@@ -83,7 +85,7 @@ def main() -> None:
     workload = SimpleNamespace(kind="train_lora", batch=1, video_tokens=16384, audio_tokens=128, text_tokens=256,
                                context_tokens=0, lora_rank=32)
     spec = build_spec(model_cfg, workload)
-    weights = device_weights(spec, device)
+    weights = random_weights(spec, device=device, draw_on_device=True)
     lora = init_lora(spec, 32, device=device, seed=1)
     inputs = make_inputs(spec, workload, device=device, seed=2)
     trace = read_trace(TRACE)
@@ -95,8 +97,7 @@ def main() -> None:
         source = DictSource(spec, weights)
         if off is not None:
             source = KernelTracking(source, spec, off)
-        out = forward(spec, source, inputs, lora)
-        sum(o.float().pow(2).mean() for o in out.values()).backward()
+        lora_loss(forward(spec, source, inputs, lora)).backward()
         return {}
 
     def profiled(name: str, wrap) -> None:

@@ -40,7 +40,8 @@ from executor_bench import WORKLOAD, access_order, ltx_spec  # noqa: E402
 
 from engine.errors import ExecutorError  # noqa: E402
 from engine.executor import WeightExecutor, host_weights, make_backend  # noqa: E402
-from engine.models import DictSource, forward, make_inputs  # noqa: E402
+from engine.models import forward, make_inputs  # noqa: E402
+from engine.models.run import DictSource  # noqa: E402
 from engine.weightfile import WeightFile, materialize  # noqa: E402
 from engine.units import MB
 

@@ -20,7 +20,8 @@ from engine.config import validate
 from engine.errors import EngineError
 from engine.plan import Plan, make_plan
 from engine.report import plan_md, write_report
-from engine.spec import ModelSpec, SpecError, build_spec
+from engine.models import build_spec
+from engine.models.spec import ModelSpec, SpecError
 from engine.trace import Trace, read_trace, synthesize
 
 

@@ -42,7 +42,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from engine.errors import ExecutorError
-from engine.spec import ModelSpec, SavedTensor
+from engine.models.spec import ModelSpec, SavedTensor
 from engine.trace import (BACKWARD_FLOPS_FACTOR, BACKWARD_SUFFIX, FORMAT, VERSION, ExecutionTimePredictor,
                           KernelRecord, Trace, check_trace, write_trace)
 from engine.units import MIB
@@ -525,7 +525,9 @@ def record(cfg: Any, spec: ModelSpec, out_dir: str | Path) -> tuple[Path, Trace]
     """Record one step of `spec` under cfg.workload; writes out_dir/trace.jsonl."""
     from engine.executor.execute import _weight_file
     from engine.units import budget_bytes
-    from engine.models import DictSource, init_lora, make_inputs
+    from engine.models import make_inputs
+    from engine.models.lora import init_lora
+    from engine.models.run import DictSource
     from engine.weightfile import WeightFile
 
     device = _device(cfg.weights.backend)

@@ -311,7 +311,9 @@ def _measure_training(spec: Any, trace: Trace, wf: Any, inputs: dict, row: dict,
     import torch
 
     from engine.executor.activations import ActivationOffloader, KernelTracking, ResidentWeights
-    from engine.models import DictSource, forward, init_lora
+    from engine.models import forward
+    from engine.models.lora import init_lora
+    from engine.models.run import DictSource
     from engine.policy.activations import build_activation_policy
 
     weights = {n: t.to(device, copy=True) for n, t in wf.tensors().items()}

@@ -27,7 +27,7 @@ import torch
 from tqdm import tqdm
 
 from engine.errors import WeightFileError
-from engine.spec import DTYPE_BYTES, ModelSpec, WeightSpec
+from engine.models.spec import DTYPE_BYTES, ModelSpec, WeightSpec
 
 # spec dtype -> (safetensors dtype, torch dtype)
 DTYPES: dict[str, tuple[str, torch.dtype]] = {

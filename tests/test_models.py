@@ -6,9 +6,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from engine.models import (DictSource, MissingWeightError, ScheduleError, forward, init_lora, make_inputs,
-                           random_weights)
-from engine.spec import DitModelConfig, FluxModelConfig, LlamaModelConfig, build_spec, load_spec
+from engine.models import build_spec, forward, load_spec, make_inputs
+from engine.models.dit import DitModelConfig
+from engine.models.flux import FluxModelConfig
+from engine.models.llama import LlamaModelConfig
+from engine.models.lora import init_lora
+from engine.models.run import DictSource, MissingWeightError, ScheduleError
+from engine.models.seeded import random_weights
 
 
 def workload(kind: str = "infer", **kw: int) -> SimpleNamespace:

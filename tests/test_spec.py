@@ -7,8 +7,11 @@ from types import SimpleNamespace
 import pytest
 from omegaconf import OmegaConf
 
-from engine.spec import (MODEL_DIR, MODEL_SCHEMAS, DitModelConfig, LlamaModelConfig, SpecError,
-                         available_models, build_spec, load_model_config, load_spec, model_config)
+from engine.models import (MODEL_DIR, MODEL_SCHEMAS, available_models, build_spec, load_model_config, load_spec,
+                           model_config)
+from engine.models.dit import DitModelConfig
+from engine.models.llama import LlamaModelConfig
+from engine.models.spec import SpecError
 
 
 def workload(kind: str = "infer", **kw: int) -> SimpleNamespace:

@@ -22,7 +22,7 @@ from engine.executor.runtime import WeightExecutor, make_backend
 from engine.executor.sources import host_weights
 from engine.policy import AccessOrder
 from engine.policy.weights import WeightResidency
-from engine.spec import ModelSpec
+from engine.models.spec import ModelSpec
 from engine.weightfile import WeightFile, materialize
 from engine.units import budget_bytes
 
@@ -75,7 +75,8 @@ def _weight_file(cfg: Any, spec: ModelSpec, stack: ExitStack) -> Path:
 
 def _reference(spec: ModelSpec, host: dict[str, torch.Tensor], inputs: dict, device: torch.device) -> dict | None:
     """The all-resident forward's outputs, or None when the model does not fit beside the pool."""
-    from engine.models import DictSource, forward
+    from engine.models import forward
+    from engine.models.run import DictSource
 
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)

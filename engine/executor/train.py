@@ -40,11 +40,13 @@ from engine.executor.execute import REFERENCE_FRACTION, _device, _weight_file
 from engine.units import budget_bytes
 from engine.executor.runtime import WeightExecutor, make_backend
 from engine.executor.sources import host_weights
-from engine.models import DictSource, forward, init_lora, make_inputs
+from engine.models import forward, make_inputs
+from engine.models.lora import init_lora, lora_loss, lora_sgd
+from engine.models.run import DictSource
 from engine.policy import AccessOrder
 from engine.policy.activations import build_activation_policy
 from engine.policy.weights import WeightResidency
-from engine.spec import ModelSpec
+from engine.models.spec import ModelSpec
 from engine.trace import BACKWARD_SUFFIX
 from engine.weightfile import WeightFile
 from engine.units import MB
@@ -166,21 +168,6 @@ def check_train_order(order: AccessOrder, spec: ModelSpec) -> None:
                                 f"the model runs {name}; record or synthesize the trace for this model and workload")
 
 
-def lora_loss(out: Mapping[str, Tensor]) -> Tensor:
-    return sum(o.float().pow(2).mean() for o in out.values())
-
-
-def _sgd(lora: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """Take the step's gradients (returned, detached) and update the adapters."""
-    grads = {}
-    with torch.no_grad():
-        for k, p in lora.items():
-            grads[k] = p.grad
-            p.sub_(p.grad, alpha=LEARNING_RATE)
-            p.grad = None
-    return grads
-
-
 def _fits_resident(spec: ModelSpec, saved_bytes: int, device: torch.device) -> bool:
     need = spec.model_bytes + saved_bytes
     if device.type == "cuda":
@@ -199,7 +186,7 @@ def _reference(spec: ModelSpec, host: Mapping[str, Tensor], inputs: Mapping[str,
     for _ in range(steps):
         loss = lora_loss(forward(spec, DictSource(spec, weights), inputs, lora))
         loss.backward()
-        out.append((loss.detach(), _sgd(lora)))
+        out.append((loss.detach(), lora_sgd(lora, LEARNING_RATE)))
     del weights
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -317,7 +304,7 @@ def _step(spec: ModelSpec, executor: WeightExecutor, streamed: StreamedWeights,
             loss = lora_loss(forward(spec, source, inputs, lora))
             loss.backward()
         streamed.finish()
-    return loss.detach(), _sgd(lora)
+    return loss.detach(), lora_sgd(lora, LEARNING_RATE)
 
 
 def _telemetry_row(weights: dict, acts: dict | None, cuda_peak: int | None) -> dict:
