@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_bench import Clock, run_row  # noqa: E402
 
 from engine.executor.activations import ActivationOffloader, KernelTracking, ResidentWeights  # noqa: E402
-from engine.models import build_spec, forward, load_model_config, make_inputs  # noqa: E402
-from engine.models.lora import init_lora, lora_loss  # noqa: E402
+from engine.models import build_spec, load_model_config, make_inputs  # noqa: E402
+from engine.models.lora import init_lora, lora_backward  # noqa: E402
 from engine.models.run import DictSource  # noqa: E402
 from engine.models.seeded import random_weights  # noqa: E402
 from engine.policy.activations import build_activation_policy  # noqa: E402
@@ -92,12 +92,10 @@ def main() -> None:
     clock = Clock(device)
 
     def step(off: ActivationOffloader | None = None) -> dict:
-        for t in lora.values():
-            t.grad = None
         source = DictSource(spec, weights)
         if off is not None:
             source = KernelTracking(source, spec, off)
-        lora_loss(forward(spec, source, inputs, lora)).backward()
+        lora_backward(spec, source, inputs, lora)
         return {}
 
     def profiled(name: str, wrap) -> None:

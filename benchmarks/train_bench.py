@@ -54,8 +54,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.config import ActivationsConfig, PoolConfig  # noqa: E402
 from engine.executor.activations import ActivationOffloader, KernelTracking, ResidentWeights  # noqa: E402
 from engine.policy import Question  # noqa: E402
-from engine.models import build_spec, forward, load_model_config, make_inputs  # noqa: E402
-from engine.models.lora import init_lora, lora_loss  # noqa: E402
+from engine.models import build_spec, load_model_config, make_inputs  # noqa: E402
+from engine.models.lora import init_lora, lora_backward  # noqa: E402
 from engine.models.run import DictSource  # noqa: E402
 from engine.models.seeded import random_weights  # noqa: E402
 from engine.policy.activations import build_activation_policy  # noqa: E402
@@ -247,12 +247,10 @@ def main() -> None:
           f"(torch {torch.__version__}); set up in {time.perf_counter() - t0:.1f} s", flush=True)
 
     def step(off: ActivationOffloader | None = None) -> dict[str, torch.Tensor]:
-        for t in lora.values():
-            t.grad = None
         source = DictSource(spec, weights)
         if off is not None:
             source = KernelTracking(source, spec, off)
-        lora_loss(forward(spec, source, inputs, lora)).backward()
+        lora_backward(spec, source, inputs, lora)
         return {k: t.grad.detach().clone() for k, t in lora.items()}
 
     def offloaded(row_name: str, act: ActivationsConfig) -> Row:

@@ -138,6 +138,7 @@ def _modulation(run: Run, kname: str, module: str, silu_temb: Tensor, n: int) ->
 
 
 def forward(run: Run, inp: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """The kernels `build` declares, in order: {"image": ...}."""
     c, eps = run.cfg, run.eps
     heads = c["heads"]
     img = linear_kernel(run, "x_embedder", inp["image"])

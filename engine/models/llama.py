@@ -89,6 +89,7 @@ def build(b: SpecBuilder, c: LlamaModelConfig) -> None:
 
 
 def forward(run: Run, inp: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """The kernels `build` declares, in order: {"logits": ...}."""
     c, eps = run.cfg, run.eps
     decode = run.spec.meta["workload"]["kind"] == "decode"
     heads, kvh = c["heads"], c["kv_heads"]

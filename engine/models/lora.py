@@ -1,8 +1,8 @@
 """LoRA on spec-built models: the adapters, the step's loss and its update.
 
 `forward(spec, source, inputs, lora)` adds `B(A(x))` to every linear an adapter
-targets; a step is `lora_loss(out).backward()`, then `lora_sgd` (the base
-weights stay frozen)."""
+targets; a step is `lora_loss(out).backward()` (`lora_backward` does both),
+then `lora_sgd` (the base weights stay frozen)."""
 from __future__ import annotations
 
 import math
@@ -10,8 +10,8 @@ from typing import Mapping, Sequence
 
 import torch
 
-from engine.models import FAMILIES
-from engine.models.run import TORCH_DTYPES, Tensor
+from engine.models import FAMILIES, forward
+from engine.models.run import TORCH_DTYPES, Tensor, WeightSource
 from engine.models.seeded import generator
 from engine.models.spec import ModelSpec, is_adapted
 
@@ -49,6 +49,17 @@ def init_lora(spec: ModelSpec, rank: int, device: torch.device | str = "cpu", dt
 def lora_loss(out: Mapping[str, Tensor]) -> Tensor:
     """The step's objective: the mean square of every output, summed, in fp32."""
     return sum(o.float().pow(2).mean() for o in out.values())
+
+
+def lora_backward(spec: ModelSpec, source: WeightSource, inputs: Mapping[str, Tensor],
+                  lora: Mapping[str, Tensor]) -> Tensor:
+    """One step's forward, loss and backward; afterwards the adapters' `.grad` hold
+    this step's gradients alone. Returns the loss, detached."""
+    for t in lora.values():
+        t.grad = None
+    loss = lora_loss(forward(spec, source, inputs, lora))
+    loss.backward()
+    return loss.detach()
 
 
 def lora_sgd(lora: Mapping[str, Tensor], learning_rate: float) -> dict[str, Tensor]:

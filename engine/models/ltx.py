@@ -31,6 +31,14 @@ def _caption_spec(b: SpecBuilder, module: str, text: Act, width: int) -> Act:
     return b.linear(f"{module}.linear_2", -1, h, width)
 
 
+def _norm_attention(b: SpecBuilder, kp: str, wp: str, layer: int, x: Act, norm: str, attn: str, ctx: Act | None,
+                    shape: dict[str, int]) -> Act:
+    """RMSNorm `{kp}.{norm}` of the stream `x`, then attention `attn` added into it."""
+    (h,) = b.norm(f"{kp}.{norm}", layer, x)
+    y = b.attention_layer(f"{kp}.{attn}", f"{wp}.{attn}", layer, h, ctx, **shape)
+    return residual(f"{kp}.{attn}.to_out", x, y)
+
+
 def build(b: SpecBuilder, c: DitModelConfig) -> None:
     """LTX-Video (one stream) or LTX-2 (video + audio streams), in launch order."""
     tok = b.tok
@@ -65,19 +73,13 @@ def build(b: SpecBuilder, c: DitModelConfig) -> None:
                        (f"{wp}.audio_a2v_cross_attn_scale_shift_table", (5, da))]
         b.elementwise(f"{kp}.ada", i, tables)
         # 1. self attention, video then audio
-        (x,) = b.norm(f"{kp}.norm1", i, v)
-        v = residual(f"{kp}.attn1.to_out", v, b.attention_layer(f"{kp}.attn1", f"{wp}.attn1", i, x, None, **vattn))
+        v = _norm_attention(b, kp, wp, i, v, "norm1", "attn1", None, vattn)
         if audio:
-            (x,) = b.norm(f"{kp}.audio_norm1", i, a)
-            y = b.attention_layer(f"{kp}.audio_attn1", f"{wp}.audio_attn1", i, x, None, **aattn)
-            a = residual(f"{kp}.audio_attn1.to_out", a, y)
+            a = _norm_attention(b, kp, wp, i, a, "audio_norm1", "audio_attn1", None, aattn)
         # 2. cross attention to the text
-        (x,) = b.norm(f"{kp}.norm2", i, v)
-        v = residual(f"{kp}.attn2.to_out", v, b.attention_layer(f"{kp}.attn2", f"{wp}.attn2", i, x, text, **vattn))
+        v = _norm_attention(b, kp, wp, i, v, "norm2", "attn2", text, vattn)
         if audio:
-            (x,) = b.norm(f"{kp}.audio_norm2", i, a)
-            y = b.attention_layer(f"{kp}.audio_attn2", f"{wp}.audio_attn2", i, x, atext, **aattn)
-            a = residual(f"{kp}.audio_attn2.to_out", a, y)
+            a = _norm_attention(b, kp, wp, i, a, "audio_norm2", "audio_attn2", atext, aattn)
             # 3. audio-to-video (Q video) and video-to-audio (Q audio), in the audio's width
             v_a2v, v_v2a = b.norm(f"{kp}.audio_to_video_norm", i, v, outputs=2)
             a_a2v, a_v2a = b.norm(f"{kp}.video_to_audio_norm", i, a, outputs=2)
@@ -112,6 +114,7 @@ def _adaln_single(run: Run, module: str, freqs: Tensor, k: int) -> tuple[Tensor,
 
 
 def forward(run: Run, inp: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """The kernels `build` declares, in order: {"video": ...} (and "audio" for LTX-2)."""
     c, eps = run.cfg, run.eps
     audio = c["audio_dim"] > 0
     v = linear_kernel(run, "proj_in", inp["video"])
@@ -166,9 +169,9 @@ def forward(run: Run, inp: Mapping[str, Tensor]) -> dict[str, Tensor]:
             na = rms_norm(a, eps)
             a_a2v, a_v2a = modulate(na, a_a2v_shift, a_a2v_scale), modulate(na, a_v2a_shift, a_v2a_scale)
             v = v + a2v_gate * attention_layer(run, f"{kp}.audio_to_video_attn", f"{wp}.audio_to_video_attn",
-                                     v_a2v, a_a2v, c["audio_heads"])
+                                               v_a2v, a_a2v, c["audio_heads"])
             a = a + v2a_gate * attention_layer(run, f"{kp}.video_to_audio_attn", f"{wp}.video_to_audio_attn",
-                                     a_v2a, v_v2a, c["audio_heads"])
+                                               a_v2a, v_v2a, c["audio_heads"])
         # 4. feed-forward
         run.kernel(f"{kp}.norm3")
         v = v + ffn(run, f"{kp}.ff", f"{wp}.ff", modulate(rms_norm(v, eps), shift_mlp, scale_mlp)) * gate_mlp
@@ -180,7 +183,7 @@ def forward(run: Run, inp: Mapping[str, Tensor]) -> dict[str, Tensor]:
     out = {"video": output_layer(run, "norm_out", "scale_shift_table", "proj_out", v, emb["time_embed"][0])}
     if audio:
         out["audio"] = output_layer(run, "audio_norm_out", "audio_scale_shift_table", "audio_proj_out", a,
-                                emb["audio_time_embed"][0])
+                                    emb["audio_time_embed"][0])
     return out
 
 

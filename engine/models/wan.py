@@ -59,6 +59,7 @@ def build(b: SpecBuilder, c: DitModelConfig) -> None:
 
 
 def forward(run: Run, inp: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """The kernels `build` declares, in order: {"video": ...}."""
     c, eps = run.cfg, run.eps
     w = run.kernel("patch_embedding")
     wp = w["patch_embedding.weight"]
