@@ -13,22 +13,30 @@ A family's file holds its config dataclass (a ModelConfig), `check`,
 `LORA_TARGETS`, `build` (the spec), `forward` (the torch math, one kernel of the
 spec at a time) and `inputs`. Adding one: that file, its entry in FAMILIES, and
 conf/model/<name>.yaml with `defaults: [<family>_schema, _self_]`.
+
+Building a spec does not load torch (the planner and the simulator run without
+it): this module and the family files import run.py, layers.py and torch inside
+the functions that compute, not at the top.
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from engine.models import dit, flux, llama, ltx, wan
 from engine.models.builder import SpecBuilder, Tokens
-from engine.models.run import TORCH_DTYPES, Run, Tensor, WeightSource
-from engine.models.seeded import Draw
 from engine.models.spec import DTYPE_BYTES, ModelConfig, ModelSpec, SpecError, WorkloadShape, check_positive
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
+
+    from engine.models.run import Run, WeightSource
+    from engine.models.seeded import Draw
 
 
 @dataclass(frozen=True)
@@ -152,6 +160,8 @@ def forward(spec: ModelSpec, source: WeightSource, inputs: Mapping[str, Tensor],
     """Run the model: `source.fetch(i)` once per kernel, in spec order, then kernel i's math
     (the contract engine/models/run.py states). LoRA adapters (`init_lora`) add
     `B(A(x))` (scale 1, i.e. alpha = rank) to the linears they target."""
+    from engine.models.run import Run
+
     run = Run(spec, source, lora)
     out = _architecture(spec).forward(run, inputs)
     run.finish()
@@ -161,6 +171,9 @@ def forward(spec: ModelSpec, source: WeightSource, inputs: Mapping[str, Tensor],
 def make_inputs(spec: ModelSpec, workload: WorkloadShape, device: torch.device | str = "cpu",
                 dtype: torch.dtype | None = None, seed: int = 0) -> dict[str, Tensor]:
     """Random, seeded inputs of the shapes `forward` expects for this workload."""
+    from engine.models.run import TORCH_DTYPES
+    from engine.models.seeded import Draw
+
     c = spec.meta["config"]
     draw = Draw(seed, workload.batch, device, dtype or TORCH_DTYPES[c["dtype"]])
     return _architecture(spec).inputs(c, workload, draw)

@@ -5,12 +5,16 @@ LTX-2) and engine/models/wan.py (Wan2.1)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from omegaconf import MISSING
 
-from engine.models.layers import gelu, layer_norm, linear_kernel, modulate
-from engine.models.run import Run, Tensor
 from engine.models.spec import ModelConfig, SpecError, check_positive, check_product
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from engine.models.run import Run
 
 # Adapted linears when the workload names none (module-name suffixes).
 LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0")
@@ -61,11 +65,13 @@ def check(cfg: DitModelConfig) -> None:
         check_product(cfg, "audio_heads", "audio_head_dim", "audio_dim")
 
 
-# ----- forward pieces of both variants
+# ----- forward pieces of both variants (torch is imported where they run: see engine/models/__init__.py)
 
 
 def caption(run: Run, module: str, text: Tensor) -> Tensor:
     """PixArt caption projection: linear_1, GELU-tanh, linear_2."""
+    from engine.models.layers import gelu, linear_kernel
+
     return linear_kernel(run, f"{module}.linear_2", gelu(linear_kernel(run, f"{module}.linear_1", text)))
 
 
@@ -76,6 +82,8 @@ def modulation_rows(table: Tensor, values: Tensor) -> list[Tensor]:
 
 def output_layer(run: Run, norm: str, table: str, proj: str, x: Tensor, emb: Tensor) -> Tensor:
     """Final LayerNorm modulated by (table + embedded timestep), then the output projection."""
+    from engine.models.layers import layer_norm, linear_kernel, modulate
+
     w = run.kernel(norm)
     shift, scale = (w[table].reshape(2, -1) + emb[:, None]).unsqueeze(2).unbind(1)
     return linear_kernel(run, proj, modulate(layer_norm(x, run.eps), shift, scale))

@@ -7,17 +7,18 @@ embedding (per sample)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-import torch
-import torch.nn.functional as F
 from omegaconf import MISSING
 
 from engine.models.builder import Act, Out, SpecBuilder, residual
-from engine.models.layers import ffn, gelu, layer_norm, linear_kernel, modulate, per_head_rms, sdpa, timestep_freqs
-from engine.models.run import KernelWeights, Run, Tensor
-from engine.models.seeded import Draw
 from engine.models.spec import ModelConfig, SpecError, WorkloadShape, check_positive, check_product, require_tokens
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from engine.models.run import KernelWeights, Run
+    from engine.models.seeded import Draw
 
 # Adapted linears when the workload names none (module-name suffixes).
 LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0")
@@ -127,6 +128,8 @@ def build(b: SpecBuilder, c: FluxModelConfig) -> None:
 
 def _qkv(run: Run, w: KernelWeights, wp: str, x: Tensor, names: Sequence[str]) -> list[Tensor]:
     """q, k, v projections with per-head q/k RMSNorm; `names` = (q, k, v, norm_q, norm_k)."""
+    from engine.models.layers import per_head_rms
+
     q = per_head_rms(run.linear(w, f"{wp}.{names[0]}", x), w[f"{wp}.{names[3]}.weight"], run.eps)
     k = per_head_rms(run.linear(w, f"{wp}.{names[1]}", x), w[f"{wp}.{names[4]}.weight"], run.eps)
     return [q, k, run.linear(w, f"{wp}.{names[2]}", x)]
@@ -139,6 +142,11 @@ def _modulation(run: Run, kname: str, module: str, silu_temb: Tensor, n: int) ->
 
 def forward(run: Run, inp: Mapping[str, Tensor]) -> dict[str, Tensor]:
     """The kernels `build` declares, in order: {"image": ...}."""
+    import torch
+    import torch.nn.functional as F
+
+    from engine.models.layers import ffn, gelu, layer_norm, linear_kernel, modulate, sdpa, timestep_freqs
+
     c, eps = run.cfg, run.eps
     heads = c["heads"]
     img = linear_kernel(run, "x_embedder", inp["image"])

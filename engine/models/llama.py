@@ -7,17 +7,18 @@ per sequence against a KV cache of `context_tokens`; other kinds run
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-import torch
-import torch.nn.functional as F
 from omegaconf import MISSING
 
 from engine.models.builder import Act, Out, SpecBuilder, residual
-from engine.models.layers import rms_norm, sdpa
-from engine.models.run import Run, Tensor
-from engine.models.seeded import Draw
 from engine.models.spec import ModelConfig, SpecError, WorkloadShape, check_positive, check_product, require_tokens
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from engine.models.run import Run
+    from engine.models.seeded import Draw
 
 # Adapted linears when the workload names none (module-name suffixes).
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -90,6 +91,11 @@ def build(b: SpecBuilder, c: LlamaModelConfig) -> None:
 
 def forward(run: Run, inp: Mapping[str, Tensor]) -> dict[str, Tensor]:
     """The kernels `build` declares, in order: {"logits": ...}."""
+    import torch
+    import torch.nn.functional as F
+
+    from engine.models.layers import rms_norm, sdpa
+
     c, eps = run.cfg, run.eps
     decode = run.spec.meta["workload"]["kind"] == "decode"
     heads, kvh = c["heads"], c["kv_heads"]

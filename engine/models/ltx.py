@@ -5,16 +5,17 @@ audio-to-video and video-to-audio cross attentions. The forward has no RoPE and
 a plain sinusoidal timestep embedding (per sample, not per token)."""
 from __future__ import annotations
 
-from typing import Any, Mapping
-
-import torch.nn.functional as F
+from typing import TYPE_CHECKING, Any, Mapping
 
 from engine.models.builder import Act, SpecBuilder, residual
 from engine.models.dit import DitModelConfig, caption, modulation_rows, output_layer
-from engine.models.layers import attention_layer, ffn, linear_kernel, modulate, rms_norm, timestep_freqs
-from engine.models.run import Run, Tensor
-from engine.models.seeded import Draw
 from engine.models.spec import WorkloadShape, require_tokens
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from engine.models.run import Run
+    from engine.models.seeded import Draw
 
 
 def _adaln_single_spec(b: SpecBuilder, module: str, t: Act, width: int, k: int) -> None:
@@ -107,6 +108,10 @@ def build(b: SpecBuilder, c: DitModelConfig) -> None:
 
 def _adaln_single(run: Run, module: str, freqs: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """Returns the embedded timestep (B, d) and k modulation rows (B, k, d)."""
+    import torch.nn.functional as F
+
+    from engine.models.layers import linear_kernel
+
     emb = f"{module}.emb.timestep_embedder"
     h = F.silu(linear_kernel(run, f"{emb}.linear_1", freqs))
     e = linear_kernel(run, f"{emb}.linear_2", h)
@@ -115,6 +120,8 @@ def _adaln_single(run: Run, module: str, freqs: Tensor, k: int) -> tuple[Tensor,
 
 def forward(run: Run, inp: Mapping[str, Tensor]) -> dict[str, Tensor]:
     """The kernels `build` declares, in order: {"video": ...} (and "audio" for LTX-2)."""
+    from engine.models.layers import attention_layer, ffn, linear_kernel, modulate, rms_norm, timestep_freqs
+
     c, eps = run.cfg, run.eps
     audio = c["audio_dim"] > 0
     v = linear_kernel(run, "proj_in", inp["video"])

@@ -5,16 +5,17 @@ forward has no RoPE and a plain sinusoidal timestep embedding (per sample)."""
 from __future__ import annotations
 
 from math import prod
-from typing import Any, Mapping
-
-import torch.nn.functional as F
+from typing import TYPE_CHECKING, Any, Mapping
 
 from engine.models.builder import Act, SpecBuilder, residual
 from engine.models.dit import DitModelConfig, caption, modulation_rows, output_layer
-from engine.models.layers import attention_layer, ffn, layer_norm, linear_kernel, modulate, timestep_freqs
-from engine.models.run import Run, Tensor
-from engine.models.seeded import Draw
 from engine.models.spec import WorkloadShape, require_tokens
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from engine.models.run import Run
+    from engine.models.seeded import Draw
 
 
 def build(b: SpecBuilder, c: DitModelConfig) -> None:
@@ -60,6 +61,10 @@ def build(b: SpecBuilder, c: DitModelConfig) -> None:
 
 def forward(run: Run, inp: Mapping[str, Tensor]) -> dict[str, Tensor]:
     """The kernels `build` declares, in order: {"video": ...}."""
+    import torch.nn.functional as F
+
+    from engine.models.layers import attention_layer, ffn, layer_norm, linear_kernel, modulate, timestep_freqs
+
     c, eps = run.cfg, run.eps
     w = run.kernel("patch_embedding")
     wp = w["patch_embedding.weight"]
