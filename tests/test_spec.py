@@ -1,7 +1,10 @@
 """Model specs from conf/model/*.yaml: exact parameter counts, kernel and weight invariants, errors."""
 from __future__ import annotations
 
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -181,3 +184,10 @@ def test_single_stream_ltx_has_no_audio_weights():
     spec = build_spec(cfg, workload(audio_tokens=0))
     assert not any("audio" in w for w in spec.weights)
     assert isinstance(cfg, DitModelConfig)
+
+
+def test_building_a_spec_loads_no_torch():
+    code = ("import sys; from types import SimpleNamespace; from engine.models import load_spec; "
+            "load_spec('tiny', SimpleNamespace(kind='train_lora', batch=1, video_tokens=8, audio_tokens=2, "
+            "text_tokens=3, context_tokens=0, lora_rank=4)); assert 'torch' not in sys.modules, 'torch loaded'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
