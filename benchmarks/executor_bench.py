@@ -41,10 +41,10 @@ from engine.errors import ExecutorError  # noqa: E402
 from engine.executor import WeightExecutor  # noqa: E402
 from engine.executor.cuda import CudaBackend, pool_slack_bytes  # noqa: E402
 from engine.executor.setup import compute_device, device_name, forward_order, shared_host_weights  # noqa: E402
-from engine.models import DictSource, forward, make_inputs  # noqa: E402
+from engine.models import build_spec, forward, load_model_config, make_inputs  # noqa: E402
+from engine.models.run import DictSource  # noqa: E402
 from engine.policy import AccessOrder, Decision  # noqa: E402
 from engine.policy.weights import WeightResidency  # noqa: E402
-from engine.spec import build_spec, load_model_config  # noqa: E402
 from engine.units import MB  # noqa: E402
 from engine.weightfile import WeightFile, materialize  # noqa: E402
 

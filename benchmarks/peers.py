@@ -58,8 +58,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from engine.executor import WeightExecutor  # noqa: E402
 from engine.executor.setup import compute_device, forward_order, shared_host_weights  # noqa: E402
-from engine.models import DictSource, forward, make_inputs, random_weights  # noqa: E402
-from engine.spec import ModelSpec, build_spec, load_model_config  # noqa: E402
+from engine.models import build_spec, forward, load_model_config, make_inputs  # noqa: E402
+from engine.models.run import DictSource  # noqa: E402
+from engine.models.seeded import random_weights  # noqa: E402
+from engine.models.spec import ModelSpec  # noqa: E402
 from engine.units import MB  # noqa: E402
 from engine.weightfile import WeightFile, materialize  # noqa: E402
 from executor_bench import choose_dir, h2d_gbps  # noqa: E402

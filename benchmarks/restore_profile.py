@@ -32,15 +32,17 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from train_bench import device_weights, run_row  # noqa: E402
+from train_bench import run_row  # noqa: E402
 
 from engine.executor.activations import ActivationOffloader, ResidentWeights  # noqa: E402
 from engine.executor.setup import compute_device  # noqa: E402
 from engine.executor.training import lora_step  # noqa: E402
-from engine.models import DictSource, init_lora, make_inputs  # noqa: E402
+from engine.models import build_spec, load_model_config, make_inputs  # noqa: E402
+from engine.models.lora import init_lora  # noqa: E402
+from engine.models.run import DictSource  # noqa: E402
+from engine.models.seeded import random_weights  # noqa: E402
 from engine.policy.activations import build_activation_policy  # noqa: E402
 from engine.record.clocks import clock_for  # noqa: E402
-from engine.spec import build_spec, load_model_config  # noqa: E402
 from engine.trace import read_trace  # noqa: E402
 from engine.validation import activations_config  # noqa: E402
 
@@ -86,7 +88,7 @@ def main() -> None:
     workload = SimpleNamespace(kind="train_lora", batch=1, video_tokens=16384, audio_tokens=128, text_tokens=256,
                                context_tokens=0, lora_rank=32)
     spec = build_spec(model_cfg, workload)
-    weights = device_weights(spec, device)
+    weights = random_weights(spec, device=device, draw_on_device=True)
     lora = init_lora(spec, 32, device=device, seed=1)
     inputs = make_inputs(spec, workload, device=device, seed=2)
     trace = read_trace(TRACE)

@@ -42,7 +42,8 @@ from executor_bench import WORKLOAD, ltx_spec  # noqa: E402
 from engine.errors import ExecutorError  # noqa: E402
 from engine.executor import WeightExecutor  # noqa: E402
 from engine.executor.setup import forward_order, streamed_executor  # noqa: E402
-from engine.models import DictSource, forward, make_inputs  # noqa: E402
+from engine.models import forward, make_inputs  # noqa: E402
+from engine.models.run import DictSource  # noqa: E402
 from engine.units import MB  # noqa: E402
 from engine.weightfile import WeightFile, materialize  # noqa: E402
 

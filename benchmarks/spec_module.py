@@ -26,7 +26,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from engine.models import forward as spec_forward
-from engine.spec import ModelSpec
+from engine.models.spec import ModelSpec
 
 _BLOCK = re.compile(r"^(blocks|double_blocks|single_blocks)\.(\d+)\.")
 

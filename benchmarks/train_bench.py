@@ -38,7 +38,6 @@ import cProfile
 import dataclasses
 import gc
 import json
-import math
 import pstats
 import statistics
 import sys
@@ -57,37 +56,20 @@ from engine.executor.activations import ActivationOffloader, ResidentWeights  # 
 from engine.executor.setup import compute_device  # noqa: E402
 from engine.executor.training import lora_step  # noqa: E402
 from engine.policy import Question  # noqa: E402
-from engine.models import DictSource, init_lora, make_inputs, random_weights  # noqa: E402
+from engine.models import build_spec, load_model_config, make_inputs  # noqa: E402
+from engine.models.lora import init_lora  # noqa: E402
+from engine.models.run import DictSource  # noqa: E402
+from engine.models.seeded import random_weights  # noqa: E402
+from engine.models.spec import ModelSpec  # noqa: E402
 from engine.policy.activations import build_activation_policy  # noqa: E402
 from engine.policy.pool_sizing import exact_pool  # noqa: E402
 from engine.record.clocks import Clock, clock_for  # noqa: E402
-from engine.spec import ModelSpec, build_spec, load_model_config  # noqa: E402
 
 GB = 1e9
 MB = 1e6
 TARGET_REDUCTION = 0.13  # Activation Stagehand: 19.4 -> 16.9 GB
 
 
-def device_weights(spec: ModelSpec, device: torch.device, seed: int = 0) -> dict[str, torch.Tensor]:
-    """random_weights' scales, drawn on the device: 6 G values drawn on the host take minutes."""
-    if device.type == "cpu":
-        return random_weights(spec, seed)
-    g = torch.Generator(device=device).manual_seed(seed)
-    out = {}
-    for name, ws in spec.weights.items():
-        shape = ws.shape
-        r = torch.randn(shape, generator=g, device=device)
-        if name.endswith(".bias"):
-            t = r * 0.02
-        elif len(shape) == 1:
-            t = 1 + 0.1 * r
-        elif "scale_shift_table" in name:
-            t = r / math.sqrt(shape[-1])
-        else:
-            t = r / math.sqrt(math.prod(shape[1:]))
-        out[name] = t.to(torch.bfloat16)
-        del r
-    return out
 
 
 @dataclasses.dataclass
@@ -237,7 +219,7 @@ def main() -> None:
                                lora_rank=args.rank)
     spec = build_spec(model_cfg, workload)
     t0 = time.perf_counter()
-    weights = device_weights(spec, device)
+    weights = random_weights(spec, device=device, draw_on_device=True)  # 6 G values on the host take minutes
     lora = init_lora(spec, args.rank, device=device, seed=1)
     inputs = make_inputs(spec, workload, device=device, seed=2)
     clock.synchronize()

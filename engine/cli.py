@@ -31,7 +31,7 @@ from engine.errors import EngineError
 from engine.job import objective, prepare
 from engine.modes import runner
 from engine.report import write_report
-from engine.spec import SpecError
+from engine.models.spec import SpecError
 
 # The configs ship as the package `conf`. Hydra reads a directory faster than a
 # pkg:// source (a 100-point sweep composes the config twice per point), and a

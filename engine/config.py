@@ -135,7 +135,7 @@ class Config:
 
 def register() -> None:
     """Put every schema in the ConfigStore; conf/*.yaml files extend them."""
-    from engine.spec import MODEL_SCHEMAS
+    from engine.models import MODEL_SCHEMAS
 
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)

@@ -15,7 +15,8 @@ from omegaconf import DictConfig, OmegaConf
 from engine.config import check_config
 from engine.modes import MODES
 from engine.plan import Plan, make_plan
-from engine.spec import ModelSpec, build_spec
+from engine.models import build_spec
+from engine.models.spec import ModelSpec
 from engine.trace import Trace, read_trace, synthesize
 
 

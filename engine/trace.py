@@ -58,7 +58,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from engine.errors import TraceError
 from engine.policy import AccessOrder
-from engine.spec import Kernel, ModelSpec, SavedTensor
+from engine.models.spec import Kernel, ModelSpec, SavedTensor
 
 FORMAT = "offload-engine-trace"
 VERSION = 1

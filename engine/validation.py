@@ -300,7 +300,8 @@ def _measure_training(spec: Any, trace: Trace, wf: Any, inputs: dict, row: dict,
 
     from engine.executor.activations import ActivationOffloader, ResidentWeights
     from engine.executor.training import lora_step
-    from engine.models import DictSource, init_lora
+    from engine.models.lora import init_lora
+    from engine.models.run import DictSource
     from engine.policy.activations import build_activation_policy
 
     weights = {n: t.to(device, copy=True) for n, t in wf.tensors().items()}

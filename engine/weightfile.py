@@ -27,7 +27,7 @@ import torch
 from tqdm import tqdm
 
 from engine.errors import WeightFileError
-from engine.spec import DTYPE_BYTES, ModelSpec, WeightSpec
+from engine.models.spec import DTYPE_BYTES, ModelSpec, WeightSpec
 
 # spec dtype -> (safetensors dtype, torch dtype)
 DTYPES: dict[str, tuple[str, torch.dtype]] = {
@@ -66,7 +66,7 @@ def _header_bytes(spec: ModelSpec, names: list[str], metadata: dict[str, str]) -
 
 
 def init_std(w: WeightSpec) -> tuple[float, float]:
-    """(mean, std) of a random weight, at the scales of engine.models.random_weights,
+    """(mean, std) of a random weight, at the scales of engine.models.seeded.random_weights,
     so a deep random model stays finite: small biases, norm gains near 1,
     scale_shift tables ~ 1/sqrt(width), other weights ~ 1/sqrt(fan_in)."""
     if w.name.endswith(".bias"):

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator
 import simpy
 
 from engine.policy import Decision
-from engine.spec import SavedTensor
+from engine.models.spec import SavedTensor
 from sim.compute import ComputeStream
 from sim.link import D2H, H2D, Copy, PcieLink
 from sim.pool import DevicePool

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.spec import build_spec, load_model_config
+from engine.models import build_spec, load_model_config
 from engine.trace import synthesize, write_trace
 from engine.config import HardwareConfig, WorkloadConfig
 from omegaconf import OmegaConf

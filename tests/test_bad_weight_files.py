@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from engine.errors import WeightFileError
-from engine.spec import load_spec
+from engine.models import load_spec
 from engine.weightfile import MAX_HEADER_BYTES, WeightFile, file_order, materialize
 
 WORKLOAD = SimpleNamespace(kind="infer", batch=1, video_tokens=16, audio_tokens=4, text_tokens=4,

@@ -18,10 +18,11 @@ from torch import nn
 import engine
 from engine.errors import ExecutorError
 from engine.executor import WeightExecutor
-from engine.models import DictSource, forward, make_inputs, random_weights
+from engine.models import forward, load_spec, make_inputs
+from engine.models.run import DictSource
+from engine.models.seeded import random_weights
 from engine.policy import AccessOrder
 from engine.policy.weights import floor
-from engine.spec import load_spec
 
 GPU = pytest.param("cuda", marks=[pytest.mark.cuda,
                                   pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")])

@@ -14,11 +14,11 @@ from omegaconf import OmegaConf
 from engine.errors import BelowFloorError, ExecutorError
 from engine.executor import WeightExecutor, host_weights, make_backend
 from engine.executor.cpu import CpuBackend
-from engine.models import DictSource, forward, make_inputs
+from engine.models import forward, load_spec, make_inputs
+from engine.models.run import DictSource
 from engine.modes.execute import run_execute
 from engine.policy import AccessOrder
 from engine.policy.weights import WeightResidency, floor
-from engine.spec import load_spec
 from engine.weightfile import WeightFile, materialize
 
 WORKLOAD = dict(name="infer", kind="infer", batch=1, video_tokens=24, audio_tokens=6, text_tokens=5,

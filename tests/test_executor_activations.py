@@ -19,10 +19,12 @@ from engine.config import ActivationsConfig, PoolConfig
 from engine.errors import ConfigError, ExecutorError
 from engine.executor.activations import ActivationOffloader, KernelTracking, ResidentWeights, layer_boundary
 from engine.executor.pinned_pool import PAGE, SlabPool
-from engine.models import DictSource, forward, init_lora, make_inputs, random_weights
+from engine.models import forward, load_spec, make_inputs
+from engine.models.lora import init_lora
+from engine.models.run import DictSource
+from engine.models.seeded import random_weights
 from engine.policy import replay
 from engine.policy.activations import WatermarkPolicy, build_activation_policy
-from engine.spec import load_spec
 
 WORKLOAD = SimpleNamespace(kind="train_lora", batch=2, video_tokens=24, audio_tokens=6, text_tokens=5,
                            context_tokens=7, lora_rank=4)

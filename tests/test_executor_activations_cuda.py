@@ -24,9 +24,11 @@ from engine.config import ActivationsConfig, PoolConfig  # noqa: E402
 from engine.errors import ExecutorError  # noqa: E402
 from engine.executor.activations import (ActivationOffloader, KernelTracking, ResidentWeights,  # noqa: E402
                                          layer_boundary)
-from engine.models import DictSource, forward, init_lora, make_inputs, random_weights  # noqa: E402
+from engine.models import forward, load_spec, make_inputs  # noqa: E402
+from engine.models.lora import init_lora  # noqa: E402
+from engine.models.run import DictSource  # noqa: E402
+from engine.models.seeded import random_weights  # noqa: E402
 from engine.policy.activations import build_activation_policy  # noqa: E402
-from engine.spec import load_spec  # noqa: E402
 
 WORKLOAD = SimpleNamespace(kind="train_lora", batch=2, video_tokens=256, audio_tokens=32, text_tokens=16,
                            context_tokens=0, lora_rank=8)

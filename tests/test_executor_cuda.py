@@ -16,11 +16,11 @@ pytest.importorskip("cuda.bindings.runtime", reason="needs cuda-python (pip inst
 from engine.errors import ExecutorError  # noqa: E402
 from engine.executor import WeightExecutor, host_weights  # noqa: E402
 from engine.executor.cuda import POOL_CHUNK, CudaBackend, pool_slack_bytes  # noqa: E402
-from engine.models import DictSource, forward, make_inputs  # noqa: E402
+from engine.models import forward, load_spec, make_inputs  # noqa: E402
+from engine.models.run import DictSource  # noqa: E402
 from engine.modes.execute import run_execute  # noqa: E402
 from engine.policy import AccessOrder  # noqa: E402
 from engine.policy.weights import WeightResidency, floor  # noqa: E402
-from engine.spec import load_spec  # noqa: E402
 from engine.weightfile import WeightFile, materialize  # noqa: E402
 
 MiB = 1 << 20

@@ -28,12 +28,14 @@ from engine.errors import ExecutorError, PlacementError  # noqa: E402
 from engine.executor import WeightExecutor, host_weights, make_backend  # noqa: E402
 from engine.executor.activations import ActivationOffloader, KernelTracking  # noqa: E402
 from engine.executor.cpu import CpuBackend  # noqa: E402
-from engine.models import DictSource, forward, init_lora, make_inputs, random_weights  # noqa: E402
+from engine.models import forward, load_spec, make_inputs  # noqa: E402
+from engine.models.lora import init_lora  # noqa: E402
+from engine.models.run import DictSource  # noqa: E402
+from engine.models.seeded import random_weights  # noqa: E402
 from engine.modes.execute import run_execute  # noqa: E402
 from engine.policy import AccessOrder  # noqa: E402
 from engine.policy.activations import build_activation_policy  # noqa: E402
 from engine.policy.weights import WeightResidency, floor  # noqa: E402
-from engine.spec import load_spec  # noqa: E402
 from engine.weightfile import WeightFile, materialize  # noqa: E402
 
 GPU = pytest.param("cuda", marks=[pytest.mark.cuda,

@@ -6,9 +6,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from engine.models import (DictSource, MissingWeightError, ScheduleError, forward, init_lora, make_inputs,
-                           random_weights)
-from engine.spec import DitModelConfig, FluxModelConfig, LlamaModelConfig, build_spec, load_spec
+from engine.models import build_spec, forward, load_spec, make_inputs
+from engine.models.dit import DitModelConfig
+from engine.models.flux import FluxModelConfig
+from engine.models.llama import LlamaModelConfig
+from engine.models.lora import init_lora, lora_backward, lora_sgd
+from engine.models.run import DictSource, MissingWeightError, ScheduleError
+from engine.models.seeded import random_weights
 
 
 def workload(kind: str = "infer", **kw: int) -> SimpleNamespace:
@@ -62,6 +66,26 @@ def test_train_lora_gives_gradients_to_every_adapter(tiny):
     for name, t in lora.items():
         assert t.grad is not None and t.grad.abs().sum() > 0, name
     assert all(not w.requires_grad for w in weights.values())
+
+
+def test_lora_step_helpers(tiny):
+    spec, weights = tiny
+    lora = init_lora(spec, 4, seed=3)
+    inp = make_inputs(spec, workload("train_lora"), seed=1)
+    loss = lora_backward(spec, DictSource(spec, weights), inp, lora)
+    grads = {k: t.grad.clone() for k, t in lora.items()}
+    assert torch.equal(lora_backward(spec, DictSource(spec, weights), inp, lora), loss)
+    assert all(torch.equal(t.grad, grads[k]) for k, t in lora.items())  # cleared first, not accumulated
+    before = {k: t.detach().clone() for k, t in lora.items()}
+    taken = lora_sgd(lora, 0.5)
+    assert all(torch.equal(taken[k], grads[k]) and lora[k].grad is None for k in lora)
+    assert any(not torch.equal(lora[k], before[k]) for k in lora)
+
+
+def test_random_weights_drawn_on_the_cpu_device_match(tiny):
+    spec, weights = tiny
+    drawn = random_weights(spec, 0, device="cpu", draw_on_device=True)
+    assert all(torch.equal(drawn[n], w) for n, w in weights.items())
 
 
 def test_deterministic_for_a_seed(tiny):

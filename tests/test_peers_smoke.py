@@ -46,7 +46,9 @@ def test_spec_module_follows_replaced_parameters() -> None:
     from peers import shape, workload
     from spec_module import SpecModule
 
-    from engine.models import DictSource, forward, make_inputs, random_weights
+    from engine.models import forward, make_inputs
+    from engine.models.run import DictSource
+    from engine.models.seeded import random_weights
 
     spec = shape("tiny", 2, 16)
     weights = random_weights(spec, seed=0)

@@ -332,7 +332,7 @@ def test_the_simulator_asks_a_trace_step_the_questions_step_questions_lists():
 
     from engine.config import HardwareConfig
     from engine.policy.pool_sizing import exact_pool, step_questions
-    from engine.spec import load_spec
+    from engine.models import load_spec
     from engine.trace import synthesize
 
     workload = dict(name="train_lora", kind="train_lora", batch=1, video_tokens=64, audio_tokens=16, text_tokens=8,

@@ -10,10 +10,12 @@ import simpy
 from engine.calibrate import copy_rates, fit_fetch_cost, fit_profile, launch_mean, load_hardware
 from engine.config import HardwareConfig
 from engine.errors import TraceError
-from engine.models import DictSource, init_lora, make_inputs, random_weights
+from engine.models import load_spec, make_inputs
+from engine.models.lora import init_lora
+from engine.models.run import DictSource
+from engine.models.seeded import random_weights
 from engine.record.clocks import CpuClock
 from engine.record.timing import build_trace, split_backward, time_steps
-from engine.spec import load_spec
 from engine.trace import read_trace, write_trace
 from engine.validation import measurements_path, read_measurements, report
 from sim.link import D2H, H2D, PcieLink

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from engine.config import ActivationsConfig, HardwareConfig, PoolConfig, WeightsConfig, WorkloadConfig
-from engine.spec import load_spec
+from engine.models import load_spec
 from engine.trace import synthesize
 from sim import SimResult, simulate
 from sim.timeline import TRACKS, plot_timeline, write_chrome_trace

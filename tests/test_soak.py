@@ -27,11 +27,13 @@ from engine.config import ActivationsConfig, PoolConfig
 from engine.executor import WeightExecutor, host_weights
 from engine.executor.activations import ActivationOffloader, KernelTracking
 from engine.executor.cpu import CpuBackend
-from engine.models import DictSource, forward, init_lora, make_inputs, random_weights
+from engine.models import forward, load_spec, make_inputs
+from engine.models.lora import init_lora
+from engine.models.run import DictSource
+from engine.models.seeded import random_weights
 from engine.policy import KEEP_STEPS, AccessOrder
 from engine.policy.activations import build_activation_policy
 from engine.policy.weights import floor
-from engine.spec import load_spec
 from engine.weightfile import WeightFile, materialize
 
 RSS_BOUND = 4 << 20  # bytes (module docstring)

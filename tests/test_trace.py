@@ -9,7 +9,7 @@ import pytest
 
 from engine.config import HardwareConfig, WorkloadConfig
 from engine.errors import TraceError
-from engine.spec import Kernel, ModelSpec, SavedTensor, WeightSpec
+from engine.models.spec import Kernel, ModelSpec, SavedTensor, WeightSpec
 from engine.trace import ExecutionTimePredictor, KernelRecord, Trace, read_trace, synthesize, write_trace
 
 HW = HardwareConfig(

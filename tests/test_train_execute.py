@@ -16,10 +16,10 @@ from engine.config import ActivationsConfig, HardwareConfig, PoolConfig, Weights
 from engine.errors import ExecutorError
 from engine.executor import WeightExecutor
 from engine.executor.cpu import CpuBackend
-from engine.executor.training import ACTIVATION_FIELDS, StreamedWeights, lora_loss, weight_handles
-from engine.models import forward, init_lora, make_inputs
+from engine.executor.training import ACTIVATION_FIELDS, StreamedWeights, weight_handles
+from engine.models import forward, load_spec, make_inputs
+from engine.models.lora import init_lora, lora_loss
 from engine.modes.execute import run_train_execute
-from engine.spec import load_spec
 from engine.trace import synthesize
 from engine.weightfile import WeightFile, materialize
 
@@ -134,7 +134,7 @@ def test_a_pool_sized_from_the_executors_own_questions_misses_nothing(tiny, tmp_
     """exact_pool is exact for the questions it is given: a recorded step's (mode=record
     traces hold autograd's real saves; a synthesized trace only approximates them)."""
     from engine.executor.activations import ActivationOffloader, KernelTracking, ResidentWeights
-    from engine.models import DictSource
+    from engine.models.run import DictSource
     from engine.policy.activations import build_activation_policy
     from engine.policy.pool_sizing import exact_pool
 

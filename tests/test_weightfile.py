@@ -11,7 +11,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine.errors import WeightFileError
-from engine.spec import WeightSpec, load_spec
+from engine.models import load_spec
+from engine.models.spec import WeightSpec
 from engine.weightfile import WeightFile, file_order, materialize
 
 WORKLOAD = SimpleNamespace(kind="infer", batch=1, video_tokens=16, audio_tokens=4, text_tokens=4,

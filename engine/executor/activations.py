@@ -82,7 +82,7 @@ from engine.gc_pause import paused_gc
 from engine.policy import KEEP_STEPS, ActivationPolicy, Decision, Question, ask, keep_last_steps
 from engine.policy.activations import WatermarkPolicy, mb_to_bytes, validate_caps
 from engine.policy.sync import SyncDictPolicy
-from engine.spec import ModelSpec
+from engine.models.spec import ModelSpec
 from engine.units import MB
 
 Tensor = torch.Tensor

@@ -28,7 +28,7 @@ from engine.executor.backend import Backend
 from engine.executor.runtime import WeightExecutor, make_backend
 from engine.executor.sources import host_weights
 from engine.policy import KEEP_STEPS, AccessOrder
-from engine.spec import ModelSpec
+from engine.models.spec import ModelSpec
 from engine.weightfile import WeightFile, materialize
 
 log = logging.getLogger(__name__)

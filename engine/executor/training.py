@@ -31,9 +31,10 @@ import torch
 from engine.errors import ExecutorError
 from engine.executor.activations import ActivationOffloader, KernelTracking
 from engine.executor.runtime import WeightExecutor
-from engine.models import DictSource, forward
+from engine.models.lora import lora_backward, lora_sgd
+from engine.models.run import DictSource
+from engine.models.spec import ModelSpec
 from engine.policy import AccessOrder
-from engine.spec import ModelSpec
 from engine.trace import BACKWARD_SUFFIX
 from engine.units import MB
 
@@ -154,34 +155,13 @@ def check_train_order(order: AccessOrder, spec: ModelSpec) -> None:
                                 f"the model runs {name}; record or synthesize the trace for this model and workload")
 
 
-def lora_loss(out: Mapping[str, Tensor]) -> Tensor:
-    """The loss the engine trains: the mean square of every output."""
-    return sum(o.float().pow(2).mean() for o in out.values())
-
-
 def lora_step(spec: ModelSpec, source: Any, inputs: Mapping[str, Tensor], lora: Mapping[str, Tensor],
               offloader: ActivationOffloader | None = None) -> Tensor:
-    """Forward and backward of one LoRA step over `source`'s weights, the adapters'
-    gradients cleared first; with an offloader, KernelTracking tells it where
-    layers start and end. Returns the loss."""
-    for t in lora.values():
-        t.grad = None
+    """One LoRA step's forward and backward over `source`'s weights (lora_backward);
+    with an offloader, KernelTracking tells it where layers start and end."""
     if offloader is not None:
         source = KernelTracking(source, spec, offloader)
-    loss = lora_loss(forward(spec, source, inputs, lora))
-    loss.backward()
-    return loss
-
-
-def sgd(lora: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """Take the step's gradients (returned, detached) and update the adapters."""
-    grads = {}
-    with torch.no_grad():
-        for k, p in lora.items():
-            grads[k] = p.grad
-            p.sub_(p.grad, alpha=LEARNING_RATE)
-            p.grad = None
-    return grads
+    return lora_backward(spec, source, inputs, lora)
 
 
 def reference_steps(spec: ModelSpec, host: Mapping[str, Tensor], inputs: Mapping[str, Tensor],
@@ -192,7 +172,7 @@ def reference_steps(spec: ModelSpec, host: Mapping[str, Tensor], inputs: Mapping
     out = []
     for _ in range(steps):
         loss = lora_step(spec, DictSource(spec, weights), inputs, lora)
-        out.append((loss.detach(), sgd(lora)))
+        out.append((loss.detach(), lora_sgd(lora, LEARNING_RATE)))
     del weights
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -241,7 +221,7 @@ def train_step(spec: ModelSpec, executor: WeightExecutor, streamed: StreamedWeig
         with hooks():
             loss = lora_step(spec, streamed, inputs, lora, offloader)
         streamed.finish()
-    return loss.detach(), sgd(lora)
+    return loss.detach(), lora_sgd(lora, LEARNING_RATE)
 
 
 def telemetry_row(weights: dict, acts: dict | None, cuda_peak: int | None) -> dict:

@@ -33,13 +33,15 @@ from engine.executor.setup import (compute_device, fits_resident, open_weight_fi
 from engine.executor.training import (AsManaged, StreamedWeights, check_train_order, deterministic, max_abs_diff,
                                       reference_steps, telemetry_row, train_step)
 from engine.job import Job, Outcome, plan_report
-from engine.models import DictSource, forward, init_lora, make_inputs
+from engine.models import forward, make_inputs
+from engine.models.lora import init_lora
+from engine.models.run import DictSource
 from engine.modes.simulate import prediction_md, prediction_report, run_simulation
 from engine.policy import AccessOrder
 from engine.policy.activations import build_activation_policy
 from engine.policy.weights import WeightResidency
 from engine.report import fmt_bytes, plan_md, table
-from engine.spec import ModelSpec
+from engine.models.spec import ModelSpec
 from engine.units import budget_bytes
 from engine.weightfile import materialize
 

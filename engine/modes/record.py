@@ -12,12 +12,14 @@ from omegaconf import OmegaConf
 
 from engine.executor.setup import compute_device, device_name, open_weight_file
 from engine.job import Job, Outcome, config_summary
-from engine.models import DictSource, init_lora, make_inputs
+from engine.models import make_inputs
+from engine.models.lora import init_lora
+from engine.models.run import DictSource
 from engine.record.clocks import clock_for
 from engine.record.probes import copy_stream_beside, probe_copies, streamed_forward
 from engine.record.timing import TIMED_STEPS, build_trace, time_steps
 from engine.report import table
-from engine.spec import ModelSpec
+from engine.models.spec import ModelSpec
 from engine.trace import Trace, write_trace
 from engine.units import budget_bytes
 

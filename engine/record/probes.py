@@ -13,7 +13,7 @@ from engine.executor.setup import forward_order, streamed_executor
 from engine.models import forward
 from engine.record.clocks import Clock
 from engine.record.timing import KernelStamps
-from engine.spec import ModelSpec
+from engine.models.spec import ModelSpec
 from engine.units import MIB
 
 PROBE_SIZES = (4096, 65536, MIB, 4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB)

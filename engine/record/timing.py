@@ -9,10 +9,10 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from engine.executor.training import lora_loss
+from engine.models.lora import lora_loss
 from engine.models import forward
 from engine.record.clocks import Clock
-from engine.spec import ModelSpec, SavedTensor
+from engine.models.spec import ModelSpec, SavedTensor
 from engine.trace import (BACKWARD_FLOPS_FACTOR, BACKWARD_SUFFIX, FORMAT, VERSION, ExecutionTimePredictor,
                           KernelRecord, Trace, check_trace)
 

@@ -1,0 +1,189 @@
+"""The spec builder: a family declares its weights and kernels in launch order
+through `SpecBuilder`, which counts FLOPs, IO bytes and the tensors autograd
+saves (the accounting engine/models/spec.py describes)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+from typing import Iterable, NamedTuple, Sequence
+
+from engine.models.spec import DTYPE_BYTES, Kernel, ModelConfig, ModelSpec, SavedTensor, WeightSpec, is_adapted
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """The workload as a builder needs it (stored as the spec's meta["workload"])."""
+
+    kind: str
+    batch: int
+    video: int
+    audio: int
+    text: int
+    context: int
+    rank: int
+    targets: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Act:
+    """A named activation: `rows` = batch x tokens, `width` features. The name is
+    its identity for saved-tensor deduplication; `grad` says whether it depends
+    on an adapter (autograd saves for backward only what such tensors need)."""
+
+    name: str
+    rows: int
+    width: int
+    grad: bool = False
+
+
+class Out(NamedTuple):
+    """One linear of a fused group and what follows it inside the kernel."""
+
+    module: str
+    features: int
+    norm: str = ""  # weight of an RMSNorm on this output ("" = none)
+    gelu: bool = False  # GELU-tanh on this output
+
+
+def residual(kname: str, x: Act, y: Act) -> Act:
+    """The residual stream after kernel `kname` added its output `y` into `x`."""
+    return Act(f"{kname}.res", x.rows, x.width, x.grad or y.grad)
+
+
+class SpecBuilder:
+    """Weights and kernels in launch order; each name is declared once."""
+
+    def __init__(self, dtype: str, tok: Tokens):
+        self.dtype = dtype
+        self.act_bytes = DTYPE_BYTES[dtype]
+        self.tok = tok
+        self.weights: dict[str, WeightSpec] = {}
+        self.kernels: list[Kernel] = []
+        self._kernel_names: set[str] = set()
+        self._saved_names: set[str] = set()
+
+    def nbytes(self, a: Act) -> int:
+        return a.rows * a.width * self.act_bytes
+
+    def param(self, name: str, shape: Sequence[int]) -> str:
+        if name in self.weights:
+            raise RuntimeError(f"spec builder bug: weight {name} declared twice")
+        self.weights[name] = WeightSpec(name, tuple(int(s) for s in shape), self.dtype)
+        return name
+
+    def kernel(self, name: str, layer: int, op: str, weights: Iterable[str], flops: int, io_bytes: int,
+               saves: Iterable[tuple[str, int]] = ()) -> None:
+        if name in self._kernel_names:
+            raise RuntimeError(f"spec builder bug: kernel {name} declared twice")
+        self._kernel_names.add(name)
+        saved = []
+        for tensor, nbytes in saves:
+            if tensor not in self._saved_names:
+                self._saved_names.add(tensor)
+                saved.append(SavedTensor(tensor, nbytes, layer))
+        self.kernels.append(Kernel(name, layer, op, tuple(weights), int(flops), int(io_bytes), tuple(saved)))
+
+    def proj(self, kname: str, layer: int, x: Act, outs: Sequence[Out], *, bias: bool = True,
+             norm_width: int = 0, extra_saves: Sequence[tuple[str, int]] = ()) -> list[Act]:
+        """One kernel of linears sharing input `x` (and the norms/GELUs on their outputs).
+
+        `norm_width` is the RMSNorm width when it is per head (FLUX), else the output width;
+        `extra_saves` are kept when an output needs a gradient (SwiGLU's operands)."""
+        weights: list[str] = []
+        saves: list[tuple[str, int]] = []
+        flops = 0
+        results = []
+        tok = self.tok
+        for out in outs:
+            weights.append(self.param(f"{out.module}.weight", (out.features, x.width)))
+            if bias:
+                weights.append(self.param(f"{out.module}.bias", (out.features,)))
+            flops += 2 * x.rows * out.features * x.width
+            part = "out" if kname == out.module else out.module.rsplit(".", 1)[-1]
+            adapted = is_adapted(out.module, tok.targets)
+            y = Act(f"{kname}.{part}", x.rows, out.features, x.grad or adapted)
+            if adapted:
+                saves.append((x.name, self.nbytes(x)))
+                if tok.rank:
+                    saves.append((f"{out.module}.lora_h", x.rows * tok.rank * self.act_bytes))
+                if tok.kind == "train_lora":
+                    flops += 2 * x.rows * tok.rank * (x.width + out.features)
+            if out.norm:
+                width = norm_width or out.features
+                weights.append(self.param(out.norm, (width,)))
+                rstd = x.rows * (out.features // width) * 4
+                if y.grad:
+                    saves += [(y.name, self.nbytes(y)), (f"{y.name}.rstd", rstd)]
+                y = Act(f"{y.name}.normed", y.rows, y.width, y.grad)
+            if out.gelu:
+                if y.grad:
+                    saves.append((y.name, self.nbytes(y)))
+                y = Act(f"{y.name}.gelu", y.rows, y.width, y.grad)
+            results.append(y)
+        if any(r.grad for r in results):
+            saves += extra_saves
+        io = self.nbytes(x) + sum(self.nbytes(r) for r in results)
+        self.kernel(kname, layer, "linear", weights, flops, io, saves)
+        return results
+
+    def linear(self, module: str, layer: int, x: Act, features: int, *, bias: bool = True,
+               gelu: bool = False) -> Act:
+        """A kernel of one linear, named after its module."""
+        return self.proj(module, layer, x, [Out(module, features, gelu=gelu)], bias=bias)[0]
+
+    def attention(self, kname: str, layer: int, q: Act, k: Act, v: Act, heads: int, head_dim: int) -> Act:
+        """The attention core (SDPA): a kernel that reads no weights."""
+        b = self.tok.batch
+        lq, lk = q.rows // b, k.rows // b
+        out = Act(f"{kname}.out", q.rows, heads * head_dim, q.grad or k.grad or v.grad)
+        lse = b * heads * lq * 4
+        saves = [(t.name, self.nbytes(t)) for t in (q, k, v, out)] + [(f"{kname}.lse", lse)] if out.grad else []
+        io = sum(self.nbytes(t) for t in (q, k, v, out))
+        self.kernel(kname, layer, "attention", (), 4 * b * heads * lq * lk * head_dim, io, saves)
+        return out
+
+    def norm(self, kname: str, layer: int, x: Act, *, layer_norm: bool = False,
+             weights: Sequence[tuple[str, Sequence[int]]] = (), outputs: int = 1) -> list[Act]:
+        """Normalize `x` and apply `outputs` modulations of it (adaLN shift/scale)."""
+        names = [self.param(n, s) for n, s in weights]
+        stats = (2 if layer_norm else 1) * x.rows * 4
+        outs = [Act(f"{kname}.out{j}" if outputs > 1 else f"{kname}.out", x.rows, x.width, x.grad)
+                for j in range(outputs)]
+        io = self.nbytes(x) * (1 + outputs)
+        saves = [(x.name, self.nbytes(x)), (f"{kname}.stats", stats)] if x.grad else []
+        self.kernel(kname, layer, "norm", names, 5 * x.rows * x.width * outputs, io, saves)
+        return outs
+
+    def elementwise(self, kname: str, layer: int, weights: Sequence[tuple[str, Sequence[int]]]) -> None:
+        """A kernel that turns small tables into per-sample values (adaLN scale/shift/gate)."""
+        names = [self.param(n, s) for n, s in weights]
+        numel = self.tok.batch * sum(prod(s) for _, s in weights)
+        self.kernel(kname, layer, "elementwise", names, numel, 2 * numel * self.act_bytes)
+
+    def attention_layer(self, kp: str, wp: str, layer: int, x: Act, ctx: Act | None, *, inner: int, heads: int,
+                        head_dim: int, out_dim: int) -> Act:
+        """Q/K/V projections with q/k RMSNorms, the attention core and to_out.0.
+
+        Self attention (`ctx` None) fuses q, k, v into `{kp}.qkv`; cross attention
+        has `{kp}.q` over `x` and `{kp}.kv` over `ctx`. Returns to_out's output."""
+        q_out = Out(f"{wp}.to_q", inner, f"{wp}.norm_q.weight")
+        kv_outs = [Out(f"{wp}.to_k", inner, f"{wp}.norm_k.weight"), Out(f"{wp}.to_v", inner)]
+        if ctx is None:
+            q, k, v = self.proj(f"{kp}.qkv", layer, x, [q_out, *kv_outs])
+        else:
+            (q,) = self.proj(f"{kp}.q", layer, x, [q_out])
+            k, v = self.proj(f"{kp}.kv", layer, ctx, kv_outs)
+        o = self.attention(f"{kp}.attention", layer, q, k, v, heads, head_dim)
+        return self.proj(f"{kp}.to_out", layer, o, [Out(f"{wp}.to_out.0", out_dim)])[0]
+
+    def ffn(self, kp: str, wp: str, layer: int, x: Act, hidden: int) -> Act:
+        """GELU-tanh MLP: `{kp}.up` (net.0.proj + GELU) and `{kp}.down` (net.2)."""
+        (h,) = self.proj(f"{kp}.up", layer, x, [Out(f"{wp}.net.0.proj", hidden, gelu=True)])
+        return self.proj(f"{kp}.down", layer, h, [Out(f"{wp}.net.2", x.width)])[0]
+
+    def finish(self, cfg: ModelConfig, meta: dict) -> ModelSpec:
+        read = {w for k in self.kernels for w in k.weights}
+        unread = [w for w in self.weights if w not in read]
+        if unread:
+            raise RuntimeError(f"spec builder bug: weights read by no kernel: {unread[:5]}")
+        return ModelSpec(cfg.name, cfg.family, cfg.num_layers, dict(self.weights), tuple(self.kernels), meta)
