@@ -34,7 +34,8 @@ from typing import Any, Sequence
 
 from engine.config import ActivationsConfig, HardwareConfig, PoolConfig, WeightsConfig
 from engine.errors import ConfigError, TraceError
-from engine.policy.pool_sizing import exact_pool, step_questions
+from engine.policy.pool_sizing import exact_pool
+from engine.policy.schedule import step_questions
 from engine.trace import Trace
 from engine.units import MB
 

@@ -20,7 +20,7 @@ from engine.errors import ConfigError, ExecutorError
 from engine.executor.activations import ActivationOffloader, KernelTracking, ResidentWeights, layer_boundary
 from engine.executor.pinned_pool import PAGE, SlabPool
 from engine.models import DictSource, forward, init_lora, make_inputs, random_weights
-from engine.policy import replay
+from engine.policy.schedule import replay
 from engine.policy.activations import WatermarkPolicy, build_activation_policy
 from engine.spec import load_spec
 

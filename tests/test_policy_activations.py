@@ -11,8 +11,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from engine.config import ActivationsConfig, PoolConfig
 from engine.errors import ConfigError
 from engine.policy import Decision
-from engine.policy.activations import (
-    SizeClassPool, WatermarkPolicy, build_activation_policy, validate_watermarks)
+from engine.policy.activations import WatermarkPolicy, build_activation_policy, validate_watermarks
+from engine.policy.saved import SizeClassPool
 from engine.policy.sync import SyncDictPolicy
 
 MB = 1_000_000
@@ -306,7 +306,7 @@ QUESTIONS = [("layer_start", "fwd", 0), ("save", "a", 2 * MB, 0), ("save", "b", 
 
 
 def test_exact_pool_holds_every_spill_of_the_step_at_once():
-    from engine.policy import replay
+    from engine.policy.schedule import replay
     from engine.policy.pool_sizing import exact_pool
 
     spill_all = ActivationsConfig(mode="watermark", high_watermark_mb=0, low_watermark_mb=0, min_tensor_bytes=MB)
@@ -331,7 +331,8 @@ def test_the_simulator_asks_a_trace_step_the_questions_step_questions_lists():
     from types import SimpleNamespace
 
     from engine.config import HardwareConfig
-    from engine.policy.pool_sizing import exact_pool, step_questions
+    from engine.policy.pool_sizing import exact_pool
+    from engine.policy.schedule import step_questions
     from engine.spec import load_spec
     from engine.trace import synthesize
 

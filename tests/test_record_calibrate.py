@@ -59,7 +59,7 @@ def test_a_recorded_trace_needs_each_tensor_where_the_executor_first_unpacks_it(
     from engine.executor.activations import ActivationOffloader, KernelTracking, ResidentWeights
     from engine.models import forward
     from engine.policy.activations import build_activation_policy
-    from engine.policy.pool_sizing import step_questions
+    from engine.policy.schedule import step_questions
 
     wl = SimpleNamespace(name="t", kind="train_lora", batch=1, video_tokens=16, audio_tokens=8, text_tokens=8,
                          context_tokens=0, lora_rank=2)

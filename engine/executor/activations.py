@@ -79,8 +79,10 @@ from torch.utils.hooks import RemovableHandle
 from engine.errors import ConfigError, ExecutorError
 from engine.executor.pinned_pool import SlabPool
 from engine.gc_pause import paused_gc
-from engine.policy import KEEP_STEPS, ActivationPolicy, Decision, Question, ask, keep_last_steps
-from engine.policy.activations import WatermarkPolicy, mb_to_bytes, validate_caps
+from engine.policy import KEEP_STEPS, ActivationPolicy, Decision, keep_last_steps
+from engine.policy.schedule import Question, ask
+from engine.policy.activations import WatermarkPolicy
+from engine.policy.saved import mb_to_bytes, validate_caps
 from engine.policy.sync import SyncDictPolicy
 from engine.spec import ModelSpec
 from engine.units import MB
