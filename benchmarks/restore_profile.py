@@ -34,7 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from train_bench import Clock, device_weights, run_row  # noqa: E402
 
-from engine.executor.activations import ActivationOffloader, KernelTracking, ResidentWeights  # noqa: E402
+from engine.executor.model_hooks import KernelTracking, ResidentWeights  # noqa: E402
+from engine.executor.offloader import ActivationOffloader  # noqa: E402
 from engine.models import DictSource, forward, init_lora, make_inputs  # noqa: E402
 from engine.policy.activations import build_activation_policy  # noqa: E402
 from engine.spec import build_spec, load_model_config  # noqa: E402

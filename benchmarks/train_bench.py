@@ -53,11 +53,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.config import ActivationsConfig, PoolConfig  # noqa: E402
-from engine.executor.activations import ActivationOffloader, KernelTracking, ResidentWeights  # noqa: E402
-from engine.policy.schedule import Question  # noqa: E402
+from engine.executor.model_hooks import KernelTracking, ResidentWeights  # noqa: E402
+from engine.executor.offloader import ActivationOffloader  # noqa: E402
 from engine.models import DictSource, forward, init_lora, make_inputs, random_weights  # noqa: E402
 from engine.policy.activations import build_activation_policy  # noqa: E402
 from engine.policy.pool_sizing import exact_pool  # noqa: E402
+from engine.policy.schedule import Question  # noqa: E402
 from engine.spec import ModelSpec, build_spec, load_model_config  # noqa: E402
 
 GB = 1e9

@@ -311,7 +311,8 @@ def _measure_training(spec: Any, trace: Trace, wf: Any, inputs: dict, row: dict,
                       clock: Any) -> dict:
     import torch
 
-    from engine.executor.activations import ActivationOffloader, KernelTracking, ResidentWeights
+    from engine.executor.model_hooks import KernelTracking, ResidentWeights
+    from engine.executor.offloader import ActivationOffloader
     from engine.models import DictSource, forward, init_lora
     from engine.policy.activations import build_activation_policy
 

@@ -17,7 +17,8 @@ from torch import nn
 
 from engine.config import ActivationsConfig, PoolConfig
 from engine.errors import ConfigError, ExecutorError
-from engine.executor.activations import ActivationOffloader, KernelTracking, ResidentWeights, layer_boundary
+from engine.executor.model_hooks import KernelTracking, ResidentWeights, layer_boundary
+from engine.executor.offloader import ActivationOffloader
 from engine.executor.pinned_pool import PAGE, SlabPool
 from engine.models import DictSource, forward, init_lora, make_inputs, random_weights
 from engine.policy.schedule import replay

@@ -22,8 +22,8 @@ pytestmark = [pytest.mark.cuda,
 
 from engine.config import ActivationsConfig, PoolConfig  # noqa: E402
 from engine.errors import ExecutorError  # noqa: E402
-from engine.executor.activations import (ActivationOffloader, KernelTracking, ResidentWeights,  # noqa: E402
-                                         layer_boundary)
+from engine.executor.model_hooks import KernelTracking, ResidentWeights, layer_boundary  # noqa: E402
+from engine.executor.offloader import ActivationOffloader  # noqa: E402
 from engine.models import DictSource, forward, init_lora, make_inputs, random_weights  # noqa: E402
 from engine.policy.activations import build_activation_policy  # noqa: E402
 from engine.spec import load_spec  # noqa: E402

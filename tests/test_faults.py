@@ -26,7 +26,8 @@ from omegaconf import OmegaConf  # noqa: E402
 from engine.config import ActivationsConfig, PoolConfig  # noqa: E402
 from engine.errors import ExecutorError, PlacementError  # noqa: E402
 from engine.executor import WeightExecutor, host_weights, make_backend, run_execute  # noqa: E402
-from engine.executor.activations import ActivationOffloader, KernelTracking  # noqa: E402
+from engine.executor.model_hooks import KernelTracking  # noqa: E402
+from engine.executor.offloader import ActivationOffloader  # noqa: E402
 from engine.executor.host import HostBackend  # noqa: E402
 from engine.models import DictSource, forward, init_lora, make_inputs, random_weights  # noqa: E402
 from engine.policy import AccessOrder  # noqa: E402

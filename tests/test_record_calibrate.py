@@ -56,7 +56,8 @@ def test_a_recorded_trace_needs_each_tensor_where_the_executor_first_unpacks_it(
     backward order: a storage saved again by a later kernel (the text context, saved by every
     block's cross-attention) is needed at the last saver's mirror, where backward meets it."""
     from engine.config import ActivationsConfig, PoolConfig
-    from engine.executor.activations import ActivationOffloader, KernelTracking, ResidentWeights
+    from engine.executor.model_hooks import KernelTracking, ResidentWeights
+    from engine.executor.offloader import ActivationOffloader
     from engine.models import forward
     from engine.policy.activations import build_activation_policy
     from engine.policy.schedule import step_questions

@@ -25,7 +25,8 @@ import torch
 
 from engine.config import ActivationsConfig, PoolConfig
 from engine.executor import WeightExecutor, host_weights
-from engine.executor.activations import ActivationOffloader, KernelTracking
+from engine.executor.model_hooks import KernelTracking
+from engine.executor.offloader import ActivationOffloader
 from engine.executor.host import HostBackend
 from engine.models import DictSource, forward, init_lora, make_inputs, random_weights
 from engine.policy import KEEP_STEPS, AccessOrder

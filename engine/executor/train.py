@@ -35,7 +35,8 @@ from typing import Any, Callable, ContextManager, Hashable, Iterator, Mapping
 import torch
 
 from engine.errors import ExecutorError
-from engine.executor.activations import ActivationOffloader, KernelTracking
+from engine.executor.model_hooks import KernelTracking
+from engine.executor.offloader import ActivationOffloader
 from engine.executor.execute import REFERENCE_FRACTION, _device, _weight_file
 from engine.units import budget_bytes
 from engine.executor.runtime import WeightExecutor, make_backend
