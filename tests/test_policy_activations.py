@@ -327,7 +327,7 @@ def test_exact_pool_of_a_step_that_never_spills_is_one_slab():
 
 
 def test_the_simulator_asks_a_trace_step_the_questions_step_questions_lists():
-    """step_questions mirrors sim/host.py's order; the sized pool is only exact if they agree."""
+    """The launcher asks in step_questions' order (the one schedule); the sized pool is only exact if they agree."""
     from types import SimpleNamespace
 
     from engine.config import HardwareConfig
