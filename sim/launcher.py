@@ -24,7 +24,7 @@ launch_queue_depth kernels are launched but unfinished.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import simpy
 
@@ -95,7 +95,7 @@ class Launcher:
             return StepCounters.all_kept(sum(len(r.saved) for r in self.trace.records))
         return self.activations.history[step]
 
-    def run(self):
+    def run(self) -> Iterator[simpy.Event]:
         records = self.trace.records
         n = len(records)
         env = self.env

@@ -68,7 +68,6 @@ class StepMeasures:
     vram_peak_bytes: int = 0
 
 
-
 class SavedGroups:
     """One step's saved groups and their copies (module docstring); `new_step` starts the next."""
 
@@ -154,7 +153,7 @@ class SavedGroups:
             self._release(self.by_name[d.target])
         else:
             raise ExecutorError(f"activation decision {a!r} is not one the executor knows; "
-                                "add it to engine/executor/offloader.py")
+                                "add it to engine/executor/saved_groups.py")
 
     def _book(self, g: SavedGroup, size_class: int | None) -> None:
         g.booked = True
