@@ -11,6 +11,10 @@ the same order from each of them:
 3. after it ran: a "save" for each tensor it saved;
 4. at the step's end: the last layer's "layer_end", then "step_end".
 
+The weight policy's issue(position) for a kernel comes after its boundary's
+questions and before its unpacks (sim/launcher.py; in the executor,
+KernelTracking enters the kernel's layer before the weights are fetched).
+
 A question is a tuple, so it can be recorded and put again to a bare policy:
 ("save", name, nbytes, layer) | ("unpack", name) | ("layer_start" | "layer_end",
 phase, layer) | ("step_end",).
