@@ -34,7 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from train_bench import run_row  # noqa: E402
 
-from engine.executor.activations import ActivationOffloader, ResidentWeights  # noqa: E402
+from engine.executor.model_hooks import ResidentWeights  # noqa: E402
+from engine.executor.offloader import ActivationOffloader  # noqa: E402
 from engine.executor.setup import compute_device  # noqa: E402
 from engine.executor.training import lora_step  # noqa: E402
 from engine.models import build_spec, load_model_config, make_inputs  # noqa: E402

@@ -52,10 +52,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.config import ActivationsConfig, PoolConfig  # noqa: E402
-from engine.executor.activations import ActivationOffloader, ResidentWeights  # noqa: E402
+from engine.executor.model_hooks import ResidentWeights  # noqa: E402
+from engine.executor.offloader import ActivationOffloader  # noqa: E402
 from engine.executor.setup import compute_device  # noqa: E402
 from engine.executor.training import lora_step  # noqa: E402
-from engine.policy import Question  # noqa: E402
 from engine.models import build_spec, load_model_config, make_inputs  # noqa: E402
 from engine.models.lora import init_lora  # noqa: E402
 from engine.models.run import DictSource  # noqa: E402
@@ -63,6 +63,7 @@ from engine.models.seeded import random_weights  # noqa: E402
 from engine.models.spec import ModelSpec  # noqa: E402
 from engine.policy.activations import build_activation_policy  # noqa: E402
 from engine.policy.pool_sizing import exact_pool  # noqa: E402
+from engine.policy.schedule import Question  # noqa: E402
 from engine.record.clocks import Clock, clock_for  # noqa: E402
 
 GB = 1e9

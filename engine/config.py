@@ -197,7 +197,8 @@ def check_config(cfg: Any) -> None:
         raise ConfigError(
             f"activations={act.mode} needs a training workload; add workload=train_lora or activations=off")
     if act.mode != "off":
-        from engine.policy.activations import validate_pool, validate_watermarks
+        from engine.policy.activations import validate_watermarks
+        from engine.policy.saved import validate_pool
 
         validate_pool(act.pool)
         if act.mode == "watermark":

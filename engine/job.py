@@ -165,7 +165,8 @@ def _choose_eviction(cfg: DictConfig, trace: Trace, plan: Plan,
 def _size_pool_exactly(cfg: DictConfig, trace: Trace, source: tuple) -> None:
     """activations/pool=exact: the classes this step's spills need, written into the
     config so the simulator, the executor and the report all see the same pool."""
-    from engine.policy.pool_sizing import exact_pool, step_questions
+    from engine.policy.pool_sizing import exact_pool
+    from engine.policy.schedule import step_questions
 
     act = cfg.activations
     sized = _memo(("pool", *source, OmegaConf.to_yaml(act)),

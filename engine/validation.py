@@ -35,7 +35,8 @@ from typing import Any, Sequence
 
 from engine.config import ActivationsConfig, HardwareConfig, PoolConfig, WeightsConfig
 from engine.errors import ConfigError, TraceError
-from engine.policy.pool_sizing import exact_pool, step_questions
+from engine.policy.pool_sizing import exact_pool
+from engine.policy.schedule import step_questions
 from engine.trace import Trace
 from engine.units import MB
 
@@ -298,7 +299,8 @@ def _measure_training(spec: Any, trace: Trace, wf: Any, inputs: dict, row: dict,
                       clock: Any) -> dict:
     import torch
 
-    from engine.executor.activations import ActivationOffloader, ResidentWeights
+    from engine.executor.model_hooks import ResidentWeights
+    from engine.executor.offloader import ActivationOffloader
     from engine.executor.training import lora_step
     from engine.models.lora import init_lora
     from engine.models.run import DictSource

@@ -16,7 +16,7 @@ link and device bytes in the pool:
   tensor has completed (stream-ordered).
 
 In-flight copies are capped per direction (max_inflight_d2h / _h2d): at the
-cap the host finalizes the oldest inline, i.e. waits for it.
+cap the launcher finalizes the oldest inline, i.e. waits for it.
 """
 from __future__ import annotations
 
@@ -45,23 +45,15 @@ class _Saved:
     restore: Copy | None = None
 
 
-@dataclass
-class StepCounts:
-    """What one step did with its saved tensors."""
-
-    saved: int = 0
-    spilled: int = 0  # tensors the policy spilled (pool hits and misses alike)
-    pool_hits: int = 0  # spills that got a pinned slab
-    pool_misses: int = 0  # spills that fell back to unpinned memory
-
-    @property
-    def kept(self) -> int:
-        return self.saved - self.spilled  # never spilled in the step
-
-
 class SavedActivations:
+    """The step's saved tensors on the simulated device, and the copies that move them.
+
+    `activations_cfg` is None when no policy runs: every tensor then stays on
+    the device until backward has used it.
+    """
+
     def __init__(self, env: simpy.Environment, link: PcieLink, pool: DevicePool,
-                 compute: ComputeStream, hardware: Any, activations_cfg: Any,
+                 compute: ComputeStream, hardware: Any, activations_cfg: Any | None,
                  issued: Callable[[str, Copy], None], log: Callable[[int, str, str], None]):
         self.env = env
         self.link = link
@@ -70,37 +62,34 @@ class SavedActivations:
         self.pinned_d2h = float(hardware.d2h_gbps)
         self.pinned_h2d = float(hardware.h2d_gbps)
         self.pageable = float(hardware.pageable_gbps)
-        self.max_d2h = int(activations_cfg.max_inflight_d2h)
-        self.max_h2d = int(activations_cfg.max_inflight_h2d)
+        if activations_cfg is not None:
+            self.max_d2h = int(activations_cfg.max_inflight_d2h)
+            self.max_h2d = int(activations_cfg.max_inflight_h2d)
         # Sync-dict mode copies a layer's group when the layer's forward ends
         # (offload_group), as TransformerEngine does; watermark spills go at once.
-        self.spill_by_group = activations_cfg.mode == "sync"
+        self.spill_by_group = activations_cfg is not None and activations_cfg.mode == "sync"
         self.issued = issued  # tells the simulator about each copy, for per-step bytes
         self.log = log
         self.tensors: dict[str, _Saved] = {}
         self.by_layer: dict[int, list[_Saved]] = {}
         self.groups: dict[int, list[Copy]] = {}
         self.in_flight: dict[str, deque[Copy]] = {D2H: deque(), H2D: deque()}
-        self.counts = StepCounts()
         self.unpacking: str | None = None  # the tensor whose unpack the policy is answering
 
-    def new_step(self) -> StepCounts:
-        """Start counting a new step; returns the finished step's counts."""
-        done, self.counts = self.counts, StepCounts()
+    def new_step(self) -> None:
+        """Forget the finished step's layer groups."""
         self.by_layer = {}
         self.groups = {}
-        return done
 
     def saved(self, tensor: SavedTensor, producer: int) -> None:
         """The forward kernel `producer` saves `tensor`: its bytes count once it has run."""
         t = _Saved(tensor.name, tensor.nbytes, tensor.layer, producer)
         self.tensors[t.name] = t
         self.by_layer.setdefault(t.layer, []).append(t)
-        self.counts.saved += 1
         self.compute.after(producer, lambda: self.pool.add_activation(t.nbytes))
 
     def carry_out(self, d: Decision, seq: int, deps: list[simpy.Event]) -> Iterator[simpy.Event]:
-        """Do what `d` says; yields events the host must wait for (inline finalize).
+        """Do what `d` says; yields events the launcher must wait for (inline finalize).
 
         `seq` is the kernel being issued; waits it must do before running are
         appended to `deps`. Group decisions carry the layer in `detail`.
@@ -111,11 +100,6 @@ class SavedActivations:
         if a in ("spill", "miss"):
             t = self.tensors[d.target]
             t.booked, t.pinned = True, a == "spill"
-            self.counts.spilled += 1
-            if t.pinned:
-                self.counts.pool_hits += 1
-            else:
-                self.counts.pool_misses += 1
             if not self.spill_by_group:
                 yield from self._spill(t)
         elif a == "offload_group":

@@ -3,11 +3,11 @@
 Each direction (H2D, D2H) is one FIFO queue: concurrent copies in one
 direction serialize, as they do on the GPU's copy engines. An urgent copy (an
 on-demand restore, which the executor issues on a stream of its own) goes to
-the head of its queue: behind the copy in progress, ahead of every waiting one. The two directions
-run at the same time, but their sum is capped (H100: 54.4 GB/s H2D alone,
-87.6 GB/s in total with D2H), so a copy is re-rated whenever the other
-direction starts or stops: a fluid model, one timer per rate change, never
-one event per chunk.
+the head of its queue: behind the copy in progress, ahead of every waiting
+one. The two directions run at the same time, but their sum is capped
+(hardware.duplex_gbps, below h2d_gbps + d2h_gbps), so a copy is re-rated
+whenever the other direction starts or stops: a fluid model, one timer per
+rate change, never one event per chunk.
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ state) unless said otherwise:
     compute_ms         sum of the last step's kernel run times (slowdown under copies included)
     stall_ms           compute-stream idle time waiting on copies: a launched kernel
                        waiting for its weights, restores or offloads, plus idle time
-                       for want of a launch while the host sat blocked on copies
+                       for want of a launch while the launcher sat blocked on copies
                        (an allocation waiting for a free, an inline finalize).
                        step_ms - compute_ms - stall_ms is launch overhead that did not hide.
     overlap            share of the time the link was busy (either direction) in the
@@ -26,16 +26,15 @@ state) unless said otherwise:
     kept               saved tensors never spilled in the last step
     hazards            every step's use-after-evict hazards below the floor, in order:
                        {step, kernel (the reader), weight, evicted_by, time_ns, time_ms
-                       (when the host evicted it)}
+                       (when the launcher evicted it)}
 
 Everything is computed after the run from per-kernel start/end times and the
 issued copies, so the simulation loop only records.
 """
 from __future__ import annotations
 
-from sim.activations import StepCounts
 from sim.compute import ComputeStream
-from sim.host import HostThread
+from sim.launcher import Launcher
 from sim.link import D2H, H2D
 from sim.pool import DevicePool
 
@@ -75,7 +74,7 @@ def step_ends(compute: ComputeStream, kernels_per_step: int, steps: int) -> list
     return [compute.end_ns[(s + 1) * kernels_per_step - 1] for s in range(steps)]
 
 
-def predict(host: HostThread, compute: ComputeStream, pool: DevicePool,
+def predict(launcher: Launcher, compute: ComputeStream, pool: DevicePool,
             kernels_per_step: int, steps: int) -> dict:
     ends = step_ends(compute, kernels_per_step, steps)
     last = steps - 1
@@ -84,7 +83,7 @@ def predict(host: HostThread, compute: ComputeStream, pool: DevicePool,
     first = range(last * kernels_per_step, steps * kernels_per_step)
     compute_ns = stall_ns = 0
     busy: Intervals = []
-    blocked = host.blocked
+    blocked = launcher.blocked
     b = 0
     for i in first:
         s, e = compute.start_ns[i], compute.end_ns[i]
@@ -93,7 +92,7 @@ def predict(host: HostThread, compute: ComputeStream, pool: DevicePool,
         launched = compute.launched_ns[i]
         stall_ns += s - max(prev_end, launched)  # a launched kernel waits only for copies
         if launched > prev_end:
-            # Idle for want of a launch: a stall where the host sat blocked on copies,
+            # Idle for want of a launch: a stall where the launcher sat blocked on copies,
             # launch overhead where it was busy issuing.
             while b < len(blocked) and blocked[b][1] <= prev_end:
                 b += 1
@@ -102,19 +101,19 @@ def predict(host: HostThread, compute: ComputeStream, pool: DevicePool,
                 stall_ns += max(0, min(blocked[j][1], launched) - max(blocked[j][0], prev_end))
                 j += 1
         busy.append((s, e))
-    copying = _union([(max(c.start_ns, t0), min(c.end_ns, t1)) for _, _, c in host.copies
+    copying = _union([(max(c.start_ns, t0), min(c.end_ns, t1)) for _, _, c in launcher.copies
                       if c.start_ns < t1 and c.end_ns > t0])
     copy_ns = sum(e - s for s, e in copying)
     hidden_ns = _intersection_ns(copying, _union(busy))
-    counts = host.step_counts[last] if host.step_counts else StepCounts()
+    counts = launcher.step_counters(last)
     return {
         "step_ms": (t1 - t0) / NS_PER_MS,
         "first_step_ms": ends[0] / NS_PER_MS,
         "compute_ms": compute_ns / NS_PER_MS,
         "stall_ms": stall_ns / NS_PER_MS,
         "overlap": hidden_ns / copy_ns if copy_ns else 1.0,
-        "h2d_bytes": sum(c.nbytes for s, d, c in host.copies if s == last and d == H2D),
-        "d2h_bytes": sum(c.nbytes for s, d, c in host.copies if s == last and d == D2H),
+        "h2d_bytes": sum(c.nbytes for s, d, c in launcher.copies if s == last and d == H2D),
+        "d2h_bytes": sum(c.nbytes for s, d, c in launcher.copies if s == last and d == D2H),
         "peak_device_bytes": pool.peak,
         "pool_hits": counts.pool_hits,
         "pool_misses": counts.pool_misses,
@@ -123,6 +122,6 @@ def predict(host: HostThread, compute: ComputeStream, pool: DevicePool,
         "hazards": [
             {"step": h.step, "kernel": h.kernel, "weight": h.weight, "evicted_by": h.evicted_by,
              "time_ns": h.time_ns, "time_ms": h.time_ns / NS_PER_MS}
-            for h in host.hazards
+            for h in launcher.hazards
         ],
     }

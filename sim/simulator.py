@@ -1,8 +1,8 @@
 """simulate(): a trace and a config in, a prediction out, on the SimPy clock.
 
-Wires the hardware models (link, pool, compute stream) to the host thread
-that drives the policies, runs `steps` steps, and derives the prediction.
-Times are integer nanoseconds throughout.
+Wires the hardware models (link, pool, compute stream) to the launcher (the
+simulated host thread) that drives the policies, runs `steps` steps, and
+derives the prediction. Times are integer nanoseconds throughout.
 """
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from typing import Any
 
 import simpy
 
-from engine.config import ActivationsConfig
 from engine.gc_pause import paused_gc
 from engine.policy import ActivationPolicy, Decision, WeightPolicy
 from engine.policy.activations import build_activation_policy
@@ -19,7 +18,7 @@ from engine.policy.weights import WeightResidency
 from engine.trace import Trace
 from sim.activations import SavedActivations
 from sim.compute import ComputeStream
-from sim.host import HostThread
+from sim.launcher import Launcher
 from sim.link import PcieLink, source_gbps
 from sim.prediction import predict, step_ends
 from sim.pool import DevicePool
@@ -33,8 +32,9 @@ class SimResult:
 
     Events: each track holds one span at a time, as "start X" then "end X" (X a
     kernel on host and compute; a weight, "spill T" or "restore T" on h2d/d2h);
-    host instants "wait-alloc W" (a fetch waiting for a free) and "finalize C"
-    (an in-flight cap reached: the host waits for copy C).
+    the host track is the launcher's, with instants "wait-alloc W" (a fetch
+    waiting for a free) and "finalize C" (an in-flight cap reached: the
+    launcher waits for copy C).
     """
 
     prediction: dict
@@ -65,6 +65,9 @@ def drive(trace: Trace, weights: WeightPolicy, activations: ActivationPolicy | N
     """Run the given policy objects on the simulated hardware (simulate() builds them)."""
     if steps < 1:
         raise ValueError(f"steps={steps}; simulate at least one step")
+    if activations is not None and activations_cfg is None:
+        raise ValueError("an activation policy needs its activations config (the in-flight caps); "
+                         "pass activations_cfg")
     env = simpy.Environment()
     events: list[Event] = []
 
@@ -74,15 +77,13 @@ def drive(trace: Trace, weights: WeightPolicy, activations: ActivationPolicy | N
     link = PcieLink(env, hardware, log)
     pool = DevicePool(env, budget_bytes)
     compute = ComputeStream(env, link, float(hardware.compute_slowdown_under_copy), log)
-    host = HostThread(env, trace, weights, activations, link, pool, compute, None, hardware,
-                      weight_gbps, steps, log)
+    launcher = Launcher(env, trace, weights, activations, link, pool, compute, hardware, weight_gbps, steps, log)
     if any(r.saved for r in trace.records):
-        host.saved = SavedActivations(
-            env, link, pool, compute, hardware,
-            activations_cfg if activations_cfg is not None else ActivationsConfig(), issued=host.issued,
-            log=log)
-    process = env.process(host.run())
-    with paused_gc():  # engine/gc_pause.py: ~30 ms of a 120 ms LTX-2 step (benchmarks/sim_speed.py)
+        launcher.saved = SavedActivations(env, link, pool, compute, hardware,
+                                          activations_cfg if activations is not None else None,
+                                          issued=launcher.issued, log=log)
+    process = env.process(launcher.run())
+    with paused_gc():  # engine/gc_pause.py
         env.run()
     n = len(trace.records)
     if process.is_alive or compute.completed < steps * n:
@@ -91,8 +92,8 @@ def drive(trace: Trace, weights: WeightPolicy, activations: ActivationPolicy | N
             f"{len(pool.waiting)} weight allocation(s) waiting with {pool.weight_bytes} of "
             f"{pool.cap} budget bytes in use and nothing left to free them")
     return SimResult(
-        prediction=predict(host, compute, pool, n, steps),
-        decisions=host.decisions,
+        prediction=predict(launcher, compute, pool, n, steps),
+        decisions=launcher.decisions,
         events=events,
         device_bytes=pool.series,
         step_ends_ns=step_ends(compute, n, steps),

@@ -17,13 +17,14 @@ from torch import nn
 
 from engine.config import ActivationsConfig, PoolConfig
 from engine.errors import ConfigError, ExecutorError
-from engine.executor.activations import ActivationOffloader, KernelTracking, ResidentWeights, layer_boundary
+from engine.executor.model_hooks import KernelTracking, ResidentWeights, layer_boundary
+from engine.executor.offloader import ActivationOffloader
 from engine.executor.pinned_pool import PAGE, SlabPool
 from engine.models import forward, load_spec, make_inputs
 from engine.models.lora import init_lora
 from engine.models.run import DictSource
 from engine.models.seeded import random_weights
-from engine.policy import replay
+from engine.policy.schedule import replay
 from engine.policy.activations import WatermarkPolicy, build_activation_policy
 
 WORKLOAD = SimpleNamespace(kind="train_lora", batch=2, video_tokens=24, audio_tokens=6, text_tokens=5,

@@ -22,8 +22,8 @@ pytestmark = [pytest.mark.cuda,
 
 from engine.config import ActivationsConfig, PoolConfig  # noqa: E402
 from engine.errors import ExecutorError  # noqa: E402
-from engine.executor.activations import (ActivationOffloader, KernelTracking, ResidentWeights,  # noqa: E402
-                                         layer_boundary)
+from engine.executor.model_hooks import KernelTracking, ResidentWeights, layer_boundary  # noqa: E402
+from engine.executor.offloader import ActivationOffloader  # noqa: E402
 from engine.models import forward, load_spec, make_inputs  # noqa: E402
 from engine.models.lora import init_lora  # noqa: E402
 from engine.models.run import DictSource  # noqa: E402

@@ -26,7 +26,8 @@ from omegaconf import OmegaConf  # noqa: E402
 from engine.config import ActivationsConfig, PoolConfig  # noqa: E402
 from engine.errors import ExecutorError, PlacementError  # noqa: E402
 from engine.executor import WeightExecutor, host_weights, make_backend  # noqa: E402
-from engine.executor.activations import ActivationOffloader, KernelTracking  # noqa: E402
+from engine.executor.model_hooks import KernelTracking  # noqa: E402
+from engine.executor.offloader import ActivationOffloader  # noqa: E402
 from engine.executor.cpu import CpuBackend  # noqa: E402
 from engine.models import forward, load_spec, make_inputs  # noqa: E402
 from engine.models.lora import init_lora  # noqa: E402

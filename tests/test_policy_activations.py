@@ -11,8 +11,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from engine.config import ActivationsConfig, PoolConfig
 from engine.errors import ConfigError
 from engine.policy import Decision
-from engine.policy.activations import (
-    SizeClassPool, WatermarkPolicy, build_activation_policy, validate_watermarks)
+from engine.policy.activations import WatermarkPolicy, build_activation_policy, validate_watermarks
+from engine.policy.saved import SizeClassPool
 from engine.policy.sync import SyncDictPolicy
 
 MB = 1_000_000
@@ -306,7 +306,7 @@ QUESTIONS = [("layer_start", "fwd", 0), ("save", "a", 2 * MB, 0), ("save", "b", 
 
 
 def test_exact_pool_holds_every_spill_of_the_step_at_once():
-    from engine.policy import replay
+    from engine.policy.schedule import replay
     from engine.policy.pool_sizing import exact_pool
 
     spill_all = ActivationsConfig(mode="watermark", high_watermark_mb=0, low_watermark_mb=0, min_tensor_bytes=MB)
@@ -327,11 +327,12 @@ def test_exact_pool_of_a_step_that_never_spills_is_one_slab():
 
 
 def test_the_simulator_asks_a_trace_step_the_questions_step_questions_lists():
-    """step_questions mirrors sim/host.py's order; the sized pool is only exact if they agree."""
+    """The launcher asks in step_questions' order (the one schedule); the sized pool is only exact if they agree."""
     from types import SimpleNamespace
 
     from engine.config import HardwareConfig
-    from engine.policy.pool_sizing import exact_pool, step_questions
+    from engine.policy.pool_sizing import exact_pool
+    from engine.policy.schedule import step_questions
     from engine.models import load_spec
     from engine.trace import synthesize
 

@@ -59,10 +59,11 @@ def test_a_recorded_trace_needs_each_tensor_where_the_executor_first_unpacks_it(
     backward order: a storage saved again by a later kernel (the text context, saved by every
     block's cross-attention) is needed at the last saver's mirror, where backward meets it."""
     from engine.config import ActivationsConfig, PoolConfig
-    from engine.executor.activations import ActivationOffloader, KernelTracking, ResidentWeights
+    from engine.executor.model_hooks import KernelTracking, ResidentWeights
+    from engine.executor.offloader import ActivationOffloader
     from engine.models import forward
     from engine.policy.activations import build_activation_policy
-    from engine.policy.pool_sizing import step_questions
+    from engine.policy.schedule import step_questions
 
     wl = SimpleNamespace(name="t", kind="train_lora", batch=1, video_tokens=16, audio_tokens=8, text_tokens=8,
                          context_tokens=0, lora_rank=2)

@@ -25,7 +25,8 @@ import torch
 
 from engine.config import ActivationsConfig, PoolConfig
 from engine.executor import WeightExecutor, host_weights
-from engine.executor.activations import ActivationOffloader, KernelTracking
+from engine.executor.model_hooks import KernelTracking
+from engine.executor.offloader import ActivationOffloader
 from engine.executor.cpu import CpuBackend
 from engine.models import forward, load_spec, make_inputs
 from engine.models.lora import init_lora

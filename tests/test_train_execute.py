@@ -133,7 +133,8 @@ def test_backward_out_of_order_is_a_divergence(tiny):
 def test_a_pool_sized_from_the_executors_own_questions_misses_nothing(tiny, tmp_path):
     """exact_pool is exact for the questions it is given: a recorded step's (mode=record
     traces hold autograd's real saves; a synthesized trace only approximates them)."""
-    from engine.executor.activations import ActivationOffloader, KernelTracking, ResidentWeights
+    from engine.executor.model_hooks import KernelTracking, ResidentWeights
+    from engine.executor.offloader import ActivationOffloader
     from engine.models.run import DictSource
     from engine.policy.activations import build_activation_policy
     from engine.policy.pool_sizing import exact_pool

@@ -1,6 +1,6 @@
 """Host slabs for spilled activations: exact size classes, allocated once.
 
-The activation policy books slabs (engine.policy.activations.SizeClassPool);
+The activation policy books slabs (engine.policy.saved.SizeClassPool);
 this module owns the memory the bookings stand for. Every slab of every class
 is carved from one host buffer allocated at init, so a step allocates no host
 memory for pool hits. On CUDA the whole buffer is page-locked once with

@@ -29,7 +29,8 @@ from typing import Any, Callable, ContextManager, Hashable, Iterator, Mapping
 import torch
 
 from engine.errors import ExecutorError
-from engine.executor.activations import ActivationOffloader, KernelTracking
+from engine.executor.model_hooks import KernelTracking
+from engine.executor.offloader import ActivationOffloader
 from engine.executor.runtime import WeightExecutor
 from engine.models.lora import lora_backward, lora_sgd
 from engine.models.run import DictSource

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from engine.errors import BelowFloorError, ConfigError, ExecutorError
-from engine.executor.activations import ActivationOffloader
+from engine.executor.offloader import ActivationOffloader
 from engine.executor.setup import (compute_device, fits_resident, open_weight_file, run_settings, step_times,
                                    streamed_executor, weight_counts)
 from engine.executor.training import (AsManaged, StreamedWeights, check_train_order, deterministic, max_abs_diff,

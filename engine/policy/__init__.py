@@ -1,7 +1,7 @@
 """Policy interfaces: the decisions both drivers (simulator and executor) ask for.
 
-A policy owns decisions, a driver owns time and hardware (DESIGN.md, "one
-policy, two clocks"). Policies import neither torch nor simpy. Every answer is
+A policy owns decisions, a driver owns time and hardware (docs/DESIGN.md,
+"one policy, two clocks"). Policies import neither torch nor simpy. Every answer is
 logged as a `Decision`; given the same access order and config, the simulator
 and the executor must produce identical decision logs, so a policy's answers
 may depend only on the order of the questions, never on timing.
@@ -9,8 +9,8 @@ may depend only on the order of the questions, never on timing.
 from __future__ import annotations
 
 from bisect import bisect_left
-from dataclasses import asdict, dataclass
-from typing import Mapping, Protocol, Sequence
+from dataclasses import dataclass
+from typing import Mapping, Protocol
 
 
 @dataclass(frozen=True)
@@ -36,9 +36,6 @@ class Decision:
     target: str
     detail: int = -1
 
-    def as_dict(self) -> dict:
-        return asdict(self)
-
 
 KEEP_STEPS = 16  # steps of decisions and telemetry a long-running driver keeps (keep_last_steps)
 
@@ -46,8 +43,7 @@ KEEP_STEPS = 16  # steps of decisions and telemetry a long-running driver keeps 
 def keep_last_steps(log: list[Decision], keep: int | None) -> None:
     """Drop, in place, the decisions of all but the last `keep` steps logged
     (None keeps everything). Why: a driver that runs for hours logs thousands
-    of decisions a step; kept forever they are a slow leak (benchmarks/soak.py
-    measured ~0.25 MB of host memory a step on LTX-2). Logs are in step order."""
+    of decisions a step; kept forever they are a slow leak. Logs are in step order."""
     if keep is None or not log:
         return
     first = log[-1].step - keep + 1
@@ -92,10 +88,38 @@ class WeightPolicy(Protocol):
         ...
 
 
+@dataclass
+class StepCounters:
+    """What one step's activation policy did; `pool_*` count this step's spills.
+
+    The policy keeps one per step as it decides (`ActivationPolicy.history`);
+    both drivers report these figures from it rather than counting again.
+    """
+
+    saved: int = 0
+    kept: int = 0  # saved tensors never spilled in the step
+    spilled: int = 0  # pool hits and misses alike
+    restored: int = 0
+    spill_bytes: int = 0
+    restore_bytes: int = 0
+    pool_hits: int = 0
+    pool_misses: int = 0
+    peak_device_bytes: int = 0  # logical bytes of saved tensors on the device
+
+    @classmethod
+    def all_kept(cls, saved: int) -> StepCounters:
+        """A step with no activation policy: every one of `saved` tensors stays."""
+        return cls(saved=saved, kept=saved)
+
+
 class ActivationPolicy(Protocol):
-    """Keep-or-spill and restore for saved activations (activations.py, sync.py)."""
+    """Keep-or-spill and restore for saved activations (activations.py, sync.py).
+
+    The order of the questions within a step is engine/policy/schedule.py's.
+    """
 
     log: list[Decision]
+    history: list[StepCounters]  # one per finished step
 
     def on_save(self, tensor: str, nbytes: int, layer: int) -> list[Decision]:
         """Forward: autograd saved `tensor`. One save can make the policy spill
@@ -125,30 +149,3 @@ class ActivationPolicy(Protocol):
         released (raises otherwise); per-step state and counters reset."""
         ...
 
-
-# The questions a driver asks an activation policy, recorded so they can be replayed
-# (the executor keeps a step's; engine.policy.pool_sizing derives them from a trace).
-Question = tuple  # ("save", name, nbytes, layer) | ("unpack", name) | ("layer_start"|"layer_end", phase, layer) | ("step_end",)
-_METHODS = {"save": "on_save", "unpack": "on_unpack", "layer_start": "on_layer_start",
-            "layer_end": "on_layer_end"}
-
-
-def ask(policy: ActivationPolicy, question: Question) -> list[Decision]:
-    """Put one recorded question to `policy`; its answers (none for step_end)."""
-    kind, *args = question
-    if kind == "step_end":
-        policy.on_step_end()
-        return []
-    return getattr(policy, _METHODS[kind])(*args)
-
-
-def replay(policy: ActivationPolicy, questions: Sequence[Question]) -> list[Decision]:
-    """Every answer a bare policy gives to `questions`, in order."""
-    out: list[Decision] = []
-    for q in questions:
-        out += ask(policy, q)
-    return out
-
-
-def dump_log(log: Sequence[Decision]) -> list[dict]:
-    return [d.as_dict() for d in log]

@@ -32,7 +32,7 @@ from typing import Any, Mapping
 
 from engine.errors import ConfigError
 from engine.policy import Decision
-from engine.policy.activations import SavedRecord, SavedTensors, StepCounters, validate_caps
+from engine.policy.saved import SavedRecord, SpillPolicy, validate_caps
 
 SyncDict = dict[int, tuple[int, int, int, int]]
 
@@ -86,33 +86,25 @@ def validate_sync_dict(sync_dict: Mapping[Any, Any], num_layers: int) -> SyncDic
     return out
 
 
-class SyncDictPolicy:
+class SyncDictPolicy(SpillPolicy):
     """ActivationPolicy of sync mode (module docstring).
 
     Decision.position is the tensor's layer for on_save/on_unpack answers and
     the driver's layer for on_layer_* answers; group decisions name the group
-    as target "layer{L}" with detail L.
+    as target "layer{L}" with detail L. `pool` replaces act_cfg.pool
+    (pool_sizing sizes one).
     """
 
-    def __init__(self, act_cfg: Any, num_layers: int):
+    def __init__(self, act_cfg: Any, num_layers: int, pool: Any = None):
         validate_caps(act_cfg)
         if act_cfg.sync_dict is None:
             sync_dict = derive_sync_dict(num_layers, act_cfg.num_offload_layers)
         else:
             sync_dict = act_cfg.sync_dict
         self.sync_dict = validate_sync_dict(sync_dict, num_layers)
-        self.saved = SavedTensors(act_cfg)
-        self.log = self.saved.log
+        super().__init__(act_cfg.pool if pool is None else pool, act_cfg.min_tensor_bytes)
         self._groups: dict[int, list[SavedRecord]] = {layer: [] for layer in self.sync_dict}
         self._offloaded: set[int] = set()  # groups whose D2H is issued this step
-
-    @property
-    def counters(self) -> StepCounters:
-        return self.saved.counters
-
-    @property
-    def history(self) -> list[StepCounters]:
-        return self.saved.history
 
     def on_save(self, tensor: str, nbytes: int, layer: int) -> list[Decision]:
         s = self.saved
@@ -165,13 +157,8 @@ class SyncDictPolicy:
         return out
 
     def on_unpack(self, tensor: str) -> list[Decision]:
-        s = self.saved
-        rec = s.record(tensor)
-        out: list[Decision] = []
-        if rec.spilled and not rec.restored:
-            out.append(s.restore(rec, rec.layer))  # its group is not reloaded yet: on demand
-        out.append(s.release(tensor, rec.layer))
-        return out
+        rec, out = self.saved.unpacked(tensor)  # a restore here: its group is not reloaded yet
+        return out + [self.saved.release(tensor, rec.layer)]
 
     def on_step_end(self) -> None:
         self.saved.end_step()

@@ -125,8 +125,8 @@ class Eviction(Protocol):
     `use` is called on every hit, fetch and prefetch, `remove` on every
     evict, so the policy keeps its own ordered view of the resident set; a
     pick then walks that view from the best victim and skips the few
-    protected weights. Ranking every resident weight on every pick instead
-    cost about 0.8 s per LTX-2 step (~1,500 resident weights, ~2,000 picks).
+    protected weights, rather than ranking every resident weight on every
+    pick (resident weights x picks a step).
     """
 
     pinned: frozenset[str]  # never picked (rank may still order them, below the floor)

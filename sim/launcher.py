@@ -1,7 +1,10 @@
-"""The host thread: asks the policies, issues copies and kernels ahead of the GPU.
+"""The launcher: the simulated host thread that asks the policies and issues
+copies and kernels ahead of the GPU.
 
 For each kernel, in launch order, it asks exactly the questions the executor
-asks, in the same order (the "one policy, two clocks" invariant):
+asks, in the same order: the activation questions in the order of
+engine/policy/schedule.py's StepSchedule, the weight policy's between the
+layer boundary's and the kernel's unpacks:
 
 1. at a layer boundary: activation policy on_layer_end (previous layer), then
    on_layer_start (this one);
@@ -12,22 +15,23 @@ asks, in the same order (the "one policy, two clocks" invariant):
 
 Host time: fetch_host_us per fetch/prefetch plus the pool's alloc_us, and
 kernel_launch_us per kernel. A weight allocation that must wait for a free
-does not block the host: as in the executor's stream-ordered pool, the copy
+does not block the launcher: as in the executor's stream-ordered pool, the copy
 waits in the copy engine's queue (gated) until the free, and behind every
-eviction's last reader (the executor's copy stream waits for it to free). The host blocks when an
-in-flight copy cap forces an inline finalize, and when launch_queue_depth
-kernels are launched but unfinished.
+eviction's last reader (the executor's copy stream waits for it to free). The
+launcher blocks when an in-flight copy cap forces an inline finalize, and when
+launch_queue_depth kernels are launched but unfinished.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator
 
 import simpy
 
-from engine.policy import ActivationPolicy, Decision, WeightPolicy
+from engine.policy import ActivationPolicy, Decision, StepCounters, WeightPolicy
+from engine.policy.schedule import Question, StepSchedule, ask
 from engine.trace import Trace
-from sim.activations import SavedActivations, StepCounts
+from sim.activations import SavedActivations
 from sim.compute import ComputeStream
 from sim.link import H2D, Copy, PcieLink
 from sim.pool import DevicePool
@@ -43,36 +47,39 @@ class Hazard:
     kernel: str
     weight: str
     evicted_by: str  # the kernel whose fetch needed the room
-    time_ns: int  # when the host evicted it
+    time_ns: int  # when the launcher evicted it
 
 
-class HostThread:
-    def __init__(self, env: simpy.Environment, trace: Trace, weights: WeightPolicy,
-                 activations: ActivationPolicy | None, link: PcieLink, pool: DevicePool,
-                 compute: ComputeStream, saved: SavedActivations | None, hardware: Any,
-                 weight_gbps: float, steps: int, log: Callable[[int, str, str], None]):
-        self.env = env
-        self.trace = trace
-        self.weights = weights
-        self.activations = activations
-        self.link = link
-        self.pool = pool
-        self.compute = compute
-        self.saved = saved
-        self.weight_gbps = weight_gbps
-        self.steps = steps
-        self.log = log
-        self.fetch_ns = round((hardware.fetch_host_us + hardware.alloc_us) * US)
-        self.launch_ns = round(hardware.kernel_launch_us * US)
-        self.depth = int(hardware.launch_queue_depth)
-        self.decisions: list[Decision] = []
-        self.hazards: list[Hazard] = []
-        self.copies: list[tuple[int, str, Copy]] = []  # (step, direction, copy) as issued
-        # When the host sat blocked on copies (an allocation waiting for a free, an
-        # inline finalize): a GPU idle for want of a launch then is waiting on copies too.
-        self.blocked: list[tuple[int, int]] = []
-        self.step_counts: list[StepCounts] = []
-        self.step = 0
+@dataclass(eq=False)
+class Launcher:
+    """Runs `steps` steps of `trace` (run() is its SimPy process); `saved` carries
+    out the activation policy's answers when the trace saves tensors."""
+
+    env: simpy.Environment
+    trace: Trace
+    weights: WeightPolicy
+    activations: ActivationPolicy | None
+    link: PcieLink
+    pool: DevicePool
+    compute: ComputeStream
+    hardware: Any
+    weight_gbps: float
+    steps: int
+    log: Callable[[int, str, str], None]
+    saved: SavedActivations | None = None
+    decisions: list[Decision] = field(default_factory=list)
+    hazards: list[Hazard] = field(default_factory=list)
+    copies: list[tuple[int, str, Copy]] = field(default_factory=list)  # (step, direction, copy) as issued
+    # When the launcher sat blocked on copies (an allocation waiting for a free, an
+    # inline finalize): a GPU idle for want of a launch then is waiting on copies too.
+    blocked: list[tuple[int, int]] = field(default_factory=list)
+    step: int = 0
+
+    def __post_init__(self) -> None:
+        hw = self.hardware
+        self.fetch_ns = round((hw.fetch_host_us + hw.alloc_us) * US)
+        self.launch_ns = round(hw.kernel_launch_us * US)
+        self.depth = int(hw.launch_queue_depth)
         # Resident weights -> the copy that brought them in; the last issued kernel reading each.
         self.resident: dict[str, Copy] = {}
         self.last_reader: dict[str, int] = {}
@@ -82,26 +89,28 @@ class HostThread:
     def issued(self, direction: str, c: Copy) -> None:
         self.copies.append((self.step, direction, c))
 
-    def run(self):
+    def step_counters(self, step: int) -> StepCounters:
+        """What the activation policy did in `step` (no policy: every saved tensor stayed)."""
+        if self.activations is None:
+            return StepCounters.all_kept(sum(len(r.saved) for r in self.trace.records))
+        return self.activations.history[step]
+
+    def run(self) -> Iterator[simpy.Event]:
         records = self.trace.records
         n = len(records)
         env = self.env
         act = self.activations
         for step in range(self.steps):
             self.step = step
-            boundary: tuple[str, int] | None = None
+            schedule = StepSchedule()
             for pos, rec in enumerate(records):
                 seq = step * n + pos
                 if seq - self.compute.completed >= self.depth:
                     yield self.compute.slot(self.depth)
                 self.log(env.now, "host", "start " + rec.name)
                 deps: list[simpy.Event] = []
-                if act is not None and boundary != (rec.phase, rec.layer):
-                    if boundary is not None and boundary[1] >= 0:
-                        yield from self._activation(act.on_layer_end(*boundary), seq, deps)
-                    if rec.layer >= 0:
-                        yield from self._activation(act.on_layer_start(rec.phase, rec.layer), seq, deps)
-                    boundary = (rec.phase, rec.layer)
+                boundary, unpacks, saves = schedule.kernel(rec)
+                yield from self._ask(boundary, seq, deps)
                 for d in self.weights.issue(pos):
                     self.decisions.append(d)
                     yield from self._weight(d)
@@ -112,32 +121,32 @@ class HostThread:
                     if c.done.callbacks is not None:
                         deps.append(c.done)
                     self.last_reader[w] = seq
-                for name in rec.needs:
+                for q in unpacks:
                     if act is None:
-                        self.saved.release(name, seq, deps)  # no policy: everything stayed on the device
+                        self.saved.release(q[1], seq, deps)  # no policy: everything stayed on the device
                     else:
-                        self.saved.unpacking = name
-                        yield from self._activation(act.on_unpack(name), seq, deps)
+                        self.saved.unpacking = q[1]
+                        yield from self._ask([q], seq, deps)
                         self.saved.unpacking = None
                 yield env.timeout(self.launch_ns)
                 self.log(env.now, "host", "end " + rec.name)
                 self.compute.launch(seq, rec, deps)
-                for s in rec.saved:
+                for s, q in zip(rec.saved, saves):
                     self.saved.saved(s, seq)
-                    if act is not None:
-                        yield from self._activation(act.on_save(s.name, s.nbytes, s.layer), seq, deps)
-            if act is not None:
-                if boundary is not None and boundary[1] >= 0:
-                    yield from self._activation(act.on_layer_end(*boundary), (step + 1) * n - 1, [])
-                act.on_step_end()
+                    yield from self._ask([q], seq, deps)
+            yield from self._ask(schedule.end(), (step + 1) * n - 1, [])
             if self.saved is not None:
-                self.step_counts.append(self.saved.new_step())
+                self.saved.new_step()
 
-    def _activation(self, decisions: Decision | list[Decision], seq: int, deps: list[simpy.Event]):
-        for d in decisions if isinstance(decisions, list) else (decisions,):
-            self.decisions.append(d)
-            for finalize in self.saved.carry_out(d, seq, deps):
-                yield from self._blocked_on(finalize)
+    def _ask(self, questions: Iterable[Question], seq: int, deps: list[simpy.Event]):
+        """Put `questions` to the activation policy (if any) and carry out its answers."""
+        if self.activations is None:
+            return
+        for q in questions:
+            for d in ask(self.activations, q):
+                self.decisions.append(d)
+                for finalize in self.saved.carry_out(d, seq, deps):
+                    yield from self._blocked_on(finalize)
 
     def _blocked_on(self, event: simpy.Event):
         start = self.env.now
@@ -151,9 +160,9 @@ class HostThread:
         if a in ("fetch", "prefetch"):
             yield self.env.timeout(self.fetch_ns)
             nbytes = self.trace.weight_sizes[w]
-            # Stream-ordered allocation: the executor's host gets the block at once
+            # Stream-ordered allocation: the executor gets the block at once
             # (cudaMallocFromPoolAsync on the copy stream) and the copy waits on the
-            # copy stream for the free; the host does not block.
+            # copy stream for the free; the launcher does not block.
             granted = self.pool.allocate(nbytes, w)
             if granted is not None:
                 self.log(self.env.now, "host", "wait-alloc " + w)
@@ -168,7 +177,7 @@ class HostThread:
             self.hazards.append(Hazard(d.step, records[d.position].name, w, records[d.detail].name,
                                        self.env.now))
         else:
-            raise ValueError(f"weight decision {a!r} is not one the simulator knows; add it to sim/host.py")
+            raise ValueError(f"weight decision {a!r} is not one the simulator knows; add it to sim/launcher.py")
 
     def _copy_gate(self, granted: simpy.Event | None) -> simpy.Event | None:
         """What the next weight copy waits for on the copy engine: every eviction's
