@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from engine.config import validate
 from engine.errors import EngineError
 from engine.plan import Plan, make_plan
-from engine.report import plan_md, write_report
+from engine.report import plan_md, title_md, write_report
 from engine.spec import ModelSpec, SpecError, build_spec
 from engine.trace import Trace, read_trace, synthesize
 
@@ -39,27 +39,22 @@ class Job:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What a mode produced: the report, its markdown and an exit code."""
+    """What a mode produced: the report, its markdown, an exit code, and lines for
+    stderr (a single run prints them; a sweep shows one line per point instead)."""
 
     report: dict
     markdown: str
     exit_code: int = 0
+    notes: tuple[str, ...] = ()
 
 
-# A point that breaks its SLO must rank behind every point that meets it,
-# yet still tell the optimizer which way to go (a larger budget is closer).
-FAILED_SLO = 1e12
-
-
-def objective(cfg: DictConfig, report: dict) -> float:
-    """The float a sweeper minimizes for this job."""
+def objective(report: dict) -> float:
+    """What the job returns to a sweeper that minimizes (Optuna's plugin): the predicted
+    step time of a point that ran and met its SLO; nan, a failed trial, otherwise."""
     pred, check = report.get("prediction"), report.get("check")
-    if pred is None:
+    if pred is None or (check is not None and not check["passed"]):
         return math.nan
-    if cfg.objective == "step_ms":
-        return math.inf if check and not check["passed"] else float(pred["step_ms"])
-    budget_mb = cfg.budget if cfg.budget is not None else report["model_bytes"] / 1e6
-    return float(budget_mb) if check["passed"] else FAILED_SLO - float(budget_mb)
+    return float(pred["step_ms"])
 
 
 # A sweep runs many jobs in one process (or in a few reused workers) that
@@ -177,7 +172,6 @@ def _config_summary(job: Job) -> dict:
         "activations": cfg.activations.mode,
         "trace": cfg.trace,
         "seed": cfg.seed,
-        "objective": cfg.objective,
     }
 
 
@@ -202,19 +196,25 @@ def run_job(cfg: DictConfig) -> float | None:
         job = prepare(cfg, out_dir)
         outcome = MODES[cfg.mode](job)
     except (EngineError, SpecError) as err:
-        print(f"error: {err}", file=sys.stderr)
         if multirun:
-            # The sweep goes on; the summary lists this point as failed.
+            # The sweep goes on; its line for this point and the summary show the error.
             out_dir.mkdir(parents=True, exist_ok=True)
             (out_dir / "error.json").write_text(json.dumps({
                 "overrides": list(hc.overrides.task), "error": str(err)}) + "\n")
             return math.nan
+        print(f"error: {err}", file=sys.stderr)
         sys.exit(getattr(err, "exit_code", 2))
-    value = objective(cfg, outcome.report)
-    outcome.report["objective_value"] = value
-    write_report(out_dir, outcome.report, outcome.markdown)
-    print(outcome.markdown)
+    model_option = hc.runtime.choices.get("model") or cfg.model.name
+    if "config" in outcome.report:
+        outcome.report["config"]["model_option"] = model_option
+    markdown = title_md(model_option, cfg) + "\n\n" + outcome.markdown
+    write_report(out_dir, outcome.report, markdown)
+    if multirun:  # one line per point, from the sweep's callback (engine/sweep.py)
+        return objective(outcome.report)
+    print(markdown)
     print(f"\nreport: {out_dir / 'report.json'}")
-    if outcome.exit_code and not multirun:
+    for line in outcome.notes:
+        print(line, file=sys.stderr)
+    if outcome.exit_code:
         sys.exit(outcome.exit_code)
-    return value
+    return objective(outcome.report)

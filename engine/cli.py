@@ -3,9 +3,9 @@
 The task function lives here, not in __main__, so launchers that pickle it
 (joblib, Ray, submitit) find it by reference.
 
-    python -m engine +model=ltx budget=16000                 # predict one config
-    python -m engine +model=ltx budget=16000 mode=check      # simulate-before-deploy gate
-    python -m engine -m +model=ltx budget=8000,16000 weights.eviction=lru,belady
+    python -m engine model=ltx budget=16000                 # predict one config
+    python -m engine model=ltx budget=16000 mode=check      # simulate-before-deploy gate
+    python -m engine -m model=ltx budget=8000,16000 weights.eviction=lru,belady
 
 Bad input never shows a traceback: configuration errors, whether Hydra finds
 them while composing or the engine finds them later, end as one line on stderr
@@ -75,8 +75,25 @@ def task(cfg: DictConfig) -> float | None:
 _app = hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")(task)
 
 
+HELP_FLAGS = ("--help", "-h")
+
+
+def hydra_args(argv: list[str]) -> list[str]:
+    """The command line as Hydra needs it. The defaults name `model: ???`, so Hydra
+    refuses `+model=NAME` (append a group that is already there): it means `model=NAME`.
+    Hydra composes the config to print --help, which a missing model would stop:
+    help composes with the first model (the help text shows no config values)."""
+    args = [a[1:] if a.startswith("+model=") else a for a in argv]
+    if any(a in HELP_FLAGS for a in args) and not any(a.startswith("model=") for a in args):
+        from engine.config import available_models
+
+        args.append(f"model={available_models()[0]}")
+    return args
+
+
 def main() -> None:
     global _stderr
+    sys.argv[1:] = hydra_args(sys.argv[1:])
     _stderr = _HeldStderr(sys.stderr)
     sys.stderr = _stderr
     try:

@@ -1,8 +1,6 @@
 """The modes beyond `plan`: simulate and check (simulate-before-deploy)."""
 from __future__ import annotations
 
-import sys
-
 from engine.app import Job, Outcome, _config_summary, _plan_keys, register_mode
 from engine.report import fmt_bytes, plan_md, table
 
@@ -116,6 +114,5 @@ def check_mode(job: Job) -> Outcome:
         "FAIL:\n" + "\n".join(f"- {f}" for f in failures)
     md = (plan_md(job.plan.as_dict()) + "\n\n" + prediction_md(pred, job)
           + "\n\n## Check\n\n" + verdict)
-    for f in failures:
-        print(f"check failed: {f}", file=sys.stderr)
-    return Outcome(report, md, exit_code=1 if failures else 0)
+    return Outcome(report, md, exit_code=1 if failures else 0,
+                   notes=tuple(f"check failed: {f}" for f in failures))
