@@ -25,7 +25,7 @@ def condense_hydra_error(text: str) -> str:
     if m and ("not in struct" in blob or "not in 'Config'" in blob):
         key = m.group(1)
         return (f"unknown key '{key}': it is not in the config schema; check the spelling "
-                f"(python -m engine +model=tiny --cfg job shows every key)")
+                f"(python -m engine model=tiny --cfg job shows every key)")
 
     m = re.search(r"Key '([^']+)' not in '(\w+)'", blob) or re.search(
         r"Key '([^']+)' is not in struct", blob)
@@ -33,7 +33,7 @@ def condense_hydra_error(text: str) -> str:
         full = re.search(r"full_key: (\S+)", blob)
         key = full.group(1) if full else m.group(1)
         return (f"unknown key '{key}': it is not in the config schema; check the spelling "
-                f"(python -m engine +model=tiny --cfg job shows every key)")
+                f"(python -m engine model=tiny --cfg job shows every key)")
 
     m = re.search(r"Value '([^']*)' (?:of type '\w+' )?could not be converted to (\w+)", blob)
     if m:
