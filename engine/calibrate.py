@@ -179,7 +179,7 @@ def profile_yaml(profile: dict) -> str:
 
     head = (f"# {profile['name']}: written by `python -m engine mode=calibrate`; see engine/calibrate.py\n"
             "# for how each field is fitted. Pass it as hardware=" + profile["name"] + ".\n"
-            "defaults:\n  - hardware_schema\n  - _self_\n")
+            "defaults:\n  - /hardware_schema@_here_\n  - _self_\n")
     body = {f: profile[f] for f in PROFILE_FIELDS}
     return head + yaml.safe_dump(body, sort_keys=False, width=120)
 

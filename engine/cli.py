@@ -3,9 +3,9 @@
 The task function lives here, not in __main__, so launchers that pickle it
 (joblib, Ray, submitit) find it by reference.
 
-    python -m engine +model=ltx budget=16000                 # predict one config
-    python -m engine +model=ltx budget=16000 mode=check      # simulate-before-deploy gate
-    python -m engine -m +model=ltx budget=8000,16000 weights.eviction=lru,belady
+    python -m engine model=ltx budget=16000                 # predict one config
+    python -m engine model=ltx budget=16000 mode=check      # simulate-before-deploy gate
+    python -m engine -m model=ltx budget=8000,16000 weights.eviction=lru,belady
 
 Bad input never shows a traceback: configuration errors, whether Hydra finds
 them while composing or the engine finds them later, end as one line on stderr
@@ -30,7 +30,7 @@ from engine.config import register
 from engine.errors import EngineError
 from engine.job import objective, prepare
 from engine.modes import runner
-from engine.report import write_report
+from engine.report import title_md, write_report
 from engine.models.spec import SpecError
 
 # The configs ship as the package `conf`. Hydra reads a directory faster than a
@@ -88,29 +88,52 @@ def run_job(cfg: DictConfig) -> float | None:
         job = prepare(cfg, out_dir)
         outcome = runner(cfg.mode)(job)
     except (EngineError, SpecError) as err:
-        print(f"error: {err}", file=sys.stderr)
         if multirun:
-            # The sweep goes on; the summary lists this point as failed.
+            # The sweep goes on; its line for this point and the summary show the error.
             out_dir.mkdir(parents=True, exist_ok=True)
             (out_dir / "error.json").write_text(json.dumps({
                 "overrides": list(hc.overrides.task), "error": str(err)}) + "\n")
             return math.nan
+        print(f"error: {err}", file=sys.stderr)
         sys.exit(getattr(err, "exit_code", 2))
-    value = objective(cfg, outcome.report)
-    outcome.report["objective_value"] = value
-    write_report(out_dir, outcome.report, outcome.markdown)
-    print(outcome.markdown)
+    model_option = hc.runtime.choices.get("model") or cfg.model.name
+    if "config" in outcome.report:
+        outcome.report["config"]["model_option"] = model_option
+    markdown = title_md(model_option, cfg) + "\n\n" + outcome.markdown
+    write_report(out_dir, outcome.report, markdown)
+    if multirun:  # one line per point, from the sweep's callback (engine/sweep.py)
+        return objective(outcome.report)
+    print(markdown)
     print(f"\nreport: {out_dir / 'report.json'}")
-    if outcome.exit_code and not multirun:
+    for line in outcome.notes:
+        print(line, file=sys.stderr)
+    if outcome.exit_code:
         sys.exit(outcome.exit_code)
-    return value
+    return objective(outcome.report)
 
 
 _app = hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")(task)
 
 
+HELP_FLAGS = ("--help", "-h")
+
+
+def hydra_args(argv: list[str]) -> list[str]:
+    """The command line as Hydra needs it. The defaults name `model: ???`, so Hydra
+    refuses `+model=NAME` (append a group that is already there): it means `model=NAME`.
+    Hydra composes the config to print --help, which a missing model would stop:
+    help composes with the first model (the help text shows no config values)."""
+    args = [a[1:] if a.startswith("+model=") else a for a in argv]
+    if any(a in HELP_FLAGS for a in args) and not any(a.startswith("model=") for a in args):
+        from engine.config import available_models
+
+        args.append(f"model={available_models()[0]}")
+    return args
+
+
 def main() -> None:
     global _stderr
+    sys.argv[1:] = hydra_args(sys.argv[1:])
     _stderr = _HeldStderr(sys.stderr)
     sys.stderr = _stderr
     try:

@@ -12,17 +12,20 @@ def condense_hydra_error(text: str) -> str:
     m = re.search(r"Could not find '([\w/]+)/([^']+)'", blob)
     if m:
         group, option = m.groups()
-        options = re.findall(r"^\t?(\S+)$", text.split("Available options", 1)[-1], re.M)
-        # Schemas live in the same ConfigStore groups; they are not choices.
-        options = [o for o in options if not o.startswith("in") and not o.endswith("_schema")]
-        listing = f"; one of: {', '.join(options)}" if options else ""
+        listing = f"; one of: {', '.join(options)}" if (options := _options(text)) else ""
         return f"unknown {group} '{option}'{listing}"
+
+    m = re.search(r"You must specify '([\w/]+)'", blob)
+    if m:
+        group = m.group(1)
+        listing = f", one of: {', '.join(options)}" if (options := _options(text)) else ""
+        return f"no {group} given; add {group}=NAME{listing}"
 
     m = re.search(r"Could not override '([^']+)'", blob)
     if m and ("not in struct" in blob or "not in 'Config'" in blob):
         key = m.group(1)
         return (f"unknown key '{key}': it is not in the config schema; check the spelling "
-                f"(python -m engine +model=tiny --cfg job shows every key)")
+                f"(python -m engine model=tiny --cfg job shows every key)")
 
     m = re.search(r"Key '([^']+)' not in '(\w+)'", blob) or re.search(
         r"Key '([^']+)' is not in struct", blob)
@@ -30,7 +33,7 @@ def condense_hydra_error(text: str) -> str:
         full = re.search(r"full_key: (\S+)", blob)
         key = full.group(1) if full else m.group(1)
         return (f"unknown key '{key}': it is not in the config schema; check the spelling "
-                f"(python -m engine +model=tiny --cfg job shows every key)")
+                f"(python -m engine model=tiny --cfg job shows every key)")
 
     m = re.search(r"Value '([^']*)' (?:of type '\w+' )?could not be converted to (\w+)", blob)
     if m:
@@ -49,3 +52,11 @@ def condense_hydra_error(text: str) -> str:
         return f"{m.group(1)} is given twice; use {m.group(2)} to override it"
 
     return "; ".join(lines) if lines else "Hydra could not compose the config"
+
+
+def _options(text: str) -> list[str]:
+    """The options Hydra lists after "Available options", one a line."""
+    if "Available options" not in text:
+        return []
+    listing = text.split("Available options", 1)[1].partition("\n")[2]  # past "...options in 'x':"
+    return re.findall(r"^\t?(\S+)$", listing, re.M)

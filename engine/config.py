@@ -22,7 +22,6 @@ ACTIVATION_MODES = ("off", "watermark", "sync")
 WORKLOAD_KINDS = ("infer", "train_lora", "decode")
 WEIGHT_SOURCES = ("pinned", "mmap_registered", "mmap", "pageable")
 BACKENDS = ("cuda", "cpu")
-OBJECTIVES = ("step_ms", "min_budget")
 
 
 @dataclass
@@ -128,25 +127,24 @@ class Config:
     trace: Optional[str] = None
     seed: int = 0
     out: Optional[str] = None  # mode=materialize: the weight file to write
-    # What a sweeper minimizes: predicted step time, or the budget itself with
-    # the SLO as a constraint (mode=check), to find the smallest safe budget.
-    objective: str = "step_ms"
 
 
 def register() -> None:
     """Put every schema in the ConfigStore; conf/*.yaml files extend them."""
     from engine.models import MODEL_SCHEMAS
 
+    # Outside the groups (a group file extends one with `- /NAME_schema@_here_`), so
+    # --help and tab completion offer only the options a user can pick.
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
-    cs.store(group="hardware", name="hardware_schema", node=HardwareConfig)
-    cs.store(group="workload", name="workload_schema", node=WorkloadConfig)
-    cs.store(group="weights", name="weights_schema", node=WeightsConfig)
-    cs.store(group="activations", name="activations_schema", node=ActivationsConfig)
-    cs.store(group="activations/pool", name="pool_schema", node=PoolConfig)
-    cs.store(group="slo", name="slo_schema", node=SloConfig)
+    cs.store(name="hardware_schema", node=HardwareConfig)
+    cs.store(name="workload_schema", node=WorkloadConfig)
+    cs.store(name="weights_schema", node=WeightsConfig)
+    cs.store(name="activations_schema", node=ActivationsConfig)
+    cs.store(name="pool_schema", node=PoolConfig)
+    cs.store(name="slo_schema", node=SloConfig)
     for family, schema in MODEL_SCHEMAS.items():
-        cs.store(group="model", name=f"{family}_schema", node=schema)
+        cs.store(name=f"{family}_schema", node=schema)
 
 
 def available_models() -> list[str]:
@@ -166,16 +164,13 @@ def check_config(cfg: Any) -> None:
     """Rules across fields; raises ConfigError with a one-line message and its fix."""
     if OmegaConf.is_missing(cfg, "model") or cfg.model is None:
         raise ConfigError(
-            "no model given; add +model=NAME, one of: " + ", ".join(available_models()))
+            "no model given; add model=NAME, one of: " + ", ".join(available_models()))
     _one_of("mode", cfg.mode, tuple(MODES))
     _one_of("weights.eviction", cfg.weights.eviction, EVICTIONS + ("auto",))
     _one_of("weights.source", cfg.weights.source, WEIGHT_SOURCES)
     _one_of("weights.backend", cfg.weights.backend, BACKENDS)
     _one_of("activations.mode", cfg.activations.mode, ACTIVATION_MODES)
     _one_of("workload.kind", cfg.workload.kind, WORKLOAD_KINDS)
-    _one_of("objective", cfg.objective, OBJECTIVES)
-    if cfg.objective == "min_budget" and cfg.mode != "check":
-        raise ConfigError("objective=min_budget needs the SLO verdict; add mode=check")
     if cfg.budget is not None and cfg.budget < 0:
         raise ConfigError(f"budget={cfg.budget} is negative; give MB of GPU memory (>= 0) or budget=null")
     if cfg.weights.lookahead < 0:

@@ -25,10 +25,21 @@ def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
                       *(line(r) for r in rows)])
 
 
+def title_md(model_option: str, cfg: Any) -> str:
+    """The report's first lines: the model as the user named it (and its spec's name
+    where that differs), the workload, budget and mode, and the hardware profile."""
+    model = model_option if model_option == cfg.model.name else f"{model_option} ({cfg.model.name})"
+    budget = "everything resident" if cfg.budget is None else f"budget {cfg.budget:g} MB"
+    hw = cfg.hardware
+    return (f"# {model} / {cfg.workload.name} on {hw.name}: {budget}, mode={cfg.mode}\n\n"
+            f"hardware={hw.name}: {hw.source}; {hw.device_memory_mb:,} MB device memory, "
+            f"H2D {hw.h2d_gbps:g} GB/s, D2H {hw.d2h_gbps:g} GB/s")
+
+
 def plan_md(plan: dict) -> str:
     budget = plan["budget_bytes"]
     head = [
-        f"## Plan: {plan['model']} / {plan['workload']}",
+        "## Plan",
         "",
         table(["what", "value"], [
             ["parameters", f"{plan['param_count']:,}"],

@@ -1,48 +1,57 @@
-"""Multirun that summarizes itself: progress while it runs, a summary after.
+"""Multirun that reads well: one line per point while it runs, then a summary that
+answers the sweep's question.
 
-Hydra's `on_multirun_end` receives no job results, so the summary scans the
-sweep directory for each job's report.json (or error.json) and writes
-summary.csv, summary.md and pareto.png beside them. Progress is counted the
-same way, so it works for any launcher whose jobs share the filesystem
-(basic, joblib, Ray on one machine).
+Hydra's `on_multirun_end` receives no job results, so the summary scans the sweep
+directory for each job's report.json (or error.json) and writes summary.csv,
+summary.md and pareto.png beside them; each point keeps its full report.md and
+report.json in its own directory. Progress is counted the same way, so it works for
+any launcher whose jobs share the filesystem (basic, joblib, Ray on one machine).
+
+The question a summary answers:
+- a search (`+search=...`, engine/search.py) names its own in search.json;
+- `mode=check`: the smallest budget that passes (the fastest passing point when the
+  budget is fixed); exit 1 when no point passes, with the closest point;
+- otherwise: the fastest point and the Pareto front of step time against budget.
 """
 from __future__ import annotations
 
 import csv
-import itertools
 import json
 import math
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from engine.report import table
 
 COLUMNS = ("job", "overrides", "model", "workload", "mode", "budget_mb", "eviction", "lookahead",
-           "activations", "floor_mb", "step_ms", "stall_ms", "overlap", "h2d_gb_per_step",
-           "peak_device_mb", "passed", "failures", "objective", "error")
+           "activations", "floor_mb", "model_mb", "step_ms", "stall_ms", "overlap", "h2d_gb_per_step",
+           "peak_device_mb", "passed", "failures", "error")
+PROGRESS = ".progress.json"
+SEARCH = "search.json"
 
 
-def sweep_size(task_overrides: list[str]) -> int:
+def sweep_size(overrides: list[str]) -> int:
     """Points in a grid sweep: the product of each sweep override's choices."""
-    parsed = OverridesParser.create().parse_overrides(list(task_overrides))
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
     sizes = [len(list(o.sweep_iterator())) for o in parsed if o.is_sweep_override()]
     return math.prod(sizes) if sizes else 1
 
 
 def collect(sweep_dir: Path) -> list[dict[str, Any]]:
-    rows = []
-    for job_dir in sorted((p for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()),
-                          key=lambda p: int(p.name)):
-        rows.append(_row(job_dir))
+    """Every finished point's row, in job order."""
+    rows = [point_row(p) for p in sorted((p for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()),
+                                         key=lambda p: int(p.name))]
     return [r for r in rows if r is not None]
 
 
-def _row(job_dir: Path) -> dict[str, Any] | None:
+def point_row(job_dir: Path) -> dict[str, Any] | None:
+    """One point's figures from its report.json (or its error.json); None while it runs."""
     overrides = _overrides(job_dir)
     report, error = job_dir / "report.json", job_dir / "error.json"
     if error.is_file():
@@ -54,125 +63,299 @@ def _row(job_dir: Path) -> dict[str, Any] | None:
     c, pred, check = r.get("config", {}), r.get("prediction") or {}, r.get("check") or {}
     return {
         "job": int(job_dir.name), "overrides": overrides,
-        "model": c.get("model"), "workload": c.get("workload"), "mode": c.get("mode"),
+        "model": c.get("model_option", c.get("model")), "workload": c.get("workload"), "mode": c.get("mode"),
         "budget_mb": c.get("budget_mb"), "eviction": c.get("eviction"),
         "lookahead": c.get("lookahead"), "activations": c.get("activations"),
-        "floor_mb": r["floor_bytes"] / 1e6,
+        "floor_mb": r["floor_bytes"] / 1e6, "model_mb": r["model_bytes"] / 1e6,
         "step_ms": pred.get("step_ms"), "stall_ms": pred.get("stall_ms"),
         "overlap": pred.get("overlap"),
         "h2d_gb_per_step": None if "h2d_bytes" not in pred else pred["h2d_bytes"] / 1e9,
         "peak_device_mb": None if "peak_device_bytes" not in pred else pred["peak_device_bytes"] / 1e6,
-        "passed": check.get("passed"), "failures": "; ".join(check.get("failures", [])),
-        "objective": r.get("objective_value"), "error": None,
+        "passed": check.get("passed"), "failures": list(check.get("failures", [])),
+        "error": None,
     }
 
 
 def _overrides(job_dir: Path) -> str:
     path = job_dir / ".hydra" / "overrides.yaml"
-    if not path.is_file():
-        return ""
-    from omegaconf import OmegaConf
-
-    return " ".join(OmegaConf.load(path))
+    return " ".join(OmegaConf.load(path)) if path.is_file() else ""
 
 
-def winner(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The point with the smallest objective that met its SLO (or had none)."""
-    ok = [r for r in rows if isinstance(r.get("objective"), (int, float))
-          and math.isfinite(r["objective"]) and r.get("passed") is not False]
-    return min(ok, key=lambda r: (r["objective"], r.get("budget_mb") or math.inf), default=None)
+def budget_of(row: dict[str, Any]) -> float:
+    """The budget a row ran at; everything resident (budget=null) counts as the model's size."""
+    return row["budget_mb"] if row.get("budget_mb") is not None else row["model_mb"]
 
 
-def write_summary(sweep_dir: Path, rows: list[dict[str, Any]]) -> None:
+def _budget_text(row: dict[str, Any]) -> str:
+    return "everything resident" if row.get("budget_mb") is None else f"budget {row['budget_mb']:g} MB"
+
+
+def _policy_text(row: dict[str, Any]) -> str:
+    """The policies that ran: eviction and lookahead when weights stream, activations when they spill."""
+    parts = [] if row.get("budget_mb") is None else [f"{row['eviction']} lookahead {row['lookahead']}"]
+    if row.get("activations") not in (None, "off"):
+        parts.append(f"activations {row['activations']}")
+    return ", ".join(parts) or "-"
+
+
+def pareto_front(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The points no other point beats on both budget and step time, by budget.
+    A point is dominated when another has a budget no larger and a step no slower,
+    one of them strictly."""
+    pts = sorted((r for r in rows if r.get("step_ms") is not None and r.get("error") is None),
+                 key=lambda r: (budget_of(r), r["step_ms"]))
+    front: list[dict[str, Any]] = []
+    for r in pts:  # within a budget the fastest comes first, so the rest are dominated
+        if not front or r["step_ms"] < front[-1]["step_ms"]:
+            front.append(r)
+    return front
+
+
+@dataclass
+class Answer:
+    """The sweep's answer: lines for the terminal and summary.md, the point it names, the exit code."""
+
+    lines: list[str] = field(default_factory=list)
+    best: dict[str, Any] | None = None
+    exit_code: int = 0
+
+
+def _point(r: dict[str, Any]) -> str:
+    policy = _policy_text(r)
+    return (f"job {r['job']} ({_budget_text(r)}{'' if policy == '-' else ', ' + policy}): "
+            f"{r['step_ms']:.2f} ms per step")
+
+
+def answer(rows: list[dict[str, Any]], search: dict[str, Any] | None, slo: str | None) -> Answer:
+    """What the sweep asked, answered from its rows (and its search.json, for a search)."""
+    ran = [r for r in rows if r.get("error") is None and r.get("step_ms") is not None]
+    errors = [r for r in rows if r.get("error")]
+    out = Answer()
+    if errors:
+        out.lines.append(f"{len(errors)} of {len(rows)} points failed to run (error column, and each point's line).")
+    checked = [r for r in ran if r.get("passed") is not None]
+    if not checked:
+        if not ran:
+            out.lines.insert(0, "No point ran.")
+            out.exit_code = 1
+            return out
+        out.best = min(ran, key=lambda r: (r["step_ms"], budget_of(r)))
+        out.lines.insert(0, f"Fastest: {_point(out.best)}.")
+        if len({budget_of(r) for r in ran}) > 1:
+            front = pareto_front(ran)
+            out.lines.insert(1, "Pareto front (no point is both smaller and faster): " + ", ".join(
+                f"{_budget_text(r)} {r['step_ms']:.2f} ms ({r['eviction']})" for r in front) + ".")
+        return out
+    passing = [r for r in checked if r["passed"]]
+    kind = (search or {}).get("search")
+    if not passing:
+        closest = min(checked, key=lambda r: (len(r["failures"]), r["step_ms"]))
+        lead = (f"No budget meets slo={slo}, not even everything resident" if kind == "min_budget"
+                else f"No point meets slo={slo}")
+        out.lines.insert(0, f"{lead}. Closest: {_point(closest)}; fails: {'; '.join(closest['failures'])}.")
+        out.best, out.exit_code = closest, 1
+        return out
+    fastest = min(passing, key=lambda r: (r["step_ms"], budget_of(r)))
+    smallest = min(passing, key=lambda r: (budget_of(r), r["step_ms"]))
+    if kind == "min_budget":
+        res, mb = search["resolution_mb"], search["answer_mb"]
+        if mb is None:
+            out.best = next(r for r in passing if r.get("budget_mb") is None)
+            text = f"Only everything resident meets slo={slo} ({_point(out.best)})"
+        else:
+            out.best = next(r for r in passing if r.get("budget_mb") == mb)
+            below = [r for r in checked if not r["passed"] and r.get("budget_mb") is not None
+                     and math.isclose(r["budget_mb"], mb - res)]
+            text = (f"Smallest budget that meets slo={slo}: {mb:g} MB, to {res:g} MB ({_point(out.best)}); "
+                    + (f"{mb - res:g} MB fails: {'; '.join(below[0]['failures'])}" if below
+                       else f"{mb - res:g} MB is under the floor"))
+        out.lines.insert(0, text + f". Bisection: {len(rows)} simulations, exact to {res:g} MB "
+                                   "(pass/fail is monotone in the budget); another resolution: "
+                                   "hydra.sweeper.resolution_mb=MB.")
+    elif kind == "fastest_policy" or len({budget_of(r) for r in checked}) == 1:
+        out.best = fastest
+        out.lines.insert(0, f"Fastest within slo={slo}: {_point(fastest)}; {len(passing)} of {len(checked)} points pass.")
+        if search and search.get("sampled"):
+            out.lines.insert(1, f"Optuna (TPE) sampled {len(rows)} of the {search['space']} points of the space: "
+                                "the answer is the best point seen, not a proven optimum.")
+    else:
+        out.best = smallest
+        out.lines.insert(0, f"Smallest budget that passes slo={slo}: {_point(smallest)}; "
+                            f"fastest that passes: {_point(fastest)}; {len(passing)} of {len(checked)} points pass.")
+    return out
+
+
+def slo_text(slo: Any) -> str:
+    """The SLO by name and the limits it sets, e.g. `interactive (step <= 500 ms, overlap >= 0.8)`."""
+    limits = [f"{what} {op} {slo[key]:g}{unit}" for key, what, op, unit in (
+        ("max_step_ms", "step", "<=", " ms"), ("min_overlap", "overlap", ">=", ""),
+        ("max_stall_ms", "stall", "<=", " ms")) if slo.get(key) is not None]
+    return slo.name + (f" ({', '.join(limits)})" if limits else "")
+
+
+def write_summary(sweep_dir: Path, rows: list[dict[str, Any]], result: Answer, slo_step_ms: float | None) -> None:
     with open(sweep_dir / "summary.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=COLUMNS)
         w.writeheader()
         for r in rows:
-            w.writerow({k: r.get(k) for k in COLUMNS})
-    shown = [c for c in COLUMNS if c != "overrides" and any(r.get(c) not in (None, "") for r in rows)]
-    md = [f"# Sweep summary: {len(rows)} points", "",
-          table(shown, [[_cell(r.get(c)) for c in shown] for r in rows])]
-    best = winner(rows)
-    if best is not None:
-        md += ["", f"**Winner** (smallest objective): job {best['job']} ({best['overrides']}): "
-                   f"objective {best['objective']:.3f}, {best['step_ms']:.2f} ms predicted per step."]
-    failed = [r for r in rows if r.get("error")]
-    if failed:
-        md += ["", f"{len(failed)} point(s) failed; see the error column."]
+            w.writerow({k: "; ".join(r[k]) if k == "failures" and r.get(k) else r.get(k) for k in COLUMNS})
+    shown = [c for c in COLUMNS if c not in ("overrides", "model_mb")
+             and any(r.get(c) not in (None, "", []) for r in rows)]
+    md = [f"# Sweep summary: {len(rows)} points", "", *result.lines, "",
+          table(shown, [[_cell(c, r.get(c)) for c in shown] for r in rows])]
+    if result.best is not None:
+        md += ["", f"Point named above: `{result.best['overrides']}` (its report: {result.best['job']}/report.md)."]
     (sweep_dir / "summary.md").write_text("\n".join(md) + "\n")
-    plot_pareto(rows, sweep_dir / "pareto.png")
+    if len({budget_of(r) for r in rows if r.get("step_ms") is not None}) > 1:
+        plot_pareto(rows, sweep_dir / "pareto.png", slo_step_ms)
 
 
-def _cell(v: Any) -> str:
+def _cell(column: str, v: Any) -> str:
     if v is None:
         return "-"
+    if column == "passed":
+        return "PASS" if v else "FAIL"
+    if column == "failures":
+        return "; ".join(v) or "-"
     if isinstance(v, float):
         return f"{v:.3f}" if abs(v) < 100 else f"{v:.1f}"
     return str(v)
 
 
-def plot_pareto(rows: list[dict[str, Any]], path: Path) -> None:
-    """Predicted step time against budget, one line per eviction policy."""
-    import matplotlib
+def plot_pareto(rows: list[dict[str, Any]], path: Path, slo_step_ms: float | None) -> None:
+    """Predicted step time against budget: every point, the Pareto front joined, the floor
+    and the SLO's step time marked. A check sweep's front is drawn through passing points."""
+    from matplotlib.figure import Figure  # no pyplot: no global backend, Agg renders savefig
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    pts = [r for r in rows if r.get("step_ms") is not None and r.get("budget_mb") is not None]
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for policy, group in itertools.groupby(sorted(pts, key=lambda r: (r["eviction"], r["budget_mb"])),
-                                           key=lambda r: r["eviction"]):
-        g = list(group)
-        # Several points per budget (other swept keys): the best one is the frontier.
-        best: dict[float, float] = {}
-        for r in g:
-            best[r["budget_mb"]] = min(best.get(r["budget_mb"], math.inf), r["step_ms"])
-        xs = sorted(best)
-        ax.plot(xs, [best[x] for x in xs], marker="o", label=policy)
-    floors = sorted({round(r["floor_mb"], 1) for r in rows if r.get("floor_mb")})
-    for i, f in enumerate(floors):
-        ax.axvline(f, color="red", ls="--", lw=1, label="floor" if i == 0 else None)
-    ax.set_xlabel("budget (MB)")
+    ran = [r for r in rows if r.get("step_ms") is not None and r.get("error") is None]
+    checked = any(r.get("passed") is not None for r in ran)
+    eligible = [r for r in ran if r.get("passed") is not False]
+    front = pareto_front(eligible)
+    fig = Figure(figsize=(8, 5), layout="constrained")
+    ax = fig.subplots()
+    policies = sorted({r["eviction"] for r in ran})
+    markers = dict(zip(policies, "os^Dv<>"))
+    for policy in policies:
+        mine = [r for r in ran if r["eviction"] == policy]
+        ok = [r for r in mine if r.get("passed") is not False]
+        bad = [r for r in mine if r.get("passed") is False]
+        ax.scatter([budget_of(r) for r in ok], [r["step_ms"] for r in ok], marker=markers[policy],
+                   s=28, color="0.55", label=policy, zorder=2)
+        if bad:
+            ax.scatter([budget_of(r) for r in bad], [r["step_ms"] for r in bad], marker=markers[policy],
+                       s=28, facecolors="none", edgecolors="0.65", zorder=2)
+    if front:
+        xs, ys = [budget_of(r) for r in front], [r["step_ms"] for r in front]
+        ax.step(xs, ys, where="post", color="tab:blue", lw=1.5, zorder=3)
+        ax.scatter(xs, ys, color="tab:blue", s=40, zorder=4,
+                   label="Pareto front" + (" (passing points)" if checked else ""))
+        for r in front:
+            ax.annotate(f"{r['step_ms']:.0f} ms\n{r['eviction']}", (budget_of(r), r["step_ms"]),
+                        textcoords="offset points", xytext=(4, 4), fontsize=7, color="tab:blue")
+    if checked and any(r.get("passed") is False for r in ran):
+        ax.scatter([], [], marker="o", facecolors="none", edgecolors="0.65", label="fails the SLO")
+    for i, f in enumerate(sorted({round(r["floor_mb"], 1) for r in ran})):
+        ax.axvline(f, color="tab:red", ls="--", lw=1, label=f"floor {f:g} MB" if i == 0 else None)
+    if slo_step_ms is not None:
+        ax.axhline(slo_step_ms, color="tab:orange", ls=":", lw=1.5, label=f"SLO {slo_step_ms:g} ms")
+    resident = sorted({r["model_mb"] for r in ran if r.get("budget_mb") is None})
+    for x in resident:
+        ax.annotate("everything\nresident", (x, ax.get_ylim()[0]), fontsize=7, ha="center", va="bottom")
+    ax.set_xlabel("budget (MB of GPU memory for weights)")
     ax.set_ylabel("predicted step time (ms)")
-    ax.set_title("Step time against budget")
+    ax.set_title("Step time against budget: lower left is better")
     ax.grid(alpha=0.3)
-    if pts or floors:
-        ax.legend()
-    fig.tight_layout()
+    ax.legend(fontsize=8)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
+
+
+def set_progress(sweep_dir: Path, total: int, bound: bool = False) -> None:
+    """How many points the sweep will run (`bound`: at most that many)."""
+    path = sweep_dir / PROGRESS
+    state = json.loads(path.read_text()) if path.is_file() else {"start": time.time(), "common": []}
+    state.update(total=total, bound=bound)
+    path.write_text(json.dumps(state))
+
+
+def point_line(row: dict[str, Any] | None, done: int, state: dict[str, Any], job_overrides: list[str],
+               crashed: str | None = None) -> str:
+    """One line for a finished point: progress, what ran, the prediction, the verdict."""
+    total, bound = state.get("total") or None, state.get("bound", False)  # 0: not known yet
+    width = len(str(total or done))
+    head = f"[{done:>{width}}/{'<=' if bound else ''}{total}]" if total else f"[{done}]"
+    varying = [o for o in job_overrides if o not in state.get("common", [])]
+    if crashed is not None or row is None or row.get("error"):
+        return f"{head} {' '.join(varying)}: error: {crashed or (row or {}).get('error')}"
+    shown = ("budget", "weights", "weights.eviction", "weights.lookahead", "activations")
+    extra = [_short(o) for o in varying if o.partition("=")[0].lstrip("+~") not in shown]
+    line = f"{head} {_budget_text(row):<20} {_policy_text(row):<22}"
+    if extra:
+        line += f" {' '.join(extra):<28}"
+    if row.get("step_ms") is not None:
+        line += f" {row['step_ms']:9.2f} ms/step  stall {row['stall_ms']:8.2f} ms  overlap {row['overlap']:6.1%}"
+        if row.get("workload") == "train_lora":
+            line += f"  peak {row['peak_device_mb'] / 1e3:.3f} GB"
+    if row.get("passed") is not None:
+        failures = row["failures"]
+        line += "  PASS" if row["passed"] else f"  FAIL: {failures[0]}" + (
+            f" (+{len(failures) - 1} more)" if len(failures) > 1 else "")
+    elapsed = time.time() - state["start"]
+    if total and total > done:
+        line += f"  ({elapsed:.0f} s, ETA {'<= ' if bound else ''}{elapsed / done * (total - done):.0f} s)"
+    return line
+
+
+def _short(override: str) -> str:
+    """`activations.high_watermark_mb=12000` as `high_watermark_mb=12000`: the last part of the key."""
+    key, _, value = override.partition("=")
+    return f"{key.replace('/', '.').rsplit('.', 1)[-1]}={value}"
 
 
 class SweepSummary(Callback):
-    """Hydra callback: progress with an ETA per finished job, summary at the end."""
+    """Hydra callback: one line per finished point, the summary and its answer at the end."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        total = sweep_size(list(config.hydra.overrides.task))
-        (sweep_dir / ".progress.json").write_text(json.dumps({"total": total, "start": time.time()}))
+        task = list(config.hydra.overrides.task)
+        params = config.hydra.sweeper.get("params") or {}
+        total = config.hydra.sweeper.get("n_trials") or sweep_size(task + [f"{k}={v}" for k, v in params.items()])
+        (sweep_dir / PROGRESS).write_text(json.dumps({"total": total, "bound": False, "start": time.time(),
+                                                      "common": task}))
 
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
         from hydra.core.hydra_config import HydraConfig
+        from hydra.core.utils import JobStatus
         from hydra.types import RunMode
 
         if HydraConfig.get().mode != RunMode.MULTIRUN:
             return
         sweep_dir = Path(config.hydra.sweep.dir)
-        progress = sweep_dir / ".progress.json"
+        progress = sweep_dir / PROGRESS
         if not progress.is_file():
             return
-        state = json.loads(progress.read_text())
         done = sum(1 for p in sweep_dir.iterdir()
                    if p.is_dir() and ((p / "report.json").is_file() or (p / "error.json").is_file()))
-        elapsed = time.time() - state["start"]
-        total = max(state["total"], done)
-        eta = elapsed / done * (total - done) if done else math.nan
-        print(f"[sweep] {done}/{total} points done, {elapsed:.1f} s elapsed, ETA {eta:.1f} s",
+        crashed = None
+        if job_return.status == JobStatus.FAILED:
+            try:
+                job_return.return_value  # raises the job's exception
+            except Exception as err:  # noqa: BLE001  (a crash is shown, and Hydra reports it)
+                crashed = f"{type(err).__name__}: {err}"
+            done += 1
+        row = point_row(Path(HydraConfig.get().runtime.output_dir))
+        print(point_line(row, done, json.loads(progress.read_text()), list(config.hydra.overrides.task), crashed),
               flush=True)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         rows = collect(sweep_dir)
-        write_summary(sweep_dir, rows)
-        print(f"[sweep] summary: {sweep_dir / 'summary.md'} ({len(rows)} points)", flush=True)
+        search_file = sweep_dir / SEARCH
+        search = json.loads(search_file.read_text()) if search_file.is_file() else None
+        result = answer(rows, search, slo_text(config.slo))
+        write_summary(sweep_dir, rows, result, config.slo.max_step_ms)
+        for line in result.lines:
+            print(line, flush=True)
+        print(f"summary: {sweep_dir / 'summary.md'} ({len(rows)} point{'s' if len(rows) != 1 else ''})", flush=True)
+        if result.exit_code:
+            raise SystemExit(result.exit_code)

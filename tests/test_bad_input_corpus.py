@@ -39,7 +39,7 @@ CONFIG_CASES = {
     "unknown key in hardware": (("+model=tiny", "hardware.pcie=5"), "hardware.pcie"),
     "unknown weight source": (("+model=tiny", "weights.source=floppy"), "weights.source"),
     "zero steps": (("+model=tiny", "workload.steps=0"), "workload.steps"),
-    "min_budget objective without check": (("+model=tiny", "objective=min_budget"), "mode=check"),
+    "a search over a swept budget": (("-m", "model=tiny", "+search=min_budget", "budget=1,2"), "sweeps values"),
     "unknown activations mode": (("+model=tiny", "activations.mode=compress"), "activations.mode"),
 }
 

@@ -26,7 +26,10 @@ def test_plan_prints_ltx_bytes_floor_and_policies(run_cli, tmp_path):
         assert p["resident_bytes"] <= 16_000_000_000
         assert p["streamed_bytes_per_step"] > 0
     assert report["policies"]["lru"]["streamed_bytes_per_step"] == 37_752_349_184
-    assert (tmp_path / "run" / "report.md").read_text().startswith("## Plan")
+    md = (tmp_path / "run" / "report.md").read_text()
+    assert md.startswith("# ltx (ltx2) / infer on h100_pcie5: budget 16000 MB, mode=plan\n")
+    assert "hardware=h100_pcie5: measured" in md and "## Plan" in md
+    assert not list((tmp_path / "run").glob("*.log"))  # nothing was logged: no empty log file
 
 
 def test_simulate_is_the_default_and_writes_its_files(run_cli, tmp_path):
@@ -67,7 +70,7 @@ def test_lru_copies_more_than_belady_and_priority(run_cli, tmp_path):
 
 
 @pytest.mark.parametrize("args, fragment", [
-    ((), "no model given; add +model=NAME, one of: flux, llama70b"),
+    ((), "no model given; add model=NAME, one of: flux, llama70b"),
     (("+model=nope",), "unknown model 'nope'; one of: flux"),
     (("+model=tiny", "budget=-5"), "budget=-5.0 is negative"),
     (("+model=tiny", "budget=lots"), "budget='lots' is not a valid"),
@@ -100,11 +103,14 @@ def test_execute_on_the_host_backend_matches_its_prediction(run_cli, tmp_path):
     r = run_cli("+model=tiny", "mode=execute", "weights.backend=cpu", "budget=2", "sim.timeline=false", *SMALL)
     assert r.returncode == 0, r.stderr
     assert "test backend" in r.stderr and "Measured beside predicted" in r.stdout
+    assert "| step time " in r.stdout and "not a GPU's time" in r.stdout and "%" not in r.stdout.split(
+        "| step time ")[1].split("\n")[0]  # its CPU time is not compared with a GPU's prediction
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     meas, pred = report["measurement"], report["prediction"]
     assert meas["outputs_match_reference"] is True and meas["steps"] == 3
     # One policy, two clocks: the executor copies exactly what the simulator predicted.
     rows = {row["key"]: row for row in report["comparison"]}
+    assert rows["step_ms"]["relative_error"] is None and rows["first_step_ms"]["relative_error"] is None
     for key in ("h2d_bytes", "weight_copies", "weight_hits", "weight_misses"):
         assert rows[key]["measured"] == rows[key]["predicted"], key
     assert meas["h2d_bytes"] == pred["h2d_bytes"] > 0
@@ -172,3 +178,30 @@ def test_auto_eviction_picks_belady_for_an_llm_decode_step_at_a_tight_budget(run
     cfg = json.loads((tmp_path / "run" / "report.json").read_text())["config"]
     assert cfg["eviction"] == "belady"
     assert cfg["eviction_predicted_ms"]["priority"] > 2 * cfg["eviction_predicted_ms"]["belady"]
+
+
+def test_model_is_chosen_with_or_without_a_plus(run_cli, tmp_path):
+    for i, choice in enumerate(("model=tiny", "+model=tiny")):
+        r = run_cli(choice, "mode=plan", f"hydra.run.dir={tmp_path}/{i}")
+        assert r.returncode == 0, r.stderr
+        assert json.loads((tmp_path / str(i) / "report.json").read_text())["config"]["model_option"] == "tiny"
+
+
+def test_help_and_completion_offer_choices_not_schemas(run_cli):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    r = run_cli("--help")
+    assert r.returncode == 0, r.stderr
+    assert "model: flux, llama70b, llama8b, ltx, ltxv13b, tiny, wan14b" in r.stdout
+    assert "hardware: h100_calibrated, h100_pcie5, rtx3090ti, rtx4090" in r.stdout
+    assert "_schema" not in r.stdout and "-sc install=bash" in r.stdout
+    for line, expected in (("model=", "model=tiny"), ("hardware=", "hardware=rtx4090"),
+                           ("weights=", "weights=priority"), ("slo=", "slo=interactive")):
+        env = dict(os.environ, PYTHONPATH=str(root), COMP_LINE=f"offload-engine {line}", COMP_POINT="99")
+        q = subprocess.run([sys.executable, "-m", "engine", "-sc", "query=bash"], env=env, cwd=root,
+                           capture_output=True, text=True, timeout=120)
+        assert q.returncode == 0 and expected in q.stdout.split() and "schema" not in q.stdout, q.stdout

@@ -23,14 +23,14 @@ def test_every_shipped_model_is_listed():
 
 @pytest.mark.parametrize("model", MODELS)
 def test_every_model_composes_and_validates(model):
-    cfg = _compose(f"+model={model}", "budget=16000")
+    cfg = _compose(f"model={model}", "budget=16000")
     check_config(cfg)
     assert cfg.model.name
     assert cfg.budget == 16000.0
 
 
 def test_defaults_are_the_documented_ones():
-    cfg = _compose("+model=ltx")
+    cfg = _compose("model=ltx")
     assert cfg.hardware.name == "h100_pcie5"
     assert cfg.workload.name == "infer" and cfg.workload.video_tokens == 6144
     assert cfg.activations.mode == "off"
@@ -39,7 +39,7 @@ def test_defaults_are_the_documented_ones():
 
 @pytest.mark.parametrize("hardware", ["h100_pcie5", "rtx4090", "rtx3090ti"])
 def test_hardware_profiles_compose(hardware):
-    cfg = _compose("+model=tiny", f"hardware={hardware}")
+    cfg = _compose("model=tiny", f"hardware={hardware}")
     assert cfg.hardware.h2d_gbps > 0 and cfg.hardware.source
 
 
@@ -53,16 +53,15 @@ def test_hardware_profiles_compose(hardware):
 ])
 def test_schema_rejects_at_compose_time(override):
     with pytest.raises((ConfigCompositionException, ValidationError)):
-        _compose("+model=tiny", override)
+        _compose("model=tiny", override)
 
 
 @pytest.mark.parametrize("overrides, fragment", [
-    ([], "no model given"),
-    (["+model=tiny", "budget=-5"], "negative"),
-    (["+model=tiny", "weights.eviction=fifo"], "weights.eviction='fifo'"),
-    (["+model=tiny", "mode=dance"], "mode='dance'"),
-    (["+model=tiny", "trace=/no/such/trace.jsonl"], "does not exist"),
-    (["+model=tiny", "weights.lookahead=-1"], "lookahead"),
+    (["model=tiny", "budget=-5"], "negative"),
+    (["model=tiny", "weights.eviction=fifo"], "weights.eviction='fifo'"),
+    (["model=tiny", "mode=dance"], "mode='dance'"),
+    (["model=tiny", "trace=/no/such/trace.jsonl"], "does not exist"),
+    (["model=tiny", "weights.lookahead=-1"], "lookahead"),
 ])
 def test_check_config_names_the_problem(overrides, fragment):
     cfg = _compose(*overrides)
@@ -75,7 +74,12 @@ def test_the_allowed_modes_are_the_registrys():
     from engine.modes import MODES, runner
 
     with pytest.raises(ConfigError, match=", ".join(MODES)):
-        check_config(_compose("+model=tiny", "mode=dance"))
+        check_config(_compose("model=tiny", "mode=dance"))
     for name in MODES:
-        check_config(_compose("+model=tiny", f"mode={name}"))
+        check_config(_compose("model=tiny", f"mode={name}"))
         assert callable(runner(name))
+
+
+def test_model_is_mandatory_in_the_defaults():
+    with pytest.raises(ConfigCompositionException, match="You must specify 'model'"):
+        _compose("budget=1")

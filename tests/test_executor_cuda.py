@@ -193,7 +193,7 @@ def test_offload_a_plain_module_on_the_gpu():
 
 
 def test_offload_a_transformers_llama():
-    transformers = pytest.importorskip("transformers")
+    transformers = pytest.importorskip("transformers", reason="needs the models extra: pip install 'offload-engine[models]'")
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
                                    num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
@@ -203,7 +203,7 @@ def test_offload_a_transformers_llama():
 
 
 def test_offload_a_diffusers_ltx_transformer():
-    diffusers = pytest.importorskip("diffusers")
+    diffusers = pytest.importorskip("diffusers", reason="needs the models extra: pip install 'offload-engine[models]'")
     torch.manual_seed(0)
     model = diffusers.LTXVideoTransformer3DModel(
         in_channels=16, out_channels=16, num_attention_heads=4, attention_head_dim=32, cross_attention_dim=128,

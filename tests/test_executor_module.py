@@ -195,7 +195,7 @@ def test_unknown_backend():
 
 
 def test_a_transformers_model_from_a_config():
-    transformers = pytest.importorskip("transformers")
+    transformers = pytest.importorskip("transformers", reason="needs the models extra: pip install 'offload-engine[models]'")
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
                                    num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
@@ -211,7 +211,7 @@ def test_a_transformers_model_from_a_config():
 
 
 def test_a_diffusers_model_from_a_config():
-    diffusers = pytest.importorskip("diffusers")
+    diffusers = pytest.importorskip("diffusers", reason="needs the models extra: pip install 'offload-engine[models]'")
     torch.manual_seed(0)
     model = diffusers.LTXVideoTransformer3DModel(in_channels=16, out_channels=16, num_attention_heads=4,
                                                  attention_head_dim=16, cross_attention_dim=64, num_layers=2,

@@ -278,7 +278,7 @@ def compose_activations(name: str, *overrides: str):
     register()
     conf = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "conf"))
     with initialize_config_dir(config_dir=conf, version_base="1.3"):
-        return compose("config", overrides=[f"activations={name}", *overrides]).activations
+        return compose("config", overrides=["model=tiny", f"activations={name}", *overrides]).activations
 
 
 def test_activation_groups_compose_and_validate():

@@ -351,7 +351,7 @@ def test_weights_group_composes(name):
     register()
     conf = os.path.join(os.path.dirname(__file__), "..", "conf")
     with initialize_config_dir(config_dir=os.path.abspath(conf), version_base="1.3"):
-        cfg = compose("config", overrides=[f"weights={name}"])
+        cfg = compose("config", overrides=["model=tiny", f"weights={name}"])
     assert (cfg.weights.eviction, cfg.weights.lookahead) == (name, 2)
 
 

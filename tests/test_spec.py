@@ -50,7 +50,7 @@ def test_every_yaml_is_listed_and_names_its_family_schema():
     assert available_models() == sorted(MODELS)
     for name in MODELS:
         raw = OmegaConf.load(MODEL_DIR / f"{name}.yaml")
-        assert list(raw.defaults) == [f"{raw.family}_schema", "_self_"]
+        assert list(raw.defaults) == [f"/{raw.family}_schema@_here_", "_self_"]
 
 
 @pytest.mark.parametrize("name", MODELS)

@@ -91,7 +91,7 @@ class CudaBackend:
                                 "exercise the executor on the CPU)")
         if cudart is None:
             raise ExecutorError("the CUDA backend needs cuda-python's runtime bindings "
-                                "(cuda.bindings.runtime); pip install 'cuda-python>=12.3'")
+                                "(cuda.bindings.runtime); pip install 'offload-engine[cuda]'")
         self.device = torch.device("cuda", torch.cuda.current_device())
         self.budget_bytes = budget_bytes
         self.slack_bytes = slack_bytes

@@ -1,7 +1,6 @@
 """mode=simulate (the prediction) and mode=check (the prediction held against an SLO)."""
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 from engine.job import Job, Outcome, plan_report
@@ -116,6 +115,5 @@ def check_mode(job: Job) -> Outcome:
         "FAIL:\n" + "\n".join(f"- {f}" for f in failures)
     md = (plan_md(job.plan.as_dict()) + "\n\n" + prediction_md(pred, job)
           + "\n\n## Check\n\n" + verdict)
-    for f in failures:
-        print(f"check failed: {f}", file=sys.stderr)
-    return Outcome(report, md, exit_code=1 if failures else 0)
+    return Outcome(report, md, exit_code=1 if failures else 0,
+                   notes=tuple(f"check failed: {f}" for f in failures))
