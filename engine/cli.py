@@ -16,8 +16,12 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
+import re
 import sys
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, Iterator
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -27,7 +31,7 @@ from omegaconf import DictConfig
 import conf
 from engine.cli_errors import condense_hydra_error
 from engine.config import register
-from engine.errors import EngineError
+from engine.errors import ConfigError, EngineError
 from engine.job import objective, prepare
 from engine.modes import runner
 from engine.report import title_md, write_report
@@ -85,8 +89,10 @@ def run_job(cfg: DictConfig) -> float | None:
     out_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN
     try:
-        job = prepare(cfg, out_dir)
-        outcome = runner(cfg.mode)(job)
+        with claimed(out_dir):
+            job = prepare(cfg, out_dir)
+            outcome = runner(cfg.mode)(job)
+            return _publish(cfg, hc, out_dir, outcome, multirun)
     except (EngineError, SpecError) as err:
         if multirun:
             # The sweep goes on; its line for this point and the summary show the error.
@@ -96,11 +102,19 @@ def run_job(cfg: DictConfig) -> float | None:
             return math.nan
         print(f"error: {err}", file=sys.stderr)
         sys.exit(getattr(err, "exit_code", 2))
+
+
+def _publish(cfg: DictConfig, hc: Any, out_dir: Path, outcome: Any, multirun: bool) -> float:
+    """Write the report, print it (one line per point in a sweep) and exit with the mode's code."""
     model_option = hc.runtime.choices.get("model") or cfg.model.name
     if "config" in outcome.report:
         outcome.report["config"]["model_option"] = model_option
     markdown = title_md(model_option, cfg) + "\n\n" + outcome.markdown
-    write_report(out_dir, outcome.report, markdown)
+    try:
+        write_report(out_dir, outcome.report, markdown)
+    except OSError as e:
+        raise ConfigError(f"cannot write the report in {out_dir}: {e.strerror or e}; "
+                          "free space or pick a writable hydra.run.dir") from None
     if multirun:  # one line per point, from the sweep's callback (engine/sweep.py)
         return objective(outcome.report)
     print(markdown)
@@ -110,6 +124,25 @@ def run_job(cfg: DictConfig) -> float | None:
     if outcome.exit_code:
         sys.exit(outcome.exit_code)
     return objective(outcome.report)
+
+
+@contextmanager
+def claimed(out_dir: Path) -> Iterator[None]:
+    """Hold `out_dir` for this run: a second run writing there at the same time is refused."""
+    lock = out_dir / ".engine.lock"
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        raise ConfigError(f"another run is writing to {out_dir} ({lock.name} is there); pick another "
+                          "hydra.run.dir, or delete the lock if no run is") from None
+    except OSError as e:
+        raise ConfigError(f"cannot write to {out_dir}: {e.strerror or e}; pick a writable hydra.run.dir") from None
+    os.close(fd)
+    try:
+        yield
+    finally:
+        lock.unlink(missing_ok=True)
 
 
 _app = hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")(task)
@@ -142,6 +175,19 @@ def main() -> None:
         held = _stderr.held.getvalue()
         # A crash inside a job keeps its traceback: that is a bug to report,
         # not bad input to condense.
+        yaml_error = re.search(r"yaml\.\w+\.\w+Error: (.*?)\n.*?in \"([^\"]+)\", line (\d+)", held, re.S)
+        os_error = re.search(r"^(\w+Error): \[Errno \d+\] ([^:\n]+): '([^'\n]+)'\s*$", held, re.M)
+        if not _stderr.released and stop.code not in (0, None) and os_error:
+            _, why, path = os_error.groups()
+            _stderr.held = io.StringIO()
+            print(f"error: cannot create or write {path} ({why}); pick a writable hydra.run.dir "
+                  "(or hydra.sweep.dir)", file=_stderr.real)
+            raise SystemExit(2) from None
+        if not _stderr.released and stop.code not in (0, None) and yaml_error:
+            what, path, line = yaml_error.groups()
+            _stderr.held = io.StringIO()
+            print(f"error: {path}, line {line}: not valid YAML ({what.strip()}); fix the file", file=_stderr.real)
+            raise SystemExit(2) from None
         if not _stderr.released and stop.code not in (0, None) and "Traceback" not in held:
             message = condense_hydra_error(held)
             _stderr.held = io.StringIO()

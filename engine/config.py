@@ -8,11 +8,12 @@ express (low watermark above high, overlapping size classes) live in
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from engine.errors import ConfigError
 from engine.modes import MODES
@@ -160,11 +161,56 @@ def _one_of(key: str, value: Any, allowed: tuple[str, ...]) -> None:
         raise ConfigError(f"{key}={value!r} is not one of {', '.join(allowed)}; pick one of those")
 
 
+def _check_finite(node: Any, key: str) -> None:
+    """Every number in the config is finite (nan, inf and 1e400 are refused)."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            _check_finite(v, f"{key}.{k}" if key else str(k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            _check_finite(v, f"{key}[{i}]")
+    elif isinstance(node, float) and not math.isfinite(node):
+        raise ConfigError(f"{key}={node} is not a finite number; give a finite value")
+
+
+# Hardware profile fields that divide or scale time: each must be > 0.
+_POSITIVE_HARDWARE = ("device_memory_mb", "h2d_gbps", "d2h_gbps", "duplex_gbps", "pageable_gbps", "mmap_gbps",
+                      "mmap_registered_gbps", "matmul_tflops", "hbm_gbps", "launch_queue_depth")
+_NON_NEGATIVE_HARDWARE = ("kernel_launch_us", "fetch_host_us", "alloc_us")
+
+
+def check_hardware(hw: DictConfig) -> None:
+    """Every hardware profile field present and in range; raises ConfigError naming it."""
+    name = hw.get("name", "?")
+    for f in fields(HardwareConfig):
+        if OmegaConf.is_missing(hw, f.name):
+            raise ConfigError(f"hardware profile {name}: hardware.{f.name} is missing; add it to the profile "
+                              "(conf/hardware/h100_pcie5.yaml lists every field)")
+    for key in _POSITIVE_HARDWARE:
+        if not hw[key] > 0:
+            raise ConfigError(f"hardware.{key}={hw[key]} must be positive; fix the profile {name}")
+    for key in _NON_NEGATIVE_HARDWARE:
+        if hw[key] < 0:
+            raise ConfigError(f"hardware.{key}={hw[key]} is negative; fix the profile {name}")
+    if not 0 <= hw.compute_slowdown_under_copy < 1:
+        raise ConfigError(f"hardware.compute_slowdown_under_copy={hw.compute_slowdown_under_copy} must be in "
+                          f"[0, 1); fix the profile {name}")
+    mib, gbps = list(hw.small_copy_mib), list(hw.small_copy_gbps)
+    if len(mib) != len(gbps):
+        raise ConfigError(f"hardware.small_copy_mib has {len(mib)} sizes and small_copy_gbps {len(gbps)} rates; "
+                          f"give one rate per size in the profile {name}")
+    if any(a >= b for a, b in zip(mib, mib[1:])) or any(v <= 0 for v in mib + gbps):
+        raise ConfigError(f"hardware.small_copy_mib must be positive and increasing, and small_copy_gbps "
+                          f"positive; fix the profile {name}")
+
+
 def check_config(cfg: Any) -> None:
     """Rules across fields; raises ConfigError with a one-line message and its fix."""
     if OmegaConf.is_missing(cfg, "model") or cfg.model is None:
         raise ConfigError(
             "no model given; add model=NAME, one of: " + ", ".join(available_models()))
+    _check_finite(OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False), "")
+    check_hardware(cfg.hardware)
     _one_of("mode", cfg.mode, tuple(MODES))
     _one_of("weights.eviction", cfg.weights.eviction, EVICTIONS + ("auto",))
     _one_of("weights.source", cfg.weights.source, WEIGHT_SOURCES)
@@ -177,6 +223,17 @@ def check_config(cfg: Any) -> None:
         raise ConfigError(f"weights.lookahead={cfg.weights.lookahead} is negative; use 0 or more")
     if cfg.workload.steps < 1:
         raise ConfigError(f"workload.steps={cfg.workload.steps} must be at least 1")
+    for key in ("batch", "video_tokens", "audio_tokens", "text_tokens", "context_tokens", "lora_rank"):
+        if cfg.workload[key] < 0:
+            raise ConfigError(f"workload.{key}={cfg.workload[key]} is negative; use 0 or more")
+    if cfg.workload.kind == "train_lora" and cfg.workload.lora_rank < 1:
+        raise ConfigError(f"workload.lora_rank={cfg.workload.lora_rank}: LoRA training needs a rank of 1 or more")
+    if cfg.workload.kind == "decode" and cfg.model.family != "llama":
+        raise ConfigError(f"workload=decode runs one token of a language model; model {cfg.model.name} is a "
+                          f"{cfg.model.family} model: use workload=infer or train_lora")
+    for key in ("max_step_ms", "min_overlap", "max_stall_ms"):
+        if cfg.slo[key] is not None and cfg.slo[key] < 0:
+            raise ConfigError(f"slo.{key}={cfg.slo[key]} is negative; give a threshold >= 0 or null")
     if cfg.trace is not None:
         from pathlib import Path
 

@@ -17,7 +17,7 @@ from engine.modes import MODES
 from engine.plan import Plan, make_plan
 from engine.models import build_spec
 from engine.models.spec import ModelSpec
-from engine.trace import Trace, read_trace, synthesize
+from engine.trace import Trace, check_matches, read_trace, synthesize
 
 
 @dataclass(frozen=True)
@@ -106,6 +106,7 @@ def prepare(cfg: DictConfig, out_dir: Path) -> Job:
         stat = Path(cfg.trace).stat()
         source: tuple = ("file", str(Path(cfg.trace).resolve()), stat.st_mtime_ns, stat.st_size)
         trace = _memo(("trace", *source), lambda: read_trace(cfg.trace))
+        check_matches(trace, spec.name, spec.num_layers, cfg.workload)
     else:
         source = ("synthesized", *shape)
         trace = _memo(("trace", *source), lambda: synthesize(spec, cfg.workload, cfg.hardware))

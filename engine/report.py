@@ -9,6 +9,8 @@ import json
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from engine.files import write_text_atomic
+
 
 def fmt_bytes(n: int | float | None) -> str:
     if n is None:
@@ -66,5 +68,5 @@ def plan_md(plan: dict) -> str:
 
 def write_report(out_dir: Path, report: dict, markdown: str) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "report.json").write_text(json.dumps(report, indent=2, sort_keys=False) + "\n")
-    (out_dir / "report.md").write_text(markdown + "\n")
+    write_text_atomic(out_dir / "report.json", json.dumps(report, indent=2, sort_keys=False) + "\n")
+    write_text_atomic(out_dir / "report.md", markdown + "\n")

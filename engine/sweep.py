@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import csv
 import json
+import sys
 import math
 import time
 from dataclasses import dataclass, field
@@ -316,6 +317,11 @@ class SweepSummary(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
+        if (sweep_dir / PROGRESS).exists() or any(sweep_dir.glob("*/report.json")):
+            # A second sweep here would overwrite the first's points: refuse it.
+            print(f"error: {sweep_dir} holds an earlier sweep's results; pick another hydra.sweep.dir "
+                  "(the default is unique per run) or move that sweep away", file=sys.__stderr__)
+            sys.exit(2)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         task = list(config.hydra.overrides.task)
         params = config.hydra.sweeper.get("params") or {}

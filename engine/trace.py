@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import zlib
 from dataclasses import asdict, dataclass, fields, is_dataclass
 from datetime import datetime, timezone
 from importlib import metadata
@@ -308,8 +309,8 @@ def _lines(path: Path) -> Iterator[str]:
         raise TraceError(f"{path}: no such trace file") from None
     except UnicodeDecodeError:
         raise TraceError(f"{path}: not UTF-8 text; a trace is JSON lines (.jsonl, or .jsonl.gz)") from None
-    except (EOFError, gzip.BadGzipFile, OSError) as e:
-        raise TraceError(f"{path}: cannot read ({e}); the file is truncated or not gzip") from None
+    except (EOFError, gzip.BadGzipFile, zlib.error, OSError) as e:
+        raise TraceError(f"{path}: cannot read ({e}); the file is truncated or corrupt: record it again") from None
 
 
 def read_trace(path: str | Path) -> Trace:
@@ -331,6 +332,8 @@ def read_trace(path: str | Path) -> Trace:
         records.append(_parse_record(obj, f"line {lineno}"))
     if header is None:
         raise TraceError(f"line 1: {path} is empty, not a trace")
+    if not records:
+        raise TraceError(f"{path}: the trace has a header but no kernel records; record it again with mode=record")
     if len(records) != header["records"]:
         raise TraceError(f"line {lineno + 1 if len(records) < header['records'] else lineno}: "
                          f"header says {header['records']} records, file has {len(records)}; "
@@ -388,3 +391,21 @@ def check_trace(trace: Trace) -> None:
     if backward and backward != len(forward):
         raise TraceError(f"line {len(trace.records) + 1}: backward stops after {backward} of "
                          f"{len(forward)} records; the backward must mirror the whole forward")
+
+
+# The workload fields that change what a step runs: a trace recorded with other
+# values times other kernels.
+WORKLOAD_SHAPE = ("kind", "batch", "video_tokens", "audio_tokens", "text_tokens", "context_tokens", "lora_rank")
+
+
+def check_matches(trace: Trace, model: str, num_layers: int, workload: Mapping[str, Any]) -> None:
+    """A replayed trace must be of the configured model and workload; raises TraceError
+    naming the first field that differs and the fix."""
+    h = trace.header
+    theirs = [("model", h.get("model"), model), ("model.num_layers", h.get("num_layers"), num_layers)]
+    recorded = h.get("workload") or {}
+    theirs += [(f"workload.{k}", recorded.get(k), workload.get(k)) for k in WORKLOAD_SHAPE if k in recorded]
+    for key, was, now in theirs:
+        if was is not None and was != now:
+            raise TraceError(f"the trace was recorded with {key}={was}, the config has {now}; set {key}={was} "
+                             "to replay it, or record this config with mode=record")

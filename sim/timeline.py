@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from engine.files import write_text_atomic
 from sim.simulator import SimResult
 
 TRACKS = ("host", "compute", "h2d", "d2h")
@@ -63,7 +64,7 @@ def write_chrome_trace(result: SimResult, path: str | Path) -> None:
                for t, b in result.device_bytes]
     events += [{"ph": "i", "s": "g", "name": f"step {i} end", "pid": 1, "ts": t / 1e3}
                for i, t in enumerate(result.step_ends_ns)]
-    Path(path).write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}, separators=(",", ":")))
+    write_text_atomic(path, json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}, separators=(",", ":")))
 
 
 def lanes(tracks: dict[str, list[Span]]) -> dict[str, list[tuple[int, int]]]:

@@ -70,7 +70,7 @@ def open_weight_file(cfg: Any, spec: ModelSpec, stack: ExitStack) -> WeightFile:
     TEMP_FILE_MAX_BYTES gets its random weights (seed cfg.seed) in a temporary
     file that lives as long as `stack`."""
     if cfg.weights.file is not None:
-        path = Path(cfg.weights.file)
+        path = Path(cfg.weights.file).expanduser()
     elif spec.model_bytes > TEMP_FILE_MAX_BYTES:
         raise ExecutorError(
             f"weights.file is not set and model {spec.name} is {spec.model_bytes / 1e9:.2f} GB; write its "

@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 from engine.errors import ConfigError
+from engine.files import write_text_new
 from engine.job import Job, Outcome, config_summary
 from engine.report import table
 from engine.trace import Trace, read_trace
@@ -46,8 +47,14 @@ def calibrate_mode(job: Job) -> Outcome:
     else:
         paths, traces = [Path(recorded_trace(job, "calibrate"))], [job.trace]
     profile = fit_profile(traces, job.cfg.hardware, target.stem, [p.name for p in paths])
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(profile_yaml(profile))
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        write_text_new(target, profile_yaml(profile))
+    except FileExistsError:
+        raise ConfigError(f"out={target} already exists; calibrate never overwrites a profile: remove it "
+                          "or pick another name") from None
+    except OSError as e:
+        raise ConfigError(f"cannot write out={target}: {e.strerror or e}; pick a writable path") from None
     if target.parent != job.out_dir:
         shutil.copy(target, job.out_dir / target.name)
     rows = [[f, str(profile[f]), str(job.cfg.hardware[f])] for f in FITTED]

@@ -19,7 +19,6 @@ import json
 import logging
 import shutil
 import statistics
-import sys
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,7 @@ from engine.job import Job, Outcome, plan_report
 from engine.models import forward, make_inputs
 from engine.models.lora import init_lora
 from engine.models.run import DictSource
-from engine.modes.simulate import prediction_md, prediction_report, run_simulation
+from engine.modes.simulate import prediction_md, prediction_report, run_simulation, timeline_files
 from engine.policy import AccessOrder
 from engine.policy.activations import build_activation_policy
 from engine.policy.weights import WeightResidency
@@ -140,12 +139,12 @@ def execute_mode(job: Job) -> Outcome:
         floor = job.plan.floor
         raise BelowFloorError(job.plan.budget_bytes, floor.bytes, tuple(floor.kernels))
     training = cfg.workload.kind == "train_lora"
-    if cfg.weights.backend == "cpu":
-        print(CPU_BACKEND_NOTE, file=sys.stderr)
-    result = run_simulation(job, allow_below_floor=False)
+    # Check first, write last: a refusal (no device, a bad weight file) leaves no timeline behind.
+    result = run_simulation(job, allow_below_floor=False, write_timeline=False)
     pred = result.prediction
     run = run_train_execute if training else run_execute
     meas = run(cfg, job.spec, job.trace, job.out_dir)
+    timeline_files(job, result)
     rows = comparison({**pred, **predicted_counts(result)}, meas, training)
     report = prediction_report(job, pred, result)
     report.update(measurement=meas, comparison=rows)
@@ -153,9 +152,9 @@ def execute_mode(job: Job) -> Outcome:
           + comparison_md(rows, meas) + f"\n\ntelemetry: {job.out_dir / 'telemetry.jsonl'}")
     wrong = [k for k in ("outputs_match_reference", "loss_match_reference", "grads_match_reference")
              if meas.get(k) is False]
-    for k in wrong:
-        print(f"execute: {k.split('_')[0]} differ from the all-resident run", file=sys.stderr)
-    return Outcome(report, md, exit_code=1 if wrong else 0)
+    notes = ((CPU_BACKEND_NOTE,) if cfg.weights.backend == "cpu" else ()) + tuple(
+        f"execute: {k.split('_')[0]} differ from the all-resident run" for k in wrong)
+    return Outcome(report, md, exit_code=1 if wrong else 0, notes=notes)
 
 
 def _materialize_target(out: str | None, model_bytes: int) -> Path:

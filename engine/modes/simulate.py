@@ -3,14 +3,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.errors import ConfigError
 from engine.job import Job, Outcome, plan_report
 from engine.report import fmt_bytes, plan_md, table
 
 
-def run_simulation(job: Job, allow_below_floor: bool) -> Any:
-    """The simulator's run of the job (a SimResult); writes the timeline unless a sweep runs."""
+def run_simulation(job: Job, allow_below_floor: bool, write_timeline: bool = True) -> Any:
+    """The simulator's run of the job (a SimResult); writes the timeline unless a sweep
+    runs (or `write_timeline` is false: see `timeline_files`)."""
     from sim import simulate
-    from sim.timeline import plot_timeline, write_chrome_trace
 
     cfg = job.cfg
     if job.simulated is not None and job.simulated[0] == allow_below_floor:
@@ -19,16 +20,28 @@ def run_simulation(job: Job, allow_below_floor: bool) -> Any:
         result = simulate(job.trace, cfg.weights, cfg.activations, cfg.hardware,
                           budget_bytes=job.plan.budget_bytes, steps=cfg.workload.steps,
                           allow_below_floor=allow_below_floor)
-    timeline = cfg.sim.timeline
+    if write_timeline:
+        timeline_files(job, result)
+    return result
+
+
+def timeline_files(job: Job, result: Any) -> None:
+    """timeline.json and timeline.png of `result`, unless sim.timeline says no (by default: in a sweep)."""
+    from sim.timeline import plot_timeline, write_chrome_trace
+
+    timeline = job.cfg.sim.timeline
     if timeline is None:
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
 
         timeline = HydraConfig.get().mode != RunMode.MULTIRUN
     if timeline:
-        write_chrome_trace(result, job.out_dir / "timeline.json")
-        plot_timeline(result, job.out_dir / "timeline.png")
-    return result
+        try:
+            write_chrome_trace(result, job.out_dir / "timeline.json")
+            plot_timeline(result, job.out_dir / "timeline.png")
+        except OSError as e:
+            raise ConfigError(f"cannot write the timeline in {job.out_dir}: {e.strerror or e}; free space or "
+                              "pick a writable hydra.run.dir (sim.timeline=false skips it)") from None
 
 
 def prediction_md(pred: dict, job: Job) -> str:

@@ -64,6 +64,7 @@ def _widest_window(order: AccessOrder, length: int) -> tuple[int, int]:
     read each weight, so the cost is the reads, not the reads x length.
     """
     n, sizes = len(order), order.sizes
+    length = min(length, n)  # a longer cyclic window holds every kernel already
     sets = [frozenset(r) for r in order.reads]
     readers: dict[str, int] = {}  # weight -> kernels in the window that read it
     held = 0  # bytes of the window's union
