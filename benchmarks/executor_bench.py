@@ -40,7 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.errors import ExecutorError  # noqa: E402
 from engine.executor import WeightExecutor  # noqa: E402
 from engine.executor.cuda import CudaBackend, pool_slack_bytes  # noqa: E402
-from engine.executor.setup import compute_device, device_name, forward_order, shared_host_weights  # noqa: E402
+from engine.executor.setup import (bitwise_equal, compute_device, device_name, forward_order,  # noqa: E402
+                                   shared_host_weights)
 from engine.models import build_spec, forward, load_model_config, make_inputs  # noqa: E402
 from engine.models.run import DictSource  # noqa: E402
 from engine.policy import AccessOrder, Decision  # noqa: E402
@@ -153,7 +154,7 @@ def run_executor(spec, order, host, inputs, reference, budget, eviction, lookahe
         return {"budget_bytes": budget, "eviction": eviction, "replayed": replay is not None,
                 "refused": str(err)[:400]}
     rows = ex.telemetry()
-    bitwise = all(torch.equal(outs[k], reference[k]) for k in reference)
+    bitwise = all(bitwise_equal(outs[k], reference[k]) for k in reference)
     cap, reserved = ex.backend.cap_bytes, ex.backend.reserved_peak_bytes()
     ex.close()
     steady = rows[1:]
@@ -277,7 +278,7 @@ def main() -> None:
 
     result["resident_ms"], times = median_ms(resident, 2, 5)
     reference = outs[0]
-    result["resident_repeatable"] = all(torch.equal(o[k], reference[k]) for o in outs for k in reference)
+    result["resident_repeatable"] = all(bitwise_equal(o[k], reference[k]) for o in outs for k in reference)
     result["resident_ms_all"] = [round(x, 2) for x in times]
     del weights, outs
     torch.cuda.empty_cache()

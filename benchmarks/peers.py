@@ -57,7 +57,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from engine.executor import WeightExecutor  # noqa: E402
-from engine.executor.setup import compute_device, forward_order, shared_host_weights  # noqa: E402
+from engine.executor.setup import bitwise_equal, compute_device, forward_order, shared_host_weights  # noqa: E402
 from engine.models import build_spec, forward, load_model_config, make_inputs  # noqa: E402
 from engine.models.run import DictSource  # noqa: E402
 from engine.models.seeded import random_weights  # noqa: E402
@@ -135,7 +135,7 @@ class Timer:
 def errors(out: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> dict[str, Any]:
     abs_err = max((out[k].float() - ref[k].float()).abs().max().item() for k in ref)
     scale = max(ref[k].float().abs().max().item() for k in ref)
-    return {"bitwise": all(torch.equal(out[k], ref[k]) for k in ref), "max_abs_err": abs_err,
+    return {"bitwise": all(bitwise_equal(out[k], ref[k]) for k in ref), "max_abs_err": abs_err,
             "max_rel_err": abs_err / scale if scale else abs_err,
             "nonfinite": any(not torch.isfinite(out[k]).all().item() for k in ref)}
 

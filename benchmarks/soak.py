@@ -41,7 +41,7 @@ from executor_bench import WORKLOAD, ltx_spec  # noqa: E402
 
 from engine.errors import ExecutorError  # noqa: E402
 from engine.executor import WeightExecutor  # noqa: E402
-from engine.executor.setup import forward_order, streamed_executor  # noqa: E402
+from engine.executor.setup import bitwise_equal, forward_order, streamed_executor  # noqa: E402
 from engine.models import forward, make_inputs  # noqa: E402
 from engine.models.run import DictSource  # noqa: E402
 from engine.units import MB  # noqa: E402
@@ -103,7 +103,7 @@ def phase(name: str, spec, order, wf: WeightFile, inputs: dict, reference: dict 
                     break
                 if step in marks:
                     if reference is not None:
-                        bitwise = bitwise and all(torch.equal(out[k], reference[k]) for k in reference)
+                        bitwise = bitwise and all(bitwise_equal(out[k], reference[k]) for k in reference)
                     rows.append(sample(step, ex))
                     print(f"[{time.strftime('%H:%M:%S')}] {name}: step {step}", flush=True)
                 del out

@@ -16,9 +16,12 @@ import json
 import math
 import mmap
 import os
+import signal
 import struct
+import threading
 import warnings
 from collections import deque
+from contextlib import contextmanager
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
@@ -130,8 +133,13 @@ def materialize(spec: ModelSpec, path: str | Path, seed: int = 0,
     partial = path.with_name(path.name + ".partial")
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        with open(partial, "wb") as f, tqdm(total=spec.model_bytes, unit="B", unit_scale=True,
-                                             desc=f"materialize {spec.name}") as bar:
+        f = open(partial, "xb")  # exclusive: a second writer of the same file is refused
+    except FileExistsError:
+        raise WeightFileError(f"{partial} exists: another materialize is writing {path} (or one was killed); "
+                              "wait for it, or delete the .partial file") from None
+    try:
+        with f, _terminate_raises(), tqdm(total=spec.model_bytes, unit="B", unit_scale=True,
+                                          desc=f"materialize {spec.name}") as bar:
             f.write(_header_bytes(spec, names, metadata))
             if device.type == "cuda":
                 for index, name in enumerate(names):
@@ -144,10 +152,32 @@ def materialize(spec: ModelSpec, path: str | Path, seed: int = 0,
                     for data in _cpu_chunks(spec, names, seed, pool, window=2 * workers):
                         f.write(data)
                         bar.update(len(data))
-        os.replace(partial, path)
+        try:
+            os.link(partial, path)  # published whole, and never over an existing file
+        except FileExistsError:
+            raise WeightFileError(f"{path} appeared while materializing (another writer); "
+                                  "this run's weights were not published") from None
     finally:
         partial.unlink(missing_ok=True)
     return path
+
+
+@contextmanager
+def _terminate_raises() -> Iterator[None]:
+    """SIGTERM ends the block with SystemExit (as SIGINT does with KeyboardInterrupt),
+    so the caller's cleanup runs; a no-op outside the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class WeightFile:
@@ -183,6 +213,18 @@ class WeightFile:
     @property
     def closed(self) -> bool:
         return self._map is None
+
+    def check_intact(self) -> None:
+        """Raise WeightFileError if the file shrank since it was opened: reading the
+        mapping past the new end would kill the process (SIGBUS)."""
+        try:
+            now = self.path.stat().st_size
+        except OSError as err:
+            raise WeightFileError(f"weight file {self.path} went away while in use ({err.strerror or err}); "
+                                  "put it back or write it again with mode=materialize") from None
+        if now < self.file_bytes:
+            raise WeightFileError(f"weight file {self.path} was truncated while in use ({now:,} of "
+                                  f"{self.file_bytes:,} bytes); write it again with mode=materialize")
 
     def base_address(self) -> int:
         """Address of the mapping's first byte (page-aligned: mmap maps whole pages)."""

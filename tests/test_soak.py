@@ -10,10 +10,12 @@ Decision logs and per-step telemetry are kept for the last `keep_steps` steps
 (KEEP_STEPS by default): a long run holds a bounded window of them, so nothing
 is trimmed by hand here and the window's size is asserted.
 
-RSS bound. Host RSS may grow by at most 4 MB from step SETTLED (allocators
-have settled and the log window is full: measured +0.6 MB from step 10 to 100,
-then flat to 1000, when logs were trimmed by hand) to the last step. Leaking one 4 KB block a step would add 4 MB over 990 steps; smaller
-leaks of Python objects are caught exactly by the object count, and leaks of
+RSS bound. Host RSS is sampled from step SETTLED on (allocators have settled
+and the log window is full). It may end at most 4 MB above the lowest sample of
+the first half of the run, plus that half's own spread: the allocator's noise
+moves RSS by a few MB at random, so the margin is measured from the run itself,
+while a leak grows steadily (one 4 KB block a step adds 4 MB over 990 steps).
+Leaks of Python objects are caught exactly by the object count, and leaks of
 pool blocks by the pool's books.
 """
 from __future__ import annotations
@@ -28,6 +30,7 @@ from engine.executor import WeightExecutor, host_weights
 from engine.executor.model_hooks import KernelTracking
 from engine.executor.offloader import ActivationOffloader
 from engine.executor.cpu import CpuBackend
+from engine.executor.setup import bitwise_equal
 from engine.models import forward, load_spec, make_inputs
 from engine.models.lora import init_lora
 from engine.models.run import DictSource
@@ -56,6 +59,14 @@ def sample() -> tuple[int, int]:
     return rss_bytes(), len(gc.get_objects())
 
 
+def assert_rss_flat(rss: list[int]) -> None:
+    """`rss` sampled through the run from SETTLED on (module docstring)."""
+    first = rss[:max(2, len(rss) // 2)]
+    allowed = RSS_BOUND + max(first) - min(first)
+    assert rss[-1] - min(first) <= allowed, f"RSS grew {(rss[-1] - min(first)) / 1e6:.1f} MB, " \
+        f"allowed {allowed / 1e6:.1f} MB"
+
+
 def test_1000_weight_streaming_steps_grow_nothing(tmp_path):
     spec = load_spec("tiny", INFER)
     path = materialize(spec, tmp_path / "tiny.ptd", seed=1, device="cpu")
@@ -69,13 +80,13 @@ def test_1000_weight_streaming_steps_grow_nothing(tmp_path):
     backend = CpuBackend(budget)
     host = host_weights(wf, "mmap_registered", backend)
     ex = WeightExecutor(order, host.tensors, budget_bytes=budget, eviction="belady", lookahead=2, backend=backend)
-    books = set()
+    books, rss = set(), []
     with torch.no_grad():
         for step in range(1000):
             with ex.step():
                 if step % 50 == 0:  # the model's forward, compared bitwise
                     out = forward(spec, ex, inputs)
-                    assert all(torch.equal(out[k], reference[k]) for k in reference), step
+                    assert all(bitwise_equal(out[k], reference[k]) for k in reference), step
                     del out
                 else:  # every kernel's fetch: every decision carried out, every copy made
                     for i in range(len(order)):
@@ -87,12 +98,15 @@ def test_1000_weight_streaming_steps_grow_nothing(tmp_path):
             assert len(ex.steps) <= KEEP_STEPS and {d.step for d in ex.log} <= window
             if step + 1 == SETTLED:
                 settled = sample()
+            if step + 1 >= SETTLED and (step + 1 - SETTLED) % 50 == 0:
+                rss.append(rss_bytes())
     end = sample()
+    rss.append(end[0])
     assert len(books) == 1, books  # the same pool bytes, blocks, reserve and ranges after every step
     (used, blocks, reserved, ranges), = books
     assert 0 < used <= budget and reserved <= budget and len(ranges) == 1
     assert end[1] - settled[1] <= OBJECTS_BOUND, f"{end[1] - settled[1]} more Python objects"
-    assert end[0] - settled[0] <= RSS_BOUND, f"RSS grew {(end[0] - settled[0]) / 1e6:.1f} MB"
+    assert_rss_flat(rss)
     ex.close()
     host.close()
     assert backend.registered == {} and backend.live_blocks() == 0
@@ -113,7 +127,7 @@ def test_training_steps_with_activation_spill_grow_nothing():
     act = _act_cfg()
     off = ActivationOffloader(build_activation_policy(act, spec.num_layers), act, "cpu")
     slabs = list(act.pool.slabs_per_class)
-    losses, counts = set(), set()
+    losses, counts, rss = set(), set(), []
     for step in range(steps):
         with off.step():
             out = forward(spec, KernelTracking(DictSource(spec, weights), spec, off), inputs, lora)
@@ -131,8 +145,11 @@ def test_training_steps_with_activation_spill_grow_nothing():
         assert len({d.step for d in off.log}) <= KEEP_STEPS
         if step + 1 == SETTLED:
             settled = sample()
+        if step + 1 >= SETTLED:
+            rss.append(rss_bytes())
     end = sample()
+    rss.append(end[0])
     assert len(losses) == 1 and len(counts) == 1
     assert end[1] - settled[1] <= OBJECTS_BOUND, f"{end[1] - settled[1]} more objects"
-    assert end[0] - settled[0] <= RSS_BOUND, f"RSS grew {(end[0] - settled[0]) / 1e6:.1f} MB"
+    assert_rss_flat(rss)
     off.close()

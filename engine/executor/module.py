@@ -20,6 +20,8 @@ stale memory.
 """
 from __future__ import annotations
 
+import math
+import warnings
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -27,13 +29,15 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from engine.errors import ExecutorError
+from engine.errors import ConfigError, ExecutorError
 from engine.executor.runtime import WeightExecutor
 from engine.executor.setup import compute_device
 from engine.executor.sources import pack
 from engine.policy import AccessOrder
-from engine.units import MB
+from engine.policy.weights import EVICTIONS, fewest_bytes_eviction
+from engine.units import MB, budget_bytes
 
+_OFFLOADED = "_offload_engine_handle"  # set in an offloaded module's __dict__
 NO_CUDA = "no CUDA device; use backend='cpu' to exercise the executor on the CPU"
 
 
@@ -63,6 +67,9 @@ class OffloadHandle:
         self.executor = executor
         self.order = order
         self.resident_params = resident_params
+        self.eviction = executor.policy.eviction
+        # eviction="auto": each policy's bytes copied a step for the recorded order (the fewest was chosen)
+        self.eviction_bytes: dict[str, int] | None = None
         self._restore = restore
         self._hooks = hooks
 
@@ -75,6 +82,7 @@ class OffloadHandle:
             h.remove()
         self._hooks.clear()
         self.module.__dict__.pop("forward", None)
+        self.module.__dict__.pop(_OFFLOADED, None)
         self.executor.close()
         self._restore.restore()
 
@@ -113,14 +121,29 @@ def offload(module: nn.Module, *, budget_mb: float | None, example_inputs: Any,
             eviction: str = "priority", lookahead: int = 2, backend: str = "cuda") -> OffloadHandle:
     """Stream `module`'s parameters through a pool capped at `budget_mb` (None: all resident).
 
-    `example_inputs` (a tuple of positional arguments, or a dict of keyword
-    arguments) drive the recording forward; later forwards must run the same
+    `example_inputs` (a tuple of positional arguments, a dict of keyword
+    arguments, or one tensor as the only argument) drive the recording forward; later forwards must run the same
     leaves in the same order (else ExecutorError: schedule divergence). Forwards
     run under torch.no_grad() (inference). A budget under the floor raises
     BelowFloorError with the exact minimum in MB; the module is left untouched.
+    `eviction="auto"` picks the policy that copies the fewest bytes a step for the
+    recorded order (`handle.eviction`, `handle.eviction_bytes`).
     """
+    if _OFFLOADED in module.__dict__:
+        raise ExecutorError(f"this {type(module).__name__} is already offloaded; call remove() on its handle "
+                            "before offloading it again")
+    if budget_mb is not None and (isinstance(budget_mb, bool) or not isinstance(budget_mb, (int, float))
+                                  or not math.isfinite(budget_mb) or budget_mb < 0):
+        raise ConfigError(f"budget_mb={budget_mb!r}: give MB of GPU memory as a finite number >= 0, or None")
+    if eviction not in (*EVICTIONS, "auto"):
+        raise ConfigError(f"eviction={eviction!r} is not one of {', '.join(EVICTIONS)}, auto; pick one of those")
     device = compute_device(backend, no_cuda=NO_CUDA)
-    args, kwargs = (tuple(example_inputs), {}) if not isinstance(example_inputs, dict) else ((), example_inputs)
+    if isinstance(example_inputs, dict):
+        args, kwargs = (), example_inputs
+    elif isinstance(example_inputs, torch.Tensor):
+        args, kwargs = (example_inputs,), {}  # one tensor is one argument, never its rows
+    else:
+        args, kwargs = tuple(example_inputs), {}
     restore = _Restore(module)
     try:
         return _offload(module, device, args, kwargs, budget_mb, eviction, lookahead, backend, restore)
@@ -160,12 +183,23 @@ def _offload(module: nn.Module, device: torch.device, args: tuple, kwargs: dict,
             leaf.params.pop(names[id(p)], None)
     ran = [leaf for leaf in leaves if leaf.name in set(order.kernels)]
 
-    executor = WeightExecutor(order, {w: host[w] for w in order.sizes},
-                              budget_bytes=None if budget_mb is None else int(round(budget_mb * MB)),
+    budget = budget_bytes(budget_mb)
+    copied = None
+    if eviction == "auto":
+        eviction, copied = fewest_bytes_eviction(order, budget, lookahead)
+    executor = WeightExecutor(order, {w: host[w] for w in order.sizes}, budget_bytes=budget,
                               eviction=eviction, lookahead=lookahead, backend=backend)
     hooks = _install(module, executor, ran, [leaf for leaf in leaves if leaf not in ran], placeholders)
     resident = [names[id(p)] for p in kept] + [names[id(p)] for p in outside]
-    return OffloadHandle(module, executor, order, restore, hooks, resident)
+    resident_bytes = sum(p.numel() * p.element_size() for p in [*kept, *outside])
+    if resident_bytes:
+        warnings.warn(f"offload keeps {len(resident)} parameters ({resident_bytes / MB:.1f} MB) resident outside "
+                      "the budget: read by modules with children or outside their own module "
+                      "(handle.resident_params lists them)", stacklevel=3)
+    module.__dict__[_OFFLOADED] = True
+    handle = OffloadHandle(module, executor, order, restore, hooks, resident)
+    handle.eviction_bytes = copied
+    return handle
 
 
 def _leaves(module: nn.Module, names: dict[int, str]) -> tuple[list[_Leaf], list[nn.Parameter]]:
@@ -307,11 +341,12 @@ def _install(module: nn.Module, executor: WeightExecutor, ran: list[_Leaf], idle
                 p.data = placeholders[id(p)]
 
         hooks.append(leaf.module.register_forward_pre_hook(pre))
+        hooks.append(leaf.module.register_forward_pre_hook(_inside(executor, leaf.name, module), prepend=True))
         hooks.append(leaf.module.register_forward_hook(post))
     for leaf in idle:
         def never(m, inputs, leaf=leaf):
             raise ExecutorError(f"schedule divergence: {leaf.name} ran but did not run in the recording "
-                                "forward; offload() again with inputs that take this path")
+                                "forward; handle.remove(), then offload() again with inputs that take this path")
         hooks.append(leaf.module.register_forward_pre_hook(never))
 
     inner = module.forward
@@ -325,3 +360,12 @@ def _install(module: nn.Module, executor: WeightExecutor, ran: list[_Leaf], idle
 
     module.forward = forward
     return hooks
+
+
+def _inside(executor: WeightExecutor, name: str, root: nn.Module) -> Any:
+    """A pre-hook refusing a leaf called on its own, outside the offloaded module's forward."""
+    def hook(m: nn.Module, inputs: Any) -> None:
+        if not executor.in_step:
+            raise ExecutorError(f"{name} was called on its own; its weights stream only inside a forward of the "
+                                f"offloaded {type(root).__name__}: call that module, or handle.remove() first")
+    return hook

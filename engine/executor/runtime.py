@@ -157,6 +157,11 @@ class WeightExecutor:
 
     # -- steps ---------------------------------------------------------------------
 
+    @property
+    def in_step(self) -> bool:
+        """Whether a step (a forward) is running on this executor."""
+        return self._lock.locked()
+
     @contextmanager
     def step(self) -> Iterator[StepStats]:
         """One forward: every kernel fetched once, in order. Records the step's telemetry."""
@@ -357,7 +362,7 @@ class WeightExecutor:
         p = self._next
         message = (f"schedule divergence at kernel position {p}: expected {self.order.kernels[p]}, {got}; "
                    "the forward no longer follows the recorded access order: record it again "
-                   "(offload() again, or a trace of this model and workload)")
+                   "(handle.remove(), then offload() again; or a trace of this model and workload)")
         self._broken = message
         raise ExecutorError(message)
 

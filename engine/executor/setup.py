@@ -144,3 +144,11 @@ def weight_counts(last: dict, prefix: str = "") -> dict:
             "weight_hits": last[f"{prefix}hits"],  # reads that found the weight resident
             "weight_misses": last[f"{prefix}fetches"],  # reads that had to fetch on demand
             "evictions": last[f"{prefix}evictions"]}
+
+
+def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same dtype, shape and bits (NaN equals the same NaN; +0.0 and -0.0 differ)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    return torch.equal(a.detach().contiguous().reshape(-1).view(torch.uint8),
+                       b.detach().contiguous().reshape(-1).view(torch.uint8))

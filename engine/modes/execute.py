@@ -27,8 +27,8 @@ import torch
 
 from engine.errors import BelowFloorError, ConfigError, ExecutorError
 from engine.executor.offloader import ActivationOffloader
-from engine.executor.setup import (compute_device, fits_resident, open_weight_file, run_settings, step_times,
-                                   streamed_executor, weight_counts)
+from engine.executor.setup import (bitwise_equal, compute_device, fits_resident, open_weight_file, run_settings,
+                                   step_times, streamed_executor, weight_counts)
 from engine.executor.training import (AsManaged, StreamedWeights, check_train_order, deterministic, max_abs_diff,
                                       reference_steps, telemetry_row, train_step)
 from engine.job import Job, Outcome, plan_report
@@ -258,11 +258,12 @@ def run_execute(cfg: Any, spec: ModelSpec, trace: Any, out_dir: str | Path) -> d
         outputs = []
         with torch.no_grad():
             for _ in range(cfg.workload.steps):
+                wf.check_intact()
                 with executor.step():
                     outputs.append(forward(spec, executor, inputs))
         telemetry = executor.telemetry()  # waits for the last step
         match = None if reference is None else all(
-            torch.equal(out[k], reference[k]) for out in outputs for k in reference)
+            bitwise_equal(out[k], reference[k]) for out in outputs for k in reference)
         pool_cap = executor.backend.cap_bytes
         reserved_peak = executor.backend.reserved_peak_bytes()
     _write_telemetry(out_dir, telemetry)
@@ -326,6 +327,7 @@ def run_train_execute(cfg: Any, spec: ModelSpec, trace: Any, out_dir: str | Path
             stack.callback(offloader.close)
         results, peaks = [], []
         for _ in range(steps):
+            wf.check_intact()
             results.append(train_step(spec, executor, streamed, offloader, inputs, lora, device))
             peaks.append(torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None)
         weight_rows = executor.telemetry()  # waits for the last step
@@ -336,7 +338,7 @@ def run_train_execute(cfg: Any, spec: ModelSpec, trace: Any, out_dir: str | Path
     if reference is not None:
         # Within twice the spread: the offloaded run and the reference are two draws of
         # the same non-determinism, one pair of which measured the spread.
-        ok = (lambda a, b: torch.equal(a, b)) if not spread else \
+        ok = bitwise_equal if not spread else \
             (lambda a, b: (a.float() - b.float()).abs().max().item() <= 2 * spread)
         losses = all(ok(loss, ref_loss) for (loss, _), (ref_loss, _) in zip(results, reference))
         grads = all(ok(g[k], ref_g[k]) for (_, g), (_, ref_g) in zip(results, reference) for k in ref_g)
