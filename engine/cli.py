@@ -171,6 +171,15 @@ def main() -> None:
     sys.stderr = _stderr
     try:
         _app()
+    except KeyboardInterrupt:
+        from engine import sweep
+
+        if sweep.RUNNING is None:
+            raise
+        _stderr.release()
+        print("interrupted: summarizing the points that finished", file=_stderr.real)
+        sweep.summarize(sweep.RUNNING, interrupted=True)
+        raise SystemExit(130) from None
     except SystemExit as stop:
         held = _stderr.held.getvalue()
         # A crash inside a job keeps its traceback: that is a bug to report,

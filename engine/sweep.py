@@ -312,6 +312,27 @@ def _short(override: str) -> str:
     return f"{key.replace('/', '.').rsplit('.', 1)[-1]}={value}"
 
 
+# The config of the sweep running in this process, so an interrupted one can still be summarized.
+RUNNING: DictConfig | None = None
+
+
+def summarize(config: DictConfig, interrupted: bool = False) -> int:
+    """Write the sweep's summary from the points that finished, print its answer; the exit code."""
+    sweep_dir = Path(config.hydra.sweep.dir)
+    rows = collect(sweep_dir)
+    search_file = sweep_dir / SEARCH
+    search = json.loads(search_file.read_text()) if search_file.is_file() else None
+    result = answer(rows, search, slo_text(config.slo))
+    write_summary(sweep_dir, rows, result, config.slo.max_step_ms)
+    for line in result.lines:
+        print(line, flush=True)
+    print(f"summary: {sweep_dir / 'summary.md'} ({len(rows)} point{'s' if len(rows) != 1 else ''}"
+          f"{', interrupted: the points that finished' if interrupted else ''})", flush=True)
+    if interrupted:
+        (sweep_dir / PROGRESS).unlink(missing_ok=True)
+    return result.exit_code
+
+
 class SweepSummary(Callback):
     """Hydra callback: one line per finished point, the summary and its answer at the end."""
 
@@ -323,6 +344,8 @@ class SweepSummary(Callback):
                   "(the default is unique per run) or move that sweep away", file=sys.__stderr__)
             sys.exit(2)
         sweep_dir.mkdir(parents=True, exist_ok=True)
+        global RUNNING
+        RUNNING = config
         task = list(config.hydra.overrides.task)
         params = config.hydra.sweeper.get("params") or {}
         total = config.hydra.sweeper.get("n_trials") or sweep_size(task + [f"{k}={v}" for k, v in params.items()])
@@ -354,14 +377,8 @@ class SweepSummary(Callback):
               flush=True)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        sweep_dir = Path(config.hydra.sweep.dir)
-        rows = collect(sweep_dir)
-        search_file = sweep_dir / SEARCH
-        search = json.loads(search_file.read_text()) if search_file.is_file() else None
-        result = answer(rows, search, slo_text(config.slo))
-        write_summary(sweep_dir, rows, result, config.slo.max_step_ms)
-        for line in result.lines:
-            print(line, flush=True)
-        print(f"summary: {sweep_dir / 'summary.md'} ({len(rows)} point{'s' if len(rows) != 1 else ''})", flush=True)
-        if result.exit_code:
-            raise SystemExit(result.exit_code)
+        global RUNNING
+        RUNNING = None
+        code = summarize(config)
+        if code:
+            raise SystemExit(code)

@@ -7,12 +7,14 @@ import gzip
 import json
 import subprocess
 import sys
+import signal
 import time
 from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
+from engine.sweep import PROGRESS
 from test_bad_input_corpus import _assert_refused, _tiny_trace_lines, _write_lines
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -135,3 +137,19 @@ def test_calibrate_never_overwrites_a_profile(run_cli, tmp_path):
     r = run_cli(*LTX8, f"trace={DATA / 'ltx2_infer.jsonl.gz'}", "mode=calibrate", f"out={target}")
     _assert_refused(r, tmp_path / "run", "already exists")
     assert target.read_text() == "keep me\n"
+
+
+def test_an_interrupted_sweep_summarizes_what_finished(tmp_path):
+    budgets = ",".join(str(b) for b in range(40, 240, 4))
+    p = subprocess.Popen([sys.executable, "-m", "engine", "-m", f"hydra.sweep.dir={tmp_path}/multirun",
+                          "+model=tiny", f"budget={budgets}"], cwd=ROOT,
+                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while len(list((tmp_path / "multirun").glob("*/report.json"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 130, (out[-800:], err[-800:])
+    assert "interrupted" in out and "Traceback" not in err
+    assert (tmp_path / "multirun" / "summary.md").exists()
+    assert not (tmp_path / "multirun" / PROGRESS).exists()
