@@ -1,4 +1,4 @@
-"""offload-engine: simulate, then run, GPU memory offloading (DESIGN.md).
+"""offload-engine: simulate, then run, GPU memory offloading (docs/DESIGN.md).
 
 `engine.offload(module, budget_mb=..., example_inputs=...)` streams any
 torch.nn.Module's weights through a capped pool; it is imported on first use,

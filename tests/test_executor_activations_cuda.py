@@ -1,6 +1,6 @@
 """Activation spill on a real GPU: bitwise LoRA gradients, peak memory, pinned slabs, checksums.
 
-Bitwise comparisons run with deterministic kernels on both sides (DESIGN.md,
+Bitwise comparisons run with deterministic kernels on both sides (docs/DESIGN.md,
 "Comparing outputs on the GPU"); the reference's own run-to-run spread is
 checked first. Run with CUBLAS_WORKSPACE_CONFIG=:4096:8 in the environment
 (set here too, for a process whose cuBLAS is not yet initialized).

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-# Bitwise LoRA gradients on a GPU need deterministic cuBLAS (DESIGN.md); set
+# Bitwise LoRA gradients on a GPU need deterministic cuBLAS (docs/DESIGN.md); set
 # before cuBLAS starts in this process.
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 

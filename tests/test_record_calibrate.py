@@ -135,7 +135,7 @@ def test_report_from_shipped_measurements_on_cpu() -> None:
     meas = read_measurements(measurements_path(trace_path))
     rep = report(trace, meas, load_hardware("h100_pcie5"))
     assert len(rep["rows"]) == 12 and rep["held_out"]["configs"] == 6
-    # What the shipped H100 measurements give with the DESIGN.md profile (README, data/README.md).
+    # What the shipped H100 measurements give with the hardware-h100-2026-11-22 profile (benchmarks/results/validation-h100-2026-11-23.md).
     assert rep["held_out"]["step_ms"]["mean"] < 0.03 and rep["ranking_preserved"]
     assert rep["held_out"]["step_ms"]["max"] < 0.06  # issue 6's targets, with the measured slowdown
     assert rep["held_out"]["peak_device_bytes"]["max"] < 0.03

@@ -14,7 +14,7 @@ from engine.models.spec import SavedTensor
 from engine.trace import KernelRecord, Trace
 from sim import simulate
 
-# The lent H100's measured numbers (DESIGN.md), pinned here so tests do not move with conf/.
+# The lent H100's measured numbers (benchmarks/results/hardware-h100-2026-11-22.md), pinned here so tests do not move with conf/.
 H100 = HardwareConfig(
     name="h100", source="DESIGN.md", device_memory_mb=81559, h2d_gbps=54.4, d2h_gbps=54.2,
     duplex_gbps=87.6, pageable_gbps=7.1, mmap_gbps=7.3, mmap_registered_gbps=55.0,

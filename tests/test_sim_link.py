@@ -9,7 +9,7 @@ from engine.errors import ConfigError
 from sim.link import D2H, H2D, MIB, PcieLink, SmallCopyEfficiency, source_gbps
 from sim.pool import DevicePool
 
-# The lent H100's measured link (DESIGN.md).
+# The lent H100's measured link (benchmarks/results/hardware-h100-2026-11-22.md).
 H100 = HardwareConfig(
     name="h100", source="DESIGN.md", device_memory_mb=81559, h2d_gbps=54.4, d2h_gbps=54.2,
     duplex_gbps=87.6, pageable_gbps=7.1, mmap_gbps=7.3, mmap_registered_gbps=55.0,
