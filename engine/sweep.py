@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import csv
 import json
-import sys
 import math
+import signal
+import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -314,6 +316,15 @@ def _short(override: str) -> str:
 
 # The config of the sweep running in this process, so an interrupted one can still be summarized.
 RUNNING: DictConfig | None = None
+# Set by the first Ctrl-C of a sweep: the point that runs finishes, then the sweep is summarized.
+STOP = threading.Event()
+
+
+def _stop_after_point(signum: int, frame: object) -> None:
+    STOP.set()
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C stops at once
+    print("interrupted: finishing the point that runs, then summarizing (Ctrl-C again to stop now)",
+          file=sys.__stderr__, flush=True)
 
 
 def summarize(config: DictConfig, interrupted: bool = False) -> int:
@@ -346,6 +357,9 @@ class SweepSummary(Callback):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         global RUNNING
         RUNNING = config
+        if threading.current_thread() is threading.main_thread():
+            STOP.clear()
+            signal.signal(signal.SIGINT, _stop_after_point)
         task = list(config.hydra.overrides.task)
         params = config.hydra.sweeper.get("params") or {}
         total = config.hydra.sweeper.get("n_trials") or sweep_size(task + [f"{k}={v}" for k, v in params.items()])
@@ -375,10 +389,15 @@ class SweepSummary(Callback):
         row = point_row(Path(HydraConfig.get().runtime.output_dir))
         print(point_line(row, done, json.loads(progress.read_text()), list(config.hydra.overrides.task), crashed),
               flush=True)
+        if STOP.is_set() and RUNNING is not None:
+            summarize(RUNNING, interrupted=True)
+            raise SystemExit(130)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         global RUNNING
         RUNNING = None
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         code = summarize(config)
         if code:
             raise SystemExit(code)
