@@ -6,12 +6,12 @@ so the CLI's planning and simulation modes never import torch.
 """
 from typing import Any
 
-__all__ = ["offload"]
+__all__ = ["offload", "record"]
 
 
 def __getattr__(name: str) -> Any:
-    if name == "offload":
-        from engine.executor.module import offload
+    if name in __all__:
+        from engine.modules import offload as api
 
-        return offload
+        return getattr(api, name)
     raise AttributeError(f"module 'engine' has no attribute {name!r}")

@@ -1,6 +1,6 @@
 """mode=calibrate: a hardware profile fitted to recorded traces.
 
-Every field comes from what `engine.record` measured (header "probes" of
+Every field comes from what mode=record measured (header "probes" of
 each trace; with several traces, the median over them):
 
     h2d_gbps, d2h_gbps      pinned copies of the largest probe size, each way alone

@@ -9,6 +9,7 @@ express (low watermark above high, overlapping size classes) live in
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Optional
 
@@ -258,3 +259,29 @@ def check_config(cfg: Any) -> None:
     if act.mode == "sync" and act.sync_dict is None and act.num_offload_layers <= 0:
         raise ConfigError(
             "activations=sync needs activations.num_offload_layers > 0 or an activations.sync_dict")
+
+
+def load_hardware(name_or_path: str | Any) -> DictConfig:
+    """A hardware profile outside Hydra: conf/hardware/NAME.yaml (or a yaml path, or a
+    mapping of the fields), typed and checked."""
+    from importlib.resources import files
+
+    if isinstance(name_or_path, str):
+        path = Path(name_or_path)
+        if not path.suffix:
+            path = Path(str(files("conf").joinpath("hardware", f"{name_or_path}.yaml")))
+        if not path.is_file():
+            names = sorted(p.name[:-5] for p in files("conf").joinpath("hardware").iterdir()
+                           if p.name.endswith(".yaml"))
+            raise ConfigError(f"hardware={name_or_path!r}: no such profile; use one of {', '.join(names)} "
+                              "or a yaml path")
+        node = OmegaConf.load(path)
+    else:
+        node = OmegaConf.create(dict(name_or_path))
+    node = OmegaConf.masked_copy(node, [k for k in node.keys() if k != "defaults"])
+    try:
+        hw = OmegaConf.merge(OmegaConf.structured(HardwareConfig), node)
+    except Exception as err:  # omegaconf's validation errors: one line naming the key
+        raise ConfigError(f"hardware profile {name_or_path!r}: {str(err).splitlines()[0]}; fix that key") from None
+    check_hardware(hw)
+    return hw

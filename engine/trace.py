@@ -17,7 +17,7 @@ Line 1, the header, one JSON object:
     source        "synthesized" | "recorded"
     model, workload, hardware, torch, cuda, date   provenance (free-form)
     probes        recorded traces: copy, allocation, host and compute-under-copy
-                  measurements that mode=calibrate fits (engine/record/probes.py PROBES_DOC);
+                  measurements that mode=calibrate fits (engine/measure/probes.py PROBES_DOC);
                   other extra header keys are provenance and kept as they are
 
 Lines 2.., one JSON object per kernel, in launch order:
@@ -39,6 +39,9 @@ Lines 2.., one JSON object per kernel, in launch order:
     copies      [{...}] optional: copies observed around the kernel (recorded
                        traces: {dir, nbytes, ns} of each weight copy its fetch issued
                        in a streamed forward; the simulator ignores them)
+    host_ns     int    optional: host time to launch the kernel's work, measured
+                       (recorded module traces, where a kernel is a whole block);
+                       absent or 0: the hardware profile's kernel_launch_us
 
 Order: all forward records first; a training trace then has one backward
 record per forward record, in reverse order. `read_trace` checks all of this
@@ -85,6 +88,7 @@ class KernelRecord:
     saved: tuple[SavedTensor, ...] = ()
     needs: tuple[str, ...] = ()
     copies: tuple[dict, ...] = ()
+    host_ns: int = 0
 
 
 @dataclass(frozen=True)
@@ -212,6 +216,8 @@ def _record_json(r: KernelRecord) -> dict:
     }
     if r.copies:
         out["copies"] = list(r.copies)
+    if r.host_ns:
+        out["host_ns"] = r.host_ns
     return out
 
 
@@ -245,7 +251,8 @@ _FIELD_CHECKS = {
     "needs": (_is_str_list, "a list of saved-tensor names"),
 }
 _OPTIONAL = {"copies": (lambda v: isinstance(v, list) and all(isinstance(c, dict) for c in v),
-                        "a list of objects")}
+                        "a list of objects"),
+             "host_ns": (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (nanoseconds)")}
 _RECORD_FIELDS = tuple(f.name for f in fields(KernelRecord))
 
 
@@ -280,7 +287,7 @@ def _parse_record(obj: Any, where: str) -> KernelRecord:
         name=obj["name"], layer=obj["layer"], phase=obj["phase"], weights=tuple(obj["weights"]),
         compute_ns=obj["compute_ns"], flops=obj["flops"], io_bytes=obj["io_bytes"],
         saved=_parse_saved(obj["saved"], where), needs=tuple(obj["needs"]),
-        copies=tuple(obj.get("copies", ())))
+        copies=tuple(obj.get("copies", ())), host_ns=obj.get("host_ns", 0))
 
 
 def _parse_header(line: str) -> dict:

@@ -244,7 +244,7 @@ def measure(cfg: Any, spec: Any, trace: Trace, rows: Sequence[dict]) -> dict:
 
     from engine.executor.setup import compute_device, device_name, open_weight_file
     from engine.models import make_inputs
-    from engine.record.clocks import clock_for
+    from engine.measure.clocks import clock_for
 
     device = compute_device(cfg.weights.backend, no_cuda=NO_CUDA)
     clock = clock_for(device)
@@ -273,7 +273,7 @@ def _measure_streamed(spec: Any, trace: Trace, wf: Any, inputs: dict, row: dict,
 
     from engine.executor.setup import streamed_executor
     from engine.models import forward
-    from engine.record.timing import KernelStamps
+    from engine.measure.timing import KernelStamps
 
     budget = int(row["budget_mb"] * MB)
     with ExitStack() as stack:

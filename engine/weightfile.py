@@ -24,7 +24,7 @@ from collections import deque
 from contextlib import contextmanager
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Mapping, Protocol
 
 import torch
 from tqdm import tqdm
@@ -44,6 +44,17 @@ _HEADER_ALIGN = 8  # safetensors pads the header so the data starts 8-byte align
 _CHUNK_ELEMENTS = 1 << 22  # CPU generation: 4M elements per chunk (16 MB of fp32 scratch)
 
 
+class WeightTable(Protocol):
+    """What a weight file is checked against: a model name and its weights by
+    checkpoint name (a ModelSpec is one; engine/modules builds one from a module)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def weights(self) -> Mapping[str, WeightSpec]: ...
+
+
 def torch_dtype(dtype: str) -> torch.dtype:
     return DTYPES[dtype][1]
 
@@ -55,7 +66,7 @@ def file_order(spec: ModelSpec) -> list[str]:
     return list(first_use) + [w for w in spec.weights if w not in first_use]
 
 
-def _header_bytes(spec: ModelSpec, names: list[str], metadata: dict[str, str]) -> bytes:
+def _header_bytes(spec: WeightTable, names: list[str], metadata: dict[str, str]) -> bytes:
     header: dict = {"__metadata__": metadata}
     offset = 0
     for name in names:
@@ -95,7 +106,7 @@ def _generate_chunk(w: WeightSpec, seed: int, index: int, chunk: int, count: int
     return t.to(torch_dtype(w.dtype)).view(torch.uint8).numpy().tobytes()
 
 
-def _cpu_chunks(spec: ModelSpec, names: list[str], seed: int, pool: ThreadPoolExecutor,
+def _cpu_chunks(spec: WeightTable, names: list[str], seed: int, pool: ThreadPoolExecutor,
                 window: int) -> Iterator[bytes]:
     """Every tensor's bytes in file order, generated in parallel chunks; at most
     `window` chunks are in flight, so memory stays bounded."""
@@ -114,11 +125,12 @@ def _cpu_chunks(spec: ModelSpec, names: list[str], seed: int, pool: ThreadPoolEx
         yield pending.popleft().result()
 
 
-def materialize(spec: ModelSpec, path: str | Path, seed: int = 0,
-                device: str | torch.device | None = None) -> Path:
+def materialize(spec: WeightTable, path: str | Path, seed: int = 0,
+                device: str | torch.device | None = None, order: list[str] | None = None) -> Path:
     """Write random weights for `spec` to a safetensors file at `path`.
 
-    Streams tensor by tensor (header first, then the data in file order) with a
+    Streams tensor by tensor (header first, then the data in `order`, by default
+    a spec's first-use order, see file_order) with a
     progress bar. `device` "cuda" generates on the GPU; None picks the GPU when
     there is one, else the CPU in parallel chunks. Values depend on the seed
     and on the generating device. The file appears at `path` only when complete.
@@ -127,7 +139,8 @@ def materialize(spec: ModelSpec, path: str | Path, seed: int = 0,
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(device)
-    names = file_order(spec)
+    names = file_order(spec) if order is None else list(order)
+    total = sum(spec.weights[n].nbytes for n in names)
     metadata = {"format": "pt", "generator": f"offload-engine materialize ({device.type})",
                 "model": spec.name, "seed": str(seed)}
     partial = path.with_name(path.name + ".partial")
@@ -138,7 +151,7 @@ def materialize(spec: ModelSpec, path: str | Path, seed: int = 0,
         raise WeightFileError(f"{partial} exists: another materialize is writing {path} (or one was killed); "
                               "wait for it, or delete the .partial file") from None
     try:
-        with f, _terminate_raises(), tqdm(total=spec.model_bytes, unit="B", unit_scale=True,
+        with f, _terminate_raises(), tqdm(total=total, unit="B", unit_scale=True,
                                           desc=f"materialize {spec.name}") as bar:
             f.write(_header_bytes(spec, names, metadata))
             if device.type == "cuda":
@@ -187,7 +200,7 @@ class WeightFile:
     to one faults. Close (or use as a context manager) once no view is used.
     """
 
-    def __init__(self, path: str | Path, spec: ModelSpec):
+    def __init__(self, path: str | Path, spec: WeightTable):
         self.path = Path(path)
         self.spec = spec
         if not self.path.exists():
@@ -348,7 +361,7 @@ def _parse_entry(name: str, entry: object, path: Path) -> tuple[int, int, str, t
     return offsets[0], offsets[1], dtype, tuple(shape)
 
 
-def _check_entries(header: dict, spec: ModelSpec, path: Path, data_bytes: int) -> dict[str, tuple[int, int]]:
+def _check_entries(header: dict, spec: WeightTable, path: Path, data_bytes: int) -> dict[str, tuple[int, int]]:
     """(begin, end) per spec weight, after every check the spec and the header allow."""
     missing = [name for name in spec.weights if name not in header]
     if missing:

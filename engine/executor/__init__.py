@@ -6,12 +6,10 @@
     host_weights     sources.py   where the host copy of each weight lives
     setup            setup.py     device, weight file, backend -> host weights -> executor, measurements
     training         training.py  LoRA training steps over streamed weights
-    offload          module.py    any torch.nn.Module
 
-The modes that run it (execute, materialize, record, validate) live in engine/modes/.
+Real torch modules (engine.offload, engine.record) live in engine/modules/; the modes that run it (execute, materialize, record, validate) live in engine/modes/.
 """
-from engine.executor.module import OffloadHandle, offload
 from engine.executor.runtime import WeightExecutor, make_backend
 from engine.executor.sources import host_weights
 
-__all__ = ["OffloadHandle", "WeightExecutor", "host_weights", "make_backend", "offload"]
+__all__ = ["WeightExecutor", "host_weights", "make_backend"]

@@ -1,4 +1,4 @@
-"""mode=record: one step on the GPU, timed kernel by kernel -> trace.jsonl (engine/record/)."""
+"""mode=record: one step on the GPU, timed kernel by kernel -> trace.jsonl (engine/measure/)."""
 from __future__ import annotations
 
 import logging
@@ -15,9 +15,9 @@ from engine.job import Job, Outcome, config_summary
 from engine.models import make_inputs
 from engine.models.lora import init_lora
 from engine.models.run import DictSource
-from engine.record.clocks import clock_for
-from engine.record.probes import copy_stream_beside, probe_copies, streamed_forward
-from engine.record.timing import TIMED_STEPS, build_trace, time_steps
+from engine.measure.clocks import clock_for
+from engine.measure.probes import copy_stream_beside, probe_copies, streamed_forward
+from engine.measure.timing import TIMED_STEPS, build_trace, time_steps
 from engine.report import table
 from engine.models.spec import ModelSpec
 from engine.trace import Trace, write_trace

@@ -11,8 +11,8 @@ import torch
 
 from engine.executor.setup import forward_order, streamed_executor
 from engine.models import forward
-from engine.record.clocks import Clock
-from engine.record.timing import KernelStamps
+from engine.measure.clocks import Clock
+from engine.measure.timing import KernelStamps
 from engine.models.spec import ModelSpec
 from engine.units import MIB
 

@@ -11,7 +11,7 @@ import torch
 
 from engine.models.lora import lora_loss
 from engine.models import forward
-from engine.record.clocks import Clock
+from engine.measure.clocks import Clock
 from engine.models.spec import ModelSpec, SavedTensor
 from engine.trace import (BACKWARD_FLOPS_FACTOR, BACKWARD_SUFFIX, FORMAT, VERSION, ExecutionTimePredictor,
                           KernelRecord, Trace, check_trace)

@@ -1,0 +1,218 @@
+"""A model config's real module: built from its `_target_` with parameters on the meta
+device, its example inputs per family, and random weights for it.
+
+A module model config (conf/model/ltx2_diffusers.yaml) names the class and its
+arguments under `module` (Hydra's `_target_`, instantiated with every parameter
+on the meta device, buffers real: nothing of the weights is allocated) and an
+inputs builder under `inputs` (`_target_` of a function taking the module, the
+workload, the device, the dtype and a seed, returning keyword arguments).
+
+    build_module    instantiate the config's module (meta parameters, the config's dtype)
+    example_inputs  the config's inputs builder for a workload
+    ltx2_inputs, flux_inputs, wan_inputs, llama_inputs   the shipped builders
+"""
+from __future__ import annotations
+
+import importlib
+import math
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Mapping
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from engine.errors import ConfigError
+from engine.weightfile import torch_dtype
+
+MODELS_EXTRA = "pip install 'offload-engine[models]' (diffusers, transformers, peft)"
+
+
+@contextmanager
+def parameters_on_meta() -> Iterator[None]:
+    """Every parameter a module registers inside goes to the meta device; buffers
+    stay where they are made (rotary tables and the like are computed, not loaded)."""
+    register = nn.Module.register_parameter
+
+    def on_meta(self: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        register(self, name, param)
+        if param is not None and not param.is_meta:
+            self._parameters[name] = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+
+    nn.Module.register_parameter = on_meta
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register
+
+
+def _resolve(target: str, key: str) -> Callable:
+    module_name, _, attr = target.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except ModuleNotFoundError as err:
+        raise ConfigError(f"{key}._target_={target}: module {err.name!r} is not installed; {MODELS_EXTRA}") from None
+    except (AttributeError, ValueError):
+        raise ConfigError(f"{key}._target_={target}: no such class or function; fix the name in the model yaml") \
+            from None
+
+
+def _instantiate(node: Any, key: str) -> Any:
+    """Hydra's `_target_` call, with a one-line error for a missing package."""
+    if isinstance(node, Mapping) and "_target_" in node:
+        fn = _resolve(str(node["_target_"]), key)
+        kwargs = {k: _instantiate(v, f"{key}.{k}") for k, v in node.items() if k != "_target_"}
+        return fn(**kwargs)
+    if isinstance(node, Mapping):
+        return {k: _instantiate(v, f"{key}.{k}") for k, v in node.items()}
+    if isinstance(node, list):
+        return [_instantiate(v, key) for v in node]
+    return node
+
+
+def build_module(model_cfg: Any) -> nn.Module:
+    """The config's `module`, instantiated with its parameters on the meta device, in
+    the config's dtype, in eval mode."""
+    node = _plain(model_cfg)
+    if "module" not in node:
+        raise ConfigError("this model config has no `module` (a `_target_` to build); it is a spec model")
+    dtype = torch_dtype(node.get("dtype", "bf16"))
+    with parameters_on_meta():
+        module = _instantiate(node["module"], "model.module")
+    if not isinstance(module, nn.Module):
+        raise ConfigError(f"model.module._target_ built a {type(module).__name__}, not a torch.nn.Module; "
+                          "point it at a model class")
+    # nn.Module.to: diffusers' own `to` warns about float32 modules, which a cast on meta cannot upset.
+    return nn.Module.to(module, dtype).eval()
+
+
+def _plain(cfg: Any) -> dict:
+    return OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+
+
+def example_inputs(model_cfg: Any, module: nn.Module, workload: Any, device: torch.device,
+                   seed: int = 0) -> dict:
+    """Keyword arguments of one forward, from the config's inputs builder."""
+    node = _plain(model_cfg)
+    spec = node.get("inputs")
+    if not (isinstance(spec, Mapping) and "_target_" in spec):
+        raise ConfigError("model.inputs needs a `_target_` naming an inputs builder, e.g. "
+                          "engine.modules.build.ltx2_inputs")
+    fn = _resolve(str(spec["_target_"]), "model.inputs")
+    extra = {k: v for k, v in spec.items() if k != "_target_"}
+    dtype = torch_dtype(node.get("dtype", "bf16"))
+    return fn(module=module, workload=workload, device=device, dtype=dtype, seed=seed, **extra)
+
+
+def _grid(tokens: int) -> tuple[int, int, int]:
+    """(frames, height, width) latent sizes with frames * height * width == tokens:
+    the most frames up to 16 that divide it, then the squarest height x width."""
+    if tokens < 1:
+        raise ConfigError(f"workload.video_tokens={tokens}: a video model needs at least 1 token")
+    frames = next(f for f in (16, 8, 4, 2, 1) if tokens % f == 0)
+    return (frames, *_square(tokens // frames))
+
+
+def _square(tokens: int) -> tuple[int, int]:
+    """(height, width) with height * width == tokens, as square as the divisors allow."""
+    height = max(h for h in range(1, math.isqrt(tokens) + 1) if tokens % h == 0)
+    return height, tokens // height
+
+
+def _randn(g: torch.Generator, shape: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    return torch.randn(shape, generator=g).to(device=device, dtype=dtype)
+
+
+def ltx2_inputs(module: nn.Module, workload: Any, device: torch.device, dtype: torch.dtype,
+                seed: int = 0) -> dict:
+    """diffusers LTX2VideoTransformer3DModel: video and audio latents, text for both, timestep."""
+    c = module.config
+    g = torch.Generator().manual_seed(seed)
+    b = workload.batch
+    frames, height, width = _grid(workload.video_tokens)
+    text = max(1, workload.text_tokens)
+    return dict(
+        hidden_states=_randn(g, (b, workload.video_tokens, c.in_channels), device, dtype),
+        audio_hidden_states=_randn(g, (b, max(1, workload.audio_tokens), c.audio_in_channels), device, dtype),
+        encoder_hidden_states=_randn(g, (b, text, c.caption_channels), device, dtype),
+        audio_encoder_hidden_states=_randn(g, (b, text, c.caption_channels), device, dtype),
+        timestep=torch.full((b,), 500.0, device=device),
+        num_frames=frames, height=height, width=width, audio_num_frames=max(1, workload.audio_tokens),
+        return_dict=False)
+
+
+def flux_inputs(module: nn.Module, workload: Any, device: torch.device, dtype: torch.dtype,
+                seed: int = 0) -> dict:
+    """diffusers FluxTransformer2DModel: packed image latents, T5 text, CLIP pooled, ids."""
+    c = module.config
+    g = torch.Generator().manual_seed(seed)
+    b, n, text = workload.batch, workload.video_tokens, max(1, workload.text_tokens)
+    if n < 1:
+        raise ConfigError(f"workload.video_tokens={n}: FLUX needs at least 1 image token")
+    h, w = _square(n)
+    img_ids = torch.zeros(n, 3)
+    img_ids[:, 1] = torch.arange(h).repeat_interleave(w).float()
+    img_ids[:, 2] = torch.arange(w).repeat(h).float()
+    out = dict(
+        hidden_states=_randn(g, (b, n, c.in_channels), device, dtype),
+        encoder_hidden_states=_randn(g, (b, text, c.joint_attention_dim), device, dtype),
+        pooled_projections=_randn(g, (b, c.pooled_projection_dim), device, dtype),
+        timestep=torch.full((b,), 0.5, device=device, dtype=dtype),
+        img_ids=img_ids.to(device), txt_ids=torch.zeros(text, 3, device=device), return_dict=False)
+    if c.guidance_embeds:
+        out["guidance"] = torch.full((b,), 3.5, device=device, dtype=dtype)
+    return out
+
+
+def wan_inputs(module: nn.Module, workload: Any, device: torch.device, dtype: torch.dtype,
+               seed: int = 0) -> dict:
+    """diffusers WanTransformer3DModel: a latent video (channels, frames, height, width), UMT5 text, timestep."""
+    c = module.config
+    g = torch.Generator().manual_seed(seed)
+    pt, ph, pw = c.patch_size
+    frames, height, width = _grid(workload.video_tokens)
+    return dict(
+        hidden_states=_randn(g, (workload.batch, c.in_channels, frames * pt, height * ph, width * pw), device, dtype),
+        timestep=torch.full((workload.batch,), 500, device=device, dtype=torch.long),
+        encoder_hidden_states=_randn(g, (workload.batch, max(1, workload.text_tokens), c.text_dim), device, dtype),
+        return_dict=False)
+
+
+def llama_inputs(module: nn.Module, workload: Any, device: torch.device, dtype: torch.dtype,
+                 seed: int = 0) -> dict:
+    """transformers LlamaForCausalLM: decode (workload.kind decode) is one new token per
+    sequence over a KV cache of workload.context_tokens random keys and values, the
+    cache cropped back after each step so every step is the same; otherwise a
+    forward over workload.text_tokens tokens without a cache."""
+    from transformers import DynamicCache
+
+    c = module.config
+    g = torch.Generator().manual_seed(seed)
+    b = workload.batch
+    if workload.kind != "decode":
+        ids = torch.randint(0, c.vocab_size, (b, max(1, workload.text_tokens)), generator=g)
+        return dict(input_ids=ids.to(device), use_cache=False)
+    ctx = workload.context_tokens
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    cache = DynamicCache(config=c)
+    for layer in range(c.num_hidden_layers):
+        k = _randn(g, (b, c.num_key_value_heads, ctx, head_dim), device, dtype)
+        cache.update(k, torch.randn_like(k), layer)
+    return dict(input_ids=torch.randint(0, c.vocab_size, (b, 1), generator=g).to(device),
+                past_key_values=_fixed_length(cache, ctx), position_ids=torch.full((b, 1), ctx, device=device),
+                use_cache=True)
+
+
+def _fixed_length(cache: Any, length: int) -> Any:
+    """`cache`, read at `length` by every forward: transformers appends the new
+    token's keys in place, so each layer is cropped back before its update."""
+    update = cache.update
+
+    def update_at_length(key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: Any, **kw: Any) -> Any:
+        if cache.get_seq_length(layer_idx) > length:
+            layer = cache.layers[layer_idx]
+            layer.keys, layer.values = layer.keys[..., :length, :], layer.values[..., :length, :]
+        return update(key, value, layer_idx, *args, **kw)
+
+    cache.update = update_at_length
+    return cache

@@ -1,0 +1,135 @@
+"""A module's weights from a checkpoint in the ecosystem's format, mapped, never copied whole.
+
+A checkpoint is a single `.safetensors` file, or a diffusers / transformers
+directory: shards named by its `*.safetensors.index.json` (its `weight_map`),
+or one `.safetensors` file. Each shard is a `WeightFile`: mapped read-only,
+checked (names, dtypes, shapes, sizes) against the module's parameters before
+any device memory is touched; registered for DMA by the caller (see
+engine/executor/sources.py), the page cache is the host copy.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+import torch
+from torch import nn
+
+from engine.errors import WeightFileError
+from engine.models.spec import DTYPE_BYTES, WeightSpec
+from engine.weightfile import DTYPES, WeightFile
+
+_BY_TORCH = {t: name for name, (_, t) in DTYPES.items()}
+
+
+@dataclass(frozen=True)
+class ModuleWeights:
+    """A WeightTable of a module's parameters (and persistent buffers), by state-dict name."""
+
+    name: str
+    weights: Mapping[str, WeightSpec]
+
+    @property
+    def model_bytes(self) -> int:
+        return sum(w.nbytes for w in self.weights.values())
+
+
+def module_weights(module: nn.Module, name: str | None = None, buffers: bool = True) -> ModuleWeights:
+    """The weights a checkpoint of `module` holds: every parameter, and (by default)
+    every persistent floating-point buffer, with its shape and dtype."""
+    table: dict[str, WeightSpec] = {}
+    tensors = list(module.named_parameters())
+    if buffers:
+        persistent = set(module.state_dict(keep_vars=True))
+        tensors += [(n, b) for n, b in module.named_buffers() if n in persistent and b.is_floating_point()]
+    for n, t in tensors:
+        dtype = _BY_TORCH.get(t.dtype)
+        if dtype is None:
+            raise WeightFileError(f"{n} is {t.dtype}; checkpoints of {', '.join(DTYPE_BYTES)} weights only: "
+                                  "convert the module (module.to(torch.bfloat16)) first")
+        table[n] = WeightSpec(n, tuple(t.shape), dtype)
+    return ModuleWeights(name or type(module).__name__, table)
+
+
+def _shards(path: Path) -> dict[Path, list[str] | None]:
+    """Shard file -> the weights its index maps to it (None: a single file, every weight)."""
+    if not path.exists():
+        raise WeightFileError(f"checkpoint {path} does not exist; point weights.file at a .safetensors file "
+                              "or a diffusers/transformers model directory (or write one with mode=materialize)")
+    if path.is_file():
+        return {path: None}
+    indexes = sorted(path.glob("*.safetensors.index.json"))
+    if len(indexes) > 1:
+        raise WeightFileError(f"{path} holds {len(indexes)} safetensors indexes ({indexes[0].name}, ...); "
+                              "point weights.file at the one file to load")
+    if indexes:
+        try:
+            weight_map = json.loads(indexes[0].read_text())["weight_map"]
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise WeightFileError(f"{indexes[0]}: not a safetensors index with a weight_map ({err}); "
+                                  "restore the file from the checkpoint") from None
+        if not isinstance(weight_map, dict):
+            raise WeightFileError(f"{indexes[0]}: its weight_map is not an object; restore the file")
+        shards: dict[Path, list[str]] = {}
+        for weight, shard in weight_map.items():
+            shards.setdefault(path / str(shard), []).append(weight)
+        for shard in shards:
+            if not shard.is_file():
+                raise WeightFileError(f"shard {shard.name} named by {indexes[0].name} is missing from {path}; "
+                                      "download the checkpoint again")
+        return dict(shards)
+    files = sorted(path.glob("*.safetensors"))
+    if len(files) != 1:
+        raise WeightFileError(f"{path} holds {len(files)} .safetensors files and no index; point weights.file at "
+                              "one file, or at a directory with one file or a *.safetensors.index.json")
+    return {files[0]: None}
+
+
+class Checkpoint:
+    """Every shard of a checkpoint mapped and checked against `table` (its weights)."""
+
+    def __init__(self, path: str | Path, table: ModuleWeights):
+        self.path = Path(path).expanduser()
+        self.table = table
+        shards = _shards(self.path)
+        covered = {w for names in shards.values() if names is not None for w in names}
+        whole = [s for s, names in shards.items() if names is None]
+        missing = [w for w in table.weights if w not in covered] if not whole else []
+        if missing:
+            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+            raise WeightFileError(f"weight {missing[0]}{more} of {table.name} is in no shard of {self.path}; "
+                                  "this checkpoint is for another model: point weights.file at this model's")
+        self.files: list[WeightFile] = []
+        self._where: dict[str, WeightFile] = {}
+        try:
+            for shard, names in shards.items():
+                wanted = table.weights if names is None else {w: table.weights[w] for w in names
+                                                              if w in table.weights}
+                wf = WeightFile(shard, ModuleWeights(table.name, wanted))
+                self.files.append(wf)
+                self._where.update({w: wf for w in wanted})
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def file_bytes(self) -> int:
+        return sum(wf.file_bytes for wf in self.files)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Every weight of the table, as read-only views of the mappings."""
+        return {w: self._where[w].tensor(w) for w in self.table.weights}
+
+    def close(self) -> None:
+        for wf in self.files:
+            wf.close()
+        self.files.clear()
+        self._where.clear()
+
+    def __enter__(self) -> Checkpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

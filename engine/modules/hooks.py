@@ -1,0 +1,112 @@
+"""Forward hooks that stream a module's kernels: fetch before, placeholders after.
+
+`KernelHooks` puts a pre-hook on each kernel's module that asks the current
+source for `fetch(position)` (the executor, or a timing wrapper around it)
+and points the kernel's parameters at what it returns; a post-hook points
+them back at placeholders, so no reference outlives the kernel and the pool
+reuses the memory. A kernel that did not run in the recording, or runs out of
+the recorded order, is a schedule divergence named by its kernel.
+
+Between kernels a streamed parameter's data is a NaN scalar expanded to its
+shape on the compute device: dtype, shape and device queries still answer,
+and a read that escaped the recording poisons the output instead of reading
+stale memory.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Iterator, Mapping, Protocol, Sequence
+
+import torch
+from torch import nn
+
+from engine.errors import ExecutorError
+from engine.modules.kernels import ModuleKernel
+from engine.policy import AccessOrder
+
+RE_RECORD = ("the forward takes another path than the example inputs did: remove the offload "
+             "(handle.remove()) and offload or record again with inputs that take this path")
+
+
+class KernelSource(Protocol):
+    def fetch(self, position: int) -> Mapping[str, torch.Tensor]: ...
+
+
+def placeholder(p: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A NaN (0 for integers) scalar expanded to `p`'s shape on `device`: no memory."""
+    fill = float("nan") if p.dtype.is_floating_point else 0
+    return torch.full((), fill, dtype=p.dtype, device=device).expand(p.shape)
+
+
+class KernelHooks:
+    """Hooks streaming `kernels` in `order`; `forward(source)` scopes one forward."""
+
+    def __init__(self, root: nn.Module, kernels: Sequence[ModuleKernel], order: AccessOrder,
+                 placeholders: Mapping[int, torch.Tensor]):
+        self.root = root
+        self.order = order
+        self.placeholders = placeholders
+        self.source: KernelSource | None = None
+        self.position = 0
+        ran = set(order.kernels)
+        self._handles = []
+        for k in kernels:
+            if k.name in ran:
+                self._handles.append(k.module.register_forward_pre_hook(self._pre(k)))
+                self._handles.append(k.module.register_forward_hook(self._post(k)))
+            else:
+                self._handles.append(k.module.register_forward_pre_hook(self._never(k)))
+
+    def _pre(self, k: ModuleKernel) -> Any:
+        params = list(k.params.items())
+
+        def hook(m: nn.Module, inputs: Any) -> None:
+            if self.source is None:
+                raise ExecutorError(f"{k.name} was called on its own; its weights stream only inside a forward "
+                                    f"of the offloaded {type(self.root).__name__}: call that module, or "
+                                    "handle.remove() first")
+            pos = self.position
+            if pos >= len(self.order) or self.order.kernels[pos] != k.name:
+                expected = self.order.kernels[pos] if pos < len(self.order) else "the end of the forward"
+                raise ExecutorError(f"schedule divergence at kernel {pos}: {k.name} ran where the recording "
+                                    f"ran {expected}; {RE_RECORD}")
+            weights = self.source.fetch(pos)
+            for w, p in params:
+                p.data = weights[w]
+            self.position = pos + 1
+        return hook
+
+    def _post(self, k: ModuleKernel) -> Any:
+        params = [(p, self.placeholders[id(p)]) for p in k.params.values()]
+
+        def hook(m: nn.Module, inputs: Any, output: Any) -> None:
+            for p, ph in params:
+                p.data = ph
+        return hook
+
+    def _never(self, k: ModuleKernel) -> Any:
+        def hook(m: nn.Module, inputs: Any) -> None:
+            raise ExecutorError(f"schedule divergence: {k.name} ran but did not run in the recording forward; "
+                                f"{RE_RECORD}")
+        return hook
+
+    @contextmanager
+    def forward(self, source: KernelSource) -> Iterator[None]:
+        """One forward of the root module, its kernels fetched from `source`."""
+        if self.source is not None:
+            raise ExecutorError(f"a forward of the offloaded {type(self.root).__name__} is already running "
+                                "(a forward that calls itself, or another thread); run one at a time")
+        self.source, self.position = source, 0
+        try:
+            yield
+            if self.position != len(self.order):
+                missing = self.order.kernels[self.position]
+                raise ExecutorError(f"schedule divergence: the forward ended after {self.position} of "
+                                    f"{len(self.order)} kernels ({missing} did not run); {RE_RECORD}")
+        finally:
+            self.source = None
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()

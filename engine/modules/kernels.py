@@ -1,0 +1,231 @@
+"""A real module's kernels: which parameters each fetch brings in, and the order they run.
+
+A kernel is the unit the weight policy sees: one fetch before it runs, its
+weights released after. With `grouping="block"` each repeated block (a child of
+a `ModuleList` of two or more modules with parameters: LTX-2's
+`transformer_blocks`, Llama's `model.layers`) is one kernel reading every
+parameter under it, and each leaf module with parameters outside the blocks is
+one kernel. With `grouping="leaf"` every leaf module with parameters is one
+kernel. Blocks keep the host ahead of the GPU: one hook pair per block instead
+of one per linear.
+
+Parameters owned by a module with children outside the blocks (a model's own
+`scale_shift_table`, say) stay resident: that module's forward may read them
+between its children's kernels.
+
+`record_order` runs the module once with each kernel's parameters copied in on
+demand and returns the access order, plus every parameter an op read while its
+own kernel was not running (a tied weight used by a parent): those stay
+resident too.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+from torch.utils.flop_counter import FlopCounterMode
+
+from engine.errors import ConfigError, ExecutorError
+from engine.policy import AccessOrder
+
+GROUPINGS = ("block", "leaf")
+
+# Tensor properties that read metadata, not data: reading them outside the
+# owning kernel does not need the weight on the device.
+_METADATA = frozenset({"shape", "dtype", "device", "requires_grad", "is_cuda", "is_leaf", "ndim",
+                       "layout", "grad_fn", "names", "is_sparse", "is_meta", "is_quantized",
+                       "itemsize", "nbytes", "grad", "_version", "is_cpu"})
+_METADATA_METHODS = frozenset({"size", "dim", "numel", "stride", "is_contiguous", "element_size",
+                               "nelement", "ndimension", "is_floating_point", "is_complex",
+                               "data_ptr", "storage_offset", "__len__", "requires_grad_"})
+
+
+@dataclass
+class ModuleKernel:
+    """One kernel: the module whose forward it is, the parameters it streams (by
+    weight name), and its block index (-1 outside the blocks)."""
+
+    name: str
+    module: nn.Module
+    params: dict[str, nn.Parameter]
+    layer: int
+
+
+@dataclass(frozen=True)
+class Recording:
+    """What the recording forward saw."""
+
+    order: AccessOrder
+    layers: tuple[int, ...]  # per position: the kernel's block index (-1 outside)
+    flops: tuple[int, ...]  # per position: FLOPs torch's counter saw (matmuls, attention, convolutions)
+    outside: tuple[nn.Parameter, ...]  # read while their kernel was not running: kept resident
+
+
+def weight_names(module: nn.Module) -> dict[int, str]:
+    """id(parameter) -> its name; a tied parameter is one weight, named where first seen."""
+    names: dict[int, str] = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), name)
+    return names
+
+
+def find_blocks(module: nn.Module) -> list[str]:
+    """Qualified names of the repeated blocks: the children of every outermost
+    ModuleList with two or more children that own parameters."""
+    found: list[str] = []
+    taken: list[str] = []
+    for qual, m in module.named_modules():
+        if any(qual.startswith(t + ".") for t in taken):
+            continue
+        if isinstance(m, nn.ModuleList):
+            children = [(n, c) for n, c in m.named_children() if next(c.parameters(), None) is not None]
+            if len(children) >= 2:
+                taken.append(qual)
+                found.extend(f"{qual}.{n}" if qual else n for n, _ in children)
+    return found
+
+
+def partition(module: nn.Module, grouping: str = "block",
+              blocks: Sequence[str] | None = None) -> tuple[list[ModuleKernel], list[nn.Parameter]]:
+    """The module's kernels (in module order) and the parameters kept resident.
+
+    `blocks` overrides the blocks `find_blocks` finds (qualified module names)."""
+    if grouping not in GROUPINGS:
+        raise ConfigError(f"grouping={grouping!r} is not one of {', '.join(GROUPINGS)}; pick one of those")
+    names = weight_names(module)
+    modules = dict(module.named_modules())
+    block_names = list(find_blocks(module) if blocks is None else blocks) if grouping == "block" else []
+    for b in block_names:
+        if b not in modules:
+            raise ConfigError(f"blocks names {b!r}, which is not a submodule of this "
+                              f"{type(module).__name__}; name submodules as named_modules() does")
+    inside_block = {id(m) for b in block_names for m in modules[b].modules()}
+    kernels: list[ModuleKernel] = []
+    for layer, b in enumerate(block_names):
+        params = {names[id(p)]: p for p in modules[b].parameters()}
+        if params:
+            kernels.append(ModuleKernel(b, modules[b], params, layer))
+    kept: dict[int, nn.Parameter] = {}
+    for qual, m in module.named_modules():
+        if id(m) in inside_block:
+            continue
+        own = {names[id(p)]: p for p in m.parameters(recurse=False)}
+        if next(m.children(), None) is not None:
+            kept.update({id(p): p for p in own.values()})
+        elif own:
+            kernels.append(ModuleKernel(qual or type(m).__name__, m, own, -1))
+    # A parameter shared by two kernels, or by a kernel and a parent, is kept resident.
+    seen: dict[int, int] = {}
+    for k in kernels:
+        for p in k.params.values():
+            seen[id(p)] = seen.get(id(p), 0) + 1
+    for k in kernels:
+        for w, p in list(k.params.items()):
+            if seen[id(p)] > 1 or id(p) in kept:
+                kept[id(p)] = p
+                del k.params[w]
+    return [k for k in kernels if k.params], list(kept.values())
+
+
+class _OutsideReads(TorchFunctionMode):
+    """Every streamed parameter an op reads while its own kernel is not running."""
+
+    def __init__(self, owner: Mapping[int, int], on_outside: Callable[[nn.Parameter], None]):
+        super().__init__()
+        self.owner = owner  # id(parameter) -> index of the kernel that streams it
+        self.on_outside = on_outside
+        self.active: list[int] = []
+        self.paused = False
+        self.outside: dict[int, nn.Parameter] = {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if not self.paused and not _reads_metadata(func):
+            active = self.active[-1] if self.active else None
+            for a in _tensors(args, kwargs):
+                key = id(a)
+                if key in self.owner and self.owner[key] != active and key not in self.outside:
+                    self.outside[key] = a
+                    self.on_outside(a)
+        return func(*args, **kwargs)
+
+
+def _reads_metadata(func: Any) -> bool:
+    name = getattr(func, "__name__", "")
+    if name in ("__get__", "__set__"):
+        prop = getattr(getattr(func, "__self__", None), "__name__", "")
+        return name == "__set__" or prop in _METADATA
+    return name in _METADATA_METHODS
+
+
+def _tensors(args: tuple, kwargs: dict) -> Iterator[torch.Tensor]:
+    stack = [*args, *kwargs.values()]
+    while stack:
+        a = stack.pop()
+        if isinstance(a, torch.Tensor):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            stack.extend(a)
+        elif isinstance(a, dict):
+            stack.extend(a.values())
+
+
+def record_order(module: nn.Module, run: Callable[[], Any], kernels: list[ModuleKernel],
+                 bring: Callable[[str, nn.Parameter], None], release: Callable[[str, nn.Parameter], None]
+                 ) -> Recording:
+    """Run `run()` (one forward of `module`) once, each kernel's parameters brought in
+    by `bring(name, p)` as it starts and `release(name, p)` after; returns the order
+    the kernels ran in and what was read outside its kernel (brought in, and left
+    in, on first read)."""
+    owner = {id(p): i for i, k in enumerate(kernels) for p in k.params.values()}
+    names = {id(p): w for k in kernels for w, p in k.params.items()}
+    reads = _OutsideReads(owner, lambda p: bring(names[id(p)], p))
+    counter = FlopCounterMode(display=False)
+    ran: list[tuple[int, int]] = []  # (kernel index, FLOPs counted when it started)
+
+    def pre(i: int) -> Callable:
+        def hook(m: nn.Module, inputs: Any) -> None:
+            reads.paused = True
+            for w, p in kernels[i].params.items():
+                if id(p) not in reads.outside:
+                    bring(w, p)
+            reads.active.append(i)
+            ran.append((i, counter.get_total_flops()))
+            reads.paused = False
+        return hook
+
+    def post(i: int) -> Callable:
+        def hook(m: nn.Module, inputs: Any, output: Any) -> None:
+            reads.paused = True
+            reads.active.pop()
+            for w, p in kernels[i].params.items():
+                if id(p) not in reads.outside:
+                    release(w, p)
+            reads.paused = False
+        return hook
+
+    handles = []
+    for i, k in enumerate(kernels):
+        handles.append(k.module.register_forward_pre_hook(pre(i)))
+        handles.append(k.module.register_forward_hook(post(i)))
+    try:
+        with counter, reads:
+            run()
+    finally:
+        for h in handles:
+            h.remove()
+    if not ran:
+        raise ExecutorError("the recording forward ran no module that owns parameters; nothing to offload")
+    total = counter.get_total_flops()
+    starts = [f for _, f in ran] + [total]
+    flops = tuple(starts[j + 1] - starts[j] for j in range(len(ran)))
+    outside = tuple(reads.outside.values())
+    out_names = {names[id(p)] for p in outside}
+    order_reads = tuple(tuple(w for w in kernels[i].params if w not in out_names) for i, _ in ran)
+    read = {w for r in order_reads for w in r}
+    sizes = {w: p.numel() * p.element_size() for k in kernels for w, p in k.params.items() if w in read}
+    order = AccessOrder(tuple(kernels[i].name for i, _ in ran), order_reads, sizes)
+    return Recording(order, tuple(kernels[i].layer for i, _ in ran), flops, outside)

@@ -1,0 +1,172 @@
+"""`offload(module, ...)`: stream any torch.nn.Module's weights through the executor,
+and `record(module, ...)`: the trace of its forward, for the simulator.
+
+Both make the module streamable (engine/modules/streamed.py: kernels, host
+copies or a checkpoint's registered mappings, the recorded order). `offload`
+then runs every forward through a WeightExecutor under the budget.
+`eviction="auto"` records the module's kernels (engine/modules/record.py),
+simulates every eviction policy on that trace and the hardware profile, and
+keeps the fastest; `handle.prediction` holds the simulator's figures beside
+`handle.telemetry()`'s measured ones.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from omegaconf import OmegaConf
+from torch import nn
+
+from engine.config import ActivationsConfig, WeightsConfig, load_hardware
+from engine.errors import ConfigError, ExecutorError
+from engine.executor.runtime import WeightExecutor
+from engine.executor.setup import compute_device
+from engine.modules.record import record_module
+from engine.modules.streamed import StreamedModule
+from engine.policy.weights import EVICTIONS, WeightResidency
+from engine.trace import Trace
+from engine.units import MB, budget_bytes
+
+_OFFLOADED = "_offload_engine_handle"  # set in an offloaded module's __dict__
+NO_CUDA = "no CUDA device; use backend='cpu' to exercise the executor on the CPU"
+DEFAULT_HARDWARE = "h100_pcie5"
+SIMULATED_STEPS = 3
+
+
+class OffloadHandle:
+    """What `offload` returns: the executor, the recorded order and trace, the
+    prediction, telemetry, and `remove()`."""
+
+    def __init__(self, streamed: StreamedModule, executor: WeightExecutor, trace: Trace | None,
+                 prediction: dict | None):
+        self.module = streamed.module
+        self.streamed = streamed
+        self.executor = executor
+        self.order = streamed.recording.order
+        self.resident_params = streamed.resident_params
+        self.eviction = executor.policy.eviction
+        self.trace = trace  # the recorded trace (eviction="auto" or hardware given), else None
+        # eviction="auto": {"eviction", "step_ms", "candidates": {policy: step_ms}, ...} the simulator's
+        self.prediction = prediction
+
+    def telemetry(self) -> list[dict]:
+        return self.executor.telemetry()
+
+    def remove(self) -> None:
+        """Close the executor and put every parameter back where it was."""
+        self.module.__dict__.pop("forward", None)
+        self.module.__dict__.pop(_OFFLOADED, None)
+        self.executor.close()
+        self.streamed.remove()
+
+
+def _check_common(module: nn.Module, budget_mb: float | None, backend: str) -> torch.device:
+    if _OFFLOADED in module.__dict__:
+        raise ExecutorError(f"this {type(module).__name__} is already offloaded; call remove() on its handle "
+                            "before offloading or recording it again")
+    if budget_mb is not None and (isinstance(budget_mb, bool) or not isinstance(budget_mb, (int, float))
+                                  or not math.isfinite(budget_mb) or budget_mb < 0):
+        raise ConfigError(f"budget_mb={budget_mb!r}: give MB of GPU memory as a finite number >= 0, or None")
+    return compute_device(backend, no_cuda=NO_CUDA)
+
+
+def offload(module: nn.Module, *, budget_mb: float | None, example_inputs: Any, eviction: str = "auto",
+            lookahead: int = 2, backend: str = "cuda", grouping: str = "block",
+            blocks: Sequence[str] | None = None, checkpoint: str | Path | None = None,
+            source: str = "mmap_registered", hardware: Any = None) -> OffloadHandle:
+    """Stream `module`'s parameters through a pool capped at `budget_mb` (None: all resident).
+
+    `example_inputs` (a tuple of positional arguments, a dict of keyword arguments,
+    or one tensor as the only argument) drive the recording forward; later forwards
+    must run the same kernels in the same order (else ExecutorError naming the first
+    divergent kernel). Forwards run under torch.no_grad() (inference).
+    `grouping="block"` fetches each repeated block whole (`blocks` names them, else
+    they are found); "leaf" fetches each leaf module. `checkpoint` (a .safetensors
+    file or a diffusers/transformers directory) supplies the weights, mapped and
+    registered (`source`), so the module may be built on the meta device.
+    `eviction="auto"` picks the policy the simulator predicts fastest on the recorded
+    trace and `hardware` (a conf/hardware name, path or mapping; default h100_pcie5).
+    A budget under the floor raises BelowFloorError with the exact minimum in MB;
+    on any error the module is left as it was.
+    """
+    device = _check_common(module, budget_mb, backend)
+    if eviction not in (*EVICTIONS, "auto"):
+        raise ConfigError(f"eviction={eviction!r} is not one of {', '.join(EVICTIONS)}, auto; pick one of those")
+    hw = load_hardware(hardware or DEFAULT_HARDWARE) if (eviction == "auto" or hardware is not None) else None
+    streamed = StreamedModule(module, example_inputs, device=device, backend=backend, grouping=grouping,
+                              blocks=blocks, checkpoint=checkpoint, source=source)
+    try:
+        budget = budget_bytes(budget_mb)
+        WeightResidency(streamed.recording.order, budget, "priority", lookahead)  # under the floor: fail now
+        trace = prediction = None
+        if hw is not None:
+            trace = record_module(streamed, name=type(module).__name__)
+            prediction = predict(trace, hw, budget, lookahead, eviction, source)
+            eviction = prediction["eviction"]
+        executor = WeightExecutor(streamed.recording.order, streamed.host, budget_bytes=budget,
+                                  eviction=eviction, lookahead=lookahead, backend=backend)
+    except BaseException:
+        streamed.remove()
+        raise
+    if streamed.resident_bytes:
+        warnings.warn(f"offload keeps {len(streamed.resident_params)} parameters "
+                      f"({streamed.resident_bytes / MB:.1f} MB) resident outside the budget: read by modules "
+                      "with children or outside their own kernel (handle.resident_params lists them)",
+                      stacklevel=2)
+    _wrap_forward(module, streamed, executor)
+    return OffloadHandle(streamed, executor, trace, prediction)
+
+
+def predict(trace: Trace, hardware: Any, budget: int | None, lookahead: int, eviction: str,
+            source: str = "mmap_registered") -> dict:
+    """The simulator on `trace`: every candidate policy's step (ms) and the chosen one's
+    prediction (eviction "auto": the fastest, as weights=auto chooses)."""
+    from sim import simulate
+
+    candidates = EVICTIONS if eviction == "auto" and budget is not None else (
+        ("priority",) if eviction == "auto" else (eviction,))
+    results = {}
+    for name in candidates:
+        weights = OmegaConf.merge(OmegaConf.structured(WeightsConfig),
+                                  {"eviction": name, "lookahead": lookahead, "source": source})
+        results[name] = simulate(trace, weights, OmegaConf.structured(ActivationsConfig), hardware,
+                                 budget_bytes=budget, steps=SIMULATED_STEPS, allow_below_floor=False)
+    chosen = min(results, key=lambda n: results[n].prediction["step_ms"])
+    p = results[chosen].prediction
+    return {"eviction": chosen, "step_ms": p["step_ms"], "h2d_bytes": p["h2d_bytes"],
+            "peak_device_bytes": p["peak_device_bytes"], "hardware": hardware.name,
+            "candidates": {n: round(r.prediction["step_ms"], 3) for n, r in results.items()}}
+
+
+def _wrap_forward(module: nn.Module, streamed: StreamedModule, executor: WeightExecutor) -> None:
+    inner = module.forward
+    hooks = streamed.hooks
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        if torch.is_grad_enabled():
+            raise ExecutorError("an offloaded module runs inference only (its weights are freed after each "
+                                "kernel, autograd would keep them); call it under torch.no_grad()")
+        with executor.step(), hooks.forward(executor):
+            return inner(*args, **kwargs)
+
+    module.forward = forward
+    module.__dict__[_OFFLOADED] = True
+
+
+def record(module: nn.Module, example_inputs: Any, *, backend: str = "cuda", grouping: str = "block",
+           blocks: Sequence[str] | None = None, checkpoint: str | Path | None = None,
+           source: str = "mmap_registered", name: str | None = None,
+           workload: dict | None = None) -> Trace:
+    """The trace of one forward of `module` on `example_inputs`, each kernel timed on
+    the device (write it with engine.trace.write_trace; replay it with
+    `python -m engine trace=PATH`). The module is left as it was."""
+    device = _check_common(module, None, backend)
+    streamed = StreamedModule(module, example_inputs, device=device, backend=backend, grouping=grouping,
+                              blocks=blocks, checkpoint=checkpoint, source=source)
+    try:
+        return record_module(streamed, name=name or type(module).__name__, workload=workload)
+    finally:
+        streamed.remove()

@@ -1,0 +1,111 @@
+"""Recording a real module: each kernel's compute and host time -> a trace.
+
+Each timed forward fetches every kernel's weights itself, synchronously (the
+host waits for the copy, so no copy overlaps a kernel), then holds the compute
+stream behind a spin kernel while the host launches the kernel's work: the
+stamps around the kernel then time the GPU alone, and the host's launch time
+is measured apart (it becomes the record's host_ns, which the simulator's
+launcher spends per kernel). No weight needs to be resident beforehand, so a
+model larger than the device records the same way.
+
+    record_module   timed forwards of a StreamedModule -> Trace (source "recorded")
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from datetime import datetime, timezone
+from typing import Any, Mapping
+
+import torch
+
+from engine.modules.streamed import StreamedModule
+from engine.policy import AccessOrder
+from engine.measure.clocks import Clock, clock_for
+from engine.measure.timing import KernelStamps
+from engine.trace import FORMAT, VERSION, KernelRecord, Trace, check_trace
+
+WARMUP_FORWARDS = 1
+TIMED_FORWARDS = 3
+FIRST_HOLD_NS = 1_000_000  # the warm-up forward's hold per kernel, before any host time is known
+HOLD_FACTOR = 1.5
+HOLD_MARGIN_NS = 50_000
+
+
+class _Bring:
+    """fetch(position): the kernel's weights copied to the device now (the host waits),
+    then the compute stream held while the host launches the kernel."""
+
+    def __init__(self, order: AccessOrder, host: Mapping[str, torch.Tensor], device: torch.device, clock: Clock,
+                 hold_ns: list[int]):
+        self.order = order
+        self.host = host
+        self.device = device
+        self.clock = clock
+        self.hold_ns = hold_ns
+
+    def fetch(self, position: int) -> dict[str, torch.Tensor]:
+        out = {w: self.host[w].to(self.device, copy=True) for w in self.order.reads[position]}
+        self.clock.synchronize()
+        self.clock.hold(self.hold_ns[position])
+        return out
+
+
+def _median(rows: list[list[int]]) -> list[int]:
+    return [round(statistics.median(col)) for col in zip(*rows)]
+
+
+def time_kernels(streamed: StreamedModule, clock: Clock, warmup: int = WARMUP_FORWARDS,
+                 forwards: int = TIMED_FORWARDS) -> tuple[list[int], list[int]]:
+    """Per kernel position, the median compute ns and host launch ns over `forwards` timed forwards."""
+    order = streamed.recording.order
+    hold = [FIRST_HOLD_NS] * len(order)
+    compute_rows, host_rows = [], []
+    for f in range(warmup + forwards):
+        stamps = KernelStamps(_Bring(order, streamed.host, streamed.device, clock, hold), clock)
+        clock.synchronize()
+        start = clock.stamp()
+        with torch.no_grad(), streamed.hooks.forward(stamps):
+            streamed.run()
+        stamps.close()
+        clock.synchronize()
+        compute = stamps.compute_ns()
+        compute[0] += clock.ns(start, stamps.before[0])  # the parent's work before the first kernel
+        host = [max(0, h - fetch) for h, fetch in zip(stamps.host_ns(), stamps.host_fetch)]
+        hold = [round(HOLD_FACTOR * h) + HOLD_MARGIN_NS for h in host]
+        if f >= warmup:
+            compute_rows.append(compute)
+            host_rows.append(host)
+    return _median(compute_rows), _median(host_rows)
+
+
+def record_module(streamed: StreamedModule, *, name: str, workload: Mapping[str, Any] | None = None,
+                  extra_header: Mapping[str, Any] | None = None) -> Trace:
+    """The trace of one forward of `streamed` (inference), timed kernel by kernel."""
+    device = streamed.device
+    clock = clock_for(device)
+    t0 = time.perf_counter()
+    compute_ns, host_ns = time_kernels(streamed, clock)
+    rec = streamed.recording
+    order = rec.order
+    records = tuple(
+        KernelRecord(name=order.kernels[i], layer=rec.layers[i], phase="fwd", weights=order.reads[i],
+                     compute_ns=compute_ns[i], flops=rec.flops[i],
+                     io_bytes=sum(order.sizes[w] for w in order.reads[i]), host_ns=host_ns[i])
+        for i in range(len(order)))
+    module = type(streamed.module)
+    header = {
+        "format": FORMAT, "version": VERSION, "records": len(records), "source": "recorded",
+        "model": name, "num_layers": max(rec.layers, default=-1) + 1, "workload": dict(workload or {}),
+        "module": f"{module.__module__}.{module.__qualname__}",
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (cpu backend)",
+        "torch": torch.__version__, "cuda": torch.version.cuda if device.type == "cuda" else None,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "clock": "cuda events" if device.type == "cuda" else "perf_counter (cpu backend)",
+        "timed_steps": TIMED_FORWARDS, "step_ns": sum(compute_ns),
+        "resident_bytes": streamed.resident_bytes, "record_s": round(time.perf_counter() - t0, 3),
+        **(extra_header or {}),
+    }
+    trace = Trace(header=header, weight_sizes=dict(order.sizes), records=records)
+    check_trace(trace)
+    return trace

@@ -1,0 +1,213 @@
+"""A module made streamable: host copies, placeholders, the recorded order, the hooks.
+
+`StreamedModule(module, example_inputs, ...)` does everything `offload` and
+`record` share, in this order, and `remove()` undoes it:
+
+1. partition the module into kernels (engine/modules/kernels.py);
+2. the host side of every streamed weight: views of a checkpoint's mappings,
+   registered for DMA (`checkpoint=`; the module may be built on the meta
+   device, it is never materialized on the host), or one pinned copy of the
+   module's own CPU parameters; kept parameters and buffers go to the device;
+3. placeholders where the streamed parameters were;
+4. one recording forward (each kernel's weights copied in on demand, so the
+   model never has to fit on the device): the access order, and parameters read
+   outside their kernel, which stay resident from then on;
+5. the hooks that stream each kernel from a source (the executor, or a timer).
+"""
+from __future__ import annotations
+
+import logging
+import mmap
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+
+from engine.errors import ExecutorError, WeightFileError
+from engine.executor.backend import page_span
+from engine.executor.runtime import make_backend
+from engine.executor.sources import pack
+from engine.modules.checkpoint import Checkpoint, module_weights
+from engine.modules.hooks import KernelHooks, placeholder
+from engine.modules.kernels import Recording, partition, record_order, weight_names
+from engine.units import MB
+
+log = logging.getLogger(__name__)
+
+
+def call_args(example_inputs: Any) -> tuple[tuple, dict]:
+    """Positional and keyword arguments from a tuple, a dict, or one tensor (one argument, never its rows)."""
+    if isinstance(example_inputs, dict):
+        return (), dict(example_inputs)
+    if isinstance(example_inputs, torch.Tensor):
+        return (example_inputs,), {}
+    return tuple(example_inputs), {}
+
+
+class _Restore:
+    """Where every parameter and buffer of the module lived, to put them back."""
+
+    def __init__(self, module: nn.Module):
+        self.params = {id(p): (p, p.device, p.data) for p in module.parameters()}
+        self.slots = [(m, name, p) for m in module.modules() for name, p in m._parameters.items() if p is not None]
+        self.buffers = [(m, name, b) for m in module.modules() for name, b in m._buffers.items() if b is not None]
+        self.host: dict[int, torch.Tensor] = {}  # param id -> its host copy (streamed ones)
+
+    def stream(self, host: dict[int, torch.Tensor]) -> None:
+        """These parameters now live in `host`: forget their original data (device
+        memory that must go back to the pool, or the CPU copy just packed)."""
+        self.host = host
+        for key in host:
+            p, device, _ = self.params[key]
+            self.params[key] = (p, device, None)
+
+    def restore(self) -> None:
+        for m, name, p in self.slots:
+            m._parameters[name] = p
+        for key, (p, device, original) in self.params.items():
+            if p.is_meta:
+                continue
+            host = self.host.get(key)
+            if host is None:
+                p.data = original
+            elif device.type == "cpu":
+                p.data = host.clone()  # out of the shared (pinned) buffer or the read-only mapping
+            else:
+                p.data = host.to(device)
+        for m, name, b in self.buffers:
+            m._buffers[name] = b
+
+
+class StreamedModule:
+    """`module` with its kernels streamable (module docstring); `remove()` puts it back."""
+
+    def __init__(self, module: nn.Module, example_inputs: Any, *, device: torch.device, backend: str,
+                 grouping: str = "block", blocks: Sequence[str] | None = None,
+                 checkpoint: str | Path | None = None, source: str = "mmap_registered"):
+        self.module = module
+        self.device = device
+        self.args, self.kwargs = call_args(example_inputs)
+        self._restore = _Restore(module)
+        self._holder = make_backend(backend, 0, 0)  # keeps the host registration for every executor
+        self._registered: list[int] = []
+        self._checkpoint: Checkpoint | None = None
+        self.hooks: KernelHooks | None = None
+        try:
+            self._setup(grouping, blocks, checkpoint, source)
+        except BaseException as err:
+            # The failure's frames hold views of the mapping; cleared, the checkpoint can close.
+            traceback.clear_frames(err.__traceback__)
+            self.remove()
+            raise
+
+    def _setup(self, grouping: str, blocks: Sequence[str] | None, checkpoint: str | Path | None,
+               source: str) -> None:
+        module, device = self.module, self.device
+        files = None
+        if checkpoint is not None:
+            self._checkpoint = Checkpoint(checkpoint, module_weights(module))
+            files = self._checkpoint.tensors()
+        elif any(p.is_meta for p in module.parameters()):
+            raise ExecutorError(f"this {type(module).__name__} has parameters on the meta device and no "
+                                "checkpoint; pass checkpoint=PATH (safetensors file or model directory)")
+        self._materialize_meta()
+        kernels, kept = partition(module, grouping, blocks)
+        names = weight_names(module)
+        streamed = {id(p): p for k in kernels for p in k.params.values()}
+        if files is not None:
+            if source == "mmap_registered":
+                self._register()
+            elif source != "mmap":
+                files = pack(files, self._holder.host_buffer if source == "pinned" else _pageable)
+            host = {names[k]: files[names[k]] for k in streamed}
+        else:
+            host = pack({names[k]: p.data.contiguous() for k, p in streamed.items()},
+                        self._holder.host_buffer if device.type == "cuda" else _pageable)
+        self._restore.stream({k: host[names[k]] for k in streamed if k in self._restore.params})
+        self.placeholders = {k: placeholder(p, device) for k, p in streamed.items()}
+        for k, p in streamed.items():
+            p.data = self.placeholders[k]
+        for p in kept:
+            p.data = (files[names[id(p)]] if files is not None else p.data).to(device)
+        self._buffers_to(device, files)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # what the streamed parameters held goes back for the pool
+
+        def bring(w: str, p: nn.Parameter) -> None:
+            p.data = host[w].to(device, copy=True)
+
+        def release(w: str, p: nn.Parameter) -> None:
+            p.data = self.placeholders[id(p)]
+
+        with torch.no_grad():
+            self.recording: Recording = record_order(module, self.run, kernels, bring, release)
+        for p in self.recording.outside:  # read outside their kernel: resident from now on
+            for k in kernels:
+                k.params.pop(names[id(p)], None)
+            self.placeholders.pop(id(p), None)
+        self.kernels = kernels
+        self.host = {w: host[w] for w in self.recording.order.sizes}
+        self.resident_params = [names[id(p)] for p in [*kept, *self.recording.outside]]
+        self.resident_bytes = sum(p.numel() * p.element_size() for p in [*kept, *self.recording.outside])
+        self.hooks = KernelHooks(module, kernels, self.recording.order, self.placeholders)
+        log.info("%s: %d kernels (%s), %d weights streamed (%.1f MB), %d kept resident (%.1f MB)",
+                 type(module).__name__, len(self.recording.order), grouping, len(self.host),
+                 sum(self.recording.order.sizes.values()) / MB, len(self.resident_params), self.resident_bytes / MB)
+
+    def _materialize_meta(self) -> None:
+        """Parameters on the meta device become placeholders on the compute device
+        (a tied parameter stays one parameter); the checkpoint fills them."""
+        new: dict[int, nn.Parameter] = {}
+        for m in self.module.modules():
+            for name, p in m._parameters.items():
+                if p is not None and p.is_meta:
+                    if id(p) not in new:
+                        new[id(p)] = nn.Parameter(placeholder(p, self.device), requires_grad=p.requires_grad)
+                    m._parameters[name] = new[id(p)]
+
+    def _register(self) -> None:
+        for wf in self._checkpoint.files:
+            address, nbytes = page_span(wf.base_address(), wf.file_bytes, mmap.PAGESIZE)
+            self._holder.register(address, nbytes)
+            self._registered.append(address)
+        log.info("registered %d checkpoint file(s), %.1f GB", len(self._registered), self._checkpoint.file_bytes / 1e9)
+
+    def _buffers_to(self, device: torch.device, files: dict[str, torch.Tensor] | None) -> None:
+        for qual, m in self.module.named_modules():
+            for name, b in m._buffers.items():
+                if b is None:
+                    continue
+                full = f"{qual}.{name}" if qual else name
+                if files is not None and full in files:
+                    m._buffers[name] = files[full].to(device)
+                elif b.is_meta:
+                    raise WeightFileError(f"buffer {full} is on the meta device and not in the checkpoint; build "
+                                          "the module with its buffers on the CPU (only parameters on meta)")
+                else:
+                    m._buffers[name] = b.to(device)
+
+    def run(self) -> Any:
+        """One forward on the example inputs."""
+        return self.module(*self.args, **self.kwargs)
+
+    def remove(self) -> None:
+        """Remove the hooks, unregister, close the checkpoint and put every parameter back."""
+        if self.hooks is not None:
+            self.hooks.remove()
+            self.hooks = None
+        for address in self._registered:
+            self._holder.unregister(address)
+        self._registered.clear()
+        self.host = {}
+        self._restore.restore()
+        if self._checkpoint is not None:
+            self._checkpoint.close()
+            self._checkpoint = None
+        self._holder.close()
+
+
+def _pageable(nbytes: int) -> torch.Tensor:
+    return torch.empty(nbytes, dtype=torch.uint8)
+
