@@ -43,7 +43,7 @@ from engine.models.lora import init_lora  # noqa: E402
 from engine.models.run import DictSource  # noqa: E402
 from engine.models.seeded import random_weights  # noqa: E402
 from engine.policy.activations import build_activation_policy  # noqa: E402
-from engine.record.clocks import clock_for  # noqa: E402
+from engine.measure.clocks import clock_for  # noqa: E402
 from engine.trace import read_trace  # noqa: E402
 from engine.validation import activations_config  # noqa: E402
 

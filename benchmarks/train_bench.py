@@ -64,7 +64,7 @@ from engine.models.spec import ModelSpec  # noqa: E402
 from engine.policy.activations import build_activation_policy  # noqa: E402
 from engine.policy.pool_sizing import exact_pool  # noqa: E402
 from engine.policy.schedule import Question  # noqa: E402
-from engine.record.clocks import Clock, clock_for  # noqa: E402
+from engine.measure.clocks import Clock, clock_for  # noqa: E402
 
 GB = 1e9
 MB = 1e6

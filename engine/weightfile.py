@@ -266,6 +266,16 @@ class WeightFile:
             self._views[name] = view
         return view
 
+    def offset(self, name: str) -> int:
+        """Where weight `name` begins, in bytes from the start of the file (and of the mapping)."""
+        if name not in self._entries:
+            raise WeightFileError(f"{name} is not a weight of model {self.spec.name}")
+        return self.data_start + self._entries[name][0]
+
+    def file_view(self) -> torch.Tensor:
+        """The whole file as bytes (uint8), a view of the mapping."""
+        return self._frombuffer(0, self.file_bytes, torch.uint8)
+
     def data_view(self) -> torch.Tensor:
         """The whole data section as bytes (uint8), a view of the mapping."""
         return self._frombuffer(self.data_start, self.file_bytes, torch.uint8)

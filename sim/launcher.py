@@ -10,11 +10,12 @@ layer boundary's and the kernel's unpacks:
    on_layer_start (this one);
 2. weight policy issue(position): evict, fetch, prefetch, hit, hazard;
 3. backward: on_unpack for each saved tensor the kernel needs;
-4. launch the kernel (kernel_launch_us of host time);
+4. launch the kernel (its recorded host_ns, else kernel_launch_us of host time);
 5. forward: on_save for each tensor the kernel saves.
 
 Host time: fetch_host_us per fetch/prefetch plus the pool's alloc_us, and
-kernel_launch_us per kernel. A weight allocation that must wait for a free
+per kernel its record's host_ns (a recorded module's block launches many
+CUDA kernels) or, without one, kernel_launch_us. A weight allocation that must wait for a free
 does not block the launcher: as in the executor's stream-ordered pool, the copy
 waits in the copy engine's queue (gated) until the free, and behind every
 eviction's last reader (the executor's copy stream waits for it to free). The
@@ -128,7 +129,7 @@ class Launcher:
                         self.saved.unpacking = q[1]
                         yield from self._ask([q], seq, deps)
                         self.saved.unpacking = None
-                yield env.timeout(self.launch_ns)
+                yield env.timeout(rec.host_ns or self.launch_ns)
                 self.log(env.now, "host", "end " + rec.name)
                 self.compute.launch(seq, rec, deps)
                 for s, q in zip(rec.saved, saves):

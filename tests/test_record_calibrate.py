@@ -1,4 +1,4 @@
-"""engine/record/, engine/calibrate.py, engine/validation.py on the CPU (perf_counter clocks, shipped data)."""
+"""engine/measure/, engine/calibrate.py, engine/validation.py on the CPU (perf_counter clocks, shipped data)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,8 +14,8 @@ from engine.models import load_spec, make_inputs
 from engine.models.lora import init_lora
 from engine.models.run import DictSource
 from engine.models.seeded import random_weights
-from engine.record.clocks import CpuClock
-from engine.record.timing import build_trace, split_backward, time_steps
+from engine.measure.clocks import CpuClock
+from engine.measure.timing import build_trace, split_backward, time_steps
 from engine.trace import read_trace, write_trace
 from engine.validation import measurements_path, read_measurements, report
 from sim.link import D2H, H2D, PcieLink

@@ -23,8 +23,8 @@ from engine.policy.activations import build_activation_policy
 from engine.policy.pool_sizing import exact_pool
 from engine.policy.schedule import Question, StepSchedule, step_questions
 from engine.policy.weights import WeightResidency
-from engine.record.clocks import CpuClock
-from engine.record.timing import build_trace, time_steps
+from engine.measure.clocks import CpuClock
+from engine.measure.timing import build_trace, time_steps
 from engine.models.spec import SavedTensor
 from engine.trace import Trace
 from sim.simulator import drive

@@ -103,6 +103,7 @@ class Checkpoint:
                                   "this checkpoint is for another model: point weights.file at this model's")
         self.files: list[WeightFile] = []
         self._where: dict[str, WeightFile] = {}
+        self._file_views: dict[int, torch.Tensor] = {}
         try:
             for shard, names in shards.items():
                 wanted = table.weights if names is None else {w: table.weights[w] for w in names
@@ -122,7 +123,16 @@ class Checkpoint:
         """Every weight of the table, as read-only views of the mappings."""
         return {w: self._where[w].tensor(w) for w in self.table.weights}
 
+    def locate(self, weight: str) -> tuple[WeightFile, int, torch.Tensor]:
+        """(its file, its byte offset in that file's mapping, the whole mapping as uint8)."""
+        wf = self._where[weight]
+        view = self._file_views.get(id(wf))
+        if view is None:
+            view = self._file_views[id(wf)] = wf.file_view()
+        return wf, wf.offset(weight), view
+
     def close(self) -> None:
+        self._file_views.clear()
         for wf in self.files:
             wf.close()
         self.files.clear()

@@ -2,7 +2,8 @@
 
 `KernelHooks` puts a pre-hook on each kernel's module that asks the current
 source for `fetch(position)` (the executor, or a timing wrapper around it)
-and points the kernel's parameters at what it returns; a post-hook points
+and points the kernel's parameters at what it returns (views of the packed
+block, engine/modules/packing.py); a post-hook points
 them back at placeholders, so no reference outlives the kernel and the pool
 reuses the memory. A kernel that did not run in the recording, or runs out of
 the recorded order, is a schedule divergence named by its kernel.
@@ -22,6 +23,7 @@ from torch import nn
 
 from engine.errors import ExecutorError
 from engine.modules.kernels import ModuleKernel
+from engine.modules.packing import SUFFIX, Part
 from engine.policy import AccessOrder
 
 RE_RECORD = ("the forward takes another path than the example inputs did: remove the offload "
@@ -42,8 +44,9 @@ class KernelHooks:
     """Hooks streaming `kernels` in `order`; `forward(source)` scopes one forward."""
 
     def __init__(self, root: nn.Module, kernels: Sequence[ModuleKernel], order: AccessOrder,
-                 placeholders: Mapping[int, torch.Tensor]):
+                 placeholders: Mapping[int, torch.Tensor], parts: Mapping[str, Sequence[Part]]):
         self.root = root
+        self.parts = parts
         self.order = order
         self.placeholders = placeholders
         self.source: KernelSource | None = None
@@ -58,6 +61,8 @@ class KernelHooks:
                 self._handles.append(k.module.register_forward_pre_hook(self._never(k)))
 
     def _pre(self, k: ModuleKernel) -> Any:
+        packed = k.name + SUFFIX
+        views = [(k.params[part.weight], part) for part in self.parts.get(packed, ())]
         params = list(k.params.items())
 
         def hook(m: nn.Module, inputs: Any) -> None:
@@ -71,8 +76,13 @@ class KernelHooks:
                 raise ExecutorError(f"schedule divergence at kernel {pos}: {k.name} ran where the recording "
                                     f"ran {expected}; {RE_RECORD}")
             weights = self.source.fetch(pos)
-            for w, p in params:
-                p.data = weights[w]
+            if views:
+                block = weights[packed]
+                for p, part in views:
+                    p.data = part.view(block)
+            else:
+                for w, p in params:
+                    p.data = weights[w]
             self.position = pos + 1
         return hook
 

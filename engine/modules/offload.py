@@ -45,7 +45,7 @@ class OffloadHandle:
         self.module = streamed.module
         self.streamed = streamed
         self.executor = executor
-        self.order = streamed.recording.order
+        self.order = streamed.order
         self.resident_params = streamed.resident_params
         self.eviction = executor.policy.eviction
         self.trace = trace  # the recorded trace (eviction="auto" or hardware given), else None
@@ -100,13 +100,13 @@ def offload(module: nn.Module, *, budget_mb: float | None, example_inputs: Any, 
                               blocks=blocks, checkpoint=checkpoint, source=source)
     try:
         budget = budget_bytes(budget_mb)
-        WeightResidency(streamed.recording.order, budget, "priority", lookahead)  # under the floor: fail now
+        WeightResidency(streamed.order, budget, "priority", lookahead)  # under the floor: fail now
         trace = prediction = None
         if hw is not None:
             trace = record_module(streamed, name=type(module).__name__)
             prediction = predict(trace, hw, budget, lookahead, eviction, source)
             eviction = prediction["eviction"]
-        executor = WeightExecutor(streamed.recording.order, streamed.host, budget_bytes=budget,
+        executor = WeightExecutor(streamed.order, streamed.host, budget_bytes=budget,
                                   eviction=eviction, lookahead=lookahead, backend=backend)
     except BaseException:
         streamed.remove()

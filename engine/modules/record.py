@@ -58,7 +58,7 @@ def _median(rows: list[list[int]]) -> list[int]:
 def time_kernels(streamed: StreamedModule, clock: Clock, warmup: int = WARMUP_FORWARDS,
                  forwards: int = TIMED_FORWARDS) -> tuple[list[int], list[int]]:
     """Per kernel position, the median compute ns and host launch ns over `forwards` timed forwards."""
-    order = streamed.recording.order
+    order = streamed.order
     hold = [FIRST_HOLD_NS] * len(order)
     compute_rows, host_rows = [], []
     for f in range(warmup + forwards):
@@ -87,7 +87,7 @@ def record_module(streamed: StreamedModule, *, name: str, workload: Mapping[str,
     t0 = time.perf_counter()
     compute_ns, host_ns = time_kernels(streamed, clock)
     rec = streamed.recording
-    order = rec.order
+    order = streamed.order
     records = tuple(
         KernelRecord(name=order.kernels[i], layer=rec.layers[i], phase="fwd", weights=order.reads[i],
                      compute_ns=compute_ns[i], flops=rec.flops[i],

@@ -12,7 +12,9 @@
 4. one recording forward (each kernel's weights copied in on demand, so the
    model never has to fit on the device): the access order, and parameters read
    outside their kernel, which stay resident from then on;
-5. the hooks that stream each kernel from a source (the executor, or a timer).
+5. each kernel's weights packed into one span, one copy a fetch
+   (engine/modules/packing.py);
+6. the hooks that stream each kernel from a source (the executor, or a timer).
 """
 from __future__ import annotations
 
@@ -28,10 +30,10 @@ from torch import nn
 from engine.errors import ExecutorError, WeightFileError
 from engine.executor.backend import page_span
 from engine.executor.runtime import make_backend
-from engine.executor.sources import pack
 from engine.modules.checkpoint import Checkpoint, module_weights
 from engine.modules.hooks import KernelHooks, placeholder
 from engine.modules.kernels import Recording, partition, record_order, weight_names
+from engine.modules.packing import pack_kernels, weight_views
 from engine.units import MB
 
 log = logging.getLogger(__name__)
@@ -119,13 +121,9 @@ class StreamedModule:
         if files is not None:
             if source == "mmap_registered":
                 self._register()
-            elif source != "mmap":
-                files = pack(files, self._holder.host_buffer if source == "pinned" else _pageable)
             host = {names[k]: files[names[k]] for k in streamed}
-        else:
-            host = pack({names[k]: p.data.contiguous() for k, p in streamed.items()},
-                        self._holder.host_buffer if device.type == "cuda" else _pageable)
-        self._restore.stream({k: host[names[k]] for k in streamed if k in self._restore.params})
+        else:  # the module's own data, on the host until packed (device copies are freed now)
+            host = {names[k]: p.data if p.device.type == "cpu" else p.data.cpu() for k, p in streamed.items()}
         self.placeholders = {k: placeholder(p, device) for k, p in streamed.items()}
         for k, p in streamed.items():
             p.data = self.placeholders[k]
@@ -147,14 +145,25 @@ class StreamedModule:
             for k in kernels:
                 k.params.pop(names[id(p)], None)
             self.placeholders.pop(id(p), None)
+        in_file = files is not None and source in ("mmap_registered", "mmap")
+        pinned = device.type == "cuda" if files is None else source == "pinned"
+        packed = pack_kernels(self.recording.order, host, self._checkpoint.locate if in_file else None,
+                              self._holder.host_buffer if pinned else _pageable)
+        views = weight_views(packed)
+        self._restore.stream({k: views[names[k]] for k in streamed
+                              if k in self._restore.params and names[k] in views})
+        del host, views
+        self.copied_bytes = packed.copied_bytes  # host bytes copied out of the checkpoint or the module
+        self.order = packed.order
+        self.host = packed.host
         self.kernels = kernels
-        self.host = {w: host[w] for w in self.recording.order.sizes}
         self.resident_params = [names[id(p)] for p in [*kept, *self.recording.outside]]
         self.resident_bytes = sum(p.numel() * p.element_size() for p in [*kept, *self.recording.outside])
-        self.hooks = KernelHooks(module, kernels, self.recording.order, self.placeholders)
-        log.info("%s: %d kernels (%s), %d weights streamed (%.1f MB), %d kept resident (%.1f MB)",
-                 type(module).__name__, len(self.recording.order), grouping, len(self.host),
-                 sum(self.recording.order.sizes.values()) / MB, len(self.resident_params), self.resident_bytes / MB)
+        self.hooks = KernelHooks(module, kernels, self.order, self.placeholders, packed.parts)
+        log.info("%s: %d kernels (%s), %.1f MB streamed as %d weights (%.1f MB copied to host buffers), "
+                 "%d kept resident (%.1f MB)", type(module).__name__, len(self.order), grouping,
+                 sum(self.order.sizes.values()) / MB, len(self.order.sizes), self.copied_bytes / MB,
+                 len(self.resident_params), self.resident_bytes / MB)
 
     def _materialize_meta(self) -> None:
         """Parameters on the meta device become placeholders on the compute device

@@ -1,0 +1,266 @@
+"""The user's own model: diffusers / transformers modules recorded, predicted and run at the limit.
+
+    python benchmarks/real_models.py --models ltx2 --budgets 16000 --peer --out DIR
+    python benchmarks/real_models.py --models flux,wan14b --budgets 8000,16000 --out DIR
+    python benchmarks/real_models.py --models llama8b --budgets 4000,8000,12000 --out DIR
+    python benchmarks/real_models.py --models tiny --device cpu --budgets 1      # smoke, timings meaningless
+
+Per model (conf/model/<name>_diffusers.yaml / llama8b_hf.yaml, built on the meta device):
+  checkpoint  random bf16 weights written once to --dir (a single .safetensors, mode=materialize's writer)
+  resident    every weight loaded to the device from the checkpoint: the reference output and the
+              compute floor; again beside a stream of H2D copies (the slowdown under copies)
+  record      engine.record: each block timed on the device -> the trace the predictions replay
+  ours        per budget: engine.offload(checkpoint=..., eviction = the simulator's pick on that trace):
+              set-up time (map + register + record order + warm), step time (median of --steps after
+              --warmup, CUDA events), H2D bytes, outputs bitwise against resident, prediction beside it
+  limit       max(resident x (1 + slowdown under copies), H2D bytes a step / pinned H2D bandwidth)
+  peer        (--peer) diffusers enable_group_offload(block_level, 1 block per group, use_stream=True)
+              on the same module with CPU weights viewing the same checkpoint mapping
+
+Prints a markdown table last and writes real_models.json under --out.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Callable
+
+import torch
+from omegaconf import OmegaConf
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import engine  # noqa: E402
+from engine.executor.setup import bitwise_equal  # noqa: E402
+from engine.measure.probes import copy_stream_beside, probe_copies  # noqa: E402
+from engine.config import load_hardware  # noqa: E402
+from engine.modules.build import build_module, example_inputs  # noqa: E402
+from engine.modules.checkpoint import Checkpoint, module_weights  # noqa: E402
+from engine.modules.offload import predict  # noqa: E402
+from engine.trace import write_trace  # noqa: E402
+from engine.weightfile import materialize  # noqa: E402
+
+MODELS = {"ltx2": "ltx2_diffusers", "flux": "flux_diffusers", "wan14b": "wan14b_diffusers",
+          "llama8b": "llama8b_hf"}
+WORKLOADS = {  # the workload yaml's shapes: 768x512x121 video, 1024x1024 image, one decode token
+    "ltx2": dict(kind="infer", batch=1, video_tokens=6144, audio_tokens=128, text_tokens=256, context_tokens=0),
+    "flux": dict(kind="infer", batch=1, video_tokens=4096, audio_tokens=0, text_tokens=512, context_tokens=0),
+    "wan14b": dict(kind="infer", batch=1, video_tokens=6144, audio_tokens=0, text_tokens=512, context_tokens=0),
+    "llama8b": dict(kind="decode", batch=1, video_tokens=0, audio_tokens=0, text_tokens=0, context_tokens=4096),
+}
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def host_rss() -> dict[str, int]:
+    out = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "RssAnon", "RssFile", "RssShmem"):
+            out[key] = int(value.split()[0]) * 1024
+    return out
+
+
+def first_tensor(out: Any) -> torch.Tensor:
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, (tuple, list)):
+        return first_tensor(out[0])
+    return out.logits
+
+
+def timed(fn: Callable[[], Any], warmup: int, steps: int) -> tuple[list[float], Any]:
+    out = None
+    for _ in range(warmup):
+        out = fn()
+    times = []
+    for _ in range(steps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        a.record()
+        out = fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return times, out
+
+
+def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
+    cfg = OmegaConf.load(ROOT / "conf" / "model" / f"{MODELS[key]}.yaml")
+    device = torch.device("cuda")
+    wl = SimpleNamespace(**WORKLOADS[key])
+    result: dict[str, Any] = {"model": cfg.name, "workload": WORKLOADS[key], "rows": []}
+    path = Path(args.dir) / f"{key}.safetensors"
+    module = build_module(cfg)
+    table = module_weights(module, cfg.name)
+    result["params"] = sum(p.numel() for p in module.parameters())
+    result["model_bytes"] = table.model_bytes
+    if not path.exists():
+        t0 = time.perf_counter()
+        materialize(table, path, seed=0, device="cuda", order=list(table.weights))
+        result["materialize_s"] = round(time.perf_counter() - t0, 1)
+        log(f"{key}: wrote {path} in {result['materialize_s']} s")
+    inputs = example_inputs(cfg, module, wl, device)
+
+    # Resident reference: a second meta-built instance, every weight loaded to the device.
+    with torch.no_grad(), Checkpoint(path, table) as ckpt:
+        ref_module = build_module(cfg)
+        t0 = time.perf_counter()
+        ref_module.load_state_dict({n: t.to(device) for n, t in ckpt.tensors().items()}, assign=True, strict=False)
+        for name, b in list(ref_module.named_buffers()):
+            owner = ref_module.get_submodule(name.rpartition(".")[0]) if "." in name else ref_module
+            owner._buffers[name.rpartition(".")[2]] = b.to(device)
+        torch.cuda.synchronize()
+        load_s = time.perf_counter() - t0
+        times, out = timed(lambda: ref_module(**inputs), args.warmup, args.steps)
+        ref = first_tensor(out).clone()
+        resident_ms = statistics.median(times)
+        beside = copy_stream_beside(round(resident_ms * 1e6), device)
+
+        def with_copies() -> Any:
+            beside()
+            return ref_module(**inputs)
+        copy_times, _ = timed(with_copies, 1, args.steps)
+        slowdown = statistics.median(copy_times) / resident_ms - 1
+        del ref_module, out
+    gc.collect()
+    torch.cuda.empty_cache()
+    finite = bool(ref.float().isfinite().all())
+    copies, _ = probe_copies(device)
+    h2d_gbps = max(c["nbytes"] / c["ns"] for c in copies if c["dir"] == "h2d")
+    result.update(resident_ms=resident_ms, resident_load_s=round(load_s, 1), slowdown_under_copies=slowdown,
+                  h2d_gbps=h2d_gbps, reference_finite=finite, peak_resident_bytes=torch.cuda.max_memory_allocated())
+    log(f"{key}: resident {resident_ms:.1f} ms, +{100 * slowdown:.1f}% beside copies, H2D {h2d_gbps:.1f} GB/s, "
+        f"finite={finite}")
+
+    t0 = time.perf_counter()
+    trace = engine.record(module, inputs, checkpoint=path, name=cfg.name, workload=WORKLOADS[key])
+    result["record_s"] = round(time.perf_counter() - t0, 1)
+    write_trace(Path(args.out) / f"{key}.trace.jsonl.gz", trace)
+    result["recorded_compute_ms"] = sum(r.compute_ns for r in trace.records) / 1e6
+    result["recorded_host_ms"] = sum(r.host_ns for r in trace.records) / 1e6
+    result["kernels"] = len(trace.records)
+    log(f"{key}: recorded {len(trace.records)} kernels in {result['record_s']} s: compute "
+        f"{result['recorded_compute_ms']:.1f} ms, host {result['recorded_host_ms']:.1f} ms")
+    pred_all = predict(trace, hw, None, 2, "priority")
+    result["predicted_resident_ms"] = pred_all["step_ms"]
+
+    for budget in args.budgets:
+        pred = predict(trace, hw, round(budget * 1e6), 2, "auto")
+        torch.cuda.reset_peak_memory_stats()
+        rss0 = host_rss()
+        t0 = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            h = engine.offload(module, budget_mb=budget, example_inputs=inputs, eviction=pred["eviction"],
+                               checkpoint=path)
+        setup_s = time.perf_counter() - t0
+        copied = h.streamed.copied_bytes
+        with torch.no_grad():
+            times, out = timed(lambda: module(**inputs), args.warmup, args.steps)
+        rows = h.telemetry()
+        h2d = rows[-1]["h2d_bytes"]
+        limit_ms = max(resident_ms * (1 + slowdown), h2d / (h2d_gbps * 1e6))
+        step = statistics.median(times)
+        row = {"budget_mb": budget, "eviction": pred["eviction"], "step_ms": step, "limit_ms": limit_ms,
+               "over_limit": step / limit_ms, "predicted_ms": pred["step_ms"],
+               "prediction_error": pred["step_ms"] / step - 1, "candidates_ms": pred["candidates"],
+               "h2d_bytes": h2d, "host_copied_bytes": copied, "predicted_h2d_bytes": pred["h2d_bytes"], "setup_s": setup_s,
+               "bitwise": bitwise_equal(first_tensor(out), ref),
+               "peak_pool_bytes": max(r["peak_device_bytes"] for r in rows),
+               "peak_torch_bytes": torch.cuda.max_memory_allocated(),
+               "predicted_peak_bytes": pred["peak_device_bytes"], "rss": host_rss(), "rss_before": rss0}
+        result["rows"].append(row)
+        log(f"{key} @ {budget}: {pred['eviction']} {step:.1f} ms (limit {limit_ms:.1f}, x{step / limit_ms:.3f}), "
+            f"predicted {pred['step_ms']:.1f} ({100 * row['prediction_error']:+.1f}%), set-up {setup_s:.1f} s, "
+            f"bitwise={row['bitwise']}")
+        del out
+        h.remove()
+        gc.collect()
+        torch.cuda.empty_cache()
+
+    if args.peer and hasattr(module, "enable_group_offload"):
+        result["peer"] = peer_row(module, cfg, table, path, inputs, ref, args)
+    return result
+
+
+def peer_row(module: Any, cfg: Any, table: Any, path: Path, inputs: dict, ref: torch.Tensor,
+             args: argparse.Namespace) -> dict:
+    """diffusers block-level group offloading with streams, CPU weights viewing the mapping."""
+    with Checkpoint(path, table) as ckpt:
+        peer = build_module(cfg)
+        peer.load_state_dict(ckpt.tensors(), assign=True, strict=False)
+        t0 = time.perf_counter()
+        peer.enable_group_offload(onload_device=torch.device("cuda"), offload_device=torch.device("cpu"),
+                                  offload_type="block_level", num_blocks_per_group=1, use_stream=True)
+        setup_s = time.perf_counter() - t0
+        with torch.no_grad():
+            times, out = timed(lambda: peer(**inputs), 1, max(2, args.steps // 2))
+        row = {"step_ms": statistics.median(times), "setup_s": setup_s,
+               "bitwise": bitwise_equal(first_tensor(out), ref), "rss": host_rss()}
+        del peer, out
+    gc.collect()
+    torch.cuda.empty_cache()
+    log(f"peer diffusers group offload: {row['step_ms']:.1f} ms, set-up {row['setup_s']:.1f} s")
+    return row
+
+
+def table_md(results: list[dict]) -> str:
+    lines = ["| model | budget MB | eviction | step ms | limit ms | x limit | predicted ms | error | set-up s | "
+             "bitwise |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        lines.append(f"| {r['model']} | resident | - | {r['resident_ms']:.1f} | - | - | "
+                     f"{r['predicted_resident_ms']:.1f} | {100 * (r['predicted_resident_ms'] / r['resident_ms'] - 1):+.1f}% "
+                     f"| - | ref |")
+        for row in r["rows"]:
+            lines.append(f"| {r['model']} | {row['budget_mb']} | {row['eviction']} | {row['step_ms']:.1f} | "
+                         f"{row['limit_ms']:.1f} | {row['over_limit']:.3f} | {row['predicted_ms']:.1f} | "
+                         f"{100 * row['prediction_error']:+.1f}% | {row['setup_s']:.1f} | {row['bitwise']} |")
+        if "peer" in r:
+            p = r["peer"]
+            lines.append(f"| {r['model']} | diffusers group offload | - | {p['step_ms']:.1f} | - | - | - | - | "
+                         f"{p['setup_s']:.1f} | {p['bitwise']} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="ltx2")
+    ap.add_argument("--budgets", default="16000")
+    ap.add_argument("--dir", default="/dev/shm", help="where the checkpoints are written (deleted after)")
+    ap.add_argument("--keep", action="store_true", help="keep the checkpoints")
+    ap.add_argument("--hardware", default="h100_calibrated")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--peer", action="store_true")
+    ap.add_argument("--out", default="outputs/real_models")
+    args = ap.parse_args()
+    args.budgets = [float(b) for b in args.budgets.split(",")]
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    hw = load_hardware(args.hardware)
+    results = []
+    for key in args.models.split(","):
+        try:
+            results.append(bench_model(key, args, hw))
+        finally:
+            if not args.keep:
+                (Path(args.dir) / f"{key}.safetensors").unlink(missing_ok=True)
+        (Path(args.out) / "real_models.json").write_text(json.dumps(
+            {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%F"),
+             "hardware_profile": args.hardware, "results": results}, indent=1, default=str))
+    print(table_md(results))
+
+
+if __name__ == "__main__":
+    main()
