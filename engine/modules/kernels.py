@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from engine.errors import ConfigError, ExecutorError
 from engine.policy import AccessOrder
@@ -173,6 +173,18 @@ def _tensors(args: tuple, kwargs: dict) -> Iterator[torch.Tensor]:
             stack.extend(a.values())
 
 
+def _uncounted_on_error(formula: Callable) -> Callable:
+    """A flop formula that counts 0 where torch's own refuses the shapes (grouped-query
+    attention, say) instead of failing the recording forward."""
+    def count(*args: Any, **kwargs: Any) -> int:
+        try:
+            return formula(*args, **kwargs)
+        except (AssertionError, RuntimeError, ValueError, TypeError, IndexError):
+            return 0
+    count._get_raw = True  # already takes tensors: FlopCounterMode must not wrap it again
+    return count
+
+
 def record_order(module: nn.Module, run: Callable[[], Any], kernels: list[ModuleKernel],
                  bring: Callable[[str, nn.Parameter], None], release: Callable[[str, nn.Parameter], None]
                  ) -> Recording:
@@ -183,7 +195,8 @@ def record_order(module: nn.Module, run: Callable[[], Any], kernels: list[Module
     owner = {id(p): i for i, k in enumerate(kernels) for p in k.params.values()}
     names = {id(p): w for k in kernels for w, p in k.params.items()}
     reads = _OutsideReads(owner, lambda p: bring(names[id(p)], p))
-    counter = FlopCounterMode(display=False)
+    counter = FlopCounterMode(display=False, custom_mapping={
+        op: _uncounted_on_error(formula) for op, formula in flop_registry.items()})
     ran: list[tuple[int, int]] = []  # (kernel index, FLOPs counted when it started)
 
     def pre(i: int) -> Callable:

@@ -103,7 +103,7 @@ def offload(module: nn.Module, *, budget_mb: float | None, example_inputs: Any, 
         WeightResidency(streamed.order, budget, "priority", lookahead)  # under the floor: fail now
         trace = prediction = None
         if hw is not None:
-            trace = record_module(streamed, name=type(module).__name__)
+            trace = record_module(streamed, name=type(module).__name__, backend=backend)
             prediction = predict(trace, hw, budget, lookahead, eviction, source)
             eviction = prediction["eviction"]
         executor = WeightExecutor(streamed.order, streamed.host, budget_bytes=budget,
@@ -167,6 +167,6 @@ def record(module: nn.Module, example_inputs: Any, *, backend: str = "cuda", gro
     streamed = StreamedModule(module, example_inputs, device=device, backend=backend, grouping=grouping,
                               blocks=blocks, checkpoint=checkpoint, source=source)
     try:
-        return record_module(streamed, name=name or type(module).__name__, workload=workload)
+        return record_module(streamed, name=name or type(module).__name__, backend=backend, workload=workload)
     finally:
         streamed.remove()
