@@ -36,12 +36,12 @@ class Part:
 
     weight: str
     offset: int
+    nbytes: int
     dtype: torch.dtype
     shape: tuple[int, ...]
 
     def view(self, block: torch.Tensor) -> torch.Tensor:
-        n = _nbytes(self.dtype, self.shape)
-        return block[self.offset:self.offset + n].view(self.dtype).view(self.shape)
+        return block[self.offset:self.offset + self.nbytes].view(self.dtype).view(self.shape)
 
 
 @dataclass(frozen=True)
@@ -54,11 +54,8 @@ class Packed:
     copied_bytes: int  # bytes copied into the buffer (the rest are views of the checkpoint mappings)
 
 
-def _nbytes(dtype: torch.dtype, shape: tuple[int, ...]) -> int:
-    n = torch.empty((), dtype=dtype).element_size()
-    for s in shape:
-        n *= s
-    return n
+def _part(weight: str, offset: int, t: torch.Tensor) -> Part:
+    return Part(weight, offset, t.numel() * t.element_size(), t.dtype, tuple(t.shape))
 
 
 def _in_file(weights: tuple[str, ...], host: Mapping[str, torch.Tensor],
@@ -78,7 +75,7 @@ def _in_file(weights: tuple[str, ...], host: Mapping[str, torch.Tensor],
         t = host[w]
         if (b - start) % PART_ALIGN:
             return None
-        parts.append(Part(w, b - start, t.dtype, tuple(t.shape)))
+        parts.append(_part(w, b - start, t))
     return where[0][2][start:end], tuple(parts)
 
 
@@ -116,7 +113,7 @@ def pack_kernels(order: AccessOrder, host: Mapping[str, torch.Tensor],
         own = []
         for w in weights:
             t = host[w]
-            own.append(Part(w, total - begin, t.dtype, tuple(t.shape)))
+            own.append(_part(w, total - begin, t))
             total += -(-(t.numel() * t.element_size()) // ALIGN) * ALIGN
         layout[packed] = (begin, total)
         if len(weights) > 1:
