@@ -229,7 +229,14 @@ def check_config(cfg: Any) -> None:
             raise ConfigError(f"workload.{key}={cfg.workload[key]} is negative; use 0 or more")
     if cfg.workload.kind == "train_lora" and cfg.workload.lora_rank < 1:
         raise ConfigError(f"workload.lora_rank={cfg.workload.lora_rank}: LoRA training needs a rank of 1 or more")
-    if cfg.workload.kind == "decode" and cfg.model.family != "llama":
+    if "module" in cfg.model:
+        if cfg.workload.kind == "train_lora":
+            raise ConfigError(f"model {cfg.model.name} is a real module; the CLI runs it for inference "
+                              "(workload=infer or decode); train it from Python (engine.offload)")
+        if cfg.mode in ("calibrate", "validate"):
+            raise ConfigError(f"mode={cfg.mode} runs spec models; for model {cfg.model.name} use mode=record, "
+                              "then simulate or execute with trace=PATH")
+    elif cfg.workload.kind == "decode" and cfg.model.family != "llama":
         raise ConfigError(f"workload=decode runs one token of a language model; model {cfg.model.name} is a "
                           f"{cfg.model.family} model: use workload=infer or train_lora")
     for key in ("max_step_ms", "min_overlap", "max_stall_ms"):

@@ -13,6 +13,7 @@ from typing import Callable
 from omegaconf import DictConfig, OmegaConf
 
 from engine.config import check_config
+from engine.errors import ConfigError
 from engine.modes import MODES
 from engine.plan import Plan, make_plan
 from engine.models import build_spec
@@ -22,11 +23,15 @@ from engine.trace import Trace, check_matches, read_trace, synthesize
 
 @dataclass(frozen=True)
 class Job:
+    """A spec model's job has all of spec, trace and plan. A real module's
+    (`model.module`, engine/modules) has no spec; its trace is the recorded one
+    (trace=PATH), absent until mode=record or mode=execute records it."""
+
     cfg: DictConfig
     out_dir: Path
-    spec: ModelSpec
-    trace: Trace
-    plan: Plan
+    spec: ModelSpec | None
+    trace: Trace | None
+    plan: Plan | None
     # weights=auto: every candidate's predicted step (ms), and the simulation of the
     # chosen one as (allow_below_floor, SimResult), which the mode reuses.
     eviction_predicted_ms: dict[str, float] | None = None
@@ -97,9 +102,37 @@ def _memo(key: tuple, build: Callable[[], object]) -> object:
     return _MEMO[key]
 
 
+def is_module_model(model_cfg: DictConfig) -> bool:
+    """A model config naming a real module (`module._target_`), not a spec family."""
+    return "module" in model_cfg
+
+
+def _prepare_module(cfg: DictConfig, out_dir: Path) -> Job:
+    """A real module's job: its recorded trace and plan when trace= names one."""
+    if cfg.trace is None:
+        if cfg.mode in ("record", "execute", "materialize"):
+            return Job(cfg, out_dir, None, None, None)
+        raise ConfigError(f"model {cfg.model.name} is a real module: record its trace first "
+                          f"(mode=record weights.file=CHECKPOINT), then pass trace=PATH to mode={cfg.mode}")
+    stat = Path(cfg.trace).stat()
+    source: tuple = ("file", str(Path(cfg.trace).resolve()), stat.st_mtime_ns, stat.st_size)
+    trace = _memo(("trace", *source), lambda: read_trace(cfg.trace))
+    check_matches(trace, cfg.model.name, trace.header.get("num_layers"), cfg.workload)
+    params = trace.header.get("params") or sum(trace.weight_sizes.values()) // 2
+    plan = _memo(("plan", *source, cfg.budget, cfg.weights.lookahead), lambda: make_plan(
+        model=cfg.model.name, workload=cfg.workload.name, param_count=params,
+        order=trace.access_order(), budget_mb=cfg.budget, lookahead=cfg.weights.lookahead))
+    predicted = simulated = None
+    if cfg.weights.eviction == "auto":
+        predicted, simulated = _choose_eviction(cfg, trace, plan, source)
+    return Job(cfg, out_dir, None, trace, plan, predicted, simulated)
+
+
 def prepare(cfg: DictConfig, out_dir: Path) -> Job:
     """Check the config and build the job's spec, trace and plan."""
     check_config(cfg)
+    if is_module_model(cfg.model):
+        return _prepare_module(cfg, out_dir)
     shape = tuple(OmegaConf.to_yaml(cfg[k]) for k in ("model", "workload", "hardware"))
     spec = _memo(("spec", *shape[:2]), lambda: build_spec(cfg.model, cfg.workload))
     if cfg.trace and not Path(cfg.trace).is_dir():  # a directory: mode=calibrate reads it itself

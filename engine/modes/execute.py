@@ -133,6 +133,10 @@ def comparison_md(rows: list[dict], meas: dict) -> str:
 
 
 def execute_mode(job: Job) -> Outcome:
+    if job.spec is None:  # a real module (engine/modules)
+        from engine.modes.module import execute_module
+
+        return execute_module(job)
     cfg = job.cfg
     if job.plan.below_floor:
         # Execute never runs below the floor; the simulator can show why.
@@ -179,6 +183,10 @@ def _model_choice(job: Job) -> str:
 
 
 def materialize_mode(job: Job) -> Outcome:
+    if job.spec is None:  # a real module (engine/modules)
+        from engine.modes.module import materialize_module
+
+        return materialize_module(job)
     path = _materialize_target(job.cfg.out, job.spec.model_bytes)
     info = run_materialize(job.cfg, job.spec, path)
     report = {**plan_report(job), "materialized": info}

@@ -30,6 +30,10 @@ NO_CUDA = ("mode=record needs a CUDA GPU and none is visible; predict without on
 
 
 def record_mode(job: Job) -> Outcome:
+    if job.spec is None:  # a real module (engine/modules)
+        from engine.modes.module import record_module_mode
+
+        return record_module_mode(job)
     path, trace = record(job.cfg, job.spec, job.out_dir)
     h = trace.header
     probes = h["probes"]

@@ -132,7 +132,8 @@ def record_module(streamed: StreamedModule, *, name: str, backend: str, workload
     module = type(streamed.module)
     header = {
         "format": FORMAT, "version": VERSION, "records": len(records), "source": "recorded",
-        "model": name, "num_layers": max(rec.layers, default=-1) + 1, "workload": dict(workload or {}),
+        "model": name, "num_layers": max(rec.layers, default=-1) + 1,
+        "params": sum(p.numel() for p in streamed.module.parameters()), "workload": dict(workload or {}),
         "module": f"{module.__module__}.{module.__qualname__}",
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (cpu backend)",
         "torch": torch.__version__, "cuda": torch.version.cuda if device.type == "cuda" else None,
