@@ -1,0 +1,194 @@
+"""Real modules (engine/modules) on the CPU: checkpoints mapped on a meta-built module,
+packed kernels, recording -> simulation, and the bad checkpoints a user brings."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+from torch import nn
+
+import engine
+from engine.errors import ConfigError, ExecutorError, WeightFileError
+from engine.modules.build import build_module, parameters_on_meta
+from engine.modules.packing import SUFFIX
+from engine.trace import read_trace, write_trace
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Block(nn.Module):
+    def __init__(self, d: int):
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.fc1 = nn.Linear(d, 4 * d)
+        self.fc2 = nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        return x + self.fc2(F.gelu(self.fc1(self.norm(x))))
+
+
+class Net(nn.Module):
+    def __init__(self, d: int = 64, n: int = 3):
+        super().__init__()
+        self.embed = nn.Linear(8, d)
+        self.blocks = nn.ModuleList(Block(d) for _ in range(n))
+        self.head = nn.Linear(d, 8)
+
+    def forward(self, x):
+        h = self.embed(x)
+        for b in self.blocks:
+            h = b(h)
+        return self.head(h)
+
+
+@pytest.fixture()
+def checkpoint(tmp_path: Path) -> tuple[Path, torch.Tensor, torch.Tensor]:
+    torch.manual_seed(0)
+    net = Net().eval()
+    x = torch.randn(2, 5, 8)
+    with torch.no_grad():
+        ref = net(x)
+    path = tmp_path / "net.safetensors"
+    save_file({n: p.detach().contiguous() for n, p in net.state_dict().items()}, str(path))
+    return path, x, ref
+
+
+def meta_net() -> Net:
+    with parameters_on_meta():
+        return Net().eval()
+
+
+def test_a_meta_built_module_runs_bitwise_from_its_checkpoint(checkpoint):
+    path, x, ref = checkpoint
+    net = meta_net()
+    assert all(p.is_meta for p in net.parameters())
+    h = engine.offload(net, budget_mb=0.4, example_inputs=(x,), checkpoint=path, source="mmap", backend="cpu",
+                       eviction="belady")
+    # Each block's tensors lie together in the file, 64-byte aligned: its span is the file's own bytes;
+    # only the head (its 32-byte bias puts the weight off alignment) is copied to a host buffer.
+    assert h.order.reads[1] == ("blocks.0" + SUFFIX,)
+    assert h.streamed.copied_bytes == 256 + 2048
+    with torch.no_grad():
+        assert all(torch.equal(net(x), ref) for _ in range(3))
+    assert h.telemetry()[-1]["h2d_bytes"] > 0
+    h.remove()
+    assert all(p.is_meta for p in net.parameters())
+
+
+def test_a_sharded_directory_with_its_index(checkpoint, tmp_path):
+    path, x, ref = checkpoint
+    from safetensors.torch import load_file
+
+    sd = load_file(str(path))
+    names = sorted(sd)
+    shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
+              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    for shard, keys in shards.items():
+        save_file({k: sd[k] for k in keys}, str(d / shard))
+    (d / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {k: shard for shard, keys in shards.items() for k in keys}}))
+    net = meta_net()
+    h = engine.offload(net, budget_mb=None, example_inputs=(x,), checkpoint=d, source="mmap", backend="cpu",
+                       eviction="priority")
+    with torch.no_grad():
+        assert torch.equal(net(x), ref)
+    h.remove()
+    (d / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(WeightFileError, match="shard model-00002-of-00002.safetensors named by "
+                                              "model.safetensors.index.json is missing"):
+        engine.offload(meta_net(), budget_mb=None, example_inputs=(x,), checkpoint=d, backend="cpu")
+
+
+def test_bad_checkpoints_fail_before_the_module_changes(checkpoint, tmp_path):
+    path, x, _ = checkpoint
+    other = tmp_path / "other.safetensors"
+    save_file({"w": torch.zeros(3)}, str(other))
+    with pytest.raises(WeightFileError, match=r"weight embed.weight \(and 21 more\) .*another model|"
+                                              r"this file is for another model"):
+        engine.offload(meta_net(), budget_mb=None, example_inputs=(x,), checkpoint=other, backend="cpu")
+    wrong = tmp_path / "bf16.safetensors"
+    save_file({n: t.to(torch.bfloat16) for n, t in Net().state_dict().items()}, str(wrong))
+    with pytest.raises(WeightFileError, match=r"bf16.safetensors: \S+ is BF16\[[0-9, ]+\] in the file but "
+                                              r"the model expects F32\["):
+        engine.offload(meta_net(), budget_mb=None, example_inputs=(x,), checkpoint=wrong, backend="cpu")
+    cut = tmp_path / "cut.safetensors"
+    cut.write_bytes(path.read_bytes()[:-1000])
+    with pytest.raises(WeightFileError, match="truncated"):
+        engine.offload(meta_net(), budget_mb=None, example_inputs=(x,), checkpoint=cut, backend="cpu")
+    net = meta_net()
+    with pytest.raises(ExecutorError, match="meta device and no checkpoint"):
+        engine.offload(net, budget_mb=None, example_inputs=(x,), backend="cpu")
+    assert all(p.is_meta for p in net.parameters()) and "forward" not in net.__dict__
+
+
+def test_a_module_without_a_checkpoint_is_packed_into_one_host_buffer(checkpoint):
+    _, x, ref = checkpoint
+    torch.manual_seed(0)
+    net = Net().eval()
+    h = engine.offload(net, budget_mb=0.4, example_inputs=(x,), backend="cpu", eviction="lru")
+    assert h.streamed.copied_bytes >= sum(p.numel() * 4 for p in net.parameters())
+    with torch.no_grad():
+        assert torch.equal(net(x), ref)
+    h.remove()
+    with torch.no_grad():
+        assert torch.equal(net(x), ref)
+
+
+def test_record_writes_a_trace_the_simulator_replays(checkpoint, tmp_path):
+    path, x, _ = checkpoint
+    trace = engine.record(meta_net(), (x,), checkpoint=path, backend="cpu", name="net")
+    assert [r.name for r in trace.records] == ["embed", "blocks.0", "blocks.1", "blocks.2", "head"]
+    assert [r.layer for r in trace.records] == [-1, 0, 1, 2, -1]
+    assert all(r.host_ns > 0 and r.compute_ns > 0 for r in trace.records)
+    assert trace.records[1].flops == 2 * 2 * 5 * (64 * 256 * 2)  # two linears, batch 2 x 5 tokens
+    write_trace(tmp_path / "t.jsonl", trace)
+    again = read_trace(tmp_path / "t.jsonl")
+    assert again.records == trace.records and again.header["num_layers"] == 3
+
+
+def test_auto_picks_the_fastest_predicted_policy(checkpoint):
+    path, x, ref = checkpoint
+    net = meta_net()
+    h = engine.offload(net, budget_mb=0.4, example_inputs=(x,), checkpoint=path, source="mmap", backend="cpu")
+    p = h.prediction
+    assert set(p["candidates"]) == {"lru", "belady", "priority"}
+    assert p["eviction"] == h.eviction and p["candidates"][h.eviction] == min(p["candidates"].values())
+    assert p["hardware"] == "h100_pcie5" and h.trace is not None
+    with torch.no_grad():
+        assert torch.equal(net(x), ref)
+    h.remove()
+
+
+def test_a_target_that_cannot_be_imported_names_the_extra():
+    with pytest.raises(ConfigError, match=r"module 'nosuchpackage' is not installed; pip install "
+                                          r"'offload-engine\[models\]'"):
+        build_module({"module": {"_target_": "nosuchpackage.Model"}, "dtype": "fp32"})
+
+
+def test_the_cli_records_then_simulates_a_transformers_model(tmp_path):
+    pytest.importorskip("transformers", reason="needs the models extra: pip install 'offload-engine[models]'")
+    ckpt = tmp_path / "tl.safetensors"
+    common = [sys.executable, "-m", "engine", "model=tiny_llama_hf", "workload=decode",
+              "workload.context_tokens=16"]
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*common, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+    assert run("mode=materialize", f"out={ckpt}").returncode == 0
+    rec = run("mode=record", f"weights.file={ckpt}", "weights.backend=cpu", f"hydra.run.dir={tmp_path / 'rec'}")
+    assert rec.returncode == 0, rec.stderr
+    trace = tmp_path / "rec" / "trace.jsonl"
+    sim = run(f"trace={trace}", "budget=0.5", f"hydra.run.dir={tmp_path / 'sim'}")
+    assert sim.returncode == 0, sim.stderr
+    report = json.loads((tmp_path / "sim" / "report.json").read_text())
+    assert report["prediction"]["step_ms"] > 0
+    no_trace = run("budget=0.5")
+    assert no_trace.returncode == 2 and "record its trace first" in no_trace.stderr
