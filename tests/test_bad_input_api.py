@@ -74,7 +74,7 @@ def test_a_budget_that_is_not_a_number_of_mb(budget):
     assert all(bitwise_equal(a, b) for a, b in zip(before, net.parameters()))
 
 
-def test_eviction_auto_picks_the_fewest_bytes():
+def test_eviction_auto_picks_the_fastest_predicted():
     net = Net()
     x = torch.randn(2, 16)
     with torch.no_grad():
@@ -82,7 +82,7 @@ def test_eviction_auto_picks_the_fewest_bytes():
     size = sum(p.numel() * p.element_size() for p in net.a.parameters()) / 1e6
     h = _offload(net, budget_mb=3 * size, eviction="auto", example_inputs=(x,))
     assert h.eviction in ("lru", "belady", "priority")
-    assert h.eviction_bytes[h.eviction] == min(h.eviction_bytes.values())
+    assert h.prediction["candidates"][h.eviction] == min(h.prediction["candidates"].values())
     with torch.no_grad():
         for _ in range(3):
             assert bitwise_equal(net(x), ref)

@@ -530,12 +530,3 @@ def residency_summary(order: AccessOrder, budget_bytes: int | None, eviction: st
         copies_per_step=len(streamed),
         first_step_bytes=sum(order.sizes[w] for w in copied(0)),
     )
-
-
-def fewest_bytes_eviction(order: AccessOrder, budget_bytes: int | None, lookahead: int) -> tuple[str, dict[str, int]]:
-    """The eviction policy that copies the fewest bytes a step (then the fewest copies)
-    for `order` under `budget_bytes`, and every policy's bytes a step: the choice when
-    no kernel times are known (a streamed step is bound by its copies)."""
-    summaries = {e: residency_summary(order, budget_bytes, e, lookahead) for e in EVICTIONS}
-    best = min(EVICTIONS, key=lambda e: (summaries[e].streamed_bytes_per_step, summaries[e].copies_per_step))
-    return best, {e: r.streamed_bytes_per_step for e, r in summaries.items()}
