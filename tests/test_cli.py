@@ -70,7 +70,7 @@ def test_lru_copies_more_than_belady_and_priority(run_cli, tmp_path):
 
 
 @pytest.mark.parametrize("args, fragment", [
-    ((), "no model given; add model=NAME, one of: flux, llama70b"),
+    ((), "no model given; add model=NAME, one of: flux, flux_diffusers, llama70b"),
     (("+model=nope",), "unknown model 'nope'; one of: flux"),
     (("+model=tiny", "budget=-5"), "budget=-5.0 is negative"),
     (("+model=tiny", "budget=lots"), "budget='lots' is not a valid"),

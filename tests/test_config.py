@@ -9,7 +9,8 @@ from engine.errors import ConfigError
 
 register()
 
-MODELS = ["flux", "llama70b", "llama8b", "ltx", "ltxv13b", "tiny", "wan14b"]
+MODELS = ["flux", "flux_diffusers", "llama70b", "llama8b", "llama8b_hf", "ltx", "ltx2_diffusers", "ltxv13b", "tiny",
+          "tiny_llama_hf", "wan14b", "wan14b_diffusers"]
 
 
 def _compose(*overrides: str):

@@ -72,8 +72,9 @@ MODEL_DIR = Path(__file__).resolve().parents[2] / "conf" / "model"
 
 
 def available_models() -> list[str]:
-    """Names accepted by `+model=NAME` and `load_spec`."""
-    return sorted(p.stem for p in MODEL_DIR.glob("*.yaml"))
+    """Spec models: names `load_spec` accepts (conf/model/*.yaml without a `module`, which
+    names a real module: engine/modules)."""
+    return sorted(p.stem for p in MODEL_DIR.glob("*.yaml") if "module" not in OmegaConf.load(p))
 
 
 def model_config(model_cfg: Any) -> ModelConfig:
