@@ -80,7 +80,7 @@ def test_eviction_auto_picks_the_fastest_predicted():
     with torch.no_grad():
         ref = net(x)
     size = sum(p.numel() * p.element_size() for p in net.a.parameters()) / 1e6
-    h = _offload(net, budget_mb=3 * size, eviction="auto", example_inputs=(x,))
+    h = _offload(net, budget_mb=10 * size, eviction="auto", example_inputs=(x,))
     assert h.eviction in ("lru", "belady", "priority")
     assert h.prediction["candidates"][h.eviction] == min(h.prediction["candidates"].values())
     with torch.no_grad():
