@@ -23,7 +23,7 @@ from torch import nn
 
 from engine.errors import ExecutorError
 from engine.modules.kernels import ModuleKernel
-from engine.modules.packing import SUFFIX, Part
+from engine.modules.packing import SUFFIX, Part, unpacker
 from engine.policy import AccessOrder
 
 RE_RECORD = ("the forward takes another path than the example inputs did: remove the offload "
@@ -62,7 +62,9 @@ class KernelHooks:
 
     def _pre(self, k: ModuleKernel) -> Any:
         packed = k.name + SUFFIX
-        views = [(k.params[part.weight], part) for part in self.parts.get(packed, ())]
+        parts = self.parts.get(packed, ())
+        unpack = unpacker(parts) if parts else None
+        targets = [k.params[part.weight] for part in parts]
         params = list(k.params.items())
 
         def hook(m: nn.Module, inputs: Any) -> None:
@@ -76,10 +78,9 @@ class KernelHooks:
                 raise ExecutorError(f"schedule divergence at kernel {pos}: {k.name} ran where the recording "
                                     f"ran {expected}; {RE_RECORD}")
             weights = self.source.fetch(pos)
-            if views:
-                block = weights[packed]
-                for p, part in views:
-                    p.data = part.view(block)
+            if unpack is not None:
+                for p, view in zip(targets, unpack(weights[packed])):
+                    p.data = view
             else:
                 for w, p in params:
                     p.data = weights[w]

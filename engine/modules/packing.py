@@ -18,7 +18,7 @@ outputs stay bitwise.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 import torch
 
@@ -52,6 +52,32 @@ class Packed:
     host: dict[str, torch.Tensor]
     parts: dict[str, tuple[Part, ...]]  # packed weight -> its parameters
     copied_bytes: int  # bytes copied into the buffer (the rest are views of the checkpoint mappings)
+
+
+def unpacker(parts: Sequence[Part]) -> Callable[[torch.Tensor], list[torch.Tensor]]:
+    """A function from a packed block (uint8) to its parts' views, in `parts` order.
+    Parts of one dtype (the common case) cost one typed view of the block plus one
+    `as_strided` each, instead of three views each: this runs once a kernel a step."""
+    dtypes = {p.dtype for p in parts}
+    item = next(iter(dtypes)).itemsize if len(dtypes) == 1 else 0
+    if not item or any(p.offset % item for p in parts):
+        return lambda block: [p.view(block) for p in parts]
+    dtype = next(iter(dtypes))
+    layout = [(p.shape, _contiguous_strides(p.shape), p.offset // item) for p in parts]
+
+    def views(block: torch.Tensor) -> list[torch.Tensor]:
+        typed = block.view(dtype)
+        base = typed.storage_offset()
+        return [typed.as_strided(shape, stride, base + offset) for shape, stride, offset in layout]
+    return views
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
 
 
 def _part(weight: str, offset: int, t: torch.Tensor) -> Part:
