@@ -72,7 +72,7 @@ def assert_bitwise(got, ref) -> None:
 def assert_counts_match_policy(off: ActivationOffloader) -> None:
     t = off.telemetry()[-1]
     p = off.policy.history[-1]
-    assert (t["activations_saved"], t["kept"], t["spilled"], t["restored"]) == (p.saved, p.kept, p.spilled, p.restored)
+    assert (t["activations_saved"], t["activations_kept"], t["activations_spilled"], t["activations_restored"]) == (p.saved, p.kept, p.spilled, p.restored)
     assert (t["spill_bytes"], t["restore_bytes"]) == (p.spill_bytes, p.restore_bytes)
     assert (t["pool_hits"], t["pool_misses"]) == (p.pool_hits, p.pool_misses)
     assert t["d2h_bytes"] == t["spill_bytes"]  # every spill is one copy out
@@ -91,8 +91,8 @@ def test_lora_step_is_bitwise_identical_and_counts_match_the_policy(tiny, mode):
         assert_bitwise(got, ref)
         assert_counts_match_policy(off)
     t = off.telemetry()[-1]
-    assert t["spilled"] >= 0.6 * t["activations_saved"]
-    assert t["restored"] == t["spilled"] and t["h2d_bytes"] == t["restore_bytes"]
+    assert t["activations_spilled"] >= 0.6 * t["activations_saved"]
+    assert t["activations_restored"] == t["activations_spilled"] and t["h2d_bytes"] == t["restore_bytes"]
     assert t["weight_handles"] > 0  # frozen weights are held as handles, not spilled
     assert t["held"] > 0  # LoRA adapters: trainable leaves stay
     actions = {d.action for d in off.log}
@@ -147,7 +147,7 @@ def test_without_a_pool_sync_spills_are_misses(tiny):
     with off.step():
         assert_bitwise(lora_step(tiny, off), ref)
     t = off.telemetry()[-1]
-    assert t["pool_misses"] == t["spilled"] > 0 and t["pool_hits"] == 0
+    assert t["pool_misses"] == t["activations_spilled"] > 0 and t["pool_hits"] == 0
 
 
 def test_pool_hits_and_misses_are_counted(tiny):
@@ -254,7 +254,7 @@ def test_non_dense_tensors_are_made_contiguous_with_one_warning():
             got = step()
     assert torch.equal(got, ref)
     assert [str(w.message) for w in caught if "contiguous" in str(w.message)].__len__() == 1
-    assert off.telemetry()[-1]["spilled"] == 2
+    assert off.telemetry()[-1]["activations_spilled"] == 2
 
 
 class SaveLowPrecision(torch.autograd.Function):
@@ -282,7 +282,7 @@ def test_low_precision_dtypes_round_trip_bitwise(dtype):
         SaveLowPrecision.apply(x, dtype).sum().backward()
     before, after = SaveLowPrecision.seen[-2:]
     assert torch.equal(before, after)
-    assert off.telemetry()[-1]["spilled"] == 1
+    assert off.telemetry()[-1]["activations_spilled"] == 1
 
 
 # ----- checksums

@@ -85,8 +85,8 @@ def test_lora_step_is_bitwise_identical(tiny, mode, caps):
             assert same(got, ref)
         t = off.telemetry()[-1]
         p = off.policy.history[-1]
-        assert (t["spilled"], t["restored"], t["spill_bytes"]) == (p.spilled, p.restored, p.spill_bytes)
-        assert t["spilled"] > 0.5 * t["activations_saved"] and t["pool_misses"] == 0
+        assert (t["activations_spilled"], t["activations_restored"], t["spill_bytes"]) == (p.spilled, p.restored, p.spill_bytes)
+        assert t["activations_spilled"] > 0.5 * t["activations_saved"] and t["pool_misses"] == 0
         assert t["d2h_bytes"] == t["spill_bytes"] and t["h2d_bytes"] > 0
         assert t["stall_time_ms"] >= 0 and t["vram_peak_mb"] > 0
 

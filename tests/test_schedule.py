@@ -130,7 +130,7 @@ def executor_questions(tiny, act: ActivationsConfig) -> list[Question]:
         sum(o.float().pow(2).mean() for o in out.values()).backward()
     off.close()
     t = off.telemetry()[-1]
-    assert t["spilled"] > 0 and t["pool_misses"] == 0
+    assert t["activations_spilled"] > 0 and t["pool_misses"] == 0
     return off.questions
 
 

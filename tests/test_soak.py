@@ -137,8 +137,8 @@ def test_training_steps_with_activation_spill_grow_nothing():
             p.grad = None  # the same step every time: the same loss, the same spills
         losses.add(loss.item())
         t = off.telemetry()[-1]
-        counts.add((t["spilled"], t["restored"], t["pool_hits"], t["pool_misses"]))
-        assert t["spilled"] > 0 and t["pool_hits"] > 0
+        counts.add((t["activations_spilled"], t["activations_restored"], t["pool_hits"], t["pool_misses"]))
+        assert t["activations_spilled"] > 0 and t["pool_hits"] > 0
         assert [off.slabs.free_slabs(c) for c in range(len(slabs))] == slabs  # every slab came back
         assert off.device_bytes == 0 and off.off_device_bytes == 0
         assert len(off.telemetry()) <= KEEP_STEPS and len(off.policy.history) <= KEEP_STEPS

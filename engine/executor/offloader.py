@@ -270,9 +270,9 @@ class ActivationOffloader:
         return {
             "step": r.step,
             "activations_saved": c.saved,
-            "kept": c.kept,
-            "spilled": c.spilled,
-            "restored": c.restored,
+            "activations_kept": c.kept,
+            "activations_spilled": c.spilled,
+            "activations_restored": c.restored,
             "spill_bytes": c.spill_bytes,
             "restore_bytes": c.restore_bytes,
             "stall_time_ms": sum(stalls),

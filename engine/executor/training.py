@@ -44,7 +44,8 @@ Tensor = torch.Tensor
 # bf16 LoRA weights stay at sane scales over a few steps.
 LEARNING_RATE = 1e-3
 # The Stagehand telemetry schema; activations=off writes zeros for the counts.
-ACTIVATION_FIELDS = ("activations_saved", "kept", "spilled", "restored", "spill_bytes", "restore_bytes",
+ACTIVATION_FIELDS = ("activations_saved", "activations_kept", "activations_spilled", "activations_restored",
+                     "spill_bytes", "restore_bytes",
                      "stall_time_ms", "stall_count", "pool_hits", "pool_misses")
 
 

@@ -26,6 +26,7 @@ from engine.executor.runtime import WeightExecutor
 from engine.executor.setup import compute_device
 from engine.modules.record import record_module
 from engine.modules.streamed import StreamedModule
+from engine.modules.training import TrainingHandle
 from engine.policy.weights import EVICTIONS, WeightResidency
 from engine.trace import Trace
 from engine.units import MB, budget_bytes
@@ -73,10 +74,11 @@ def _check_common(module: nn.Module, budget_mb: float | None, backend: str) -> t
     return compute_device(backend, no_cuda=NO_CUDA)
 
 
-def offload(module: nn.Module, *, budget_mb: float | None, example_inputs: Any, eviction: str = "auto",
+def offload(module: nn.Module, *, budget_mb: float | None, example_inputs: Any = None, eviction: str = "auto",
             lookahead: int = 2, backend: str = "cuda", grouping: str = "block",
             blocks: Sequence[str] | None = None, checkpoint: str | Path | None = None,
-            source: str = "mmap_registered", hardware: Any = None) -> OffloadHandle:
+            source: str = "mmap_registered", hardware: Any = None, training: bool = False,
+            activations: Any = None) -> OffloadHandle | TrainingHandle:
     """Stream `module`'s parameters through a pool capped at `budget_mb` (None: all resident).
 
     `example_inputs` (a tuple of positional arguments, a dict of keyword arguments,
@@ -91,7 +93,20 @@ def offload(module: nn.Module, *, budget_mb: float | None, example_inputs: Any, 
     trace and `hardware` (a conf/hardware name, path or mapping; default h100_pcie5).
     A budget under the floor raises BelowFloorError with the exact minimum in MB;
     on any error the module is left as it was.
+
+    `training=True` returns a TrainingHandle instead (engine/modules/training.py):
+    `with h.step(): loss.backward()` spills saved activations by the `activations`
+    policy (a mapping of ActivationsConfig fields); the weights stay resident
+    (budget_mb=None).
     """
+    if training:
+        if budget_mb is not None:
+            raise ConfigError("training=True runs with the weights resident (budget_mb=None): streaming a real "
+                              "module's weights under autograd is not built yet")
+        _check_common(module, None, backend)
+        return TrainingHandle(module, activations, blocks)
+    if example_inputs is None:
+        raise ConfigError("example_inputs is required: the arguments of one forward, to record its order")
     device = _check_common(module, budget_mb, backend)
     if eviction not in (*EVICTIONS, "auto"):
         raise ConfigError(f"eviction={eviction!r} is not one of {', '.join(EVICTIONS)}, auto; pick one of those")
