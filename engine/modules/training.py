@@ -18,7 +18,7 @@ block's forward pre-hook enters its layer. Frozen parameters saved by autograd
 activations (ResidentWeights). Works with per-block `torch.utils.checkpoint`.
 
 The slab pool: `activations.pool.exact` (the default here) sizes it from the
-first step, which runs with no slabs (its spills go to ordinary host memory);
+first step, which runs with one tiny slab (its spills go to ordinary host memory);
 from the second step the pool holds exactly the step's spills.
 
 The weights stay where they are (budget_mb=None): streaming them under autograd
@@ -41,6 +41,8 @@ from engine.modules.kernels import find_blocks
 from engine.policy.activations import build_activation_policy, validate_watermarks
 from engine.policy.pool_sizing import exact_pool
 from engine.policy.saved import validate_pool
+
+SIZING_SLAB_MB = 0.001  # the sizing step's pool: one slab no saved tensor fits (a policy needs a class)
 
 
 def activations_config(activations: Any) -> Any:
@@ -104,8 +106,9 @@ class TrainingHandle:
         self._hooks = self._offloader.layer_hooks(self.layers)
 
     def _make_offloader(self, act: Any) -> ActivationOffloader:
-        if act.pool.exact:  # the sizing step: no slabs, its spills to ordinary host memory
-            act = OmegaConf.merge(act, {"pool": {"class_sizes_mb": [], "slabs_per_class": [], "exact": False}})
+        if act.pool.exact:  # the sizing step: one small slab, the spills to ordinary host memory (misses)
+            act = OmegaConf.merge(act, {"pool": {"class_sizes_mb": [SIZING_SLAB_MB], "slabs_per_class": [1],
+                                                 "exact": False}})
         policy = build_activation_policy(act, len(self.layers))
         return ActivationOffloader(policy, act, self.device, weights=self._frozen, keep_steps=1)
 
