@@ -236,10 +236,13 @@ class ActivationOffloader:
         return len(self._path) - 1
 
     def layer_hooks(self, layers: Mapping[nn.Module, int]) -> list[RemovableHandle]:
-        """Forward pre-hooks that enter each module's layer; remove them when done."""
+        """Forward pre-hooks that enter each module's layer; remove them when done.
+        A layer run again in backward is activation checkpointing's recompute (its
+        saves go through the checkpoint's own hooks): it enters no layer."""
         def hook_for(layer: int):
             def enter(_module: nn.Module, _args: Any) -> None:
-                self.enter_layer(layer)
+                if not self._in_backward:
+                    self.enter_layer(layer)
             return enter
 
         return [m.register_forward_pre_hook(hook_for(layer)) for m, layer in layers.items()]

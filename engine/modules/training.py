@@ -42,14 +42,20 @@ from engine.policy.activations import build_activation_policy, validate_watermar
 from engine.policy.pool_sizing import exact_pool
 from engine.policy.saved import validate_pool
 
+# A real block saves ~150 tensors, a spilled layer ~80 of them at once: at the spec
+# models' cap of 64 copies in flight the host waits inline for the oldest copy and the
+# GPU starves. The cap bounds copies in flight, not memory (slabs are booked either way).
+MODULE_INFLIGHT = 1024
 SIZING_SLAB_MB = 0.001  # the sizing step's pool: one slab no saved tensor fits (a policy needs a class)
 
 
 def activations_config(activations: Any) -> Any:
     """An ActivationsConfig from a mapping (or a config node), checked; pool.exact
-    unless class sizes are given."""
+    unless class sizes are given, MODULE_INFLIGHT copies in flight unless given."""
     given = OmegaConf.to_container(activations, resolve=True) if OmegaConf.is_config(activations) \
         else dict(activations or {})
+    for key in ("max_inflight_d2h", "max_inflight_h2d"):
+        given.setdefault(key, MODULE_INFLIGHT)
     pool = dict(given.get("pool") or {})
     if not pool.get("class_sizes_mb"):
         pool.setdefault("exact", True)

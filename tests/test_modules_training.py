@@ -1,0 +1,161 @@
+"""engine.offload(training=True) on the CPU: bitwise losses and gradients against the plain
+step, the pool sized from the first step, Stagehand's telemetry fields, and its loud failures."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+import engine
+from engine.errors import ConfigError, ExecutorError
+
+STAGEHAND = ("activations_saved", "activations_kept", "activations_spilled", "activations_restored",
+             "spill_bytes", "restore_bytes", "stall_time_ms", "stall_count", "pool_hits", "pool_misses",
+             "vram_peak_mb")
+
+
+class Adapted(nn.Module):
+    """A frozen linear with a trainable low-rank adapter, as peft builds one."""
+
+    def __init__(self, d_in: int, d_out: int, rank: int = 4):
+        super().__init__()
+        self.base = nn.Linear(d_in, d_out)
+        self.base.requires_grad_(False)
+        self.a = nn.Parameter(torch.randn(rank, d_in) * 0.1)
+        self.b = nn.Parameter(torch.randn(d_out, rank) * 0.1)
+
+    def forward(self, x):
+        return self.base(x) + F.linear(F.linear(x, self.a), self.b)
+
+
+class Block(nn.Module):
+    def __init__(self, d: int):
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.up = Adapted(d, 4 * d)
+        self.down = Adapted(4 * d, d)
+
+    def forward(self, x):
+        return x + self.down(F.gelu(self.up(self.norm(x))))
+
+
+class Net(nn.Module):
+    def __init__(self, d: int = 64, n: int = 4, ckpt: bool = False):
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(d) for _ in range(n))
+        self.ckpt = ckpt
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = checkpoint(b, x, use_reentrant=False) if self.ckpt else b(x)
+        return x
+
+
+def make(**kw) -> Net:
+    torch.manual_seed(0)
+    return Net(**kw)
+
+
+def step(net: Net, x: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    for p in net.parameters():
+        p.grad = None
+    loss = net(x).pow(2).mean()
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in net.named_parameters() if p.requires_grad}
+
+
+X = torch.randn(2, 128, 64)
+SYNC = {"mode": "sync", "num_offload_layers": 2, "min_tensor_bytes": 4096}
+WATERMARK = {"mode": "watermark", "high_watermark_mb": 0.1, "low_watermark_mb": 0.05, "min_tensor_bytes": 4096}
+
+
+@pytest.mark.parametrize("ckpt", [False, True])
+@pytest.mark.parametrize("activations", [SYNC, WATERMARK], ids=["sync", "watermark"])
+def test_losses_and_gradients_are_bitwise_and_the_pool_is_sized_by_the_first_step(activations, ckpt):
+    loss_ref, grads_ref = step(make(ckpt=ckpt), X)
+    net = make(ckpt=ckpt)
+    h = engine.offload(net, budget_mb=None, training=True, backend="cpu", activations=activations)
+    for _ in range(3):
+        with h.step():
+            loss, grads = step(net, X)
+        assert torch.equal(loss, loss_ref)
+        assert grads.keys() == grads_ref.keys() and all(torch.equal(grads[k], grads_ref[k]) for k in grads)
+    rows = h.telemetry()
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert tuple(rows[0])[:len(STAGEHAND)] == STAGEHAND
+    assert rows[0]["activations_spilled"] > 0
+    assert rows[0]["pool_hits"] == 0 and rows[0]["pool_misses"] == rows[0]["activations_spilled"]  # sizing
+    assert rows[1]["pool_misses"] == 0 and rows[1]["pool_hits"] == rows[1]["activations_spilled"]  # exact
+    assert rows[1]["activations_restored"] == rows[1]["activations_spilled"]
+    h.remove()
+
+
+def test_no_trainable_parameters():
+    net = make().requires_grad_(False)
+    with pytest.raises(ConfigError, match="has no trainable parameters; add the adapters"):
+        engine.offload(net, budget_mb=None, training=True, backend="cpu", activations=SYNC)
+
+
+def test_a_budget_or_no_policy_is_refused():
+    with pytest.raises(ConfigError, match="weights resident \\(budget_mb=None\\)"):
+        engine.offload(make(), budget_mb=1000, training=True, backend="cpu", activations=SYNC)
+    with pytest.raises(ConfigError, match="training=True spills activations: give activations="):
+        engine.offload(make(), budget_mb=None, training=True, backend="cpu")
+
+
+def test_nested_steps_backward_outside_and_adapters_added_late():
+    net = make()
+    h = engine.offload(net, budget_mb=None, training=True, backend="cpu", activations=SYNC)
+    with pytest.raises(ExecutorError, match="step\\(\\) inside a step"):
+        with h.step():
+            with h.step():
+                pass
+    h.remove()
+    h = engine.offload(net, budget_mb=None, training=True, backend="cpu", activations=SYNC)
+    with pytest.raises(ExecutorError, match="saved tensors that backward never used"):
+        with h.step():
+            net(X).pow(2).mean()  # the backward would come after the step
+    h.remove()
+    h = engine.offload(net, budget_mb=None, training=True, backend="cpu", activations=SYNC)
+    net.blocks[0].up.base.requires_grad_(True)
+    with pytest.raises(ExecutorError, match="trainable parameters changed since it was offloaded"):
+        with h.step():
+            pass
+    h.remove()
+
+
+def test_a_peft_llama_with_gradient_checkpointing():
+    transformers = pytest.importorskip("transformers", reason="needs the models extra")
+    peft = pytest.importorskip("peft", reason="needs the models extra")
+    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=3,
+                                   num_attention_heads=4, num_key_value_heads=2)
+
+    def build():
+        torch.manual_seed(0)
+        m = transformers.LlamaForCausalLM(cfg)
+        m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        m.train()
+        return peft.get_peft_model(m, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj", "up_proj"],
+                                                      init_lora_weights=False))
+
+    ids = torch.randint(0, 256, (2, 64), generator=torch.Generator().manual_seed(1))
+
+    def run(m):
+        loss = m(input_ids=ids, labels=ids).loss
+        loss.backward()
+        return loss.detach(), {n: p.grad for n, p in m.named_parameters() if p.requires_grad}
+
+    loss_ref, grads_ref = run(build())
+    m = build()
+    h = engine.offload(m, budget_mb=None, training=True, backend="cpu",
+                       activations={"mode": "sync", "num_offload_layers": 2, "min_tensor_bytes": 1024})
+    for _ in range(2):
+        for p in m.parameters():
+            p.grad = None
+        with h.step():
+            loss, grads = run(m)
+        assert torch.equal(loss, loss_ref) and all(torch.equal(grads[k], grads_ref[k]) for k in grads_ref)
+    assert h.telemetry()[-1]["activations_spilled"] > 0
+    h.remove()
