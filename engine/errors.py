@@ -17,17 +17,25 @@ class ConfigError(EngineError, ValueError):
 
 
 class BelowFloorError(ConfigError):
-    """The budget is under the floor: the smallest budget that can run."""
+    """The budget is under the floor, the advised minimum: the largest pair of adjacent
+    kernels' weights (the hard minimum: under it a hazard is certain) plus the
+    lookahead's headroom (between the two, prefetches run short but nothing breaks)."""
 
-    def __init__(self, budget_bytes: int, floor_bytes: int, kernels: tuple[str, str]):
+    def __init__(self, budget_bytes: int, floor_bytes: int, pair_bytes: int, kernels: tuple[str, str]):
         self.budget_bytes = budget_bytes
         self.floor_bytes = floor_bytes
+        self.pair_bytes = pair_bytes
         self.kernels = kernels
         need_mb = -(-floor_bytes // 1_000_000)
         super().__init__(
-            f"budget {budget_bytes / 1e6:.0f} MB is under the floor of {floor_bytes / 1e6:.3f} MB "
-            f"(set by {kernels[0]} + {kernels[1]}); use budget={need_mb} or more, "
-            f"or mode=simulate sim.allow_below_floor=true to see the hazards")
+            f"budget {_mb(budget_bytes)} MB is under the floor of {floor_bytes / 1e6:.3f} MB (the weights of "
+            f"{kernels[0]} + {kernels[1]}, {pair_bytes / 1e6:.3f} MB, plus the lookahead's prefetches); use "
+            f"budget={need_mb} or more. Hazards are certain only under {pair_bytes / 1e6:.3f} MB; "
+            "mode=simulate sim.allow_below_floor=true shows what happens below the floor")
+
+
+def _mb(nbytes: int) -> str:
+    return f"{nbytes / 1e6:.0f}" if nbytes >= 10_000_000 else f"{nbytes / 1e6:.3f}"
 
 
 class TraceError(EngineError, ValueError):

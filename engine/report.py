@@ -48,16 +48,22 @@ def plan_md(plan: dict) -> str:
             ["model bytes", f"{plan['model_bytes']:,} ({fmt_bytes(plan['model_bytes'])})"],
             ["weights / kernels per step", f"{plan['weight_count']:,} / {plan['kernel_count']:,}"],
             ["budget", "all resident (null)" if budget is None else f"{budget:,} ({fmt_bytes(budget)})"],
-            ["floor", f"{plan['floor_bytes']:,} ({fmt_bytes(plan['floor_bytes'])})"],
+            ["floor (the advised minimum: full lookahead)",
+             f"{plan['floor_bytes']:,} ({fmt_bytes(plan['floor_bytes'])})"],
             ["floor set by", " + ".join(plan["floor_kernels"])
              + f" ({fmt_bytes(plan['floor_pair_bytes'])}) + lookahead {plan['lookahead']} headroom "
                f"{fmt_bytes(plan['floor_headroom_bytes'])}"],
+            ["hard minimum (under it hazards are certain)",
+             f"{plan['floor_pair_bytes']:,} ({fmt_bytes(plan['floor_pair_bytes'])})"],
             ["distinct weight sizes (pool warm list)", f"{len(plan['pool_warm_sizes'])}"],
         ]),
     ]
     if plan["below_floor"]:
-        head += ["", f"**Budget is under the floor**: no policy runs here without hazards; "
-                     f"use budget={-(-plan['floor_bytes'] // 1_000_000)} or more."]
+        certain = plan["budget_bytes"] < plan["floor_pair_bytes"]
+        head += ["", f"**Budget is under the floor**: execute refuses it; use "
+                     f"budget={-(-plan['floor_bytes'] // 1_000_000)} or more. "
+                     + ("It is under the hard minimum too: every policy has hazards here."
+                        if certain else "It is above the hard minimum: the prefetches run short, no hazards.")]
     else:
         head += ["", table(["eviction", "resident", "streamed / step", "copies / step", "first step"], [
             [name, fmt_bytes(p["resident_bytes"]), fmt_bytes(p["streamed_bytes_per_step"]),

@@ -486,7 +486,7 @@ def test_a_corrupted_byte_in_a_spilled_activation_is_caught_and_named(device, de
         got = _lora_step(spec, weights, inputs, again)
     assert torch.equal(got[0], reference[0])
     assert all(torch.equal(got[1][k], reference[1][k]) for k in reference[1])
-    assert again.telemetry()[-1]["spilled"] > 0
+    assert again.telemetry()[-1]["activations_spilled"] > 0
     again.close()
 
 

@@ -367,3 +367,31 @@ def test_keep_last_steps_drops_whole_older_steps_in_place():
     assert [d.step for d in log] == [1, 1, 2]
     keep_last_steps(log, 0)
     assert log == []
+
+
+@pytest.mark.parametrize("eviction", ["lru", "belady", "priority"])
+def test_hazards_start_exactly_under_the_hard_minimum(eviction):
+    """The floor's pair is the hard minimum: one byte under it every policy has a hazard;
+    at it (still under the floor) none, only shorter prefetches."""
+    from omegaconf import OmegaConf
+
+    from engine.config import ActivationsConfig, WeightsConfig, load_hardware
+    from engine.models import load_spec
+    from engine.trace import synthesize
+    from sim import simulate
+
+    wl = OmegaConf.create({"name": "infer", "kind": "infer", "batch": 1, "video_tokens": 6144, "audio_tokens": 128,
+                           "text_tokens": 256, "context_tokens": 0, "lora_rank": 0})
+    trace = synthesize(load_spec("tiny", wl), wl, load_hardware("h100_pcie5"))
+    fl = floor(trace.access_order(), 2)
+    assert fl.pair_bytes < fl.bytes
+    weights = OmegaConf.merge(OmegaConf.structured(WeightsConfig), {"eviction": eviction, "lookahead": 2})
+
+    def hazards(budget: int) -> int:
+        return len(simulate(trace, weights, OmegaConf.structured(ActivationsConfig), load_hardware("h100_pcie5"),
+                            budget_bytes=budget, steps=2, allow_below_floor=True).prediction["hazards"])
+
+    assert hazards(fl.pair_bytes - 1) > 0
+    assert hazards(fl.pair_bytes) == 0
+    with pytest.raises(BelowFloorError, match=rf"Hazards are certain only under {fl.pair_bytes / 1e6:.3f} MB"):
+        WeightResidency(trace.access_order(), fl.bytes - 1, eviction, 2)

@@ -245,3 +245,23 @@ def test_a_weight_copy_waits_behind_every_earlier_evictions_last_reader() -> Non
         if d.action in ("hit", "fetch") and d.detail in (-1, d.position):
             read[d.target] = d.step * n + d.position
     assert checked > 100
+
+
+def test_a_resident_decode_step_reads_its_weights_from_hbm():
+    """Decode is bound by reading the weights: a linear's io_bytes include its weight bytes
+    (an embedding reads only its rows), so the step cannot beat weights / HBM bandwidth."""
+    from omegaconf import OmegaConf
+
+    from engine.config import load_hardware
+    from engine.models import load_spec
+    from engine.trace import synthesize
+
+    wl = OmegaConf.create(dict(name="decode", kind="decode", batch=1, video_tokens=0, audio_tokens=0,
+                               text_tokens=0, context_tokens=4096, lora_rank=0))
+    spec = load_spec("llama8b", wl)
+    hw = load_hardware("h100_calibrated")
+    trace = synthesize(spec, wl, hw)
+    read = sum(w.nbytes for n, w in spec.weights.items() if n != "model.embed_tokens.weight")
+    compute_ns = sum(r.compute_ns for r in trace.records)
+    assert compute_ns >= read / hw.hbm_gbps
+    assert compute_ns < 1.1 * read / hw.hbm_gbps + 1e6  # and not far above: the weights dominate

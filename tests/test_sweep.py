@@ -69,7 +69,7 @@ def test_failed_point_is_listed_not_fatal(run_cli, tmp_path):
     rows = _summary(tmp_path)
     assert len(rows) == 2
     assert any("under the floor" in (row["error"] or "") for row in rows)
-    assert any("error: budget 0 MB is under the floor" in ln for ln in _point_lines(r.stdout))
+    assert any("error: budget 0.001 MB is under the floor" in ln for ln in _point_lines(r.stdout))
 
 
 def test_pareto_front_is_the_non_dominated_points():

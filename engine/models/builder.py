@@ -73,6 +73,8 @@ class SpecBuilder:
 
     def kernel(self, name: str, layer: int, op: str, weights: Iterable[str], flops: int, io_bytes: int,
                saves: Iterable[tuple[str, int]] = ()) -> None:
+        """Declare a kernel; `io_bytes` counts its activations' device traffic, and the
+        bytes of the weights it reads are added here (once, for every family)."""
         if name in self._kernel_names:
             raise RuntimeError(f"spec builder bug: kernel {name} declared twice")
         self._kernel_names.add(name)
@@ -81,7 +83,10 @@ class SpecBuilder:
             if tensor not in self._saved_names:
                 self._saved_names.add(tensor)
                 saved.append(SavedTensor(tensor, nbytes, layer))
-        self.kernels.append(Kernel(name, layer, op, tuple(weights), int(flops), int(io_bytes), tuple(saved)))
+        weights = tuple(weights)
+        if op != "embed":  # a kernel reads its weights whole; an embedding reads only its rows (in io_bytes)
+            io_bytes += sum(self.weights[w].nbytes for w in weights)
+        self.kernels.append(Kernel(name, layer, op, weights, int(flops), int(io_bytes), tuple(saved)))
 
     def proj(self, kname: str, layer: int, x: Act, outs: Sequence[Out], *, bias: bool = True,
              norm_width: int = 0, extra_saves: Sequence[tuple[str, int]] = ()) -> list[Act]:

@@ -19,6 +19,12 @@ of the lookahead window (beyond the next kernel) in flight. Above the floor ever
 demand fetch finds room without evicting a weight of the current or the
 previous kernel, so no policy ever causes a use-after-evict hazard.
 
+`pair_bytes` is the hard minimum: under it K_{i-1} ∪ K_i cannot be resident
+together and a hazard is certain. `bytes`, the floor, is the advised minimum and
+the one execute refuses below: between the two nothing breaks (a demand fetch
+evicts prefetched weights, never the pair), but the prefetches run short of the
+lookahead and the step stalls on copies.
+
 Issuing a kernel
 ----------------
 `WeightResidency.issue(i)` answers, in the order the driver must carry it out:
@@ -339,7 +345,7 @@ class WeightResidency:
         self.floor = floor(order, lookahead)
         if budget_bytes is not None:
             if budget_bytes < self.floor.bytes and not allow_below_floor:
-                raise BelowFloorError(budget_bytes, self.floor.bytes, self.floor.kernels)
+                raise BelowFloorError(budget_bytes, self.floor.bytes, self.floor.pair_bytes, self.floor.kernels)
             _check_every_kernel_fits(order, budget_bytes)
         self._eviction = EVICTIONS[eviction](order, budget_bytes, self.floor)
         self._pinned = self._eviction.pinned
