@@ -47,7 +47,7 @@ FITTED = ("h2d_gbps", "d2h_gbps", "duplex_gbps", "small_copy_mib", "small_copy_g
 PROFILE_FIELDS = ("name", "source", "device_memory_mb", "h2d_gbps", "d2h_gbps", "duplex_gbps", "pageable_gbps",
                   "mmap_gbps", "mmap_registered_gbps", "small_copy_mib", "small_copy_gbps", "matmul_tflops",
                   "hbm_gbps", "kernel_launch_us", "fetch_host_us", "alloc_us", "launch_queue_depth",
-                  "compute_slowdown_under_copy")
+                  "compute_slowdown_under_copy", "context_mb")
 
 
 def _probes(trace: Trace, where: str) -> dict:

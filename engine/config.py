@@ -50,6 +50,9 @@ class HardwareConfig:
     alloc_us: float = 2.0  # pool allocation latency
     launch_queue_depth: int = 1024  # kernels the host may run ahead of the GPU
     compute_slowdown_under_copy: float = 0.0  # fraction compute slows while copies run
+    # Device memory a process holds outside its tensors: the CUDA context, library handles
+    # and workspaces (benchmarks/context_memory.py measures it).
+    context_mb: float = 0.0
 
 
 @dataclass
@@ -177,7 +180,7 @@ def _check_finite(node: Any, key: str) -> None:
 # Hardware profile fields that divide or scale time: each must be > 0.
 _POSITIVE_HARDWARE = ("device_memory_mb", "h2d_gbps", "d2h_gbps", "duplex_gbps", "pageable_gbps", "mmap_gbps",
                       "mmap_registered_gbps", "matmul_tflops", "hbm_gbps", "launch_queue_depth")
-_NON_NEGATIVE_HARDWARE = ("kernel_launch_us", "fetch_host_us", "alloc_us")
+_NON_NEGATIVE_HARDWARE = ("kernel_launch_us", "fetch_host_us", "alloc_us", "context_mb")
 
 
 def check_hardware(hw: DictConfig) -> None:

@@ -20,6 +20,11 @@ state) unless said otherwise:
     d2h_bytes          bytes the last step's decisions copied device to host (spills)
     peak_device_bytes  the most weight + saved-activation bytes on the device at
                        any instant of the whole run (a fit must hold in every step)
+    peak_process_bytes the whole device: peak_device_bytes + the transient activations
+                       (a recorded module's measured activation peak, header
+                       "activation_peak_bytes"; else the largest kernel's activation
+                       traffic, io_bytes less its weights: its inputs and outputs alive
+                       together) + hardware.context_mb (the CUDA context, workspaces)
     pool_hits          last step's spills that got a pinned slab ("spill")
     pool_misses        last step's spills into unpinned memory ("miss")
     spilled            saved tensors the policy spilled in the last step (hits + misses)
@@ -33,6 +38,7 @@ issued copies, so the simulation loop only records.
 """
 from __future__ import annotations
 
+from engine.trace import Trace
 from sim.compute import ComputeStream
 from sim.launcher import Launcher
 from sim.link import D2H, H2D
@@ -67,6 +73,15 @@ def _intersection_ns(a: Intervals, b: Intervals) -> int:
         else:
             j += 1
     return total
+
+
+def transient_bytes(trace: Trace) -> int:
+    """Activation bytes alive beside the weights and the saved tensors (module docstring)."""
+    recorded = trace.header.get("activation_peak_bytes")
+    if recorded is not None:
+        return int(recorded)
+    sizes = trace.weight_sizes
+    return max((r.io_bytes - sum(sizes[w] for w in set(r.weights)) for r in trace.records), default=0)
 
 
 def step_ends(compute: ComputeStream, kernels_per_step: int, steps: int) -> list[int]:
@@ -115,6 +130,7 @@ def predict(launcher: Launcher, compute: ComputeStream, pool: DevicePool,
         "h2d_bytes": sum(c.nbytes for s, d, c in launcher.copies if s == last and d == H2D),
         "d2h_bytes": sum(c.nbytes for s, d, c in launcher.copies if s == last and d == D2H),
         "peak_device_bytes": pool.peak,
+        "peak_process_bytes": pool.peak + transient_bytes(launcher.trace) + round(launcher.hardware.context_mb * 1e6),
         "pool_hits": counts.pool_hits,
         "pool_misses": counts.pool_misses,
         "spilled": counts.spilled,

@@ -53,7 +53,10 @@ def prediction_md(pred: dict, job: Job) -> str:
         ["stall (compute waiting on copies)", f"{pred['stall_ms']:.2f} ms"],
         ["overlap (copy time hidden)", f"{pred['overlap']:.1%}"],
         ["H2D / D2H per step", f"{fmt_bytes(pred['h2d_bytes'])} / {fmt_bytes(pred['d2h_bytes'])}"],
-        ["peak device bytes", f"{pred['peak_device_bytes']:,} ({fmt_bytes(pred['peak_device_bytes'])})"],
+        ["peak device bytes (weights pool, saved activations)",
+         f"{pred['peak_device_bytes']:,} ({fmt_bytes(pred['peak_device_bytes'])})"],
+        ["peak process bytes (+ activations in flight, CUDA context)",
+         f"{pred['peak_process_bytes']:,} ({fmt_bytes(pred['peak_process_bytes'])})"],
         ["activations kept / spilled", f"{pred['kept']} / {pred['spilled']}"],
         ["pool hits / misses", f"{pred['pool_hits']} / {pred['pool_misses']}"],
         *([["pinned pool", _pool_md(cfg.activations.pool)]] if cfg.activations.mode != "off" else []),
@@ -104,8 +107,9 @@ def slo_failures(job: Job, pred: dict) -> list[str]:
     if slo.max_stall_ms is not None and pred["stall_ms"] > slo.max_stall_ms:
         out.append(f"stall {pred['stall_ms']:.2f} ms exceeds slo.max_stall_ms={slo.max_stall_ms}")
     device = cfg.hardware.device_memory_mb * 1_000_000
-    if slo.require_fits_device and pred["peak_device_bytes"] > device:
-        out.append(f"peak device bytes {fmt_bytes(pred['peak_device_bytes'])} exceed the "
+    if slo.require_fits_device and pred["peak_process_bytes"] > device:
+        out.append(f"peak process bytes {fmt_bytes(pred['peak_process_bytes'])} (weights "
+                   f"{fmt_bytes(pred['peak_device_bytes'])}, activations and the CUDA context) exceed the "
                    f"{cfg.hardware.name}'s {fmt_bytes(device)}")
     if slo.require_above_floor and job.plan.below_floor:
         out.append(f"budget {cfg.budget} MB is under the floor "

@@ -89,14 +89,20 @@ def time_kernels(streamed: StreamedModule, clock: Clock, warmup: int = WARMUP_FO
 
 
 def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, warmup: int = 2,
-                      steps: int = TIMED_FORWARDS) -> int:
-    """The median step of the module with every weight resident (an executor with no budget)."""
+                      steps: int = TIMED_FORWARDS) -> tuple[int, int | None]:
+    """The median step of the module with every weight resident (an executor with no
+    budget), and on CUDA the activations' peak in it (torch's allocator; the weights
+    live in the executor's pool, outside it)."""
     executor = WeightExecutor(streamed.order, streamed.host, budget_bytes=None, eviction="priority",
                               backend=backend)
+    cuda = streamed.device.type == "cuda"
     try:
         times = []
         for s in range(warmup + steps):
             clock.synchronize()
+            if cuda and s == warmup:
+                base = torch.cuda.memory_allocated(streamed.device)
+                torch.cuda.reset_peak_memory_stats(streamed.device)
             start = clock.stamp()
             with torch.no_grad(), executor.step(), streamed.hooks.forward(executor):
                 streamed.run()
@@ -104,7 +110,8 @@ def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, warm
             clock.synchronize()
             if s >= warmup:
                 times.append(clock.ns(start, end))
-        return round(statistics.median(times))
+        peak = torch.cuda.max_memory_allocated(streamed.device) - base if cuda else None
+        return round(statistics.median(times)), peak
     finally:
         executor.close()
 
@@ -116,9 +123,9 @@ def record_module(streamed: StreamedModule, *, name: str, backend: str, workload
     clock = clock_for(device)
     t0 = time.perf_counter()
     compute_ns, host_ns = time_kernels(streamed, clock)
-    scale, pipelined = 1.0, None
+    scale, pipelined, activation_peak = 1.0, None, None
     if fits_resident(sum(streamed.order.sizes.values()), device):
-        pipelined = pipelined_step_ns(streamed, clock, backend)
+        pipelined, activation_peak = pipelined_step_ns(streamed, clock, backend)
         if sum(host_ns) < HOST_BOUND * pipelined:
             scale = pipelined / max(1, sum(compute_ns))
             compute_ns = [round(c * scale) for c in compute_ns]
@@ -141,6 +148,7 @@ def record_module(streamed: StreamedModule, *, name: str, backend: str, workload
         "clock": "cuda events" if device.type == "cuda" else "perf_counter (cpu backend)",
         "timed_steps": TIMED_FORWARDS, "step_ns": sum(compute_ns),
         "pipelined_step_ns": pipelined, "compute_scale": round(scale, 6),
+        **({"activation_peak_bytes": activation_peak} if activation_peak is not None else {}),
         "resident_bytes": streamed.resident_bytes, "record_s": round(time.perf_counter() - t0, 3),
         **(extra_header or {}),
     }
