@@ -170,6 +170,8 @@ def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
         with torch.no_grad():
             times, out = timed(lambda: module(**inputs), args.warmup, args.steps)
         rows = h.telemetry()
+        free, total = torch.cuda.mem_get_info()
+        outside = total - free - torch.cuda.memory_reserved() - h.executor.backend.reserved_peak_bytes()
         h2d = rows[-1]["h2d_bytes"]
         limit_ms = max(resident_ms * (1 + slowdown), h2d / (h2d_gbps * 1e6))
         step = statistics.median(times)
@@ -180,11 +182,15 @@ def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
                "bitwise": bitwise_equal(first_tensor(out), ref),
                "peak_pool_bytes": max(r["peak_device_bytes"] for r in rows),
                "peak_torch_bytes": torch.cuda.max_memory_allocated(),
-               "predicted_peak_bytes": pred["peak_device_bytes"], "rss": host_rss(), "rss_before": rss0}
+               "predicted_peak_bytes": pred["peak_device_bytes"], "rss": host_rss(), "rss_before": rss0,
+               # the process: pool + torch's allocations (activations, inputs, kept parameters) + the rest
+               "process_peak_bytes": max(r["peak_device_bytes"] for r in rows) + torch.cuda.max_memory_allocated()
+               + outside, "predicted_process_bytes": pred["peak_process_bytes"]}
         result["rows"].append(row)
         log(f"{key} @ {budget}: {pred['eviction']} {step:.1f} ms (limit {limit_ms:.1f}, x{step / limit_ms:.3f}), "
             f"predicted {pred['step_ms']:.1f} ({100 * row['prediction_error']:+.1f}%), set-up {setup_s:.1f} s, "
-            f"bitwise={row['bitwise']}")
+            f"bitwise={row['bitwise']}, process peak {row['process_peak_bytes'] / 1e9:.2f} GB "
+            f"(predicted {row['predicted_process_bytes'] / 1e9:.2f})")
         del out
         h.remove()
         gc.collect()

@@ -21,7 +21,8 @@ state) unless said otherwise:
     peak_device_bytes  the most weight + saved-activation bytes on the device at
                        any instant of the whole run (a fit must hold in every step)
     peak_process_bytes the whole device: peak_device_bytes + the transient activations
-                       (a recorded module's measured activation peak, header
+                       (a recorded module's measured peak of torch's allocations in a
+                       step: activations, inputs and resident parameters, header
                        "activation_peak_bytes"; else the largest kernel's activation
                        traffic, io_bytes less its weights: its inputs and outputs alive
                        together) + hardware.context_mb (the CUDA context, workspaces)

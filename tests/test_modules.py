@@ -192,3 +192,13 @@ def test_the_cli_records_then_simulates_a_transformers_model(tmp_path):
     assert report["prediction"]["step_ms"] > 0
     no_trace = run("budget=0.5")
     assert no_trace.returncode == 2 and "record its trace first" in no_trace.stderr
+    leaf = run("mode=record", f"weights.file={ckpt}", "weights.backend=cpu", "model.grouping=leaf",
+               f"hydra.run.dir={tmp_path / 'leaf'}")
+    assert leaf.returncode == 0, leaf.stderr
+    by_block = read_trace(trace)
+    by_leaf = read_trace(tmp_path / "leaf" / "trace.jsonl")
+    assert [r.name for r in by_block.records] == ["model.embed_tokens", "model.layers.0", "model.layers.1",
+                                                  "model.norm", "lm_head"]
+    assert len(by_leaf.records) == 2 * 9 + 3  # a layer's 7 linears and 2 norms; embed, norm, lm_head
+    assert by_leaf.records[1].name == "model.layers.0.input_layernorm"
+

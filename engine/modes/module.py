@@ -8,7 +8,9 @@
                  bitwise with the all-resident forward when it fits
 
 The weights come from weights.file: a .safetensors file or a diffusers /
-transformers model directory, mapped and registered, never copied whole.
+transformers model directory, mapped and registered, never copied whole. The
+model config's `grouping` (block, the default, or leaf) and `blocks` (module
+names) choose the kernels (engine/modules/kernels.py).
 """
 from __future__ import annotations
 
@@ -48,11 +50,18 @@ def _setup(job: Job) -> tuple[Any, dict, torch.device]:
     return module, example_inputs(cfg.model, module, cfg.workload, device, seed=cfg.seed), device
 
 
+def _kernels(cfg: Any) -> dict:
+    """The model config's kernel grouping: `grouping` (block | leaf) and `blocks` (names)."""
+    blocks = cfg.model.get("blocks")
+    return {"grouping": cfg.model.get("grouping", "block"),
+            "blocks": None if blocks is None else list(blocks)}
+
+
 def _record(job: Job, module: Any, inputs: dict) -> Trace:
     cfg = job.cfg
     return record(module, inputs, backend=cfg.weights.backend, checkpoint=_checkpoint(job),
                   source=cfg.weights.source, name=cfg.model.name,
-                  workload=_workload(cfg))
+                  workload=_workload(cfg), **_kernels(cfg))
 
 
 def _workload(cfg: Any) -> dict:
@@ -103,7 +112,7 @@ def execute_module(job: Job) -> Outcome:
     reference = None
     if fits_resident(sum(trace.weight_sizes.values()), device):
         h = offload(module, budget_mb=None, example_inputs=inputs, eviction="priority", checkpoint=path,
-                    backend=cfg.weights.backend, source=cfg.weights.source)
+                    backend=cfg.weights.backend, source=cfg.weights.source, **_kernels(cfg))
         with torch.no_grad():
             reference = _first(module(**inputs)).clone()
         h.remove()
@@ -111,7 +120,7 @@ def execute_module(job: Job) -> Outcome:
         warnings.simplefilter("ignore")  # resident parameters are listed in the report instead
         h = offload(module, budget_mb=cfg.budget, example_inputs=inputs, eviction=pred["eviction"],
                     lookahead=cfg.weights.lookahead, checkpoint=path, backend=cfg.weights.backend,
-                    source=cfg.weights.source)
+                    source=cfg.weights.source, **_kernels(cfg))
     try:
         same = []
         with torch.no_grad():

@@ -152,7 +152,8 @@ def predict(trace: Trace, hardware: Any, budget: int | None, lookahead: int, evi
     chosen = min(results, key=lambda n: results[n].prediction["step_ms"])
     p = results[chosen].prediction
     return {"eviction": chosen, "step_ms": p["step_ms"], "h2d_bytes": p["h2d_bytes"],
-            "peak_device_bytes": p["peak_device_bytes"], "hardware": hardware.name,
+            "peak_device_bytes": p["peak_device_bytes"], "peak_process_bytes": p["peak_process_bytes"],
+            "hardware": hardware.name,
             "candidates": {n: round(r.prediction["step_ms"], 3) for n, r in results.items()}}
 
 

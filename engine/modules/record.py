@@ -91,8 +91,9 @@ def time_kernels(streamed: StreamedModule, clock: Clock, warmup: int = WARMUP_FO
 def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, warmup: int = 2,
                       steps: int = TIMED_FORWARDS) -> tuple[int, int | None]:
     """The median step of the module with every weight resident (an executor with no
-    budget), and on CUDA the activations' peak in it (torch's allocator; the weights
-    live in the executor's pool, outside it)."""
+    budget), and on CUDA the peak of torch's allocations in it: activations, inputs,
+    resident parameters and buffers (the streamed weights live in the executor's pool,
+    outside torch's allocator)."""
     executor = WeightExecutor(streamed.order, streamed.host, budget_bytes=None, eviction="priority",
                               backend=backend)
     cuda = streamed.device.type == "cuda"
@@ -101,7 +102,6 @@ def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, warm
         for s in range(warmup + steps):
             clock.synchronize()
             if cuda and s == warmup:
-                base = torch.cuda.memory_allocated(streamed.device)
                 torch.cuda.reset_peak_memory_stats(streamed.device)
             start = clock.stamp()
             with torch.no_grad(), executor.step(), streamed.hooks.forward(executor):
@@ -110,7 +110,7 @@ def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, warm
             clock.synchronize()
             if s >= warmup:
                 times.append(clock.ns(start, end))
-        peak = torch.cuda.max_memory_allocated(streamed.device) - base if cuda else None
+        peak = torch.cuda.max_memory_allocated(streamed.device) if cuda else None
         return round(statistics.median(times)), peak
     finally:
         executor.close()
