@@ -98,11 +98,36 @@ def test_no_trainable_parameters():
         engine.offload(net, budget_mb=None, training=True, backend="cpu", activations=SYNC)
 
 
-def test_a_budget_or_no_policy_is_refused():
-    with pytest.raises(ConfigError, match="weights resident \\(budget_mb=None\\)"):
+def test_a_budget_needs_example_inputs_and_resident_weights_need_a_policy():
+    with pytest.raises(ConfigError, match="give example_inputs"):
         engine.offload(make(), budget_mb=1000, training=True, backend="cpu", activations=SYNC)
     with pytest.raises(ConfigError, match="training=True spills activations: give activations="):
         engine.offload(make(), budget_mb=None, training=True, backend="cpu")
+
+
+@pytest.mark.parametrize("ckpt", [False, True])
+@pytest.mark.parametrize("activations", [None, SYNC], ids=["weights-only", "sync"])
+def test_weights_streamed_under_autograd_are_bitwise(activations, ckpt):
+    """Frozen weights stream through the budget during training (forward by the hooks,
+    backward by the saved views' handles, or by the recompute under checkpointing)."""
+    loss_ref, grads_ref = step(make(ckpt=ckpt), X)
+    net = make(ckpt=ckpt)
+    block = sum(p.numel() * 4 for p in net.blocks[0].parameters() if not p.requires_grad)
+    h = engine.offload(net, budget_mb=3 * block / 1e6, training=True, backend="cpu", example_inputs=(X,),
+                       activations=activations, eviction="belady")
+    assert {"blocks.0.up.a", "blocks.0.up.b"} <= set(h.streamed.resident_params)  # the adapters stay
+    for _ in range(3):
+        with h.step():
+            loss, grads = step(net, X)
+        assert torch.equal(loss, loss_ref)
+        assert all(torch.equal(grads[k], grads_ref[k]) for k in grads_ref)
+    row = h.telemetry()[-1]
+    assert row["weight_h2d_bytes"] > 0 and row["weight_evictions"] > 0
+    assert h.executor.order.kernels[-1] == "blocks.0.bwd"
+    with pytest.raises(ExecutorError, match="runs inside `with handle.step\\(\\):`"):
+        net(X)
+    h.remove()
+    assert torch.equal(step(net, X)[0], loss_ref)
 
 
 def test_nested_steps_backward_outside_and_adapters_added_late():

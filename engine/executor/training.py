@@ -71,31 +71,41 @@ class StreamedWeights:
         return self._current
 
     def handle(self, tensor: Tensor) -> Hashable | None:
-        """A saved tensor that views one of the running kernel's weights: (kernel, weight, geometry)."""
+        """A saved tensor that views one of the running kernel's weights: (kernel, weight,
+        dtype, geometry). A weight held as bytes (a packed span, engine/modules/packing.py)
+        is viewed at any dtype; any other only at its own."""
         ptr = tensor.data_ptr()
         for start, end, name in self._spans:
             if start <= ptr < end:
                 w = self._current[name]
-                if tensor.dtype != w.dtype:
+                if tensor.dtype != w.dtype and w.dtype != torch.uint8:
                     raise ExecutorError(f"a saved tensor views weight {name} as {tensor.dtype} (the weight is "
                                         f"{w.dtype}); streamed weights rebuild views of the weight's own dtype only")
                 self.handles += 1
-                return (self._position, name, tuple(tensor.shape), tensor.stride(),
+                return (self._position, name, tensor.dtype, tuple(tensor.shape), tensor.stride(),
                         (ptr - start) // tensor.element_size())
         return None
 
     def fetch_handle(self, handle: Hashable) -> Tensor:
         """Backward: the saved view again, over the weight as the executor holds it at the mirror position."""
-        kernel, name, size, stride, offset = handle
+        kernel, name, dtype, size, stride, offset = handle
+        w = self.mirror(kernel, name)[name]
+        if w.dtype != dtype:
+            w = w.view(dtype)
+        return w.as_strided(size, stride, w.storage_offset() + offset)
+
+    def mirror(self, kernel: int, what: str) -> Mapping[str, Tensor]:
+        """Backward: forward kernel `kernel`'s weights at its mirror position (for a saved
+        view, or for activation checkpointing's recompute of the kernel); `what` names
+        the reader in a divergence error."""
         position = 2 * self.forward_kernels - 1 - kernel
         if position < self._position:
             raise ExecutorError(
-                f"schedule divergence: backward used weight {name} of forward kernel {kernel} after the weight "
+                f"schedule divergence: backward used {what} of forward kernel {kernel} after the weight "
                 f"order moved past its backward (position {position}, now {self._position}); backward must "
                 "visit kernels in reverse forward order")
         self._advance(position)
-        w = self._current[name]
-        return w.as_strided(size, stride, w.storage_offset() + offset)
+        return self._current
 
     def finish(self) -> None:
         """Issue the rest of the backward: every position of the order runs once a step."""

@@ -36,11 +36,13 @@ class ModuleWeights:
         return sum(w.nbytes for w in self.weights.values())
 
 
-def module_weights(module: nn.Module, name: str | None = None, buffers: bool = True) -> ModuleWeights:
-    """The weights a checkpoint of `module` holds: every parameter, and (by default)
+def module_weights(module: nn.Module, name: str | None = None, buffers: bool = True,
+                   frozen_only: bool = False) -> ModuleWeights:
+    """The weights a checkpoint of `module` holds: every parameter (`frozen_only`: those
+    that need no grad, the base a training run's adapters sit on), and (by default)
     every persistent floating-point buffer, with its shape and dtype."""
     table: dict[str, WeightSpec] = {}
-    tensors = list(module.named_parameters())
+    tensors = [(n, p) for n, p in module.named_parameters() if not (frozen_only and p.requires_grad)]
     if buffers:
         persistent = set(module.state_dict(keep_vars=True))
         tensors += [(n, b) for n, b in module.named_buffers() if n in persistent and b.is_floating_point()]

@@ -16,7 +16,7 @@ stale memory.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any, Iterator, Mapping, Protocol, Sequence
+from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 
 import torch
 from torch import nn
@@ -51,23 +51,58 @@ class KernelHooks:
         self.placeholders = placeholders
         self.source: KernelSource | None = None
         self.position = 0
+        # Training with activation checkpointing: a kernel run again in backward (outside a
+        # forward) gets its weights from recompute(name); they stay in place after it, as
+        # the recomputed graph holds the parameters themselves until its backward. A
+        # checkpoint that calls the block's forward directly (transformers >= 5) skips the
+        # block's hooks: its children's pre-hooks point the block instead.
+        self.recompute: Callable[[str], Mapping[str, torch.Tensor]] | None = None
+        self._recomputing: set[str] = set()
         ran = set(order.kernels)
         self._handles = []
         for k in kernels:
             if k.name in ran:
                 self._handles.append(k.module.register_forward_pre_hook(self._pre(k)))
                 self._handles.append(k.module.register_forward_hook(self._post(k)))
+                for child in k.module.children():
+                    self._handles.append(child.register_forward_pre_hook(self._recompute_from_child(k)))
             else:
                 self._handles.append(k.module.register_forward_pre_hook(self._never(k)))
 
-    def _pre(self, k: ModuleKernel) -> Any:
+    def _pointer(self, k: ModuleKernel) -> Callable[[Mapping[str, torch.Tensor]], None]:
+        """Points `k`'s parameters at a fetch's weights (views of its packed block)."""
         packed = k.name + SUFFIX
         parts = self.parts.get(packed, ())
         unpack = unpacker(parts) if parts else None
         targets = [k.params[part.weight] for part in parts]
         params = list(k.params.items())
 
+        def point(weights: Mapping[str, torch.Tensor]) -> None:
+            if unpack is not None:
+                for p, view in zip(targets, unpack(weights[packed])):
+                    p.data = view
+            else:
+                for w, p in params:
+                    p.data = weights[w]
+        return point
+
+    def _recompute_from_child(self, k: ModuleKernel) -> Any:
+        point = self._pointer(k)
+
         def hook(m: nn.Module, inputs: Any) -> None:
+            if self.source is None and self.recompute is not None and k.name not in self._recomputing:
+                self._recomputing.add(k.name)
+                point(self.recompute(k.name))
+        return hook
+
+    def _pre(self, k: ModuleKernel) -> Any:
+        point = self._pointer(k)
+
+        def hook(m: nn.Module, inputs: Any) -> None:
+            if self.source is None and self.recompute is not None:
+                self._recomputing.add(k.name)
+                point(self.recompute(k.name))
+                return
             if self.source is None:
                 raise ExecutorError(f"{k.name} was called on its own; its weights stream only inside a forward "
                                     f"of the offloaded {type(self.root).__name__}: call that module, or "
@@ -77,13 +112,7 @@ class KernelHooks:
                 expected = self.order.kernels[pos] if pos < len(self.order) else "the end of the forward"
                 raise ExecutorError(f"schedule divergence at kernel {pos}: {k.name} ran where the recording "
                                     f"ran {expected}; {RE_RECORD}")
-            weights = self.source.fetch(pos)
-            if unpack is not None:
-                for p, view in zip(targets, unpack(weights[packed])):
-                    p.data = view
-            else:
-                for w, p in params:
-                    p.data = weights[w]
+            point(self.source.fetch(pos))
             self.position = pos + 1
         return hook
 
@@ -91,6 +120,9 @@ class KernelHooks:
         params = [(p, self.placeholders[id(p)]) for p in k.params.values()]
 
         def hook(m: nn.Module, inputs: Any, output: Any) -> None:
+            if k.name in self._recomputing:
+                self._recomputing.discard(k.name)
+                return
             for p, ph in params:
                 p.data = ph
         return hook
@@ -108,6 +140,7 @@ class KernelHooks:
             raise ExecutorError(f"a forward of the offloaded {type(self.root).__name__} is already running "
                                 "(a forward that calls itself, or another thread); run one at a time")
         self.source, self.position = source, 0
+        self._recomputing.clear()  # last step's recomputed kernels: this forward points them afresh
         try:
             yield
             if self.position != len(self.order):

@@ -88,9 +88,11 @@ def find_blocks(module: nn.Module) -> list[str]:
     return found
 
 
-def partition(module: nn.Module, grouping: str = "block",
-              blocks: Sequence[str] | None = None) -> tuple[list[ModuleKernel], list[nn.Parameter]]:
+def partition(module: nn.Module, grouping: str = "block", blocks: Sequence[str] | None = None,
+              keep_trainable: bool = False) -> tuple[list[ModuleKernel], list[nn.Parameter]]:
     """The module's kernels (in module order) and the parameters kept resident.
+    `keep_trainable` (training): parameters that require grad (the adapters) stay
+    resident, as the optimizer needs them; only frozen ones stream.
 
     `blocks` overrides the blocks `find_blocks` finds (qualified module names)."""
     if grouping not in GROUPINGS:
@@ -124,7 +126,7 @@ def partition(module: nn.Module, grouping: str = "block",
             seen[id(p)] = seen.get(id(p), 0) + 1
     for k in kernels:
         for w, p in list(k.params.items()):
-            if seen[id(p)] > 1 or id(p) in kept:
+            if seen[id(p)] > 1 or id(p) in kept or (keep_trainable and p.requires_grad):
                 kept[id(p)] = p
                 del k.params[w]
     return [k for k in kernels if k.params], list(kept.values())

@@ -96,15 +96,26 @@ def offload(module: nn.Module, *, budget_mb: float | None, example_inputs: Any =
 
     `training=True` returns a TrainingHandle instead (engine/modules/training.py):
     `with h.step(): loss.backward()` spills saved activations by the `activations`
-    policy (a mapping of ActivationsConfig fields); the weights stay resident
-    (budget_mb=None).
+    policy (a mapping of ActivationsConfig fields); with a budget the frozen weights
+    stream too (eviction "auto" is priority there: no training trace is recorded).
     """
     if training:
-        if budget_mb is not None:
-            raise ConfigError("training=True runs with the weights resident (budget_mb=None): streaming a real "
-                              "module's weights under autograd is not built yet")
-        _check_common(module, None, backend)
-        return TrainingHandle(module, activations, blocks)
+        device = _check_common(module, budget_mb, backend)
+        if budget_mb is None:
+            return TrainingHandle(module, activations, blocks)
+        if example_inputs is None:
+            raise ConfigError("training=True with a budget streams the weights: give example_inputs (one "
+                              "forward's arguments) to record the order")
+        if eviction == "auto":
+            eviction = "priority"  # no recorded training trace to choose by (yet)
+        streamed = StreamedModule(module, example_inputs, device=device, backend=backend, grouping=grouping,
+                                  blocks=blocks, checkpoint=checkpoint, source=source, training=True)
+        try:
+            return TrainingHandle(module, activations, blocks, streamed=streamed, budget_bytes=budget_bytes(budget_mb),
+                                  eviction=eviction, lookahead=lookahead, backend=backend)
+        except BaseException:
+            streamed.remove()
+            raise
     if example_inputs is None:
         raise ConfigError("example_inputs is required: the arguments of one forward, to record its order")
     device = _check_common(module, budget_mb, backend)

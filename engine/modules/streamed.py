@@ -87,7 +87,7 @@ class StreamedModule:
 
     def __init__(self, module: nn.Module, example_inputs: Any, *, device: torch.device, backend: str,
                  grouping: str = "block", blocks: Sequence[str] | None = None,
-                 checkpoint: str | Path | None = None, source: str = "mmap_registered"):
+                 checkpoint: str | Path | None = None, source: str = "mmap_registered", training: bool = False):
         self.module = module
         self.device = device
         self.args, self.kwargs = call_args(example_inputs)
@@ -97,7 +97,7 @@ class StreamedModule:
         self._checkpoint: Checkpoint | None = None
         self.hooks: KernelHooks | None = None
         try:
-            self._setup(grouping, blocks, checkpoint, source)
+            self._setup(grouping, blocks, checkpoint, source, training)
         except BaseException as err:
             # The failure's frames hold views of the mapping; cleared, the checkpoint can close.
             traceback.clear_frames(err.__traceback__)
@@ -105,17 +105,21 @@ class StreamedModule:
             raise
 
     def _setup(self, grouping: str, blocks: Sequence[str] | None, checkpoint: str | Path | None,
-               source: str) -> None:
+               source: str, training: bool) -> None:
         module, device = self.module, self.device
         files = None
         if checkpoint is not None:
-            self._checkpoint = Checkpoint(checkpoint, module_weights(module))
+            self._checkpoint = Checkpoint(checkpoint, module_weights(module, frozen_only=training))
             files = self._checkpoint.tensors()
-        elif any(p.is_meta for p in module.parameters()):
+        unfilled = [n for n, p in module.named_parameters() if p.is_meta and (files is None or n not in files)]
+        if unfilled and files is None:
             raise ExecutorError(f"this {type(module).__name__} has parameters on the meta device and no "
                                 "checkpoint; pass checkpoint=PATH (safetensors file or model directory)")
+        if unfilled:
+            raise ExecutorError(f"{unfilled[0]} is on the meta device and not in the checkpoint (a trainable "
+                                "adapter?); create adapters with real weights before offloading")
         self._materialize_meta()
-        kernels, kept = partition(module, grouping, blocks)
+        kernels, kept = partition(module, grouping, blocks, keep_trainable=training)
         names = weight_names(module)
         streamed = {id(p): p for k in kernels for p in k.params.values()}
         if files is not None:
@@ -128,7 +132,8 @@ class StreamedModule:
         for k, p in streamed.items():
             p.data = self.placeholders[k]
         for p in kept:
-            p.data = (files[names[id(p)]] if files is not None else p.data).to(device)
+            in_file = files.get(names[id(p)]) if files is not None else None
+            p.data = (in_file if in_file is not None else p.data).to(device)
         self._buffers_to(device, files)
         if device.type == "cuda":
             torch.cuda.empty_cache()  # what the streamed parameters held goes back for the pool

@@ -21,13 +21,17 @@ The slab pool: `activations.pool.exact` (the default here) sizes it from the
 first step, which runs with one tiny slab (its spills go to ordinary host memory);
 from the second step the pool holds exactly the step's spills.
 
-The weights stay where they are (budget_mb=None): streaming them under autograd
-is built for the spec models (engine/executor/training.py), not yet for modules.
+With a budget the frozen weights stream too (`offload(..., budget_mb=B,
+example_inputs=..., training=True)`): the module is made streamable as for
+inference (trainable parameters stay resident), and each step's weight order is
+the forward's kernels then their mirror; `activations` may then be None (weights
+streamed, activations kept). Relocation is off inside a step (autograd holds
+weight views across fetches).
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Any, Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
+from typing import Any, Hashable, Iterator, Mapping, Sequence
 
 import torch
 from omegaconf import OmegaConf
@@ -37,10 +41,15 @@ from engine.config import ActivationsConfig
 from engine.errors import ConfigError, ExecutorError
 from engine.executor.model_hooks import ResidentWeights
 from engine.executor.offloader import ActivationOffloader
+from engine.executor.runtime import WeightExecutor
+from engine.executor.training import StreamedWeights, weight_handles
 from engine.modules.kernels import find_blocks
+from engine.modules.streamed import StreamedModule
+from engine.policy import AccessOrder
 from engine.policy.activations import build_activation_policy, validate_watermarks
 from engine.policy.pool_sizing import exact_pool
 from engine.policy.saved import validate_pool
+from engine.trace import BACKWARD_SUFFIX
 
 # A real block saves ~150 tensors, a spilled layer ~80 of them at once: at the spec
 # models' cap of 64 copies in flight the host waits inline for the oldest copy and the
@@ -78,10 +87,37 @@ def activations_config(activations: Any) -> Any:
     return act
 
 
-class TrainingHandle:
-    """What `offload(..., training=True)` returns: `step()`, `telemetry()`, `remove()`."""
+class _EitherWeights:
+    """ManagedWeights over the streamed weights (views of pool blocks, fetched again in
+    backward) and the resident frozen ones."""
 
-    def __init__(self, module: nn.Module, activations: Any, blocks: Sequence[str] | None = None):
+    def __init__(self, streamed: StreamedWeights, resident: ResidentWeights):
+        self.streamed = streamed
+        self.resident = resident
+
+    def handle(self, tensor: torch.Tensor) -> Hashable | None:
+        h = self.streamed.handle(tensor)
+        if h is not None:
+            return ("streamed", h)
+        h = self.resident.handle(tensor)
+        return None if h is None else ("resident", h)
+
+    def fetch(self, handle: Hashable) -> torch.Tensor:
+        kind, h = handle
+        return self.streamed.fetch_handle(h) if kind == "streamed" else self.resident.fetch(h)
+
+
+class TrainingHandle:
+    """What `offload(..., training=True)` returns: `step()`, `telemetry()`, `remove()`.
+
+    With `streamed` (a StreamedModule made with training=True) and a budget, the frozen
+    weights stream through a WeightExecutor whose order is the forward's kernels then
+    their mirror (engine/executor/training.py's StreamedWeights): forward fetches by
+    the module's hooks, backward by the saved weight views' handles."""
+
+    def __init__(self, module: nn.Module, activations: Any, blocks: Sequence[str] | None = None, *,
+                 streamed: StreamedModule | None = None, budget_bytes: int | None = None,
+                 eviction: str = "priority", lookahead: int = 2, backend: str = "cuda"):
         trainable = {id(p) for p in module.parameters() if p.requires_grad}
         if not trainable:
             raise ConfigError(f"this {type(module).__name__} has no trainable parameters; add the adapters "
@@ -92,7 +128,7 @@ class TrainingHandle:
                               "(module.to('cuda')) before offloading with training=True")
         self.module = module
         self.device = next(iter(devices))
-        self.act = activations_config(activations)
+        self.act = activations_config(activations) if activations is not None or streamed is None else None
         modules = dict(module.named_modules())
         names = list(find_blocks(module) if blocks is None else blocks)
         missing = [b for b in names if b not in modules]
@@ -104,32 +140,75 @@ class TrainingHandle:
                               "two or more modules with parameters); name its layers with blocks=[...]")
         self.layers = {modules[b]: i for i, b in enumerate(names)}
         self._trainable = trainable
-        self._frozen = ResidentWeights({n: p.detach() for n, p in module.named_parameters()
-                                        if not p.requires_grad})
-        self._sizing = bool(self.act.pool.exact)
+        streamed_ids = set(streamed.placeholders) if streamed is not None else set()
+        resident = ResidentWeights({n: p.detach() for n, p in module.named_parameters()
+                                    if not p.requires_grad and id(p) not in streamed_ids})
+        self.streamed = streamed
+        self.executor: WeightExecutor | None = None
+        self._weights: StreamedWeights | None = None
+        self._managed: Any = resident
+        if streamed is not None:
+            order = streamed.order
+            train = AccessOrder(order.kernels + tuple(k + BACKWARD_SUFFIX for k in reversed(order.kernels)),
+                                order.reads + tuple(reversed(order.reads)), dict(order.sizes))
+            # Autograd holds weight views across several fetches: no relocation inside a step.
+            self.executor = WeightExecutor(train, streamed.host, budget_bytes=budget_bytes, eviction=eviction,
+                                           lookahead=lookahead, backend=backend, relocate=False)
+            self._weights = StreamedWeights(self.executor, len(order))
+            self._managed = _EitherWeights(self._weights, resident)
+            index = {name: i for i, name in enumerate(order.kernels)}
+            streamed.hooks.recompute = lambda name: self._weights.mirror(index[name], f"the recompute of {name}")
+            self._wrap_forward()
+        self._sizing = bool(self.act is not None and self.act.pool.exact)
         self._rows: list[dict] = []
-        self._offloader = self._make_offloader(self.act)
-        self._hooks = self._offloader.layer_hooks(self.layers)
+        self._offloader = self._make_offloader(self.act) if self.act is not None else None
+        self._hooks = self._offloader.layer_hooks(self.layers) if self._offloader is not None else []
+        self._removed = False
+
+    def _wrap_forward(self) -> None:
+        inner, hooks, executor, weights = self.module.forward, self.streamed.hooks, self.executor, self._weights
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            if not executor.in_step:
+                raise ExecutorError("a forward of a module offloaded with training=True runs inside "
+                                    "`with handle.step():` (its weights stream there)")
+            with hooks.forward(weights):
+                return inner(*args, **kwargs)
+
+        self.module.forward = forward
 
     def _make_offloader(self, act: Any) -> ActivationOffloader:
         if act.pool.exact:  # the sizing step: one small slab, the spills to ordinary host memory (misses)
             act = OmegaConf.merge(act, {"pool": {"class_sizes_mb": [SIZING_SLAB_MB], "slabs_per_class": [1],
                                                  "exact": False}})
         policy = build_activation_policy(act, len(self.layers))
-        return ActivationOffloader(policy, act, self.device, weights=self._frozen, keep_steps=1)
+        return ActivationOffloader(policy, act, self.device, weights=self._managed, keep_steps=1)
 
     @contextmanager
     def step(self) -> Iterator[None]:
         """One training step: run the forward and its backward inside."""
-        if self._offloader is None:
+        if self._removed:
             raise ExecutorError("this handle was removed; offload the module again")
         now = {id(p) for p in self.module.parameters() if p.requires_grad}
         if now != self._trainable:
             raise ExecutorError("the module's trainable parameters changed since it was offloaded (adapters "
                                 "added or unfrozen after wrapping); handle.remove(), then offload it again")
-        with self._offloader.step():
+        with ExitStack() as stack:
+            if self.executor is not None:
+                stack.enter_context(self.executor.step())
+                self._weights.start_step()
+            if self._offloader is not None:
+                stack.enter_context(self._offloader.step())
+            else:
+                stack.enter_context(weight_handles(self._weights))
             yield
-        self._rows.append({**_stagehand(self._offloader.telemetry()[-1]), "step": len(self._rows)})
+            if self._weights is not None:
+                self._weights.finish()  # the backward kernels nobody unpacked, so the step is whole
+        row = _stagehand(self._offloader.telemetry()[-1]) if self._offloader is not None else {}
+        if self.executor is not None:
+            w = self.executor.telemetry()[-1]
+            row.update({f"weight_{k}": v for k, v in w.items() if k != "step"})
+        self._rows.append({**row, "step": len(self._rows)})
         if self._sizing:
             self._resize()
 
@@ -148,12 +227,19 @@ class TrainingHandle:
         return list(self._rows)
 
     def remove(self) -> None:
+        """Close the offloader and the executor; the module's parameters go back where they were."""
         for h in self._hooks:
             h.remove()
         self._hooks = []
         if self._offloader is not None:
             self._offloader.close()
             self._offloader = None
+        if self.executor is not None:
+            self.module.__dict__.pop("forward", None)
+            self.executor.close()
+            self.executor = None
+            self.streamed.remove()
+        self._removed = True
 
 
 def _stagehand(row: Mapping[str, Any]) -> dict:
