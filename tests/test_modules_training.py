@@ -9,6 +9,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import engine
+import engine.errors
 from engine.errors import ConfigError, ExecutorError
 
 STAGEHAND = ("activations_saved", "activations_kept", "activations_spilled", "activations_restored",
@@ -184,3 +185,22 @@ def test_a_peft_llama_with_gradient_checkpointing():
         assert torch.equal(loss, loss_ref) and all(torch.equal(grads[k], grads_ref[k]) for k in grads_ref)
     assert h.telemetry()[-1]["activations_spilled"] > 0
     h.remove()
+
+
+def test_streamed_training_from_a_checkpoint_of_the_frozen_weights(tmp_path):
+    from safetensors.torch import save_file
+
+    loss_ref, grads_ref = step(make(), X)
+    net = make()
+    path = tmp_path / "base.safetensors"
+    save_file({n: p.detach().contiguous() for n, p in net.named_parameters() if not p.requires_grad}, str(path))
+    with pytest.raises(engine.errors.BelowFloorError, match="use budget=1 or more"):
+        engine.offload(net, budget_mb=0.01, training=True, backend="cpu", example_inputs=(X,), checkpoint=path)
+    h = engine.offload(net, budget_mb=0.5, training=True, backend="cpu", example_inputs=(X,), checkpoint=path,
+                       source="mmap", activations=SYNC)
+    for _ in range(2):
+        with h.step():
+            loss, grads = step(net, X)
+        assert torch.equal(loss, loss_ref) and all(torch.equal(grads[k], grads_ref[k]) for k in grads_ref)
+    h.remove()
+    assert torch.equal(step(net, X)[0], loss_ref)

@@ -12,6 +12,7 @@ keeps the fastest; `handle.prediction` holds the simulator's figures beside
 from __future__ import annotations
 
 import math
+import traceback
 import warnings
 from pathlib import Path
 from typing import Any, Sequence
@@ -113,7 +114,8 @@ def offload(module: nn.Module, *, budget_mb: float | None, example_inputs: Any =
         try:
             return TrainingHandle(module, activations, blocks, streamed=streamed, budget_bytes=budget_bytes(budget_mb),
                                   eviction=eviction, lookahead=lookahead, backend=backend)
-        except BaseException:
+        except BaseException as err:
+            traceback.clear_frames(err.__traceback__)  # its frames hold views of the checkpoint's mapping
             streamed.remove()
             raise
     if example_inputs is None:
@@ -134,7 +136,8 @@ def offload(module: nn.Module, *, budget_mb: float | None, example_inputs: Any =
             eviction = prediction["eviction"]
         executor = WeightExecutor(streamed.order, streamed.host, budget_bytes=budget,
                                   eviction=eviction, lookahead=lookahead, backend=backend)
-    except BaseException:
+    except BaseException as err:
+        traceback.clear_frames(err.__traceback__)  # its frames hold views of the checkpoint's mapping
         streamed.remove()
         raise
     if streamed.resident_bytes:

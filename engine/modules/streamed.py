@@ -80,6 +80,7 @@ class _Restore:
                 p.data = host.to(device)
         for m, name, b in self.buffers:
             m._buffers[name] = b
+        self.host = {}  # views of a checkpoint's mapping: dropped, so it can close
 
 
 class StreamedModule:
