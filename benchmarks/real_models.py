@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import statistics
 import sys
 import time
@@ -43,7 +42,7 @@ import engine  # noqa: E402
 from engine.executor.setup import bitwise_equal  # noqa: E402
 from engine.measure.probes import copy_stream_beside, probe_copies  # noqa: E402
 from engine.config import load_hardware  # noqa: E402
-from engine.modules.build import build_module, example_inputs  # noqa: E402
+from engine.modules.build import build_module, example_inputs, first_output  # noqa: E402
 from engine.modules.checkpoint import Checkpoint, module_weights  # noqa: E402
 from engine.modules.offload import predict  # noqa: E402
 from engine.trace import write_trace  # noqa: E402
@@ -70,14 +69,6 @@ def host_rss() -> dict[str, int]:
         if key in ("VmRSS", "RssAnon", "RssFile", "RssShmem"):
             out[key] = int(value.split()[0]) * 1024
     return out
-
-
-def first_tensor(out: Any) -> torch.Tensor:
-    if isinstance(out, torch.Tensor):
-        return out
-    if isinstance(out, (tuple, list)):
-        return first_tensor(out[0])
-    return out.logits
 
 
 def timed(fn: Callable[[], Any], warmup: int, steps: int) -> tuple[list[float], Any]:
@@ -124,7 +115,7 @@ def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
         torch.cuda.synchronize()
         load_s = time.perf_counter() - t0
         times, out = timed(lambda: ref_module(**inputs), args.warmup, args.steps)
-        ref = first_tensor(out).clone()
+        ref = first_output(out).clone()
         resident_ms = statistics.median(times)
         beside = copy_stream_beside(round(resident_ms * 1e6), device)
 
@@ -179,7 +170,7 @@ def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
                "over_limit": step / limit_ms, "predicted_ms": pred["step_ms"],
                "prediction_error": pred["step_ms"] / step - 1, "candidates_ms": pred["candidates"],
                "h2d_bytes": h2d, "host_copied_bytes": copied, "predicted_h2d_bytes": pred["h2d_bytes"], "setup_s": setup_s,
-               "bitwise": bitwise_equal(first_tensor(out), ref),
+               "bitwise": bitwise_equal(first_output(out), ref),
                "peak_pool_bytes": max(r["peak_device_bytes"] for r in rows),
                "peak_torch_bytes": torch.cuda.max_memory_allocated(),
                "predicted_peak_bytes": pred["peak_device_bytes"], "rss": host_rss(), "rss_before": rss0,
@@ -214,7 +205,7 @@ def peer_row(module: Any, cfg: Any, table: Any, path: Path, inputs: dict, ref: t
         with torch.no_grad():
             times, out = timed(lambda: peer(**inputs), 1, max(2, args.steps // 2))
         row = {"step_ms": statistics.median(times), "setup_s": setup_s,
-               "bitwise": bitwise_equal(first_tensor(out), ref), "rss": host_rss()}
+               "bitwise": bitwise_equal(first_output(out), ref), "rss": host_rss()}
         del peer, out
     gc.collect()
     torch.cuda.empty_cache()

@@ -72,7 +72,7 @@ def run_steps(model: Any, inputs: dict, steps: int, wrap: Callable[[], Any]) -> 
         b.synchronize()
         if s >= 2:
             times.append(a.elapsed_time(b))
-    grads = {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
     return times, torch.cuda.max_memory_allocated(), grads
 
 
@@ -107,7 +107,6 @@ def main() -> None:
 
     from contextlib import nullcontext
     times, peak, ref = run_steps(model, inputs, args.steps, nullcontext)
-    ref = {n: g.clone() for n, g in ref.items()}
     record("no offload", times, peak, ref, None, {})
     saved_peak = peak - base
     caps = {"max_inflight_d2h": args.inflight, "max_inflight_h2d": args.inflight}

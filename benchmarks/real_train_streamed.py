@@ -24,18 +24,20 @@ import time
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import engine  # noqa: E402
 from engine.modules.build import build_module, ltx2_inputs  # noqa: E402
 from engine.modules.checkpoint import Checkpoint, module_weights  # noqa: E402
 from engine.weightfile import materialize  # noqa: E402
+from real_train import run_steps  # noqa: E402  (the same timed LoRA step)
 
 TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "ff.net.0.proj", "ff.net.2"]
 
@@ -61,30 +63,6 @@ def build(blocks: int, rank: int) -> Any:
                 mod._parameters[name] = nn.Parameter(
                     0.01 * torch.randn(p.shape, generator=g, device="cuda", dtype=torch.bfloat16))
     return model
-
-
-def loss_of(out: Any) -> torch.Tensor:
-    return sum(o.float().pow(2).mean() for o in out[:2])
-
-
-def run(model: Any, inputs: dict, steps: int, wrap: Callable[[], Any]) -> tuple[list[float], int, dict]:
-    times = []
-    for s in range(steps + 2):
-        for p in model.parameters():
-            p.grad = None
-        if s == 2:
-            torch.cuda.reset_peak_memory_stats()
-        torch.cuda.synchronize()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        with wrap():
-            loss_of(model(**inputs)).backward()
-        b.record()
-        b.synchronize()
-        if s >= 2:
-            times.append(a.elapsed_time(b))
-    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
-    return times, torch.cuda.max_memory_allocated(), grads
 
 
 def main() -> None:
@@ -124,7 +102,7 @@ def main() -> None:
         for n, b in list(model.named_buffers()):
             owner = model.get_submodule(n.rpartition(".")[0]) if "." in n else model
             owner._buffers[n.rpartition(".")[2]] = b.to("cuda")
-        times, peak, ref = run(model, inputs, args.steps, nullcontext)
+        times, peak, ref = run_steps(model, inputs, args.steps, nullcontext)
         rows.append({"row": "resident", "step_ms": statistics.median(times), "peak_bytes": peak})
         log(f"resident: {rows[-1]['step_ms']:.1f} ms, peak {peak / 1e9:.2f} GB")
         for n, p in saved.items():  # back to meta: the offload maps the checkpoint itself
@@ -140,7 +118,7 @@ def main() -> None:
                                checkpoint=path, activations=act, eviction="priority")
             setup = time.perf_counter() - t0
             torch.cuda.reset_peak_memory_stats()
-            times, peak, grads = run(model, inputs, args.steps, h.step)
+            times, peak, grads = run_steps(model, inputs, args.steps, h.step)
             tel = h.telemetry()[-1]
             pool = tel["weight_peak_device_bytes"]
             diff = max((grads[k].float() - ref[k].float()).abs().max().item() for k in ref)

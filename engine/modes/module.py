@@ -25,7 +25,7 @@ from engine.config import WEIGHT_SOURCES
 from engine.errors import ConfigError
 from engine.executor.setup import bitwise_equal, compute_device, device_name, fits_resident
 from engine.job import Job, Outcome, config_summary
-from engine.modules.build import build_module, example_inputs
+from engine.modules.build import build_module, example_inputs, first_output
 from engine.modules.checkpoint import module_weights
 from engine.modules.offload import offload, predict, record
 from engine.report import fmt_bytes, table
@@ -114,7 +114,7 @@ def execute_module(job: Job) -> Outcome:
         h = offload(module, budget_mb=None, example_inputs=inputs, eviction="priority", checkpoint=path,
                     backend=cfg.weights.backend, source=cfg.weights.source, **_kernels(cfg))
         with torch.no_grad():
-            reference = _first(module(**inputs)).clone()
+            reference = first_output(module(**inputs)).clone()
         h.remove()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # resident parameters are listed in the report instead
@@ -125,7 +125,7 @@ def execute_module(job: Job) -> Outcome:
         same = []
         with torch.no_grad():
             for _ in range(cfg.workload.steps):
-                out = _first(module(**inputs))
+                out = first_output(module(**inputs))
                 same.append(None if reference is None else bitwise_equal(out, reference))
         rows = h.telemetry()
     finally:
@@ -140,14 +140,6 @@ def execute_module(job: Job) -> Outcome:
               ["step time", f"{pred['step_ms']:.2f} ms", f"{measured['step_ms']:.2f} ms"],
               ["H2D bytes / step", fmt_bytes(pred["h2d_bytes"]), fmt_bytes(measured["h2d_bytes"])],
               ["peak pool bytes", fmt_bytes(pred["peak_device_bytes"]), fmt_bytes(measured["peak_device_bytes"])]])
-          + f"\n\noutputs bitwise equal to the resident run: "
+          + "\n\noutputs bitwise equal to the resident run: "
           + ("not compared (the model does not fit)" if reference is None else str(all(same))))
     return Outcome(report, md, exit_code=0 if reference is None or all(same) else 1)
-
-
-def _first(out: Any) -> torch.Tensor:
-    if isinstance(out, torch.Tensor):
-        return out
-    if isinstance(out, (tuple, list)):
-        return _first(out[0])
-    return out.logits

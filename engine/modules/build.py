@@ -9,6 +9,7 @@ workload, the device, the dtype and a seed, returning keyword arguments).
 
     build_module    instantiate the config's module (meta parameters, the config's dtype)
     example_inputs  the config's inputs builder for a workload
+    first_output    the tensor a forward's output leads with (what runs are compared by)
     ltx2_inputs, flux_inputs, wan_inputs, llama_inputs   the shipped builders
 """
 from __future__ import annotations
@@ -102,6 +103,16 @@ def example_inputs(model_cfg: Any, module: nn.Module, workload: Any, device: tor
     extra = {k: v for k, v in spec.items() if k != "_target_"}
     dtype = torch_dtype(node.get("dtype", "bf16"))
     return fn(module=module, workload=workload, device=device, dtype=dtype, seed=seed, **extra)
+
+
+def first_output(out: Any) -> torch.Tensor:
+    """The tensor a forward's output leads with: itself, the first of a tuple (diffusers'
+    return_dict=False), or a transformers output's logits."""
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, (tuple, list)):
+        return first_output(out[0])
+    return out.logits
 
 
 def _grid(tokens: int) -> tuple[int, int, int]:

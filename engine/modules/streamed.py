@@ -22,7 +22,7 @@ import logging
 import mmap
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 from torch import nn
@@ -158,7 +158,7 @@ class StreamedModule:
         views = weight_views(packed)
         self._restore.stream({k: views[names[k]] for k in streamed
                               if k in self._restore.params and names[k] in views})
-        del host, views
+        del views
         self.copied_bytes = packed.copied_bytes  # host bytes copied out of the checkpoint or the module
         self.order = packed.order
         self.host = packed.host
