@@ -25,7 +25,9 @@ state) unless said otherwise:
                        step: activations, inputs and resident parameters, header
                        "activation_peak_bytes"; else the largest kernel's activation
                        traffic, io_bytes less its weights: its inputs and outputs alive
-                       together) + hardware.context_mb (the CUDA context, workspaces)
+                       together) + the context: the CUDA context and workspaces, as a
+                       recording measured them (header "context_bytes"), else
+                       hardware.context_mb
     pool_hits          last step's spills that got a pinned slab ("spill")
     pool_misses        last step's spills into unpinned memory ("miss")
     spilled            saved tensors the policy spilled in the last step (hits + misses)
@@ -38,6 +40,8 @@ Everything is computed after the run from per-kernel start/end times and the
 issued copies, so the simulation loop only records.
 """
 from __future__ import annotations
+
+from typing import Any
 
 from engine.trace import Trace
 from sim.compute import ComputeStream
@@ -83,6 +87,13 @@ def transient_bytes(trace: Trace) -> int:
         return int(recorded)
     sizes = trace.weight_sizes
     return max((r.io_bytes - sum(sizes[w] for w in set(r.weights)) for r in trace.records), default=0)
+
+
+def context_bytes(trace: Trace, hardware: Any) -> int:
+    """Device bytes outside the tensors: a recording's own measurement (header
+    "context_bytes"), else the hardware profile's context_mb."""
+    recorded = trace.header.get("context_bytes")
+    return int(recorded) if recorded is not None else round(hardware.context_mb * 1e6)
 
 
 def step_ends(compute: ComputeStream, kernels_per_step: int, steps: int) -> list[int]:
@@ -131,7 +142,8 @@ def predict(launcher: Launcher, compute: ComputeStream, pool: DevicePool,
         "h2d_bytes": sum(c.nbytes for s, d, c in launcher.copies if s == last and d == H2D),
         "d2h_bytes": sum(c.nbytes for s, d, c in launcher.copies if s == last and d == D2H),
         "peak_device_bytes": pool.peak,
-        "peak_process_bytes": pool.peak + transient_bytes(launcher.trace) + round(launcher.hardware.context_mb * 1e6),
+        "peak_process_bytes": pool.peak + transient_bytes(launcher.trace) + context_bytes(launcher.trace,
+                                                                                         launcher.hardware),
         "pool_hits": counts.pool_hits,
         "pool_misses": counts.pool_misses,
         "spilled": counts.spilled,

@@ -89,11 +89,11 @@ def time_kernels(streamed: StreamedModule, clock: Clock, warmup: int = WARMUP_FO
 
 
 def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, warmup: int = 2,
-                      steps: int = TIMED_FORWARDS) -> tuple[int, int | None]:
+                      steps: int = TIMED_FORWARDS) -> tuple[int, tuple[int, int] | None]:
     """The median step of the module with every weight resident (an executor with no
-    budget), and on CUDA the peak of torch's allocations in it: activations, inputs,
-    resident parameters and buffers (the streamed weights live in the executor's pool,
-    outside torch's allocator)."""
+    budget), and on CUDA (the peak of torch's allocations in it: activations, inputs,
+    resident parameters and buffers, as the streamed weights live in the executor's pool;
+    the device bytes the process holds outside both)."""
     executor = WeightExecutor(streamed.order, streamed.host, budget_bytes=None, eviction="priority",
                               backend=backend)
     cuda = streamed.device.type == "cuda"
@@ -110,7 +110,13 @@ def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, warm
             clock.synchronize()
             if s >= warmup:
                 times.append(clock.ns(start, end))
-        peak = torch.cuda.max_memory_allocated(streamed.device) if cuda else None
+        peak = None
+        if cuda:
+            free, total = torch.cuda.mem_get_info(streamed.device)
+            # What this process holds outside torch's allocator and the pool: the context, library
+            # workspaces, the registration's bookkeeping (hardware.context_mb's measured stand-in).
+            outside = total - free - torch.cuda.memory_reserved(streamed.device) - executor.backend.reserved_peak_bytes()
+            peak = (torch.cuda.max_memory_allocated(streamed.device), max(0, outside))
         return round(statistics.median(times)), peak
     finally:
         executor.close()
@@ -123,9 +129,9 @@ def record_module(streamed: StreamedModule, *, name: str, backend: str, workload
     clock = clock_for(device)
     t0 = time.perf_counter()
     compute_ns, host_ns = time_kernels(streamed, clock)
-    scale, pipelined, activation_peak = 1.0, None, None
+    scale, pipelined, memory = 1.0, None, None
     if fits_resident(sum(streamed.order.sizes.values()), device):
-        pipelined, activation_peak = pipelined_step_ns(streamed, clock, backend)
+        pipelined, memory = pipelined_step_ns(streamed, clock, backend)
         if sum(host_ns) < HOST_BOUND * pipelined:
             scale = pipelined / max(1, sum(compute_ns))
             compute_ns = [round(c * scale) for c in compute_ns]
@@ -148,7 +154,7 @@ def record_module(streamed: StreamedModule, *, name: str, backend: str, workload
         "clock": "cuda events" if device.type == "cuda" else "perf_counter (cpu backend)",
         "timed_steps": TIMED_FORWARDS, "step_ns": sum(compute_ns),
         "pipelined_step_ns": pipelined, "compute_scale": round(scale, 6),
-        **({"activation_peak_bytes": activation_peak} if activation_peak is not None else {}),
+        **({"activation_peak_bytes": memory[0], "context_bytes": memory[1]} if memory is not None else {}),
         "resident_bytes": streamed.resident_bytes, "record_s": round(time.perf_counter() - t0, 3),
         **(extra_header or {}),
     }
