@@ -158,6 +158,7 @@ def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
                                checkpoint=path)
         setup_s = time.perf_counter() - t0
         copied = h.streamed.copied_bytes
+        torch.cuda.reset_peak_memory_stats()  # the steps' peak: set-up copies each kernel in once, on its own
         with torch.no_grad():
             times, out = timed(lambda: module(**inputs), args.warmup, args.steps)
         rows = h.telemetry()
