@@ -172,6 +172,7 @@ def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
                "prediction_error": pred["step_ms"] / step - 1, "candidates_ms": pred["candidates"],
                "h2d_bytes": h2d, "host_copied_bytes": copied, "predicted_h2d_bytes": pred["h2d_bytes"], "setup_s": setup_s,
                "bitwise": bitwise_equal(first_output(out), ref),
+               "max_abs_diff": (first_output(out).float() - ref.float()).abs().max().item(),
                "peak_pool_bytes": max(r["peak_device_bytes"] for r in rows),
                "peak_torch_bytes": torch.cuda.max_memory_allocated(),
                "predicted_peak_bytes": pred["peak_device_bytes"], "rss": host_rss(), "rss_before": rss0,
@@ -181,7 +182,7 @@ def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
         result["rows"].append(row)
         log(f"{key} @ {budget}: {pred['eviction']} {step:.1f} ms (limit {limit_ms:.1f}, x{step / limit_ms:.3f}), "
             f"predicted {pred['step_ms']:.1f} ({100 * row['prediction_error']:+.1f}%), set-up {setup_s:.1f} s, "
-            f"bitwise={row['bitwise']}, process peak {row['process_peak_bytes'] / 1e9:.2f} GB "
+            f"bitwise={row['bitwise']} (max diff {row['max_abs_diff']:.3g}), process peak {row['process_peak_bytes'] / 1e9:.2f} GB "
             f"(predicted {row['predicted_process_bytes'] / 1e9:.2f})")
         del out
         h.remove()
