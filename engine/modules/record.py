@@ -34,7 +34,7 @@ from engine.measure.timing import KernelStamps
 from engine.trace import FORMAT, VERSION, KernelRecord, Trace, check_trace
 
 WARMUP_FORWARDS = 1
-TIMED_FORWARDS = 3
+TIMED_FORWARDS = 2  # each copies every weight in synchronously: set-up time, medians of a quiet GPU
 FIRST_HOLD_NS = 1_000_000  # the warm-up forward's hold per kernel, before any host time is known
 HOLD_FACTOR = 1.5
 HOLD_MARGIN_NS = 50_000
@@ -88,7 +88,7 @@ def time_kernels(streamed: StreamedModule, clock: Clock, warmup: int = WARMUP_FO
     return _median(compute_rows), _median(host_rows)
 
 
-def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, warmup: int = 2,
+def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, warmup: int = 1,
                       steps: int = TIMED_FORWARDS) -> tuple[int, tuple[int, int] | None]:
     """The median step of the module with every weight resident (an executor with no
     budget), and on CUDA (the peak of torch's allocations in it: activations, inputs,
