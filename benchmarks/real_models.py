@@ -163,14 +163,14 @@ def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
     torch.cuda.empty_cache()
 
     for budget in args.budgets:
-        pred = predict(trace, hw, round(budget * 1e6), 2, "auto")
+        pred = predict(trace, hw, round(budget * 1e6), args.lookahead, "auto")
         torch.cuda.reset_peak_memory_stats()
         rss0 = host_rss()
         t0 = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             h = engine.offload(module, budget_mb=budget, example_inputs=inputs, eviction=pred["eviction"],
-                               checkpoint=path)
+                               lookahead=pred["lookahead"], checkpoint=path)
         setup_s = time.perf_counter() - t0
         copied = h.streamed.copied_bytes
         torch.cuda.reset_peak_memory_stats()  # the steps' peak: set-up copies each kernel in once, on its own
@@ -182,7 +182,7 @@ def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
         h2d = rows[-1]["h2d_bytes"]
         limit_ms = max(resident_ms * (1 + slowdown), h2d / (h2d_gbps * 1e6))
         step = statistics.median(times)
-        row = {"budget_mb": budget, "eviction": pred["eviction"], "step_ms": step, "limit_ms": limit_ms,
+        row = {"budget_mb": budget, "eviction": pred["eviction"], "lookahead": pred["lookahead"], "step_ms": step, "limit_ms": limit_ms,
                "over_limit": step / limit_ms, "predicted_ms": pred["step_ms"],
                "prediction_error": pred["step_ms"] / step - 1, "candidates_ms": pred["candidates"],
                "h2d_bytes": h2d, "host_copied_bytes": copied, "predicted_h2d_bytes": pred["h2d_bytes"], "setup_s": setup_s,
@@ -195,7 +195,7 @@ def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
                "process_peak_bytes": max(r["peak_device_bytes"] for r in rows) + torch.cuda.max_memory_allocated()
                + outside, "predicted_process_bytes": pred["peak_process_bytes"]}
         result["rows"].append(row)
-        log(f"{key} @ {budget}: {pred['eviction']} {step:.1f} ms (limit {limit_ms:.1f}, x{step / limit_ms:.3f}), "
+        log(f"{key} @ {budget}: {pred['eviction']} lookahead {pred['lookahead']} {step:.1f} ms (limit {limit_ms:.1f}, x{step / limit_ms:.3f}), "
             f"predicted {pred['step_ms']:.1f} ({100 * row['prediction_error']:+.1f}%), set-up {setup_s:.1f} s, "
             f"bitwise={row['bitwise']} (max diff {row['max_abs_diff']:.3g}), process peak {row['process_peak_bytes'] / 1e9:.2f} GB "
             f"(predicted {row['predicted_process_bytes'] / 1e9:.2f})")
@@ -255,12 +255,14 @@ def main() -> None:
     ap.add_argument("--dir", default="/dev/shm", help="where the checkpoints are written (deleted after)")
     ap.add_argument("--keep", action="store_true", help="keep the checkpoints")
     ap.add_argument("--hardware", default="h100_calibrated")
+    ap.add_argument("--lookahead", default="2", help="kernels prefetched ahead, or auto (the simulator picks)")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--peer", action="store_true")
     ap.add_argument("--out", default="outputs/real_models")
     args = ap.parse_args()
     args.budgets = [float(b) for b in args.budgets.split(",")]
+    args.lookahead = args.lookahead if args.lookahead == "auto" else int(args.lookahead)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     hw = load_hardware(args.hardware)
     results = []

@@ -159,12 +159,30 @@ def test_auto_picks_the_fastest_predicted_policy(checkpoint):
     net = meta_net()
     h = engine.offload(net, budget_mb=0.4, example_inputs=(x,), checkpoint=path, source="mmap", backend="cpu")
     p = h.prediction
-    assert set(p["candidates"]) == {"lru", "belady", "priority"}
-    assert p["eviction"] == h.eviction and p["candidates"][h.eviction] == min(p["candidates"].values())
+    assert set(p["candidates"]) == {"lru/2", "belady/2", "priority/2"}
+    assert p["eviction"] == h.eviction and p["candidates"][f"{h.eviction}/2"] == min(p["candidates"].values())
     assert p["hardware"] == "h100_pcie5" and h.trace is not None
     with torch.no_grad():
         assert torch.equal(net(x), ref)
     h.remove()
+
+
+def test_auto_lookahead_tries_every_lookahead_the_budget_allows(checkpoint):
+    path, x, ref = checkpoint
+    net = meta_net()
+    h = engine.offload(net, budget_mb=0.5, example_inputs=(x,), checkpoint=path, source="mmap", backend="cpu",
+                       lookahead="auto")
+    p = h.prediction
+    tried = {int(c.split("/")[1]) for c in p["candidates"]}
+    assert tried and tried <= {1, 2, 3, 4} and 1 in tried  # those whose floor 0.5 MB clears
+    assert (h.eviction, h.lookahead) == (p["eviction"], p["lookahead"])
+    assert p["candidates"][f"{h.eviction}/{h.lookahead}"] == min(p["candidates"].values())
+    with torch.no_grad():
+        assert torch.equal(net(x), ref)
+    h.remove()
+    with pytest.raises(ConfigError, match="lookahead='auto' is chosen by simulation"):
+        engine.offload(meta_net(), budget_mb=0.5, example_inputs=(x,), checkpoint=path, backend="cpu",
+                       eviction="lru", lookahead="auto")
 
 
 def test_a_target_that_cannot_be_imported_names_the_extra():

@@ -28,7 +28,7 @@ from engine.executor.setup import compute_device
 from engine.modules.record import record_module
 from engine.modules.streamed import StreamedModule
 from engine.modules.training import TrainingHandle
-from engine.policy.weights import EVICTIONS, WeightResidency
+from engine.policy.weights import EVICTIONS, WeightResidency, floor
 from engine.trace import Trace
 from engine.units import MB, budget_bytes
 
@@ -36,6 +36,7 @@ _OFFLOADED = "_offload_engine_handle"  # set in an offloaded module's __dict__
 NO_CUDA = "no CUDA device; use backend='cpu' to exercise the executor on the CPU"
 DEFAULT_HARDWARE = "h100_pcie5"
 SIMULATED_STEPS = 3
+LOOKAHEADS = (1, 2, 3, 4)  # lookahead="auto" tries these
 
 
 class OffloadHandle:
@@ -50,6 +51,7 @@ class OffloadHandle:
         self.order = streamed.order
         self.resident_params = streamed.resident_params
         self.eviction = executor.policy.eviction
+        self.lookahead = executor.policy.lookahead
         self.trace = trace  # the recorded trace (eviction="auto" or hardware given), else None
         # eviction="auto": {"eviction", "step_ms", "candidates": {policy: step_ms}, ...} the simulator's
         self.prediction = prediction
@@ -76,7 +78,7 @@ def _check_common(module: nn.Module, budget_mb: float | None, backend: str) -> t
 
 
 def offload(module: nn.Module, *, budget_mb: float | None, example_inputs: Any = None, eviction: str = "auto",
-            lookahead: int = 2, backend: str = "cuda", grouping: str = "block",
+            lookahead: int | str = 2, backend: str = "cuda", grouping: str = "block",
             blocks: Sequence[str] | None = None, checkpoint: str | Path | None = None,
             source: str = "mmap_registered", hardware: Any = None, training: bool = False,
             activations: Any = None) -> OffloadHandle | TrainingHandle:
@@ -91,7 +93,8 @@ def offload(module: nn.Module, *, budget_mb: float | None, example_inputs: Any =
     file or a diffusers/transformers directory) supplies the weights, mapped and
     registered (`source`), so the module may be built on the meta device.
     `eviction="auto"` picks the policy the simulator predicts fastest on the recorded
-    trace and `hardware` (a conf/hardware name, path or mapping; default h100_pcie5).
+    trace and `hardware` (a conf/hardware name, path or mapping; default h100_pcie5);
+    `lookahead="auto"` picks the lookahead with it, among LOOKAHEADS.
     A budget under the floor raises BelowFloorError with the exact minimum in MB;
     on any error the module is left as it was.
 
@@ -123,17 +126,22 @@ def offload(module: nn.Module, *, budget_mb: float | None, example_inputs: Any =
     device = _check_common(module, budget_mb, backend)
     if eviction not in (*EVICTIONS, "auto"):
         raise ConfigError(f"eviction={eviction!r} is not one of {', '.join(EVICTIONS)}, auto; pick one of those")
+    if lookahead == "auto" and eviction != "auto" and hardware is None:
+        raise ConfigError("lookahead='auto' is chosen by simulation: give eviction='auto' or a hardware profile")
+    if lookahead != "auto" and (isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 0):
+        raise ConfigError(f"lookahead={lookahead!r}: give kernels to prefetch ahead (an integer >= 0) or 'auto'")
     hw = load_hardware(hardware or DEFAULT_HARDWARE) if (eviction == "auto" or hardware is not None) else None
     streamed = StreamedModule(module, example_inputs, device=device, backend=backend, grouping=grouping,
                               blocks=blocks, checkpoint=checkpoint, source=source)
     try:
         budget = budget_bytes(budget_mb)
-        WeightResidency(streamed.order, budget, "priority", lookahead)  # under the floor: fail now
+        # Under the floor (of the smallest lookahead tried): fail now, before recording.
+        WeightResidency(streamed.order, budget, "priority", min(LOOKAHEADS) if lookahead == "auto" else lookahead)
         trace = prediction = None
         if hw is not None:
             trace = record_module(streamed, name=type(module).__name__, backend=backend)
             prediction = predict(trace, hw, budget, lookahead, eviction, source)
-            eviction = prediction["eviction"]
+            eviction, lookahead = prediction["eviction"], prediction["lookahead"]
         executor = WeightExecutor(streamed.order, streamed.host, budget_bytes=budget,
                                   eviction=eviction, lookahead=lookahead, backend=backend)
     except BaseException as err:
@@ -149,26 +157,33 @@ def offload(module: nn.Module, *, budget_mb: float | None, example_inputs: Any =
     return OffloadHandle(streamed, executor, trace, prediction)
 
 
-def predict(trace: Trace, hardware: Any, budget: int | None, lookahead: int, eviction: str,
+def predict(trace: Trace, hardware: Any, budget: int | None, lookahead: int | str, eviction: str,
             source: str = "mmap_registered") -> dict:
-    """The simulator on `trace`: every candidate policy's step (ms) and the chosen one's
-    prediction (eviction "auto": the fastest, as weights=auto chooses)."""
+    """The simulator on `trace`: every candidate's step (ms, keyed "eviction/lookahead") and
+    the fastest one's prediction. "auto" makes every policy (every lookahead of LOOKAHEADS
+    whose floor the budget clears) a candidate, as weights=auto does for the policy."""
     from sim import simulate
 
-    candidates = EVICTIONS if eviction == "auto" and budget is not None else (
+    policies = EVICTIONS if eviction == "auto" and budget is not None else (
         ("priority",) if eviction == "auto" else (eviction,))
+    order = trace.access_order()
+    ahead = [la for la in LOOKAHEADS if budget is None or floor(order, la).bytes <= budget] \
+        if lookahead == "auto" else [lookahead]
+    if not ahead:
+        raise ConfigError(f"no lookahead of {LOOKAHEADS} fits the budget; raise it")
     results = {}
-    for name in candidates:
-        weights = OmegaConf.merge(OmegaConf.structured(WeightsConfig),
-                                  {"eviction": name, "lookahead": lookahead, "source": source})
-        results[name] = simulate(trace, weights, OmegaConf.structured(ActivationsConfig), hardware,
-                                 budget_bytes=budget, steps=SIMULATED_STEPS, allow_below_floor=False)
-    chosen = min(results, key=lambda n: results[n].prediction["step_ms"])
+    for la in ahead:
+        for name in policies:
+            weights = OmegaConf.merge(OmegaConf.structured(WeightsConfig),
+                                      {"eviction": name, "lookahead": la, "source": source})
+            results[name, la] = simulate(trace, weights, OmegaConf.structured(ActivationsConfig), hardware,
+                                         budget_bytes=budget, steps=SIMULATED_STEPS, allow_below_floor=False)
+    chosen = min(results, key=lambda c: results[c].prediction["step_ms"])
     p = results[chosen].prediction
-    return {"eviction": chosen, "step_ms": p["step_ms"], "h2d_bytes": p["h2d_bytes"],
+    return {"eviction": chosen[0], "lookahead": chosen[1], "step_ms": p["step_ms"], "h2d_bytes": p["h2d_bytes"],
             "peak_device_bytes": p["peak_device_bytes"], "peak_process_bytes": p["peak_process_bytes"],
             "hardware": hardware.name,
-            "candidates": {n: round(r.prediction["step_ms"], 3) for n, r in results.items()}}
+            "candidates": {f"{n}/{la}": round(r.prediction["step_ms"], 3) for (n, la), r in results.items()}}
 
 
 def _wrap_forward(module: nn.Module, streamed: StreamedModule, executor: WeightExecutor) -> None:
