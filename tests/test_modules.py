@@ -219,4 +219,10 @@ def test_the_cli_records_then_simulates_a_transformers_model(tmp_path):
                                                   "model.norm", "lm_head"]
     assert len(by_leaf.records) == 2 * 9 + 3  # a layer's 7 linears and 2 norms; embed, norm, lm_head
     assert by_leaf.records[1].name == "model.layers.0.input_layernorm"
+    ex = run(f"trace={trace}", "budget=0.5", "mode=execute", f"weights.file={ckpt}", "weights.backend=cpu",
+             "weights.eviction=belady", f"hydra.run.dir={tmp_path / 'ex'}")
+    assert ex.returncode == 0, ex.stderr
+    report = json.loads((tmp_path / "ex" / "report.json").read_text())
+    assert report["bitwise"] == [True] * 3  # workload.steps forwards, each against the resident one
+    assert report["measured"]["h2d_bytes"] == report["prediction"]["h2d_bytes"]
 
