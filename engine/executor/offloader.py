@@ -270,8 +270,7 @@ class ActivationOffloader:
             end.synchronize()
             stalls.append(start.elapsed_time(end))
         stalls = [ms for ms in stalls if ms >= STALL_MIN_MS]
-        return {
-            "step": r.step,
+        return {  # Activation Stagehand's fields first, in its order; then ours
             "activations_saved": c.saved,
             "activations_kept": c.kept,
             "activations_spilled": c.spilled,
@@ -283,6 +282,7 @@ class ActivationOffloader:
             "pool_hits": c.pool_hits,
             "pool_misses": c.pool_misses,
             "vram_peak_mb": m.vram_peak_bytes / MB,
+            "step": r.step,
             "saved_peak_mb": m.saved_peak_bytes / MB,
             "weight_handles": m.weight_handles,
             "held": m.held,

@@ -43,8 +43,19 @@ class HostWeights:
 ALIGN = 64  # bytes; any dtype's view of the packed buffer is aligned
 
 
-def _pageable(nbytes: int) -> torch.Tensor:
+def pageable_buffer(nbytes: int) -> torch.Tensor:
+    """Ordinary host bytes (the `buffer` of `pack` for unpinned copies)."""
     return torch.empty(nbytes, dtype=torch.uint8)
+
+
+def register_file(wf: WeightFile, backend: Backend) -> int:
+    """Register `wf`'s whole mapping (page-aligned) with `backend` for DMA; its address,
+    for `backend.unregister`. Call before any view exists: a refusal (locked-memory
+    limit) then leaves no view in its traceback's frames, and the file can close."""
+    address, nbytes = page_span(wf.base_address(), wf.file_bytes, mmap.PAGESIZE)
+    backend.register(address, nbytes)
+    log.info("registered %d bytes of %s with the %s backend", nbytes, wf.path, backend.name)
+    return address
 
 
 def pack(tensors: Mapping[str, torch.Tensor], buffer: Callable[[int], torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -68,13 +79,9 @@ def host_weights(wf: WeightFile, source: str, backend: Backend) -> HostWeights:
     if source == "mmap":
         return HostWeights(wf.tensors(), backend)
     if source == "mmap_registered":
-        # Registered before any view exists: a refusal (locked-memory limit) then
-        # leaves no view in its traceback's frames, and the file can close.
-        address, nbytes = page_span(wf.base_address(), wf.file_bytes, mmap.PAGESIZE)
-        backend.register(address, nbytes)
-        log.info("registered %d bytes of %s with the %s backend", nbytes, wf.path, backend.name)
+        address = register_file(wf, backend)
         return HostWeights(wf.tensors(), backend, registered=address)
     if source in ("pinned", "pageable"):
         views = wf.tensors()
-        return HostWeights(pack(views, backend.host_buffer if source == "pinned" else _pageable), backend)
+        return HostWeights(pack(views, backend.host_buffer if source == "pinned" else pageable_buffer), backend)
     raise ExecutorError(f"weights.source={source!r} is not one of {', '.join(SOURCES)}; pick one of those")

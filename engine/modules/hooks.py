@@ -62,10 +62,11 @@ class KernelHooks:
         self._handles = []
         for k in kernels:
             if k.name in ran:
-                self._handles.append(k.module.register_forward_pre_hook(self._pre(k)))
+                point = self._pointer(k)
+                self._handles.append(k.module.register_forward_pre_hook(self._pre(k, point)))
                 self._handles.append(k.module.register_forward_hook(self._post(k)))
                 for child in k.module.children():
-                    self._handles.append(child.register_forward_pre_hook(self._recompute_from_child(k)))
+                    self._handles.append(child.register_forward_pre_hook(self._recompute_from_child(k, point)))
             else:
                 self._handles.append(k.module.register_forward_pre_hook(self._never(k)))
 
@@ -86,18 +87,14 @@ class KernelHooks:
                     p.data = weights[w]
         return point
 
-    def _recompute_from_child(self, k: ModuleKernel) -> Any:
-        point = self._pointer(k)
-
+    def _recompute_from_child(self, k: ModuleKernel, point: Callable[[Mapping[str, torch.Tensor]], None]) -> Any:
         def hook(m: nn.Module, inputs: Any) -> None:
             if self.source is None and self.recompute is not None and k.name not in self._recomputing:
                 self._recomputing.add(k.name)
                 point(self.recompute(k.name))
         return hook
 
-    def _pre(self, k: ModuleKernel) -> Any:
-        point = self._pointer(k)
-
+    def _pre(self, k: ModuleKernel, point: Callable[[Mapping[str, torch.Tensor]], None]) -> Any:
         def hook(m: nn.Module, inputs: Any) -> None:
             if self.source is None and self.recompute is not None:
                 self._recomputing.add(k.name)

@@ -30,13 +30,12 @@ from engine.executor.setup import fits_resident
 from engine.modules.streamed import StreamedModule
 from engine.policy import AccessOrder
 from engine.measure.clocks import Clock, clock_for
-from engine.measure.timing import KernelStamps
+from engine.measure.timing import HOLD_FACTOR, KernelStamps
 from engine.trace import FORMAT, VERSION, KernelRecord, Trace, check_trace
 
 WARMUP_FORWARDS = 1
 TIMED_FORWARDS = 2  # each copies every weight in synchronously: set-up time, medians of a quiet GPU
 FIRST_HOLD_NS = 1_000_000  # the warm-up forward's hold per kernel, before any host time is known
-HOLD_FACTOR = 1.5
 HOLD_MARGIN_NS = 50_000
 HOST_BOUND = 0.9  # host time over the pipelined step above which the host, not the kernels, sets it
 

@@ -19,7 +19,6 @@
 from __future__ import annotations
 
 import logging
-import mmap
 import traceback
 from pathlib import Path
 from typing import Any, Sequence
@@ -28,8 +27,8 @@ import torch
 from torch import nn
 
 from engine.errors import ExecutorError, WeightFileError
-from engine.executor.backend import page_span
 from engine.executor.runtime import make_backend
+from engine.executor.sources import pageable_buffer, register_file
 from engine.modules.checkpoint import Checkpoint, module_weights
 from engine.modules.hooks import KernelHooks, placeholder
 from engine.modules.kernels import Recording, partition, record_order, weight_names
@@ -133,8 +132,8 @@ class StreamedModule:
         for k, p in streamed.items():
             p.data = self.placeholders[k]
         for p in kept:
-            in_file = files.get(names[id(p)]) if files is not None else None
-            p.data = (in_file if in_file is not None else p.data).to(device)
+            saved = files.get(names[id(p)]) if files is not None else None
+            p.data = (saved if saved is not None else p.data).to(device)
         self._buffers_to(device, files)
         if device.type == "cuda":
             torch.cuda.empty_cache()  # what the streamed parameters held goes back for the pool
@@ -154,7 +153,7 @@ class StreamedModule:
         in_file = files is not None and source in ("mmap_registered", "mmap")
         pinned = device.type == "cuda" if files is None else source == "pinned"
         packed = pack_kernels(self.recording.order, host, self._checkpoint.locate if in_file else None,
-                              self._holder.host_buffer if pinned else _pageable)
+                              self._holder.host_buffer if pinned else pageable_buffer)
         views = weight_views(packed)
         self._restore.stream({k: views[names[k]] for k in streamed
                               if k in self._restore.params and names[k] in views})
@@ -184,10 +183,7 @@ class StreamedModule:
 
     def _register(self) -> None:
         for wf in self._checkpoint.files:
-            address, nbytes = page_span(wf.base_address(), wf.file_bytes, mmap.PAGESIZE)
-            self._holder.register(address, nbytes)
-            self._registered.append(address)
-        log.info("registered %d checkpoint file(s), %.1f GB", len(self._registered), self._checkpoint.file_bytes / 1e9)
+            self._registered.append(register_file(wf, self._holder))
 
     def _buffers_to(self, device: torch.device, files: dict[str, torch.Tensor] | None) -> None:
         for qual, m in self.module.named_modules():
@@ -222,7 +218,4 @@ class StreamedModule:
             self._checkpoint = None
         self._holder.close()
 
-
-def _pageable(nbytes: int) -> torch.Tensor:
-    return torch.empty(nbytes, dtype=torch.uint8)
 

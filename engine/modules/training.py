@@ -31,7 +31,7 @@ weight views across fetches).
 from __future__ import annotations
 
 from contextlib import ExitStack, contextmanager
-from typing import Any, Hashable, Iterator, Mapping, Sequence
+from typing import Any, Hashable, Iterator, Sequence
 
 import torch
 from omegaconf import OmegaConf
@@ -204,7 +204,7 @@ class TrainingHandle:
             yield
             if self._weights is not None:
                 self._weights.finish()  # the backward kernels nobody unpacked, so the step is whole
-        row = _stagehand(self._offloader.telemetry()[-1]) if self._offloader is not None else {}
+        row = dict(self._offloader.telemetry()[-1]) if self._offloader is not None else {}
         if self.executor is not None:
             w = self.executor.telemetry()[-1]
             row.update({f"weight_{k}": v for k, v in w.items() if k != "step"})
@@ -240,11 +240,3 @@ class TrainingHandle:
             self.executor = None
             self.streamed.remove()
         self._removed = True
-
-
-def _stagehand(row: Mapping[str, Any]) -> dict:
-    """Activation Stagehand's telemetry fields first, then ours."""
-    first = ("activations_saved", "activations_kept", "activations_spilled", "activations_restored",
-             "spill_bytes", "restore_bytes", "stall_time_ms", "stall_count", "pool_hits", "pool_misses",
-             "vram_peak_mb")
-    return {**{k: row[k] for k in first}, **{k: v for k, v in row.items() if k not in first}}
