@@ -45,7 +45,10 @@ def _checkpoint(job: Job) -> Path:
 
 def _setup(job: Job) -> tuple[Any, dict, torch.device]:
     cfg = job.cfg
-    device = compute_device(cfg.weights.backend)
+    device = compute_device(cfg.weights.backend, no_cuda=(
+        f"mode={cfg.mode} runs model {cfg.model.name} on a CUDA GPU and none is visible; record its trace "
+        "on a GPU machine and simulate it here with trace=PATH (weights.backend=cpu runs it on the CPU, "
+        "timings not a GPU's)"))
     module = build_module(cfg.model)
     return module, example_inputs(cfg.model, module, cfg.workload, device, seed=cfg.seed), device
 
