@@ -23,7 +23,7 @@ EVICTIONS = ("lru", "belady", "priority")
 ACTIVATION_MODES = ("off", "watermark", "sync")
 WORKLOAD_KINDS = ("infer", "train_lora", "decode")
 WEIGHT_SOURCES = ("pinned", "mmap_registered", "mmap", "pageable")
-BACKENDS = ("cuda", "cpu")
+BACKENDS = ("cuda", "vmm", "cpu")
 
 
 @dataclass
@@ -74,7 +74,7 @@ class WeightsConfig:
     lookahead: int = 2  # kernels ahead the copy stream prefetches
     source: str = "mmap_registered"  # pinned | mmap_registered | mmap | pageable
     file: Optional[str] = None  # .ptd (safetensors) weight file for execute
-    backend: str = "cuda"  # cuda | cpu (the cpu backend is for tests)
+    backend: str = "cuda"  # cuda (capped pool) | vmm (mapped chunks) | cpu (the test backend)
 
 
 @dataclass

@@ -130,6 +130,7 @@ class Backend(Protocol):
     name: str
     device: torch.device
     cap_bytes: int  # the most device bytes the pool may hold at once
+    granule: int  # blocks take whole granules (engine/policy/placement.py); 1: their own size
 
     def alloc(self, nbytes: int) -> Block:
         """Allocate on the copy stream; raises ExecutorError over the cap and

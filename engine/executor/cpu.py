@@ -8,7 +8,9 @@ nothing about a GPU; it is not a way to run a model.
 Everything runs in order on the CPU, so a free is complete when it returns
 and marks are nothing; an allocation over the cap raises like the CUDA pool's
 refusal. Freed blocks are kept by exact size and reused as on CUDA
-(FreeBlocks), so that bookkeeping runs in CI too.
+(FreeBlocks), so that bookkeeping runs in CI too. With `granule` > 1 it
+stands in for the vmm backend instead: every block takes whole granules of
+the cap and nothing is kept by size.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import torch
 
 from engine.errors import ExecutorError
 from engine.executor.backend import Block, FreeBlocks, LiveBlocks, warm_sizes
+from engine.policy.placement import round_up
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +43,10 @@ class CpuBackend:
 
     name = "cpu"
 
-    def __init__(self, cap_bytes: int):
+    def __init__(self, cap_bytes: int, granule: int = 1):
         self.device = torch.device("cpu")
         self.cap_bytes = cap_bytes
+        self.granule = granule
         self._reserved_peak = 0
         self._next_address = 1
         self._live = LiveBlocks("host arena")
@@ -51,17 +55,18 @@ class CpuBackend:
         log.info("cpu backend (a test backend, no GPU): capped arena of %d bytes", cap_bytes)
 
     def alloc(self, nbytes: int) -> Block:
+        placed = round_up(nbytes, self.granule)
         block = self._free.take(nbytes)
         if block is None:
             self._free.overflow(self._live.bytes, nbytes)  # dropped: the arena gets them back
             used = self._live.bytes
-            if used + nbytes > self.cap_bytes:
+            if used + placed > self.cap_bytes:
                 raise ExecutorError(
                     f"host arena refused {nbytes} bytes: {used} in use of a cap of "
                     f"{self.cap_bytes}; the executor allocated past its budget (a bug in the runtime)")
             block = Block(self._next_address, nbytes, torch.empty(nbytes, dtype=torch.uint8))
             self._next_address += 1
-        self._live.add(block.address, nbytes)
+        self._live.add(block.address, placed)
         self._reserved_peak = max(self._reserved_peak, self._live.bytes + self._free.bytes)
         return block
 
@@ -70,7 +75,8 @@ class CpuBackend:
 
     def free_after(self, block: Block, mark: None) -> None:
         self._live.remove(block.address)
-        self._free.put(block)
+        if self.granule == 1:
+            self._free.put(block)
 
     def copy_in(self, block: Block, src: torch.Tensor) -> CpuEvent:
         block.data.copy_(src.reshape(-1).view(torch.uint8))
@@ -80,6 +86,8 @@ class CpuBackend:
         pass
 
     def warm(self, sizes: Sequence[int]) -> None:
+        if self.granule > 1:
+            return  # nothing is kept by size: there is nothing to warm
         for block in [self.alloc(size) for size in warm_sizes(sizes, self.cap_bytes)]:
             self.free_after(block, None)
         self.reset_peak()

@@ -77,33 +77,98 @@ class _DeviceBytes:
             "shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 2}
 
 
-class CudaBackend:
+class CudaStreams:
+    """What every CUDA backend shares: the compute and copy streams, host to
+    device copies and their events, and host memory registered for DMA. A
+    subclass places the blocks (`alloc`, `free_after`)."""
+
+    def __init__(self) -> None:
+        if not torch.cuda.is_available():
+            raise ExecutorError("no CUDA device; use mode=simulate (or weights.backend=cpu to "
+                                "exercise the executor on the CPU)")
+        if cudart is None:
+            raise ExecutorError("the CUDA backends need cuda-python's bindings (cuda.bindings); "
+                                "pip install 'offload-engine[cuda]'")
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        self.compute = torch.cuda.current_stream(self.device)
+        self.copy = torch.cuda.Stream(self.device)
+        self._copy_handle = self.copy.cuda_stream
+        self._h2d = cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
+        self.registered: dict[int, int] = {}  # address -> nbytes of registered host ranges
+
+    def device_bytes(self, ptr: int, nbytes: int) -> torch.Tensor:
+        """A uint8 tensor over `nbytes` of device memory at `ptr` (no copy)."""
+        return torch.as_tensor(_DeviceBytes(ptr, nbytes), device=self.device)
+
+    def mark(self) -> torch.cuda.Event:
+        done = torch.cuda.Event()
+        done.record(self.compute)
+        return done
+
+    def copy_in(self, block: Block, src: torch.Tensor) -> torch.cuda.Event:
+        _check(cudart.cudaMemcpyAsync(block.address, src.data_ptr(), block.nbytes, self._h2d,
+                                      self._copy_handle),
+               f"cudaMemcpyAsync of {block.nbytes} bytes host to device", "check the host tensor is alive")
+        ready = torch.cuda.Event()
+        ready.record(self.copy)
+        return ready
+
+    def wait_ready(self, event: torch.cuda.Event) -> None:
+        self.compute.wait_event(event)
+
+    def host_buffer(self, nbytes: int) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+
+    def register(self, address: int, nbytes: int) -> None:
+        flags = cudart.cudaHostRegisterReadOnly | cudart.cudaHostRegisterPortable
+        _check(cudart.cudaHostRegister(address, nbytes, flags),
+               f"cudaHostRegister of {nbytes} bytes of the weight file (read-only)",
+               "the mapping could not be pinned: check `ulimit -l` (locked memory) and free host RAM, "
+               "or use weights.source=mmap (unregistered, slower) or weights.source=pinned (a copy)")
+        self.registered[address] = nbytes
+
+    def unregister(self, address: int) -> None:
+        _check(cudart.cudaHostUnregister(address), "cudaHostUnregister", "report this")
+        del self.registered[address]
+
+    def check_stream(self) -> None:
+        current = torch.cuda.current_stream(self.device)
+        if current != self.compute:
+            raise ExecutorError(
+                f"the forward runs on {current} but the executor was created on {self.compute}; "
+                "create the executor on the stream the model runs on")
+
+    def timer(self) -> torch.cuda.Event:
+        mark = torch.cuda.Event(enable_timing=True)
+        mark.record(self.compute)
+        return mark
+
+    def elapsed_ms(self, start: torch.cuda.Event, end: torch.cuda.Event) -> float:
+        end.synchronize()
+        return start.elapsed_time(end)
+
+    def synchronize(self) -> None:
+        self.copy.synchronize()
+        self.compute.synchronize()
+
+
+class CudaBackend(CudaStreams):
     """Capped stream-ordered pool + copy stream on the current CUDA device.
 
     The pool's maxSize is budget + slack; the driver reserves whole 32 MiB
     chunks, so the reserved high-water can reach maxSize rounded up to one."""
 
     name = "cuda"
+    granule = 1  # blocks are placed at their own size
 
     def __init__(self, budget_bytes: int, slack_bytes: int):
-        if not torch.cuda.is_available():
-            raise ExecutorError("no CUDA device; use mode=simulate (or weights.backend=cpu to "
-                                "exercise the executor on the CPU)")
-        if cudart is None:
-            raise ExecutorError("the CUDA backend needs cuda-python's runtime bindings "
-                                "(cuda.bindings.runtime); pip install 'offload-engine[cuda]'")
-        self.device = torch.device("cuda", torch.cuda.current_device())
+        super().__init__()
         self.budget_bytes = budget_bytes
         self.slack_bytes = slack_bytes
         self.cap_bytes = budget_bytes + self.slack_bytes
-        self.compute = torch.cuda.current_stream(self.device)
-        self.copy = torch.cuda.Stream(self.device)
-        self._copy_handle = self.copy.cuda_stream
-        self._h2d = cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
         self.pool = self._create_pool()
         self._live = LiveBlocks("cuda pool")
         self._free = FreeBlocks(budget_bytes)
-        self.registered: dict[int, int] = {}  # address -> nbytes of registered host ranges
 
     def _create_pool(self) -> Any:
         props = cudart.cudaMemPoolProps()
@@ -157,16 +222,10 @@ class CudaBackend:
                     "memory held elsewhere or raise the budget")
             _check((err,), what, "the pool could not place the block under its cap; raise the "
                    "budget or report this with the telemetry")
-        data = torch.as_tensor(_DeviceBytes(ptr, nbytes), device=self.device)
-        return Block(ptr, nbytes, data)
+        return Block(ptr, nbytes, self.device_bytes(ptr, nbytes))
 
     def _release(self, address: int) -> None:
         _check(cudart.cudaFreeAsync(address, self._copy_handle), "cudaFreeAsync", "report this")
-
-    def mark(self) -> torch.cuda.Event:
-        done = torch.cuda.Event()
-        done.record(self.compute)
-        return done
 
     def free_after(self, block: Block, mark: torch.cuda.Event | None) -> None:
         self._live.remove(block.address)  # a second free raises here, before the pool sees it
@@ -174,54 +233,12 @@ class CudaBackend:
             self.copy.wait_event(mark)  # every later use of the block is on the copy stream
         self._free.put(block)
 
-    def copy_in(self, block: Block, src: torch.Tensor) -> torch.cuda.Event:
-        _check(cudart.cudaMemcpyAsync(block.address, src.data_ptr(), block.nbytes, self._h2d,
-                                      self._copy_handle),
-               f"cudaMemcpyAsync of {block.nbytes} bytes host to device", "check the host tensor is alive")
-        ready = torch.cuda.Event()
-        ready.record(self.copy)
-        return ready
-
-    def wait_ready(self, event: torch.cuda.Event) -> None:
-        self.compute.wait_event(event)
-
     def warm(self, sizes: Sequence[int]) -> None:
         # Freed on the stream that allocated them: reusable at once.
         for block in [self.alloc(size) for size in warm_sizes(sizes, self.budget_bytes)]:
             self.free_after(block, None)
         self.copy.synchronize()
         self.reset_peak()
-
-    def host_buffer(self, nbytes: int) -> torch.Tensor:
-        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-
-    def register(self, address: int, nbytes: int) -> None:
-        flags = cudart.cudaHostRegisterReadOnly | cudart.cudaHostRegisterPortable
-        _check(cudart.cudaHostRegister(address, nbytes, flags),
-               f"cudaHostRegister of {nbytes} bytes of the weight file (read-only)",
-               "the mapping could not be pinned: check `ulimit -l` (locked memory) and free host RAM, "
-               "or use weights.source=mmap (unregistered, slower) or weights.source=pinned (a copy)")
-        self.registered[address] = nbytes
-
-    def unregister(self, address: int) -> None:
-        _check(cudart.cudaHostUnregister(address), "cudaHostUnregister", "report this")
-        del self.registered[address]
-
-    def check_stream(self) -> None:
-        current = torch.cuda.current_stream(self.device)
-        if current != self.compute:
-            raise ExecutorError(
-                f"the forward runs on {current} but the executor was created on {self.compute}; "
-                "create the executor on the stream the model runs on")
-
-    def timer(self) -> torch.cuda.Event:
-        mark = torch.cuda.Event(enable_timing=True)
-        mark.record(self.compute)
-        return mark
-
-    def elapsed_ms(self, start: torch.cuda.Event, end: torch.cuda.Event) -> float:
-        end.synchronize()
-        return start.elapsed_time(end)
 
     def live_blocks(self) -> int:
         return len(self._live)
@@ -257,10 +274,6 @@ class CudaBackend:
 
     def reset_peak(self) -> None:
         self._live.reset_peak()
-
-    def synchronize(self) -> None:
-        self.copy.synchronize()
-        self.compute.synchronize()
 
     def close(self) -> None:
         if self.pool is None:

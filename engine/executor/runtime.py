@@ -33,6 +33,7 @@ from engine.errors import ExecutorError, PlacementError
 from engine.gc_pause import paused_gc
 from engine.executor.backend import Backend, Block
 from engine.policy import KEEP_STEPS, AccessOrder, Decision, keep_last_steps
+from engine.policy.placement import place
 from engine.policy.weights import WeightResidency
 
 
@@ -65,7 +66,7 @@ class StepStats:
 
 def make_backend(name: str, capacity_bytes: int, largest_weight_bytes: int) -> Backend:
     """A backend whose pool holds `capacity_bytes` of weights (the CUDA pool adds
-    a fragmentation slack; the cpu backend's arena is exact)."""
+    a fragmentation slack; the vmm backend's chunks and the cpu backend's arena are exact)."""
     if name == "cpu":
         from engine.executor.cpu import CpuBackend
 
@@ -74,7 +75,26 @@ def make_backend(name: str, capacity_bytes: int, largest_weight_bytes: int) -> B
         from engine.executor.cuda import CudaBackend, pool_slack_bytes
 
         return CudaBackend(capacity_bytes, pool_slack_bytes(largest_weight_bytes))
-    raise ExecutorError(f"weights.backend={name!r} is not one of cuda, cpu; pick one of those")
+    if name == "vmm":
+        from engine.executor.vmm import VmmBackend
+
+        return VmmBackend(capacity_bytes)
+    raise ExecutorError(f"weights.backend={name!r} is not one of cuda, vmm, cpu; pick one of those")
+
+
+def host_registrar(name: str) -> Backend:
+    """A backend of `name`'s kind that holds no weights, kept open for the host
+    memory it registers (both CUDA backends register alike, through the pool's)."""
+    return make_backend("cuda" if name == "vmm" else name, 0, 0)
+
+
+def backend_granule(name: str) -> int:
+    """The granule a backend of this name places blocks in (engine/policy/placement.py)."""
+    if name == "vmm":
+        from engine.executor.vmm import vmm_granule
+
+        return vmm_granule()
+    return 1
 
 
 class WeightExecutor:
@@ -96,19 +116,23 @@ class WeightExecutor:
         if keep_steps is not None and keep_steps < 1:
             raise ExecutorError(f"keep_steps={keep_steps}: keep at least 1 step of decisions (None keeps all)")
         # The policy first: a budget under the floor fails before any device memory is taken.
-        self.policy = WeightResidency(order, budget_bytes, eviction, lookahead)
+        granule = backend_granule(backend) if isinstance(backend, str) else backend.granule
+        self.placement = place(order, budget_bytes, granule)
+        self.policy = WeightResidency(self.placement.order, self.placement.budget_bytes, eviction, lookahead)
         self.order = order
         self.budget_bytes = budget_bytes
         _check_host(order, host)
         self.host = {w: host[w] for w in order.sizes}
-        capacity = budget_bytes if budget_bytes is not None else sum(order.sizes.values())
+        placed = self.placement.order.sizes
+        capacity = budget_bytes if budget_bytes is not None else sum(placed.values()) + self.placement.resident_bytes
         if isinstance(backend, str):
             backend = make_backend(backend, capacity, max(order.sizes.values(), default=0))
         self.backend = backend
-        self.backend.warm(list(order.sizes.values()))
+        self.backend.warm(list(placed.values()) + ([self.placement.resident_bytes] if self.placement.resident else []))
         self._reads = [tuple(dict.fromkeys(r)) for r in order.reads]
         self._resident: dict[str, _Resident] = {}
         self._resident_bytes = 0
+        self._fixed, self._fixed_block = self._load_fixed()  # resident for the run (placement)
         self._next = 0
         self._lock = threading.Lock()
         self._owner: int | None = None
@@ -240,7 +264,7 @@ class WeightExecutor:
                 self.log.append(d)
             out = {}
             for w in self._reads[position]:
-                r = self._resident.get(w)
+                r = self._resident.get(w) or self._fixed.get(w)
                 if r is None:
                     raise ExecutorError(f"policy bug: {w} is read by {self.order.kernels[position]} "
                                         "but was neither hit nor fetched")
@@ -294,6 +318,20 @@ class WeightExecutor:
         else:
             raise ExecutorError(f"the policy answered {d.action} {w}; the executor never runs below "
                                 "the floor (that is mode=simulate sim.allow_below_floor=true)")
+
+    def _load_fixed(self) -> tuple[dict[str, _Resident], Block | None]:
+        """The weights the placement keeps resident for the run, copied into one block."""
+        p = self.placement
+        if not p.resident:
+            return {}, None
+        block = self.backend.alloc(p.resident_bytes)
+        fixed = {}
+        for w, offset in p.resident.items():
+            src = self.host[w]
+            n = self.order.sizes[w]
+            part = Block(block.address + offset, n, block.data[offset:offset + n])
+            fixed[w] = _Resident(part, part.data.view(src.dtype).view(src.shape), self.backend.copy_in(part, src))
+        return fixed, block
 
     def _alloc(self, nbytes: int, position: int) -> Block:
         try:
@@ -382,6 +420,9 @@ class WeightExecutor:
         self._resident.clear()
         self._last_reader.clear()
         self._resident_bytes = 0
+        if self._fixed_block is not None:
+            self.backend.free_after(self._fixed_block, None)
+            self._fixed, self._fixed_block = {}, None
         self.host = {}  # the host views (a file mapping) may be closed after this
         leaked = self.backend.live_blocks()
         self.backend.close()  # frees leaked blocks with the pool

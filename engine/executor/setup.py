@@ -1,6 +1,6 @@
 """Setting up a run on the executor, the same way for every mode and benchmark.
 
-    compute_device       where the model computes for a backend name (cuda | cpu)
+    compute_device       where the model computes for a backend name (cuda | vmm | cpu)
     device_name          that device in a report
     fits_resident        room for an all-resident reference run
     open_weight_file     cfg.weights.file, or a temporary file of seeded random weights
@@ -25,7 +25,8 @@ import torch
 
 from engine.errors import ExecutorError
 from engine.executor.backend import Backend
-from engine.executor.runtime import WeightExecutor, make_backend
+from engine.executor.runtime import WeightExecutor, backend_granule, host_registrar, make_backend
+from engine.policy.placement import round_up
 from engine.executor.sources import host_weights
 from engine.policy import KEEP_STEPS, AccessOrder
 from engine.models.spec import ModelSpec
@@ -44,8 +45,8 @@ def compute_device(backend: str, no_cuda: str = NO_CUDA) -> torch.device:
     """The current CUDA device for backend "cuda" (ExecutorError `no_cuda` without one), the CPU for "cpu"."""
     if backend == "cpu":
         return torch.device("cpu")
-    if backend != "cuda":
-        raise ExecutorError(f"backend={backend!r} is not one of cuda, cpu; pick one of those")
+    if backend not in ("cuda", "vmm"):
+        raise ExecutorError(f"backend={backend!r} is not one of cuda, vmm, cpu; pick one of those")
     if not torch.cuda.is_available():
         raise ExecutorError(no_cuda)
     return torch.device("cuda", torch.cuda.current_device())
@@ -99,7 +100,8 @@ def streamed_executor(stack: ExitStack, wf: WeightFile, order: AccessOrder, *, b
     holds the budget (every weight of the file when there is none), the host side
     of the weights as `source` says, closed by `stack`. `wrap`, if given, wraps
     the backend the executor sees (the recorder times its copies so)."""
-    capacity = budget_bytes if budget_bytes is not None else wf.spec.model_bytes
+    granule = backend_granule(backend)
+    capacity = budget_bytes if budget_bytes is not None else sum(round_up(n, granule) for n in order.sizes.values())
     pool = make_backend(backend, capacity, max(order.sizes.values(), default=0))
     stack.callback(pool.close)
     host = host_weights(wf, source, pool)
@@ -115,7 +117,7 @@ def shared_host_weights(stack: ExitStack, wf: WeightFile, source: str, backend: 
     """The host side of `wf`'s weights as `source` says, for executors that each
     make a pool of their own: a `backend` pool that holds nothing keeps the
     registration (source=mmap_registered) until `stack` closes."""
-    holder = make_backend(backend, 0, 0)
+    holder = host_registrar(backend)
     stack.callback(holder.close)
     host = host_weights(wf, source, holder)
     stack.callback(host.close)

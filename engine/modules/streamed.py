@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from engine.errors import ExecutorError, WeightFileError
-from engine.executor.runtime import make_backend
+from engine.executor.runtime import host_registrar
 from engine.executor.sources import pageable_buffer, register_file
 from engine.modules.checkpoint import Checkpoint, module_weights
 from engine.modules.hooks import KernelHooks, placeholder
@@ -92,7 +92,7 @@ class StreamedModule:
         self.device = device
         self.args, self.kwargs = call_args(example_inputs)
         self._restore = _Restore(module)
-        self._holder = make_backend(backend, 0, 0)  # keeps the host registration for every executor
+        self._holder = host_registrar(backend)  # keeps the host registration for every executor
         self._registered: list[int] = []
         self._checkpoint: Checkpoint | None = None
         self.hooks: KernelHooks | None = None

@@ -1,0 +1,60 @@
+"""Where a backend places weights, and what the residency policy plans with.
+
+A stream-ordered pool places each weight at its own size (granule 1): the
+policy plans with the weights' bytes and the budget as given.
+
+A backend that maps device memory in granules (the vmm backend; 2 MiB on an
+H100) gives each streamed weight whole granules, so the policy plans with
+each weight's bytes rounded up to the granule: the granules mapped never
+exceed the budget. Weights smaller than one granule would waste most of
+theirs, so they are packed together (at RESIDENT_ALIGN) into one block that
+stays resident for the run, and the policy plans the rest with what that
+block leaves of the budget. Both drivers build the same Placement, so they
+ask the policy the same questions.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from engine.errors import ConfigError
+from engine.policy import AccessOrder
+
+RESIDENT_ALIGN = 256  # bytes; each resident weight starts at a multiple of this in its block
+
+
+@dataclass(frozen=True)
+class Placement:
+    order: AccessOrder  # what the residency policy sees: streamed weights at their placed sizes
+    resident: Mapping[str, int]  # weights resident for the run -> offset in the resident block
+    resident_bytes: int  # the resident block, in whole granules
+    budget_bytes: int | None  # the budget left to the policy
+
+
+def round_up(nbytes: int, granule: int) -> int:
+    return -(-nbytes // granule) * granule
+
+
+def place(order: AccessOrder, budget_bytes: int | None, granule: int) -> Placement:
+    """The placement of `order`'s weights on a backend of `granule` bytes (1: none)."""
+    if granule < 1:
+        raise ConfigError(f"granule={granule}; a backend places weights in granules of at least 1 byte")
+    if granule == 1:
+        return Placement(order, {}, 0, budget_bytes)
+    resident: dict[str, int] = {}
+    end = 0
+    for reads in order.reads:  # in access order, so the block reads front to back
+        for w in reads:
+            if w not in resident and order.sizes[w] < granule:
+                resident[w] = end
+                end = round_up(end + order.sizes[w], RESIDENT_ALIGN)
+    resident_bytes = round_up(end, granule)
+    if budget_bytes is not None and budget_bytes - resident_bytes < granule:
+        raise ConfigError(
+            f"budget {budget_bytes / 1e6:.1f} MB leaves no room beside the {resident_bytes / 1e6:.1f} MB of "
+            f"weights under one granule ({granule / 2**20:g} MiB) that stay resident on this backend; raise "
+            "the budget or use weights.backend=cuda")
+    streamed = {w: round_up(n, granule) for w, n in order.sizes.items() if w not in resident}
+    reads = tuple(tuple(w for w in r if w not in resident) for r in order.reads)
+    left = None if budget_bytes is None else budget_bytes - resident_bytes
+    return Placement(AccessOrder(order.kernels, reads, streamed), resident, resident_bytes, left)
