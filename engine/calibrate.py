@@ -34,6 +34,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from engine.config import HardwareConfig
 from engine.errors import ConfigError, TraceError
 from engine.trace import Trace, read_trace
 from engine.units import MIB
@@ -43,11 +44,11 @@ LARGE_COPY = 64 * MIB
 BLOCKED = 10
 FITTED = ("h2d_gbps", "d2h_gbps", "duplex_gbps", "small_copy_mib", "small_copy_gbps", "mmap_registered_gbps",
           "alloc_us", "fetch_host_us", "kernel_launch_us", "compute_slowdown_under_copy", "matmul_tflops",
-          "hbm_gbps")
+          "hbm_gbps", "vmm_granule_bytes", "vmm_map_us")
 PROFILE_FIELDS = ("name", "source", "device_memory_mb", "h2d_gbps", "d2h_gbps", "duplex_gbps", "pageable_gbps",
                   "mmap_gbps", "mmap_registered_gbps", "small_copy_mib", "small_copy_gbps", "matmul_tflops",
                   "hbm_gbps", "kernel_launch_us", "fetch_host_us", "alloc_us", "launch_queue_depth",
-                  "compute_slowdown_under_copy", "context_mb")
+                  "compute_slowdown_under_copy", "context_mb", "vmm_granule_bytes", "vmm_map_us")
 
 
 def _probes(trace: Trace, where: str) -> dict:
@@ -153,6 +154,10 @@ def fit_profile(traces: Sequence[Trace], base: Any, name: str, names: Sequence[s
     if registered:
         profile["mmap_registered_gbps"] = round(sum(c["nbytes"] for c in registered)
                                                 / sum(c["ns"] for c in registered), 3)
+    vmm = [p["vmm"] for p in probes if "vmm" in p]  # traces recorded before the vmm backend lack it
+    if vmm:
+        profile["vmm_granule_bytes"] = vmm[0]["granule"]
+        profile["vmm_map_us"] = round(_med(v["map_ns"] for v in vmm) / 1e3, 3)
     if tflops:
         profile["matmul_tflops"] = round(tflops, 1)
     if hbm:
@@ -167,7 +172,10 @@ def fit_profile(traces: Sequence[Trace], base: Any, name: str, names: Sequence[s
 
 
 def _base(base: Any, field: str) -> Any:
-    value = base[field] if isinstance(base, dict) else getattr(base, field)
+    if isinstance(base, dict):  # a profile file may leave a field to the schema's default
+        value = base[field] if field in base else getattr(HardwareConfig, field)
+    else:
+        value = getattr(base, field)
     if hasattr(value, "__iter__") and not isinstance(value, str):
         return list(value)
     return value

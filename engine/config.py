@@ -53,6 +53,10 @@ class HardwareConfig:
     # Device memory a process holds outside its tensors: the CUDA context, library handles
     # and workspaces (benchmarks/context_memory.py measures it).
     context_mb: float = 0.0
+    # weights.backend=vmm: the allocation granularity, and the host cost to map one
+    # granule and unmap it again (the record mode's probes measure both).
+    vmm_granule_bytes: int = 2097152
+    vmm_map_us: float = 0.0
 
 
 @dataclass

@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterable, Iterator
 import simpy
 
 from engine.policy import ActivationPolicy, Decision, StepCounters, WeightPolicy
+from engine.policy.placement import Placement
 from engine.policy.schedule import Question, StepSchedule, ask
 from engine.trace import Trace
 from sim.activations import SavedActivations
@@ -75,10 +76,17 @@ class Launcher:
     # inline finalize): a GPU idle for want of a launch then is waiting on copies too.
     blocked: list[tuple[int, int]] = field(default_factory=list)
     step: int = 0
+    placement: Placement | None = None  # where the backend places weights (None: each at its own size)
 
     def __post_init__(self) -> None:
         hw = self.hardware
         self.fetch_ns = round((hw.fetch_host_us + hw.alloc_us) * US)
+        # The pool's bytes per weight: whole granules on the vmm backend, each
+        # granule mapped (and later unmapped) by the host: vmm_map_us.
+        p = self.placement
+        self.placed = self.trace.weight_sizes if p is None else p.order.sizes
+        map_us = 0.0 if p is None or p.granule == 1 else hw.vmm_map_us
+        self.map_ns = {w: round(-(-n // (p.granule if p else 1)) * map_us * US) for w, n in self.placed.items()}
         self.launch_ns = round(hw.kernel_launch_us * US)
         self.depth = int(hw.launch_queue_depth)
         # Resident weights -> the copy that brought them in; the last issued kernel reading each.
@@ -159,12 +167,12 @@ class Launcher:
         if a == "hit":
             return
         if a in ("fetch", "prefetch"):
-            yield self.env.timeout(self.fetch_ns)
+            yield self.env.timeout(self.fetch_ns + self.map_ns[w])
             nbytes = self.trace.weight_sizes[w]
             # Stream-ordered allocation: the executor gets the block at once
             # (cudaMallocFromPoolAsync on the copy stream) and the copy waits on the
             # copy stream for the free; the launcher does not block.
-            granted = self.pool.allocate(nbytes, w)
+            granted = self.pool.allocate(self.placed[w], w)
             if granted is not None:
                 self.log(self.env.now, "host", "wait-alloc " + w)
             self.last_reader.pop(w, None)
@@ -197,7 +205,7 @@ class Launcher:
         # Stream-ordered free: the bytes return to the pool only after the last
         # kernel that reads them has run (or, if none has, after the copy landed).
         c = self.resident.pop(w)
-        nbytes = self.trace.weight_sizes[w]
+        nbytes = self.placed[w]
         reader = self.last_reader.pop(w, None)
         if reader is not None:
             self.evicted_reader = max(self.evicted_reader, reader)

@@ -14,6 +14,7 @@ import simpy
 from engine.gc_pause import paused_gc
 from engine.policy import ActivationPolicy, Decision, WeightPolicy
 from engine.policy.activations import build_activation_policy
+from engine.policy.placement import Placement, place
 from engine.policy.weights import WeightResidency
 from engine.trace import Trace
 from sim.activations import SavedActivations
@@ -51,18 +52,26 @@ def simulate(trace: Trace, weights_cfg: Any, activations_cfg: Any, hardware: Any
     Below the floor the weight policy raises BelowFloorError unless
     `allow_below_floor`; then the hazards are in the prediction.
     """
-    weights = WeightResidency(trace.access_order(), budget_bytes, eviction=weights_cfg.eviction,
+    placement = place(trace.access_order(), budget_bytes, backend_granule(weights_cfg, hardware))
+    weights = WeightResidency(placement.order, placement.budget_bytes, eviction=weights_cfg.eviction,
                               lookahead=weights_cfg.lookahead, allow_below_floor=allow_below_floor)
     activations = None
     if activations_cfg is not None and any(r.saved for r in trace.records):
         activations = build_activation_policy(activations_cfg, trace.num_layers)
     return drive(trace, weights, activations, hardware, activations_cfg,
-                 source_gbps(hardware, weights_cfg.source), budget_bytes, steps)
+                 source_gbps(hardware, weights_cfg.source), budget_bytes, steps, placement)
+
+
+def backend_granule(weights_cfg: Any, hardware: Any) -> int:
+    """The granule the configured backend places weights in (engine/policy/placement.py)."""
+    return int(hardware.vmm_granule_bytes) if weights_cfg.backend == "vmm" else 1
 
 
 def drive(trace: Trace, weights: WeightPolicy, activations: ActivationPolicy | None, hardware: Any,
-          activations_cfg: Any, weight_gbps: float, budget_bytes: int | None, steps: int) -> SimResult:
-    """Run the given policy objects on the simulated hardware (simulate() builds them)."""
+          activations_cfg: Any, weight_gbps: float, budget_bytes: int | None, steps: int,
+          placement: Placement | None = None) -> SimResult:
+    """Run the given policy objects on the simulated hardware (simulate() builds them).
+    `placement`: where the backend places the weights (None: each at its own size)."""
     if steps < 1:
         raise ValueError(f"steps={steps}; simulate at least one step")
     if activations is not None and activations_cfg is None:
@@ -76,8 +85,11 @@ def drive(trace: Trace, weights: WeightPolicy, activations: ActivationPolicy | N
 
     link = PcieLink(env, hardware, log)
     pool = DevicePool(env, budget_bytes)
+    if placement is not None and placement.resident:
+        pool.allocate(placement.resident_bytes, "the weights resident for the run")
     compute = ComputeStream(env, link, float(hardware.compute_slowdown_under_copy), log)
-    launcher = Launcher(env, trace, weights, activations, link, pool, compute, hardware, weight_gbps, steps, log)
+    launcher = Launcher(env, trace, weights, activations, link, pool, compute, hardware, weight_gbps, steps, log,
+                        placement=placement)
     if any(r.saved for r in trace.records):
         launcher.saved = SavedActivations(env, link, pool, compute, hardware,
                                           activations_cfg if activations is not None else None,

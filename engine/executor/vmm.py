@@ -194,7 +194,7 @@ class CudaVmm:
         if cudadrv is None:
             raise ExecutorError("weights.backend=vmm needs cuda-python's driver bindings (cuda.bindings.driver); "
                                 "pip install 'offload-engine[cuda]'")
-        torch.cuda.init()  # the primary context current on this thread
+        torch.cuda.synchronize(device)  # the primary context, current on this thread
         attr = cudadrv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
         supported = _check(cudadrv.cuDeviceGetAttribute(attr, device.index), "cuDeviceGetAttribute")
         if not supported:

@@ -10,6 +10,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from engine.executor.setup import forward_order, streamed_executor
+from engine.executor.vmm import ChunkMap, CudaVmm
 from engine.models import forward
 from engine.measure.clocks import Clock
 from engine.measure.timing import KernelStamps
@@ -28,7 +29,10 @@ PROBES_DOC = """header["probes"] (recorded traces; all times in ns):
     host        {kernel_ns: [host ns per forward record, resident], resident_fetch_ns: median host ns
                  of one resident fetch, fetch: [[copies issued, host ns] per fetch of a streamed forward]}
     weight_source, weight_gbps                   where the streamed forward's weights came from, and
-                                                 its copies' bytes over their copy-engine time"""
+                                                 its copies' bytes over their copy-engine time
+    vmm         {granule, map_ns}                the vmm backend's granule, and the host time to map
+                                                 one granule into a block (with its share of the
+                                                 access call) and unmap it when the range is reused"""
 
 
 class TimedCopies:
@@ -141,6 +145,31 @@ def probe_copies(device: torch.device) -> tuple[list[dict], list[dict]]:
         duplex.append({"h2d_bytes": big, "d2h_bytes": big,
                        "ns": round(max(start.elapsed_time(e) for e in ends) * 1e6)})
     return copies, duplex
+
+
+VMM_BLOCK_GRANULES = 16  # granules in each block the vmm probe places
+VMM_REPEATS = 200
+
+
+def probe_vmm(device: torch.device) -> dict:
+    """The vmm backend's cost per granule: blocks placed and freed in a cycle on the
+    backend's own chunk map, as the executor does (each place unmaps a reused range)."""
+    driver = CudaVmm(device)
+    g = driver.granule
+    chunks = ChunkMap(driver, 2 * VMM_BLOCK_GRANULES * g, 4 * VMM_BLOCK_GRANULES * g)
+    chunks.grow(2 * VMM_BLOCK_GRANULES * g)
+    done = torch.cuda.Event()
+    done.record(torch.cuda.current_stream(device))
+    done.synchronize()
+    try:
+        chunks.free(chunks.place(VMM_BLOCK_GRANULES * g), done)  # the first range, reused from here on
+        start = time.perf_counter_ns()
+        for _ in range(VMM_REPEATS):
+            chunks.free(chunks.place(VMM_BLOCK_GRANULES * g), done)
+        ns = time.perf_counter_ns() - start
+    finally:
+        chunks.close()
+    return {"granule": g, "map_ns": round(ns / (VMM_REPEATS * VMM_BLOCK_GRANULES))}
 
 
 def copy_stream_beside(alone_ns: int, device: torch.device) -> Callable[[], None]:

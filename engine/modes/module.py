@@ -111,7 +111,8 @@ def execute_module(job: Job) -> Outcome:
     path = _checkpoint(job)
     trace = job.trace if job.trace is not None else _record(job, module, inputs)
     budget = budget_bytes(cfg.budget)
-    pred = predict(trace, cfg.hardware, budget, cfg.weights.lookahead, cfg.weights.eviction, cfg.weights.source)
+    pred = predict(trace, cfg.hardware, budget, cfg.weights.lookahead, cfg.weights.eviction, cfg.weights.source,
+                   cfg.weights.backend)
     reference = None
     if fits_resident(sum(trace.weight_sizes.values()), device):
         h = offload(module, budget_mb=None, example_inputs=inputs, eviction="priority", checkpoint=path,

@@ -28,6 +28,7 @@ from engine.executor.setup import compute_device
 from engine.modules.record import record_module
 from engine.modules.streamed import StreamedModule
 from engine.modules.training import TrainingHandle
+from engine.policy.placement import place
 from engine.policy.weights import EVICTIONS, WeightResidency, floor
 from engine.trace import Trace
 from engine.units import MB, budget_bytes
@@ -140,7 +141,7 @@ def offload(module: nn.Module, *, budget_mb: float | None, example_inputs: Any =
         trace = prediction = None
         if hw is not None:
             trace = record_module(streamed, name=type(module).__name__, backend=backend)
-            prediction = predict(trace, hw, budget, lookahead, eviction, source)
+            prediction = predict(trace, hw, budget, lookahead, eviction, source, backend)
             eviction, lookahead = prediction["eviction"], prediction["lookahead"]
         executor = WeightExecutor(streamed.order, streamed.host, budget_bytes=budget,
                                   eviction=eviction, lookahead=lookahead, backend=backend)
@@ -158,24 +159,25 @@ def offload(module: nn.Module, *, budget_mb: float | None, example_inputs: Any =
 
 
 def predict(trace: Trace, hardware: Any, budget: int | None, lookahead: int | str, eviction: str,
-            source: str = "mmap_registered") -> dict:
+            source: str = "mmap_registered", backend: str = "cuda") -> dict:
     """The simulator on `trace`: every candidate's step (ms, keyed "eviction/lookahead") and
     the fastest one's prediction. "auto" makes every policy (every lookahead of LOOKAHEADS
     whose floor the budget clears) a candidate, as weights=auto does for the policy."""
     from sim import simulate
+    from sim.simulator import backend_granule
 
     policies = EVICTIONS if eviction == "auto" and budget is not None else (
         ("priority",) if eviction == "auto" else (eviction,))
-    order = trace.access_order()
-    ahead = [la for la in LOOKAHEADS if budget is None or floor(order, la).bytes <= budget] \
+    template = OmegaConf.merge(OmegaConf.structured(WeightsConfig), {"source": source, "backend": backend})
+    placed = place(trace.access_order(), None, backend_granule(template, hardware))
+    ahead = [la for la in LOOKAHEADS if budget is None or placed.resident_bytes + floor(placed.order, la).bytes <= budget] \
         if lookahead == "auto" else [lookahead]
     if not ahead:
         raise ConfigError(f"no lookahead of {LOOKAHEADS} fits the budget; raise it")
     results = {}
     for la in ahead:
         for name in policies:
-            weights = OmegaConf.merge(OmegaConf.structured(WeightsConfig),
-                                      {"eviction": name, "lookahead": la, "source": source})
+            weights = OmegaConf.merge(template, {"eviction": name, "lookahead": la})
             results[name, la] = simulate(trace, weights, OmegaConf.structured(ActivationsConfig), hardware,
                                          budget_bytes=budget, steps=SIMULATED_STEPS, allow_below_floor=False)
     chosen = min(results, key=lambda c: results[c].prediction["step_ms"])

@@ -25,6 +25,7 @@ RESIDENT_ALIGN = 256  # bytes; each resident weight starts at a multiple of this
 
 @dataclass(frozen=True)
 class Placement:
+    granule: int  # bytes; 1: each weight at its own size
     order: AccessOrder  # what the residency policy sees: streamed weights at their placed sizes
     resident: Mapping[str, int]  # weights resident for the run -> offset in the resident block
     resident_bytes: int  # the resident block, in whole granules
@@ -40,7 +41,7 @@ def place(order: AccessOrder, budget_bytes: int | None, granule: int) -> Placeme
     if granule < 1:
         raise ConfigError(f"granule={granule}; a backend places weights in granules of at least 1 byte")
     if granule == 1:
-        return Placement(order, {}, 0, budget_bytes)
+        return Placement(1, order, {}, 0, budget_bytes)
     resident: dict[str, int] = {}
     end = 0
     for reads in order.reads:  # in access order, so the block reads front to back
@@ -57,4 +58,4 @@ def place(order: AccessOrder, budget_bytes: int | None, granule: int) -> Placeme
     streamed = {w: round_up(n, granule) for w, n in order.sizes.items() if w not in resident}
     reads = tuple(tuple(w for w in r if w not in resident) for r in order.reads)
     left = None if budget_bytes is None else budget_bytes - resident_bytes
-    return Placement(AccessOrder(order.kernels, reads, streamed), resident, resident_bytes, left)
+    return Placement(granule, AccessOrder(order.kernels, reads, streamed), resident, resident_bytes, left)

@@ -1,0 +1,174 @@
+"""The vmm backend beside the pool backend on a GPU, in one process.
+
+    python benchmarks/vmm.py probe                         # granule, map cost, chunk creation
+    python benchmarks/vmm.py soak --steps 200 --blocks 8   # LTX-2 8 blocks, belady/lru/priority at 40%/60%
+    python benchmarks/vmm.py full --budgets 16000          # all 48 blocks (a 37.75 GB file)
+
+soak: for every eviction and budget fraction, each backend in turn gets a new
+executor and runs --steps forwards of the spec LTX-2 through it (weight file
+in --dir, registered); outputs are compared bitwise with the all-resident
+forward at steps 1, 50, 100, 200 and the last. A pool refusal that relocation
+cannot answer ends the run and is printed. full: the same without the
+bitwise check (the model does not fit twice), --steps steps each.
+
+Each row: median step (CUDA events, the steps after the first), relocations
+(the pool's answer to fragmentation: a stall each), the peak of live block
+bytes, the memory the backend held at most (pool reserve / chunks created),
+and for vmm the granules mapped a step and the map time they cost the host
+at the probed rate. The table is printed last.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from executor_bench import WORKLOAD, ltx_spec  # noqa: E402
+
+from engine.errors import ExecutorError  # noqa: E402
+from engine.executor.setup import bitwise_equal, forward_order, streamed_executor  # noqa: E402
+from engine.measure.probes import probe_vmm  # noqa: E402
+from engine.models import forward, make_inputs  # noqa: E402
+from engine.models.run import DictSource  # noqa: E402
+from engine.units import MB  # noqa: E402
+from engine.weightfile import WeightFile, materialize  # noqa: E402
+
+CHECKPOINTS = (1, 50, 100, 200)
+BACKENDS = ("cuda", "vmm")
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def probe() -> dict:
+    from engine.executor.vmm import ChunkMap, CudaVmm
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    result = probe_vmm(device)
+    driver = CudaVmm(device)
+    n = 1024
+    chunks = ChunkMap(driver, n * driver.granule, 2 * n * driver.granule)
+    start = time.perf_counter_ns()
+    chunks.grow(n * driver.granule)
+    result["create_us"] = round((time.perf_counter_ns() - start) / n / 1e3, 2)
+    chunks.close()
+    return result
+
+
+def run(spec, order, wf, inputs, reference, backend: str, budget: int, eviction: str, steps: int,
+        map_ns: int) -> dict:
+    row = {"backend": backend, "budget_mb": round(budget / MB), "eviction": eviction, "bitwise": None,
+           "stopped": None}
+    marks = {c for c in CHECKPOINTS if c <= steps} | {steps}
+    relocations, maps = 0, []
+    with ExitStack() as stack:
+        ex = streamed_executor(stack, wf, order, backend=backend, source="mmap_registered", budget_bytes=budget,
+                               eviction=eviction, lookahead=2)
+        counts = getattr(ex.backend, "map_counts", None)
+        before = counts()["maps"] if counts else 0
+        with torch.no_grad():
+            for step in range(1, steps + 1):
+                try:
+                    with ex.step():
+                        out = forward(spec, ex, inputs)
+                except ExecutorError as err:
+                    row["stopped"] = f"step {step}: {err}"
+                    log(f"{backend} {eviction} {budget / MB:.0f} MB stopped in {row['stopped']}")
+                    break
+                if step in marks and reference is not None:
+                    same = all(bitwise_equal(out[k], reference[k]) for k in reference)
+                    row["bitwise"] = same if row["bitwise"] is None else row["bitwise"] and same
+                del out
+                relocations += ex.steps[-1].relocations
+                if counts:
+                    now = counts()["maps"]
+                    maps.append(now - before)
+                    before = now
+        tele = ex.telemetry()
+        row.update(steps=len(tele), step_ms=statistics.median(r["step_ms"] for r in tele[1:] or tele),
+                   relocations=relocations, peak_live_mb=max(r["peak_device_bytes"] for r in tele) / MB,
+                   held_mb=ex.backend.reserved_peak_bytes() / MB,
+                   h2d_gb=tele[-1]["h2d_bytes"] / 1e9)
+        if maps:
+            row["maps_per_step"] = statistics.median(maps[1:] or maps)
+            row["map_ms_per_step"] = row["maps_per_step"] * map_ns / 1e6
+    log(f"{backend} {eviction} {budget / MB:.0f} MB: {row['steps']} steps, {row['step_ms']:.1f} ms, "
+        f"{relocations} relocations, bitwise {row['bitwise']}")
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("what", choices=("probe", "soak", "full"))
+    ap.add_argument("--steps", type=int, default=None, help="default: 200 (soak), 10 (full)")
+    ap.add_argument("--blocks", type=int, default=None)
+    ap.add_argument("--evictions", default="belady,lru,priority")
+    ap.add_argument("--fractions", default="0.4,0.6", help="soak: budgets as fractions of the model")
+    ap.add_argument("--budgets", default="16000", help="full: budgets in MB")
+    ap.add_argument("--dir", type=Path, default=Path("/dev/shm"))
+    ap.add_argument("--keep-file", action="store_true", help="leave the weight file in --dir")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("vmm.py needs a CUDA device; tests/test_vmm.py runs the backend's bookkeeping on the CPU")
+    probed = probe()
+    log(f"probe: {probed}")
+    if args.what == "probe":
+        return
+    spec = ltx_spec("ltx", args.blocks if args.what == "soak" else None)
+    order = forward_order(spec)
+    path = args.dir / f"{spec.name}-{spec.num_layers}blocks-seed0.ptd"
+    if not path.exists():
+        log(f"materializing {spec.model_bytes / 1e9:.2f} GB into {path}")
+        materialize(spec, path, seed=0, device="cuda")
+    inputs = make_inputs(spec, WORKLOAD, device="cuda", seed=1)
+    wf = WeightFile(path, spec)
+    reference = None
+    if args.what == "soak":
+        with torch.no_grad():
+            weights = {n: t.to("cuda") for n, t in wf.tensors().items()}
+            reference = forward(spec, DictSource(spec, weights), inputs)
+            del weights
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        budgets = [int(float(f) * spec.model_bytes) for f in args.fractions.split(",")]
+        steps = args.steps or 200
+    else:
+        budgets = [int(float(b) * MB) for b in args.budgets.split(",")]
+        steps = args.steps or 10
+    rows = []
+    try:
+        for eviction in args.evictions.split(","):
+            for budget in budgets:
+                for backend in BACKENDS:
+                    rows.append(run(spec, order, wf, inputs, reference, backend, budget, eviction, steps,
+                                    probed["map_ns"]))
+    finally:
+        wf.close()
+        if not args.keep_file:
+            path.unlink(missing_ok=True)
+    print()
+    print(f"vmm {args.what}: {time.strftime('%Y-%m-%d')}, {torch.cuda.get_device_name()}, torch {torch.__version__}; "
+          f"`python3 benchmarks/vmm.py {' '.join(sys.argv[1:])}`")
+    print(f"{spec.name}, {spec.num_layers} blocks, {spec.model_bytes / 1e9:.2f} GB bf16, {len(order)} kernels, "
+          f"{len(order.sizes)} weights, lookahead 2; granule {probed['granule']} B, map+unmap "
+          f"{probed['map_ns'] / 1e3:.2f} us a granule, cuMemCreate {probed['create_us']} us a chunk")
+    cols = ("eviction", "budget_mb", "backend", "steps", "step_ms", "relocations", "bitwise", "peak_live_mb",
+            "held_mb", "h2d_gb", "maps_per_step", "map_ms_per_step", "stopped")
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "---|" * len(cols))
+    for r in rows:
+        print("| " + " | ".join(f"{r[c]:.1f}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in cols)
+              + " |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,234 @@
+"""The vmm backend's parts that run without a GPU: the placement both drivers plan
+with, the chunk map against a fake driver, and the executor on a cpu arena of
+granules with decision parity against the simulator."""
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from omegaconf import OmegaConf
+
+from engine.config import ActivationsConfig, WeightsConfig, load_hardware
+from engine.errors import ConfigError, ExecutorError
+from engine.executor import WeightExecutor
+from engine.executor.cpu import CpuBackend
+from engine.executor.vmm import ChunkMap
+from engine.models import forward, load_spec, make_inputs
+from engine.models.run import DictSource
+from engine.policy import AccessOrder
+from engine.policy.placement import RESIDENT_ALIGN, place
+from engine.policy.weights import WeightResidency, floor
+from engine.trace import synthesize
+from engine.weightfile import WeightFile, materialize
+from sim.simulator import simulate
+
+WORKLOAD = dict(name="infer", kind="infer", batch=1, video_tokens=24, audio_tokens=6, text_tokens=5,
+                context_tokens=0, lora_rank=0, steps=3)
+GRANULE = 4096  # the tiny model's weights are 32 B to 192 KiB: some under, most over a granule
+
+
+@st.composite
+def orders(draw):
+    n_weights = draw(st.integers(1, 12))
+    sizes = {f"w{i}": draw(st.integers(1, 50_000)) for i in range(n_weights)}
+    names = list(sizes)
+    reads = tuple(tuple(draw(st.lists(st.sampled_from(names), max_size=3, unique=True)))
+                  for _ in range(draw(st.integers(1, 10))))
+    used = {w for r in reads for w in r}
+    return AccessOrder(tuple(f"k{i}" for i in range(len(reads))), reads, {w: sizes[w] for w in used})
+
+
+@given(orders(), st.sampled_from([1, 64, 4096, 16384]), st.integers(0, 400_000))
+@settings(max_examples=200, deadline=None)
+def test_placement_rounds_streamed_weights_and_packs_the_small_ones(order, granule, budget):
+    try:
+        p = place(order, budget, granule)
+    except ConfigError:  # too little budget left beside the resident block
+        assert granule > 1 and budget - place(order, None, granule).resident_bytes < granule
+        return
+    assert p.order.kernels == order.kernels and p.granule == granule
+    if granule == 1:
+        assert p.order == order and not p.resident and p.budget_bytes == budget
+        return
+    assert set(p.order.sizes) | set(p.resident) == set(order.sizes) and not set(p.order.sizes) & set(p.resident)
+    for w, n in p.order.sizes.items():
+        assert order.sizes[w] >= granule and n % granule == 0 and 0 <= n - order.sizes[w] < granule
+    spans = sorted((off, off + order.sizes[w]) for w, off in p.resident.items())
+    assert all(order.sizes[w] < granule and off % RESIDENT_ALIGN == 0 for w, off in p.resident.items())
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))  # no two resident weights overlap
+    assert p.resident_bytes % granule == 0 and (not spans or spans[-1][1] <= p.resident_bytes)
+    assert p.budget_bytes == budget - p.resident_bytes
+    assert p.order.reads == tuple(tuple(w for w in r if w in p.order.sizes) for r in order.reads)
+
+
+class FakeDriver:
+    """Checks every call a real driver would refuse: a map over a mapping, an unmap of
+    nothing, a chunk used after release, address space freed while mapped."""
+
+    granule = 64
+
+    def __init__(self, fail_map_at: int | None = None):
+        self.mapped: dict[int, int] = {}  # address -> chunk
+        self.chunks: set[int] = set()
+        self.ranges: list[tuple[int, int]] = []
+        self.next_address, self.next_chunk, self.maps = 1 << 20, 0, 0
+        self.fail_map_at = fail_map_at
+
+    def reserve(self, nbytes):
+        assert nbytes % self.granule == 0
+        address = self.next_address
+        self.next_address += nbytes + (1 << 20)
+        self.ranges.append((address, nbytes))
+        return address
+
+    def free_range(self, address, nbytes):
+        assert not any(address <= a < address + nbytes for a in self.mapped), "freed while mapped"
+        self.ranges.remove((address, nbytes))
+
+    def create(self):
+        self.next_chunk += 1
+        self.chunks.add(self.next_chunk)
+        return self.next_chunk
+
+    def release(self, chunk):
+        self.chunks.remove(chunk)
+
+    def map(self, address, chunk):
+        self.maps += 1
+        if self.maps == self.fail_map_at:
+            raise ExecutorError("cuMemMap failed: CUDA_ERROR_OUT_OF_MEMORY")
+        assert address not in self.mapped and chunk in self.chunks
+        assert any(a <= address < a + n for a, n in self.ranges)
+        self.mapped[address] = chunk
+
+    def set_access(self, address, nbytes):
+        assert all(address + i in self.mapped for i in range(0, nbytes, self.granule))
+
+    def unmap(self, address):
+        del self.mapped[address]
+
+
+class Done:
+    def __init__(self):
+        self.done = False
+
+    def query(self):
+        return self.done
+
+
+def test_chunk_map_never_refuses_a_block_the_budget_allows_and_leaves_nothing_behind():
+    rng = random.Random(0)
+    driver = FakeDriver()
+    g = driver.granule
+    cap = 40 * g
+    cm = ChunkMap(driver, cap, 2 * cap)
+    live: dict[int, int] = {}  # address -> bytes placed
+    pending: list[Done] = []
+    for _ in range(5000):
+        if live and (rng.random() < 0.5 or sum(live.values()) > cap - 12 * g):
+            address = rng.choice(list(live))
+            del live[address]
+            freed = Done()
+            pending.append(freed)
+            cm.free(address, freed)
+        else:
+            nbytes = rng.randint(1, 12 * g)
+            address = cm.place(nbytes)
+            placed = -(-nbytes // g) * g
+            assert all(address + placed <= a or a + n <= address for a, n in live.items())  # ranges apart
+            live[address] = placed
+        for freed in pending:
+            if rng.random() < 0.3:
+                freed.done = True
+        assert len(cm.chunks) * g <= cap and cm.live_bytes == sum(live.values())
+    mapped_live = {a for base, n in live.items() for a in range(base, base + n, g)}
+    assert mapped_live <= set(driver.mapped)
+    assert len({driver.mapped[a] for a in mapped_live}) == len(mapped_live)  # no chunk backs two live granules
+    assert cm.maps - cm.unmaps == len(driver.mapped)
+    cm.close()
+    assert not driver.mapped and not driver.chunks and not driver.ranges
+
+
+def test_a_failed_map_leaves_nothing_mapped_and_the_chunks_free():
+    driver = FakeDriver(fail_map_at=3)
+    cm = ChunkMap(driver, 10 * driver.granule, 20 * driver.granule)
+    with pytest.raises(ExecutorError, match="cuMemMap failed"):
+        cm.place(4 * driver.granule)
+    assert not driver.mapped and len(cm.free_chunks) == len(cm.chunks) == 4 and cm.live_bytes == 0
+    address = cm.place(10 * driver.granule)  # the whole cap, once the failure is behind
+    assert len(driver.mapped) == 10 and cm.live_bytes == 10 * driver.granule
+    with pytest.raises(ExecutorError, match="past its budget"):
+        cm.place(1)
+    cm.free(address, Done())
+    with pytest.raises(ExecutorError, match="freed twice"):
+        cm.free(address, Done())
+    cm.close()
+    assert not driver.mapped and not driver.chunks and not driver.ranges
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    spec = load_spec("tiny", SimpleNamespace(**WORKLOAD))
+    path = materialize(spec, tmp_path_factory.mktemp("w") / "tiny.ptd", seed=1, device="cpu")
+    wf = WeightFile(path, spec)
+    inputs = make_inputs(spec, SimpleNamespace(**WORKLOAD), seed=2)
+    with torch.no_grad():
+        reference = forward(spec, DictSource(spec, {n: t.clone() for n, t in wf.tensors().items()}), inputs)
+    order = AccessOrder(tuple(k.name for k in spec.kernels), tuple(k.weights for k in spec.kernels),
+                        {n: w.nbytes for n, w in spec.weights.items()})
+    trace = synthesize(spec, OmegaConf.create(WORKLOAD), load_hardware("h100_pcie5"))
+    yield SimpleNamespace(spec=spec, wf=wf, inputs=inputs, reference=reference, order=order, trace=trace)
+    wf.close()
+
+
+@pytest.mark.parametrize("eviction", ["lru", "belady", "priority"])
+def test_the_executor_on_granules_is_bitwise_under_the_budget_with_the_simulators_decisions(tiny, eviction):
+    p = place(tiny.order, None, GRANULE)
+    budget = p.resident_bytes + floor(p.order, 2).bytes + 3 * GRANULE
+    placement = place(tiny.order, budget, GRANULE)
+    ex = WeightExecutor(tiny.order, tiny.wf.tensors(), budget_bytes=budget, eviction=eviction, lookahead=2,
+                        backend=CpuBackend(budget, granule=GRANULE))
+    assert ex.placement == placement
+    with torch.no_grad():
+        for _ in range(3):
+            with ex.step():
+                out = forward(tiny.spec, ex, tiny.inputs)
+            assert all(torch.equal(out[k], tiny.reference[k]) for k in out)
+    rows = ex.telemetry()
+    assert all(r["peak_device_bytes"] <= budget for r in rows)  # whole granules, within the budget
+    assert rows[-1]["evictions"] > 0
+    bare = WeightResidency(placement.order, placement.budget_bytes, eviction, 2)
+    for _ in range(3):
+        for i in range(len(tiny.order)):
+            bare.issue(i)
+    assert ex.log == bare.log
+    weights = OmegaConf.merge(OmegaConf.structured(WeightsConfig),
+                              {"eviction": eviction, "lookahead": 2, "backend": "vmm"})
+    hardware = OmegaConf.merge(load_hardware("h100_pcie5"), {"vmm_granule_bytes": GRANULE, "vmm_map_us": 3.0})
+    sim = simulate(tiny.trace, weights, OmegaConf.structured(ActivationsConfig), hardware, budget, 3, False)
+    assert sim.decisions == ex.log  # decision parity with the simulator on the same placement
+    assert sim.prediction["peak_device_bytes"] <= budget
+    ex.close()
+
+
+def test_map_costs_are_host_time_in_the_simulator(tiny):
+    budget = place(tiny.order, None, GRANULE).resident_bytes + 3 * floor(place(tiny.order, None, GRANULE).order, 2).bytes
+    weights = OmegaConf.merge(OmegaConf.structured(WeightsConfig), {"eviction": "lru", "backend": "vmm"})
+    act = OmegaConf.structured(ActivationsConfig)
+    fast, slow = (simulate(tiny.trace, weights, act,
+                           OmegaConf.merge(load_hardware("h100_pcie5"),
+                                           {"vmm_granule_bytes": GRANULE, "vmm_map_us": us}), budget, 3, False)
+                  for us in (0.0, 50.0))
+    assert fast.decisions == slow.decisions
+    assert slow.prediction["step_ms"] > fast.prediction["step_ms"]
+
+
+def test_a_budget_with_no_room_beside_the_resident_weights_is_one_clear_line(tiny):
+    resident = place(tiny.order, None, GRANULE).resident_bytes
+    with pytest.raises(ConfigError, match="weights.backend=cuda"):
+        WeightExecutor(tiny.order, tiny.wf.tensors(), budget_bytes=resident, eviction="lru",
+                       backend=CpuBackend(resident, granule=GRANULE))
