@@ -54,9 +54,10 @@ class HardwareConfig:
     # and workspaces (benchmarks/context_memory.py measures it).
     context_mb: float = 0.0
     # weights.backend=vmm: the allocation granularity, and the host cost to map one
-    # granule and unmap it again (the record mode's probes measure both).
+    # granule into a range and to unmap it (the record mode's probes measure them).
     vmm_granule_bytes: int = 2097152
     vmm_map_us: float = 0.0
+    vmm_unmap_us: float = 0.0
 
 
 @dataclass

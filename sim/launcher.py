@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterable, Iterator
 import simpy
 
 from engine.policy import ActivationPolicy, Decision, StepCounters, WeightPolicy
+from engine.policy.chunks import ChunkBooks, CountingDriver
 from engine.policy.placement import Placement
 from engine.policy.schedule import Question, StepSchedule, ask
 from engine.trace import Trace
@@ -39,6 +40,18 @@ from sim.link import H2D, Copy, PcieLink
 from sim.pool import DevicePool
 
 US = 1000  # ns
+
+
+class _Passed:
+    """The simulator unmaps a freed range's stale addresses whenever they are wanted
+    (the executor waits until the copy stream passed the free: a few at most differ)."""
+
+    @staticmethod
+    def query() -> bool:
+        return True
+
+
+DONE = _Passed()
 
 
 @dataclass(frozen=True)
@@ -85,8 +98,16 @@ class Launcher:
         # granule mapped (and later unmapped) by the host: vmm_map_us.
         p = self.placement
         self.placed = self.trace.weight_sizes if p is None else p.order.sizes
-        map_us = 0.0 if p is None or p.granule == 1 else hw.vmm_map_us
-        self.map_ns = {w: round(-(-n // (p.granule if p else 1)) * map_us * US) for w, n in self.placed.items()}
+        # A backend of granules keeps the executor's chunk books; the host pays for
+        # the granules they map and unmap (vmm_map_us, vmm_unmap_us).
+        self.chunks = self.addresses = None
+        if p is not None and p.granule > 1:
+            self.chunks = ChunkBooks(CountingDriver(p.granule), self.pool.cap or sum(self.placed.values())
+                                     + p.resident_bytes, 0)
+            self.addresses: dict[str, int] = {}
+            if p.resident:
+                self.chunks.place(p.resident_bytes)
+            self.map_ns, self.unmap_ns = hw.vmm_map_us * US, hw.vmm_unmap_us * US
         self.launch_ns = round(hw.kernel_launch_us * US)
         self.depth = int(hw.launch_queue_depth)
         # Resident weights -> the copy that brought them in; the last issued kernel reading each.
@@ -167,7 +188,7 @@ class Launcher:
         if a == "hit":
             return
         if a in ("fetch", "prefetch"):
-            yield self.env.timeout(self.fetch_ns + self.map_ns[w])
+            yield self.env.timeout(self.fetch_ns + self._place(w))
             nbytes = self.trace.weight_sizes[w]
             # Stream-ordered allocation: the executor gets the block at once
             # (cudaMallocFromPoolAsync on the copy stream) and the copy waits on the
@@ -188,6 +209,14 @@ class Launcher:
         else:
             raise ValueError(f"weight decision {a!r} is not one the simulator knows; add it to sim/launcher.py")
 
+    def _place(self, w: str) -> int:
+        """Host ns the chunk books' driver calls take to place `w` (0 without books)."""
+        if self.chunks is None:
+            return 0
+        maps, unmaps = self.chunks.maps, self.chunks.unmaps
+        self.addresses[w] = self.chunks.place(self.placed[w])
+        return round((self.chunks.maps - maps) * self.map_ns + (self.chunks.unmaps - unmaps) * self.unmap_ns)
+
     def _copy_gate(self, granted: simpy.Event | None) -> simpy.Event | None:
         """What the next weight copy waits for on the copy engine: every eviction's
         last reader so far. The executor frees a block by making its copy stream
@@ -206,6 +235,8 @@ class Launcher:
         # kernel that reads them has run (or, if none has, after the copy landed).
         c = self.resident.pop(w)
         nbytes = self.placed[w]
+        if self.chunks is not None:
+            self.chunks.free(self.addresses.pop(w), DONE)
         reader = self.last_reader.pop(w, None)
         if reader is not None:
             self.evicted_reader = max(self.evicted_reader, reader)

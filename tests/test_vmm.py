@@ -16,10 +16,10 @@ from engine.config import ActivationsConfig, WeightsConfig, load_hardware
 from engine.errors import ConfigError, ExecutorError
 from engine.executor import WeightExecutor
 from engine.executor.cpu import CpuBackend
-from engine.executor.vmm import ChunkMap
 from engine.models import forward, load_spec, make_inputs
 from engine.models.run import DictSource
 from engine.policy import AccessOrder
+from engine.policy.chunks import ChunkBooks
 from engine.policy.placement import RESIDENT_ALIGN, place
 from engine.policy.weights import WeightResidency, floor
 from engine.trace import synthesize
@@ -113,8 +113,8 @@ class FakeDriver:
 
 
 class Done:
-    def __init__(self):
-        self.done = False
+    def __init__(self, done: bool = False):
+        self.done = done
 
     def query(self):
         return self.done
@@ -125,7 +125,7 @@ def test_chunk_map_never_refuses_a_block_the_budget_allows_and_leaves_nothing_be
     driver = FakeDriver()
     g = driver.granule
     cap = 40 * g
-    cm = ChunkMap(driver, cap, 2 * cap)
+    cm = ChunkBooks(driver, cap, 2 * cap)
     live: dict[int, int] = {}  # address -> bytes placed
     pending: list[Done] = []
     for _ in range(5000):
@@ -155,10 +155,10 @@ def test_chunk_map_never_refuses_a_block_the_budget_allows_and_leaves_nothing_be
 
 def test_a_failed_map_leaves_nothing_mapped_and_the_chunks_free():
     driver = FakeDriver(fail_map_at=3)
-    cm = ChunkMap(driver, 10 * driver.granule, 20 * driver.granule)
+    cm = ChunkBooks(driver, 10 * driver.granule, 20 * driver.granule)
     with pytest.raises(ExecutorError, match="cuMemMap failed"):
         cm.place(4 * driver.granule)
-    assert not driver.mapped and len(cm.free_chunks) == len(cm.chunks) == 4 and cm.live_bytes == 0
+    assert not driver.mapped and len(cm.loose) == len(cm.chunks) == 4 and cm.live_bytes == 0
     address = cm.place(10 * driver.granule)  # the whole cap, once the failure is behind
     assert len(driver.mapped) == 10 and cm.live_bytes == 10 * driver.granule
     with pytest.raises(ExecutorError, match="past its budget"):
@@ -232,3 +232,21 @@ def test_a_budget_with_no_room_beside_the_resident_weights_is_one_clear_line(tin
     with pytest.raises(ConfigError, match="weights.backend=cuda"):
         WeightExecutor(tiny.order, tiny.wf.tensors(), budget_bytes=resident, eviction="lru",
                        backend=CpuBackend(resident, granule=GRANULE))
+
+
+def test_a_block_of_a_freed_size_takes_that_range_with_no_driver_call():
+    driver = FakeDriver()
+    g = driver.granule
+    cm = ChunkBooks(driver, 8 * g, 16 * g)
+    a = cm.place(3 * g - 5)
+    b = cm.place(2 * g)
+    maps = driver.maps
+    cm.free(a, Done())
+    assert cm.place(3 * g) == a and driver.maps == maps and cm.reused == 1  # the same range, as mapped
+    cm.free(b, Done(True))
+    c = cm.place(5 * g)  # 3 loose chunks and b's 2: b's range goes stale, still mapped
+    assert cm.maps == maps + 5 and cm.unmaps == 0 and len(cm.chunks) == 8
+    cm.free(c, Done())
+    assert cm.place(2 * g) == b and cm.unmaps == 2  # b's addresses unmapped and mapped afresh
+    cm.close()
+    assert not driver.mapped and not driver.chunks and not driver.ranges

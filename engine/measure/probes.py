@@ -10,7 +10,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from engine.executor.setup import forward_order, streamed_executor
-from engine.executor.vmm import ChunkMap, CudaVmm
+from engine.executor.vmm import CudaVmm
 from engine.models import forward
 from engine.measure.clocks import Clock
 from engine.measure.timing import KernelStamps
@@ -30,9 +30,9 @@ PROBES_DOC = """header["probes"] (recorded traces; all times in ns):
                  of one resident fetch, fetch: [[copies issued, host ns] per fetch of a streamed forward]}
     weight_source, weight_gbps                   where the streamed forward's weights came from, and
                                                  its copies' bytes over their copy-engine time
-    vmm         {granule, map_ns}                the vmm backend's granule, and the host time to map
-                                                 one granule into a block (with its share of the
-                                                 access call) and unmap it when the range is reused"""
+    vmm         {granule, map_ns, unmap_ns}      the vmm backend's granule, and the host time to map
+                                                 one granule into a range (with its share of the
+                                                 access call) and to unmap it"""
 
 
 class TimedCopies:
@@ -147,29 +147,34 @@ def probe_copies(device: torch.device) -> tuple[list[dict], list[dict]]:
     return copies, duplex
 
 
-VMM_BLOCK_GRANULES = 16  # granules in each block the vmm probe places
-VMM_REPEATS = 200
+VMM_BLOCK_GRANULES = 16  # granules in each range the vmm probe maps
+VMM_REPEATS = 100
 
 
 def probe_vmm(device: torch.device) -> dict:
-    """The vmm backend's cost per granule: blocks placed and freed in a cycle on the
-    backend's own chunk map, as the executor does (each place unmaps a reused range)."""
+    """The vmm backend's driver calls, per granule: mapping a range (cuMemMap per
+    chunk, then cuMemSetAccess over the range) and unmapping it."""
     driver = CudaVmm(device)
-    g = driver.granule
-    chunks = ChunkMap(driver, 2 * VMM_BLOCK_GRANULES * g, 4 * VMM_BLOCK_GRANULES * g)
-    chunks.grow(2 * VMM_BLOCK_GRANULES * g)
-    done = torch.cuda.Event()
-    done.record(torch.cuda.current_stream(device))
-    done.synchronize()
+    g, n = driver.granule, VMM_BLOCK_GRANULES
+    chunks = [driver.create() for _ in range(n)]
+    address = driver.reserve(n * g)
+    map_ns = unmap_ns = 0
     try:
-        chunks.free(chunks.place(VMM_BLOCK_GRANULES * g), done)  # the first range, reused from here on
-        start = time.perf_counter_ns()
         for _ in range(VMM_REPEATS):
-            chunks.free(chunks.place(VMM_BLOCK_GRANULES * g), done)
-        ns = time.perf_counter_ns() - start
+            t0 = time.perf_counter_ns()
+            for i, chunk in enumerate(chunks):
+                driver.map(address + i * g, chunk)
+            driver.set_access(address, n * g)
+            t1 = time.perf_counter_ns()
+            for i in range(n):
+                driver.unmap(address + i * g)
+            map_ns += t1 - t0
+            unmap_ns += time.perf_counter_ns() - t1
     finally:
-        chunks.close()
-    return {"granule": g, "map_ns": round(ns / (VMM_REPEATS * VMM_BLOCK_GRANULES))}
+        for chunk in chunks:
+            driver.release(chunk)
+        driver.free_range(address, n * g)
+    return {"granule": g, "map_ns": round(map_ns / (VMM_REPEATS * n)), "unmap_ns": round(unmap_ns / (VMM_REPEATS * n))}
 
 
 def copy_stream_beside(alone_ns: int, device: torch.device) -> Callable[[], None]:
