@@ -50,13 +50,14 @@ def log(msg: str) -> None:
 
 
 def probe() -> dict:
-    from engine.executor.vmm import ChunkMap, CudaVmm
+    from engine.executor.vmm import CudaVmm
+    from engine.policy.chunks import ChunkBooks
 
     device = torch.device("cuda", torch.cuda.current_device())
     result = probe_vmm(device)
     driver = CudaVmm(device)
     n = 1024
-    chunks = ChunkMap(driver, n * driver.granule, 2 * n * driver.granule)
+    chunks = ChunkBooks(driver, n * driver.granule, 2 * n * driver.granule)
     start = time.perf_counter_ns()
     chunks.grow(n * driver.granule)
     result["create_us"] = round((time.perf_counter_ns() - start) / n / 1e3, 2)
@@ -65,7 +66,7 @@ def probe() -> dict:
 
 
 def run(spec, order, wf, inputs, reference, backend: str, budget: int, eviction: str, steps: int,
-        map_ns: int) -> dict:
+        map_ns: tuple[int, int]) -> dict:
     row = {"backend": backend, "budget_mb": round(budget / MB), "eviction": eviction, "bitwise": None,
            "stopped": None}
     marks = {c for c in CHECKPOINTS if c <= steps} | {steps}
@@ -74,7 +75,8 @@ def run(spec, order, wf, inputs, reference, backend: str, budget: int, eviction:
         ex = streamed_executor(stack, wf, order, backend=backend, source="mmap_registered", budget_bytes=budget,
                                eviction=eviction, lookahead=2)
         counts = getattr(ex.backend, "map_counts", None)
-        before = counts()["maps"] if counts else 0
+        before = (counts()["maps"], counts()["unmaps"]) if counts else None
+        ran = 0
         with torch.no_grad():
             for step in range(1, steps + 1):
                 try:
@@ -88,19 +90,22 @@ def run(spec, order, wf, inputs, reference, backend: str, budget: int, eviction:
                     same = all(bitwise_equal(out[k], reference[k]) for k in reference)
                     row["bitwise"] = same if row["bitwise"] is None else row["bitwise"] and same
                 del out
+                ran = step
                 relocations += ex.steps[-1].relocations
                 if counts:
-                    now = counts()["maps"]
-                    maps.append(now - before)
-                    before = now
+                    now = counts()
+                    maps.append((now["maps"] - before[0], now["unmaps"] - before[1]))
+                    before = (now["maps"], now["unmaps"])
         tele = ex.telemetry()
-        row.update(steps=len(tele), step_ms=statistics.median(r["step_ms"] for r in tele[1:] or tele),
+        row.update(steps=ran, step_ms=statistics.median(r["step_ms"] for r in tele[1:] or tele),
                    relocations=relocations, peak_live_mb=max(r["peak_device_bytes"] for r in tele) / MB,
                    held_mb=ex.backend.reserved_peak_bytes() / MB,
                    h2d_gb=tele[-1]["h2d_bytes"] / 1e9)
         if maps:
-            row["maps_per_step"] = statistics.median(maps[1:] or maps)
-            row["map_ms_per_step"] = row["maps_per_step"] * map_ns / 1e6
+            steady = maps[1:] or maps
+            row["maps_per_step"] = statistics.median(m for m, _ in steady)
+            row["unmaps_per_step"] = statistics.median(u for _, u in steady)
+            row["map_ms_per_step"] = (row["maps_per_step"] * map_ns[0] + row["unmaps_per_step"] * map_ns[1]) / 1e6
     log(f"{backend} {eviction} {budget / MB:.0f} MB: {row['steps']} steps, {row['step_ms']:.1f} ms, "
         f"{relocations} relocations, bitwise {row['bitwise']}")
     return row
@@ -150,7 +155,7 @@ def main() -> None:
             for budget in budgets:
                 for backend in BACKENDS:
                     rows.append(run(spec, order, wf, inputs, reference, backend, budget, eviction, steps,
-                                    probed["map_ns"]))
+                                    (probed["map_ns"], probed["unmap_ns"])))
     finally:
         wf.close()
         if not args.keep_file:
@@ -159,10 +164,11 @@ def main() -> None:
     print(f"vmm {args.what}: {time.strftime('%Y-%m-%d')}, {torch.cuda.get_device_name()}, torch {torch.__version__}; "
           f"`python3 benchmarks/vmm.py {' '.join(sys.argv[1:])}`")
     print(f"{spec.name}, {spec.num_layers} blocks, {spec.model_bytes / 1e9:.2f} GB bf16, {len(order)} kernels, "
-          f"{len(order.sizes)} weights, lookahead 2; granule {probed['granule']} B, map+unmap "
-          f"{probed['map_ns'] / 1e3:.2f} us a granule, cuMemCreate {probed['create_us']} us a chunk")
+          f"{len(order.sizes)} weights, lookahead 2; granule {probed['granule']} B, map "
+          f"{probed['map_ns'] / 1e3:.2f} us and unmap {probed['unmap_ns'] / 1e3:.2f} us a granule, "
+          f"cuMemCreate {probed['create_us']} us a chunk")
     cols = ("eviction", "budget_mb", "backend", "steps", "step_ms", "relocations", "bitwise", "peak_live_mb",
-            "held_mb", "h2d_gb", "maps_per_step", "map_ms_per_step", "stopped")
+            "held_mb", "h2d_gb", "maps_per_step", "unmaps_per_step", "map_ms_per_step", "stopped")
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
     for r in rows:
