@@ -165,12 +165,13 @@ def test_run_execute_on_the_gpu(tiny, tmp_path):
     assert (tmp_path / "telemetry.jsonl").is_file()
 
 
-def _offload_matches(module, inputs, budget_mb, call=lambda m, i: m(**i) if isinstance(i, dict) else m(*i)):
+def _offload_matches(module, inputs, budget_mb, call=lambda m, i: m(**i) if isinstance(i, dict) else m(*i),
+                     backend="cuda"):
     import engine
 
     with torch.no_grad():
         ref = call(module, inputs)
-    h = engine.offload(module, budget_mb=budget_mb, example_inputs=inputs, backend="cuda")
+    h = engine.offload(module, budget_mb=budget_mb, example_inputs=inputs, backend=backend)
     with torch.no_grad():
         outs = [call(module, inputs) for _ in range(3)]
     rows = h.telemetry()
@@ -192,14 +193,18 @@ def test_offload_a_plain_module_on_the_gpu():
     assert rows[-1]["h2d_bytes"] > 0
 
 
-def test_offload_a_transformers_llama():
+@pytest.mark.parametrize("backend, budget_mb", [("cuda", 8.0), ("vmm", 24.0)])
+def test_offload_a_transformers_llama(backend, budget_mb):
     transformers = pytest.importorskip("transformers", reason="needs the models extra: pip install 'offload-engine[models]'")
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
                                    num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
     model = transformers.LlamaForCausalLM(cfg).cuda().eval()
     ids = torch.randint(0, 512, (2, 16), device="cuda")
-    _offload_matches(model, {"input_ids": ids}, budget_mb=4.0, call=lambda m, i: m(**i).logits)
+    h, rows = _offload_matches(model, {"input_ids": ids}, budget_mb=budget_mb, call=lambda m, i: m(**i).logits,
+                               backend=backend)
+    assert rows[-1]["h2d_bytes"] > 0 and all(r["relocations"] == 0 for r in rows)
+    assert all(r["peak_device_bytes"] <= budget_mb * 1e6 for r in rows)
 
 
 def test_offload_a_diffusers_ltx_transformer():
@@ -214,4 +219,4 @@ def test_offload_a_diffusers_ltx_transformer():
                   timestep=torch.tensor([500], device="cuda"),
                   encoder_attention_mask=torch.ones(1, 7, device="cuda"),
                   num_frames=f, height=hh, width=ww, return_dict=False)
-    _offload_matches(model, inputs, budget_mb=2.0)
+    _offload_matches(model, inputs, budget_mb=4.0)

@@ -234,19 +234,35 @@ def test_a_budget_with_no_room_beside_the_resident_weights_is_one_clear_line(tin
                        backend=CpuBackend(resident, granule=GRANULE))
 
 
-def test_a_block_of_a_freed_size_takes_that_range_with_no_driver_call():
+def test_a_block_takes_the_nearest_free_range_and_maps_only_the_difference():
     driver = FakeDriver()
     g = driver.granule
     cm = ChunkBooks(driver, 8 * g, 16 * g)
+    cm.grow(0, largest=5 * g)
     a = cm.place(3 * g - 5)
     b = cm.place(2 * g)
-    maps = driver.maps
+    assert driver.maps == 5
     cm.free(a, Done())
-    assert cm.place(3 * g) == a and driver.maps == maps and cm.reused == 1  # the same range, as mapped
+    assert cm.place(3 * g) == a and driver.maps == 5 and cm.reused == 1  # the same range, as mapped
     cm.free(b, Done(True))
-    c = cm.place(5 * g)  # 3 loose chunks and b's 2: b's range goes stale, still mapped
-    assert cm.maps == maps + 5 and cm.unmaps == 0 and len(cm.chunks) == 8
-    cm.free(c, Done())
-    assert cm.place(2 * g) == b and cm.unmaps == 2  # b's addresses unmapped and mapped afresh
+    assert cm.place(5 * g) == b and cm.maps == 8 and cm.unmaps == 0  # b's 2 chunks and 3 new ones
+    cm.free(b, Done(True))
+    assert cm.place(2 * g) == b and cm.unmaps == 3 and len(cm.loose) == 3  # its tail unmapped
+    cm.close()
+    assert not driver.mapped and not driver.chunks and not driver.ranges
+
+
+def test_a_range_still_read_is_never_unmapped():
+    driver = FakeDriver()
+    g = driver.granule
+    cm = ChunkBooks(driver, 8 * g, 16 * g)
+    cm.grow(0, largest=4 * g)
+    a, b = cm.place(4 * g), cm.place(4 * g)
+    reading = Done()
+    cm.free(a, reading)
+    c = cm.place(2 * g)  # a may still be read: two of its chunks move to c, its addresses stay mapped
+    assert c != a and cm.unmaps == 0 and cm.maps == 10
+    assert cm.place(1 * g) not in (a, b, c) and cm.unmaps == 0  # and a third
+    reading.done = True
     cm.close()
     assert not driver.mapped and not driver.chunks and not driver.ranges

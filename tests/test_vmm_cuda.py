@@ -40,6 +40,8 @@ def test_every_fetched_block_holds_its_weight_within_the_budget(eviction):
     granule = vmm_granule()
     p = place(order, None, granule)
     budget = p.resident_bytes + floor(p.order, 2).bytes + 2 * granule
+    WeightExecutor(order, host, budget_bytes=budget, backend="vmm").close()  # streams, events: made once
+    torch.cuda.synchronize()
     free_before = torch.cuda.mem_get_info()[0]
     ex = WeightExecutor(order, host, budget_bytes=budget, eviction=eviction, lookahead=2, backend="vmm")
     assert isinstance(ex.backend, VmmBackend) and ex.placement.granule == granule
@@ -59,7 +61,7 @@ def test_every_fetched_block_holds_its_weight_within_the_budget(eviction):
     assert maps["maps"] > 0 and maps["unmaps"] > 0
     ex.close()
     torch.cuda.synchronize()
-    assert torch.cuda.mem_get_info()[0] >= free_before - 4 * granule  # every chunk released
+    assert torch.cuda.mem_get_info()[0] == free_before  # every chunk released
 
 
 def test_a_budget_under_one_granule_is_one_clear_line():

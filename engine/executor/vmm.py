@@ -133,7 +133,7 @@ class VmmBackend(CudaStreams):
         self.chunks.free(block.address, freed)
 
     def warm(self, sizes: Sequence[int]) -> None:
-        self.chunks.grow(sum(round_up(n, self.granule) for n in sizes))
+        self.chunks.grow(sum(round_up(n, self.granule) for n in sizes), max(sizes, default=0))
 
     def live_blocks(self) -> int:
         return len(self._live)

@@ -2,29 +2,29 @@
 
 Device memory is a set of physical chunks of one granule, at most the cap's
 worth. A block of n bytes takes ceil(n / granule) chunks, any of them, mapped
-one after another into a virtual range of its own: no block needs physical
-contiguity, so a block the budget allows is never refused.
+one after another at the start of a virtual range of its own: no block needs
+physical contiguity, so a block the budget allows is never refused.
 
-Mapping costs host time (the record mode's probe measures it), so the books
-map as little as they can. A freed range keeps its chunks mapped, and the
-next block of the same size takes the whole range as it is: no driver call
-at all. A transformer streams the same few sizes block after block, so in
-the steady state nearly every block is such a reuse. A block of a size with
-no free range takes loose chunks, creates new ones under the cap, and last
-takes the chunks of the oldest free ranges of other sizes: that range's
-addresses stay mapped (nothing reads them any more) until a range of its size
-is wanted again and the copy stream has passed the free (`freed`), when they
-are unmapped and mapped afresh. Address space is reserved as needed.
+Mapping and unmapping cost host time per granule (the record mode's probe
+measures them), so the books move as few granules as they can. Every range
+reserves address space for the largest block (`extent`, from `grow`); a freed
+range keeps its chunks mapped, and a new block takes the free range whose
+mapped size is nearest its own, then maps chunks onto its end or unmaps its
+tail to fit: a block of a freed size costs no driver call at all, and a
+transformer streams the same few sizes block after block. Chunks come from
+trimmed tails, then new ones under the cap, then the tails of the oldest free
+ranges. A tail is unmapped once the copy stream has passed the range's free
+(`freed`); taken sooner, it stays mapped (stale; nothing reads it) until the
+range is wanted again after that.
 
 Stream order is the caller's: a chunk may be written by its next block as
 soon as it is freed, because the backend orders every write after the free's
 last reader (the copy stream waits for it). Both drivers keep these books:
 the vmm backend with the CUDA driver, the simulator with a driver that counts,
-so the map and unmap calls it charges are the executor's.
+so the granules it charges for are the executor's.
 """
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -49,13 +49,16 @@ class Driver(Protocol):
     def unmap(self, address: int) -> None: ...  # the granule mapped at `address`
 
 
-@dataclass
+@dataclass(eq=False)
 class _Range:
     address: int
-    nbytes: int  # whole granules
-    chunks: list  # mapped at address + i * granule, in order
-    owned: bool = True  # False: its chunks were taken; the mapping is stale
+    extent: int  # address space reserved for it
+    chunks: list = field(default_factory=list)  # owned, mapped at address + i * granule
+    stale: int = 0  # granules mapped after them whose chunks were taken before the free passed
     freed: Event | None = None  # the copy stream passed the free
+
+    def ready(self) -> bool:
+        return self.freed is None or self.freed.query()
 
 
 @dataclass
@@ -76,68 +79,62 @@ class ChunkBooks:
 
     def __post_init__(self) -> None:
         self.granule = self.driver.granule
+        self.extent = self.granule
         self._live: dict[int, _Range] = {}
-        self._free: dict[int, _Range] = {}  # address -> range owning its chunks, oldest first
-        self._free_by_size: dict[int, dict[int, _Range]] = {}
-        self._stale: dict[int, deque[_Range]] = {}  # nbytes -> ranges whose chunks were taken
+        self._free: dict[int, _Range] = {}  # address -> free range, oldest free first
         self._reserved: list[tuple[int, int]] = []
         self._cursor = self._end = 0  # the unused rest of the newest reservation
 
     @property
     def live_bytes(self) -> int:
-        return sum(r.nbytes for r in self._live.values())
+        return sum(len(r.chunks) for r in self._live.values()) * self.granule
 
-    def grow(self, nbytes: int) -> None:
-        """Create chunks until `nbytes` of them exist (at most the cap)."""
+    def grow(self, nbytes: int, largest: int = 0) -> None:
+        """Create chunks until `nbytes` of them exist (at most the cap); new ranges
+        reserve room for a block of `largest` bytes."""
+        self.extent = max(self.extent, self._round(largest))
         while (len(self.chunks) + 1) * self.granule <= min(nbytes, self.cap_bytes):
             self._create()
 
     def place(self, nbytes: int) -> int:
-        """A range of whole granules holding `nbytes`, mapped; its address."""
-        size = -(-nbytes // self.granule) * self.granule
-        same = self._free_by_size.get(size)
-        if same:
-            address, r = same.popitem()
-            del self._free[address]
-            self._live[address] = r
+        """A range holding `nbytes` in whole granules, mapped; its address."""
+        size = self._round(nbytes)
+        need = size // self.granule
+        r = self._nearest(need, size)
+        if r is None:
+            r = self._new_range(size)
+        else:
+            del self._free[r.address]
+            self._unmap_tail(r, r.stale, len(r.chunks))
+            r.stale, r.freed = 0, None
+        have = len(r.chunks)
+        if have == need:
             self.reused += 1
-            return address
-        chunks = self._take(size // self.granule, nbytes)
-        r = self._range(size)
-        try:
-            for i, chunk in enumerate(chunks):
-                self.driver.map(r.address + i * self.granule, chunk)
-                r.chunks.append(chunk)
-                self.maps += 1
-            self.driver.set_access(r.address, size)
-        except BaseException:
-            self._unmap(r)  # nothing of this range stays mapped
-            self.loose.extend(chunks)
-            self._stale.setdefault(size, deque()).appendleft(r)
-            raise
+        elif have > need:
+            self._unmap_tail(r, have - need, need)
+            self.loose.extend(r.chunks[need:])
+            del r.chunks[need:]
+        else:
+            self._map_tail(r, self._take(need - have, nbytes))
         self._live[r.address] = r
         return r.address
 
     def free(self, address: int, freed: Event) -> None:
         """The block at `address` is free once `freed` completes; its range, still
-        mapped, serves the next block of its size."""
+        mapped, serves a later block."""
         r = self._live.pop(address, None)
         if r is None:
             raise ExecutorError(f"vmm backend: block {address:#x} freed twice or never allocated "
                                 "(a bug in the runtime; nothing was freed)")
         r.freed = freed
         self._free[address] = r
-        self._free_by_size.setdefault(r.nbytes, {})[address] = r
 
     def close(self) -> None:
         """Unmap every range, release every chunk and the address space."""
-        ranges = list(self._live.values()) + list(self._free.values())
-        for r in ranges + [r for q in self._stale.values() for r in q]:
-            self._unmap(r)
+        for r in list(self._live.values()) + list(self._free.values()):
+            self._unmap_tail(r, len(r.chunks) + r.stale, 0)
         self._live.clear()
         self._free.clear()
-        self._free_by_size.clear()
-        self._stale.clear()
         for chunk in self.chunks:
             self.driver.release(chunk)
         self.chunks.clear()
@@ -147,53 +144,88 @@ class ChunkBooks:
         self._reserved.clear()
         self._cursor = self._end = 0
 
+    def _round(self, nbytes: int) -> int:
+        return -(-nbytes // self.granule) * self.granule
+
     def _create(self) -> None:
         chunk = self.driver.create()
         self.chunks.append(chunk)
         self.loose.append(chunk)
 
+    def _nearest(self, need: int, size: int) -> _Range | None:
+        """The free range that maps and unmaps the fewest granules to hold `need`. A
+        range whose free the copy stream has not passed may still be read: it can
+        take more chunks, or serve as it is, but nothing of it may be unmapped yet."""
+        best, cost = None, None
+        for r in self._free.values():
+            if r.extent < size or ((r.stale or len(r.chunks) > need) and not r.ready()):
+                continue
+            c = abs(len(r.chunks) - need) + r.stale
+            if cost is None or c < cost:
+                best, cost = r, c
+                if c == 0:
+                    break
+        return best
+
+    def _new_range(self, size: int) -> _Range:
+        extent = max(size, self.extent)
+        if self._end - self._cursor < extent:
+            nbytes = max(extent, self.reserve_bytes)
+            address = self.driver.reserve(nbytes)
+            self._reserved.append((address, nbytes))
+            self._cursor, self._end = address, address + nbytes
+        r = _Range(self._cursor, extent)
+        self._cursor += extent
+        return r
+
     def _take(self, need: int, nbytes: int) -> list:
-        """`need` chunks: loose ones, new ones under the cap, then the oldest free ranges'."""
+        """`need` chunks: loose ones, new ones under the cap, then the oldest free ranges' tails."""
         while len(self.loose) < need and (len(self.chunks) + 1) * self.granule <= self.cap_bytes:
             self._create()
-        while len(self.loose) < need and self._free:
-            address = next(iter(self._free))
-            r = self._free.pop(address)
-            del self._free_by_size[r.nbytes][address]
-            self.loose.extend(r.chunks)
-            r.owned = False
-            self._stale.setdefault(r.nbytes, deque()).append(r)
+        for r in list(self._free.values()):
+            if len(self.loose) >= need:
+                break
+            k = min(len(r.chunks), need - len(self.loose))
+            if k == 0:
+                continue
+            keep = len(r.chunks) - k
+            if r.ready():
+                self._unmap_tail(r, k + r.stale, keep)
+                r.stale = 0
+            else:
+                r.stale += k  # still mapped after the chunks it keeps, unmapped once the free passed
+            self.loose.extend(r.chunks[keep:])
+            del r.chunks[keep:]
         if len(self.loose) < need:
             raise ExecutorError(
-                f"vmm backend: {nbytes} bytes need {need} chunks but only {len(self.loose)} of the cap's "
+                f"vmm backend: {nbytes} bytes need {need} more chunks but only {len(self.loose)} of the cap's "
                 f"{self.cap_bytes // self.granule} are free; the executor allocated past its budget (a bug "
                 "in the runtime)")
         out = self.loose[-need:]
         del self.loose[-need:]
         return out
 
-    def _range(self, size: int) -> _Range:
-        """An unmapped range of `size` bytes: a stale one the copy stream is done with, else a new one."""
-        q = self._stale.get(size)
-        if q and (q[0].freed is None or q[0].freed.query()):
-            r = q.popleft()
-            self._unmap(r)
-            r.owned, r.freed = True, None
-            return r
-        if self._end - self._cursor < size:
-            nbytes = max(size, self.reserve_bytes)
-            address = self.driver.reserve(nbytes)
-            self._reserved.append((address, nbytes))
-            self._cursor, self._end = address, address + nbytes
-        r = _Range(self._cursor, size, [])
-        self._cursor += size
-        return r
+    def _map_tail(self, r: _Range, chunks: list) -> None:
+        start = len(r.chunks)
+        try:
+            for i, chunk in enumerate(chunks):
+                self.driver.map(r.address + (start + i) * self.granule, chunk)
+                r.chunks.append(chunk)
+                self.maps += 1
+            self.driver.set_access(r.address + start * self.granule, len(chunks) * self.granule)
+        except BaseException:
+            mapped = len(r.chunks) - start
+            self._unmap_tail(r, mapped, start)  # nothing of this block stays mapped
+            del r.chunks[start:]
+            self.loose.extend(chunks)
+            self._free[r.address] = r  # the range, as it was, serves a later block
+            raise
 
-    def _unmap(self, r: _Range) -> None:
-        for i in range(len(r.chunks)):
+    def _unmap_tail(self, r: _Range, count: int, start: int) -> None:
+        """Unmap `count` granules of `r` from granule `start` on."""
+        for i in range(start, start + count):
             self.driver.unmap(r.address + i * self.granule)
-            self.unmaps += 1
-        r.chunks = []
+        self.unmaps += count
 
 
 class CountingDriver:
