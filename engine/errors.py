@@ -21,15 +21,18 @@ class BelowFloorError(ConfigError):
     kernels' weights (the hard minimum: under it a hazard is certain) plus the
     lookahead's headroom (between the two, prefetches run short but nothing breaks)."""
 
-    def __init__(self, budget_bytes: int, floor_bytes: int, pair_bytes: int, kernels: tuple[str, str]):
+    def __init__(self, budget_bytes: int, floor_bytes: int, pair_bytes: int, kernels: tuple[str, str],
+                 resident_bytes: int = 0):
         self.budget_bytes = budget_bytes
         self.floor_bytes = floor_bytes
         self.pair_bytes = pair_bytes
         self.kernels = kernels
         need_mb = -(-floor_bytes // 1_000_000)
+        resident = (f", plus {resident_bytes / 1e6:.3f} MB of small weights this backend keeps resident"
+                    if resident_bytes else "")
         super().__init__(
             f"budget {_mb(budget_bytes)} MB is under the floor of {floor_bytes / 1e6:.3f} MB (the weights of "
-            f"{kernels[0]} + {kernels[1]}, {pair_bytes / 1e6:.3f} MB, plus the lookahead's prefetches); use "
+            f"{kernels[0]} + {kernels[1]}, {pair_bytes / 1e6:.3f} MB, plus the lookahead's prefetches{resident}); use "
             f"budget={need_mb} or more. Hazards are certain only under {pair_bytes / 1e6:.3f} MB; "
             "mode=simulate sim.allow_below_floor=true shows what happens below the floor")
 

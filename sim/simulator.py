@@ -14,8 +14,7 @@ import simpy
 from engine.gc_pause import paused_gc
 from engine.policy import ActivationPolicy, Decision, WeightPolicy
 from engine.policy.activations import build_activation_policy
-from engine.policy.placement import Placement, place
-from engine.policy.weights import WeightResidency
+from engine.policy.placement import Placement, place, residency
 from engine.trace import Trace
 from sim.activations import SavedActivations
 from sim.compute import ComputeStream
@@ -53,8 +52,7 @@ def simulate(trace: Trace, weights_cfg: Any, activations_cfg: Any, hardware: Any
     `allow_below_floor`; then the hazards are in the prediction.
     """
     placement = place(trace.access_order(), budget_bytes, backend_granule(weights_cfg, hardware))
-    weights = WeightResidency(placement.order, placement.budget_bytes, eviction=weights_cfg.eviction,
-                              lookahead=weights_cfg.lookahead, allow_below_floor=allow_below_floor)
+    weights = residency(placement, weights_cfg.eviction, weights_cfg.lookahead, allow_below_floor)
     activations = None
     if activations_cfg is not None and any(r.saved for r in trace.records):
         activations = build_activation_policy(activations_cfg, trace.num_layers)

@@ -33,8 +33,7 @@ from engine.errors import ExecutorError, PlacementError
 from engine.gc_pause import paused_gc
 from engine.executor.backend import Backend, Block
 from engine.policy import KEEP_STEPS, AccessOrder, Decision, keep_last_steps
-from engine.policy.placement import place
-from engine.policy.weights import WeightResidency
+from engine.policy.placement import place, residency
 
 
 @dataclass
@@ -118,7 +117,7 @@ class WeightExecutor:
         # The policy first: a budget under the floor fails before any device memory is taken.
         granule = backend_granule(backend) if isinstance(backend, str) else backend.granule
         self.placement = place(order, budget_bytes, granule)
-        self.policy = WeightResidency(self.placement.order, self.placement.budget_bytes, eviction, lookahead)
+        self.policy = residency(self.placement, eviction, lookahead)
         self.order = order
         self.budget_bytes = budget_bytes
         _check_host(order, host)

@@ -17,8 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from engine.errors import ConfigError
+from engine.errors import BelowFloorError, ConfigError
 from engine.policy import AccessOrder
+from engine.policy.weights import WeightResidency
 
 RESIDENT_ALIGN = 256  # bytes; each resident weight starts at a multiple of this in its block
 
@@ -59,3 +60,14 @@ def place(order: AccessOrder, budget_bytes: int | None, granule: int) -> Placeme
     reads = tuple(tuple(w for w in r if w not in resident) for r in order.reads)
     left = None if budget_bytes is None else budget_bytes - resident_bytes
     return Placement(granule, AccessOrder(order.kernels, reads, streamed), resident, resident_bytes, left)
+
+
+def residency(placement: Placement, eviction: str, lookahead: int, allow_below_floor: bool = False) -> WeightResidency:
+    """The residency policy over `placement`'s streamed weights; under the floor, the
+    error counts the resident block in, so its figures are the user's budget's."""
+    try:
+        return WeightResidency(placement.order, placement.budget_bytes, eviction, lookahead, allow_below_floor)
+    except BelowFloorError as err:
+        extra = placement.resident_bytes
+        raise BelowFloorError(err.budget_bytes + extra, err.floor_bytes + extra, err.pair_bytes + extra,
+                              err.kernels, extra) from None
