@@ -59,27 +59,9 @@ def probe() -> dict:
     n = 1024
     chunks = ChunkBooks(driver, n * driver.granule, 2 * n * driver.granule)
     start = time.perf_counter_ns()
-    chunks.grow(n * driver.granule)
+    chunks.grow(n * driver.granule, driver.granule)  # chunks of one granule
     result["create_us"] = round((time.perf_counter_ns() - start) / n / 1e3, 2)
     chunks.close()
-    # One handle of 16 granules mapped in one call, against 16 calls of one granule (the probe above).
-    from cuda.bindings import driver as cudadrv
-
-    big = 16 * driver.granule
-    err, handle = cudadrv.cuMemCreate(big, driver._prop, 0)
-    address = driver.reserve(big)
-    t = []
-    for _ in range(50):
-        t0 = time.perf_counter_ns()
-        cudadrv.cuMemMap(address, big, 0, handle, 0)
-        driver.set_access(address, big)
-        t1 = time.perf_counter_ns()
-        cudadrv.cuMemUnmap(address, big)
-        t.append((t1 - t0, time.perf_counter_ns() - t1))
-    cudadrv.cuMemRelease(handle)
-    driver.free_range(address, big)
-    result["map_16_granule_handle_us"] = round(statistics.median(a for a, _ in t) / 1e3, 1)
-    result["unmap_16_granule_handle_us"] = round(statistics.median(b for _, b in t) / 1e3, 1)
     return result
 
 
@@ -183,8 +165,8 @@ def main() -> None:
           f"`python3 benchmarks/vmm.py {' '.join(sys.argv[1:])}`")
     print(f"{spec.name}, {spec.num_layers} blocks, {spec.model_bytes / 1e9:.2f} GB bf16, {len(order)} kernels, "
           f"{len(order.sizes)} weights, lookahead 2; granule {probed['granule']} B, map "
-          f"{probed['map_ns'] / 1e3:.2f} us and unmap {probed['unmap_ns'] / 1e3:.2f} us a granule, "
-          f"cuMemCreate {probed['create_us']} us a chunk")
+          f"{probed['map_ns'] / 1e3:.2f} us and unmap {probed['unmap_ns'] / 1e3:.2f} us a chunk (by size in "
+          f"granules: {probed['by_class']}), cuMemCreate {probed['create_us']} us a granule")
     cols = ("eviction", "budget_mb", "backend", "steps", "step_ms", "relocations", "bitwise", "peak_live_mb",
             "held_mb", "h2d_gb", "maps_per_step", "unmaps_per_step", "map_ms_per_step", "stopped")
     print("| " + " | ".join(cols) + " |")

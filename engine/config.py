@@ -53,8 +53,8 @@ class HardwareConfig:
     # Device memory a process holds outside its tensors: the CUDA context, library handles
     # and workspaces (benchmarks/context_memory.py measures it).
     context_mb: float = 0.0
-    # weights.backend=vmm: the allocation granularity, and the host cost to map one
-    # granule into a range and to unmap it (the record mode's probes measure them).
+    # weights.backend=vmm: the allocation granularity, and the host cost of one map
+    # call (a chunk, with its access call) and one unmap (mode=record's probes).
     vmm_granule_bytes: int = 2097152
     vmm_map_us: float = 0.0
     vmm_unmap_us: float = 0.0

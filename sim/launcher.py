@@ -13,7 +13,9 @@ layer boundary's and the kernel's unpacks:
 4. launch the kernel (its recorded host_ns, else kernel_launch_us of host time);
 5. forward: on_save for each tensor the kernel saves.
 
-Host time: fetch_host_us per fetch/prefetch plus the pool's alloc_us, and
+Host time: fetch_host_us per fetch/prefetch plus the pool's alloc_us (on the
+vmm backend, also vmm_map_us and vmm_unmap_us per driver call the chunk books
+make, engine/policy/chunks.py), and
 per kernel its record's host_ns (a recorded module's block launches many
 CUDA kernels) or, without one, kernel_launch_us. A weight allocation that must wait for a free
 does not block the launcher: as in the executor's stream-ordered pool, the copy
@@ -49,6 +51,10 @@ class _Passed:
     @staticmethod
     def query() -> bool:
         return True
+
+    @staticmethod
+    def synchronize() -> None:
+        pass
 
 
 DONE = _Passed()

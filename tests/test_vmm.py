@@ -19,7 +19,7 @@ from engine.executor.cpu import CpuBackend
 from engine.models import forward, load_spec, make_inputs
 from engine.models.run import DictSource
 from engine.policy import AccessOrder
-from engine.policy.chunks import ChunkBooks
+from engine.policy.chunks import ChunkBooks, layout
 from engine.policy.placement import RESIDENT_ALIGN, place
 from engine.policy.weights import WeightResidency, floor
 from engine.trace import synthesize
@@ -72,8 +72,8 @@ class FakeDriver:
     granule = 64
 
     def __init__(self, fail_map_at: int | None = None):
-        self.mapped: dict[int, int] = {}  # address -> chunk
-        self.chunks: set[int] = set()
+        self.mapped: dict[int, int] = {}  # granule address -> chunk
+        self.chunks: dict[int, int] = {}  # chunk -> bytes
         self.ranges: list[tuple[int, int]] = []
         self.next_address, self.next_chunk, self.maps = 1 << 20, 0, 0
         self.fail_map_at = fail_map_at
@@ -89,27 +89,38 @@ class FakeDriver:
         assert not any(address <= a < address + nbytes for a in self.mapped), "freed while mapped"
         self.ranges.remove((address, nbytes))
 
-    def create(self):
+    def create(self, nbytes):
+        assert nbytes % self.granule == 0
         self.next_chunk += 1
-        self.chunks.add(self.next_chunk)
+        self.chunks[self.next_chunk] = nbytes
         return self.next_chunk
 
     def release(self, chunk):
-        self.chunks.remove(chunk)
+        assert chunk not in self.mapped.values(), "released while mapped"
+        del self.chunks[chunk]
 
-    def map(self, address, chunk):
+    def map(self, address, chunk, nbytes):
         self.maps += 1
         if self.maps == self.fail_map_at:
             raise ExecutorError("cuMemMap failed: CUDA_ERROR_OUT_OF_MEMORY")
-        assert address not in self.mapped and chunk in self.chunks
-        assert any(a <= address < a + n for a, n in self.ranges)
-        self.mapped[address] = chunk
+        assert self.chunks[chunk] == nbytes and chunk not in self.mapped.values()
+        assert any(a <= address and address + nbytes <= a + n for a, n in self.ranges)
+        for i in range(0, nbytes, self.granule):
+            assert address + i not in self.mapped
+            self.mapped[address + i] = chunk
+        self.access_pending = set(range(address, address + nbytes, self.granule))
 
     def set_access(self, address, nbytes):
         assert all(address + i in self.mapped for i in range(0, nbytes, self.granule))
 
-    def unmap(self, address):
-        del self.mapped[address]
+    def unmap(self, address, nbytes):
+        chunk = self.mapped[address]
+        assert self.chunks[chunk] == nbytes
+        for i in range(0, nbytes, self.granule):
+            assert self.mapped.pop(address + i) == chunk
+
+    def held(self):
+        return sum(self.chunks.values())
 
 
 class Done:
@@ -119,53 +130,93 @@ class Done:
     def query(self):
         return self.done
 
+    def synchronize(self):
+        self.done = True
 
-def test_chunk_map_never_refuses_a_block_the_budget_allows_and_leaves_nothing_behind():
-    rng = random.Random(0)
+
+@pytest.mark.parametrize("seed", range(4))
+def test_chunk_books_never_refuse_a_block_the_cap_allows_and_leave_nothing_behind(seed):
+    rng = random.Random(seed)
     driver = FakeDriver()
     g = driver.granule
-    cap = 40 * g
+    cap = 80 * g
     cm = ChunkBooks(driver, cap, 2 * cap)
+    cm.grow(cap // 2, largest=40 * g)
     live: dict[int, int] = {}  # address -> bytes placed
     pending: list[Done] = []
-    for _ in range(5000):
-        if live and (rng.random() < 0.5 or sum(live.values()) > cap - 12 * g):
+    for _ in range(3000):
+        if live and (rng.random() < 0.5 or sum(live.values()) > cap - 40 * g):
             address = rng.choice(list(live))
             del live[address]
             freed = Done()
             pending.append(freed)
             cm.free(address, freed)
         else:
-            nbytes = rng.randint(1, 12 * g)
+            nbytes = rng.choice([rng.randint(1, 40 * g), 3 * g, 17 * g, 32 * g])
             address = cm.place(nbytes)
             placed = -(-nbytes // g) * g
             assert all(address + placed <= a or a + n <= address for a, n in live.items())  # ranges apart
+            assert all(address + i in driver.mapped for i in range(0, placed, g))
             live[address] = placed
         for freed in pending:
             if rng.random() < 0.3:
                 freed.done = True
-        assert len(cm.chunks) * g <= cap and cm.live_bytes == sum(live.values())
-    mapped_live = {a for base, n in live.items() for a in range(base, base + n, g)}
-    assert mapped_live <= set(driver.mapped)
-    assert len({driver.mapped[a] for a in mapped_live}) == len(mapped_live)  # no chunk backs two live granules
-    assert cm.maps - cm.unmaps == len(driver.mapped)
+        assert driver.held() <= cap and cm.held * g == driver.held() and cm.live_bytes == sum(live.values())
+    assert cm.reused > 0
     cm.close()
     assert not driver.mapped and not driver.chunks and not driver.ranges
 
 
-def test_a_failed_map_leaves_nothing_mapped_and_the_chunks_free():
+def test_a_block_is_the_fewest_chunks_largest_first():
+    assert layout(16 + 8 + 2 + 1) == [16, 8, 2, 1]
+    assert layout(50) == [16, 16, 16, 2] and layout(1) == [1] and layout(0) == []
+
+
+def test_a_failed_map_leaves_nothing_of_the_block_mapped():
     driver = FakeDriver(fail_map_at=3)
-    cm = ChunkBooks(driver, 10 * driver.granule, 20 * driver.granule)
+    g = driver.granule
+    cm = ChunkBooks(driver, 40 * g, 80 * g)
     with pytest.raises(ExecutorError, match="cuMemMap failed"):
-        cm.place(4 * driver.granule)
-    assert not driver.mapped and len(cm.loose) == len(cm.chunks) == 4 and cm.live_bytes == 0
-    address = cm.place(10 * driver.granule)  # the whole cap, once the failure is behind
-    assert len(driver.mapped) == 10 and cm.live_bytes == 10 * driver.granule
+        cm.place(19 * g)  # 16 + 2 + 1: the third map fails
+    assert not driver.mapped and cm.live_bytes == 0
+    address = cm.place(40 * g)  # the whole cap, once the failure is behind
+    assert cm.live_bytes == 40 * g and len(set(driver.mapped.values())) == 3  # 16 + 16 + 8
     with pytest.raises(ExecutorError, match="past its budget"):
         cm.place(1)
     cm.free(address, Done())
     with pytest.raises(ExecutorError, match="freed twice"):
         cm.free(address, Done())
+    cm.close()
+    assert not driver.mapped and not driver.chunks and not driver.ranges
+
+
+def test_a_block_takes_the_free_range_nearest_its_layout():
+    driver = FakeDriver()
+    g = driver.granule
+    cm = ChunkBooks(driver, 64 * g, 128 * g)
+    cm.grow(0, largest=24 * g)
+    a = cm.place(19 * g - 5)  # 16 + 2 + 1
+    b = cm.place(16 * g)
+    assert cm.maps == 4
+    cm.free(a, Done())
+    assert cm.place(19 * g) == a and cm.maps == 4 and cm.reused == 1  # as it was: no call
+    cm.free(b, Done(True))
+    assert cm.place(24 * g) == b and cm.maps == 5 and cm.unmaps == 0  # b's 16, and an 8 mapped after it
+    cm.free(b, Done(True))
+    assert cm.place(17 * g) == b and cm.unmaps == 1 and cm.maps == 6  # the 8 unmapped, a 1 mapped
+    cm.close()
+    assert not driver.mapped and not driver.chunks and not driver.ranges
+
+
+def test_a_range_still_read_is_never_unmapped_until_its_free_passed():
+    driver = FakeDriver()
+    g = driver.granule
+    cm = ChunkBooks(driver, 32 * g, 64 * g)
+    a, b = cm.place(16 * g), cm.place(16 * g)
+    reading = Done()
+    cm.free(a, reading)
+    c = cm.place(8 * g)  # a is the only free range and may be read: the books wait for its free
+    assert reading.done and c != b and cm.unmaps == 1
     cm.close()
     assert not driver.mapped and not driver.chunks and not driver.ranges
 
@@ -234,35 +285,3 @@ def test_a_budget_with_no_room_beside_the_resident_weights_is_one_clear_line(tin
                        backend=CpuBackend(resident, granule=GRANULE))
 
 
-def test_a_block_takes_the_nearest_free_range_and_maps_only_the_difference():
-    driver = FakeDriver()
-    g = driver.granule
-    cm = ChunkBooks(driver, 8 * g, 16 * g)
-    cm.grow(0, largest=5 * g)
-    a = cm.place(3 * g - 5)
-    b = cm.place(2 * g)
-    assert driver.maps == 5
-    cm.free(a, Done())
-    assert cm.place(3 * g) == a and driver.maps == 5 and cm.reused == 1  # the same range, as mapped
-    cm.free(b, Done(True))
-    assert cm.place(5 * g) == b and cm.maps == 8 and cm.unmaps == 0  # b's 2 chunks and 3 new ones
-    cm.free(b, Done(True))
-    assert cm.place(2 * g) == b and cm.unmaps == 3 and len(cm.loose) == 3  # its tail unmapped
-    cm.close()
-    assert not driver.mapped and not driver.chunks and not driver.ranges
-
-
-def test_a_range_still_read_is_never_unmapped():
-    driver = FakeDriver()
-    g = driver.granule
-    cm = ChunkBooks(driver, 8 * g, 16 * g)
-    cm.grow(0, largest=4 * g)
-    a, b = cm.place(4 * g), cm.place(4 * g)
-    reading = Done()
-    cm.free(a, reading)
-    c = cm.place(2 * g)  # a may still be read: two of its chunks move to c, its addresses stay mapped
-    assert c != a and cm.unmaps == 0 and cm.maps == 10
-    assert cm.place(1 * g) not in (a, b, c) and cm.unmaps == 0  # and a third
-    reading.done = True
-    cm.close()
-    assert not driver.mapped and not driver.chunks and not driver.ranges

@@ -1,8 +1,8 @@
-"""The vmm backend: weights in physical chunks of one granule, mapped on demand.
+"""The vmm backend: weights in physical chunks of whole granules, mapped on demand.
 
-Device memory is a set of physical chunks of the device's allocation
-granularity (cuMemCreate; 2 MiB on an H100), at most the budget's worth,
-mapped into a virtual range per block (cuMemMap, cuMemSetAccess). Which chunks
+Device memory is a set of physical chunks of 1 to 16 granules of the device's
+allocation granularity (cuMemCreate; 2 MiB on an H100), at most the budget's
+worth, mapped into a virtual range per block (cuMemMap, cuMemSetAccess). Which chunks
 and ranges a block gets, and when a range is mapped or unmapped, is
 engine/policy/chunks.py's ChunkBooks; this module makes the driver calls and
 keeps the stream order. Internal waste is under one granule a block;
@@ -76,22 +76,22 @@ class CudaVmm:
     def free_range(self, address: int, nbytes: int) -> None:
         _check(cudadrv.cuMemAddressFree(address, nbytes), "cuMemAddressFree")
 
-    def create(self) -> Any:
-        return _check(cudadrv.cuMemCreate(self.granule, self._prop, 0), f"cuMemCreate of {self.granule} bytes",
+    def create(self, nbytes: int) -> Any:
+        return _check(cudadrv.cuMemCreate(nbytes, self._prop, 0), f"cuMemCreate of {nbytes} bytes",
                       "the device has no free memory for the budget: free device memory held elsewhere or "
                       "lower the budget")
 
     def release(self, chunk: Any) -> None:
         _check(cudadrv.cuMemRelease(chunk), "cuMemRelease")
 
-    def map(self, address: int, chunk: Any) -> None:
-        _check(cudadrv.cuMemMap(address, self.granule, 0, chunk, 0), "cuMemMap")
+    def map(self, address: int, chunk: Any, nbytes: int) -> None:
+        _check(cudadrv.cuMemMap(address, nbytes, 0, chunk, 0), "cuMemMap")
 
     def set_access(self, address: int, nbytes: int) -> None:
         _check(cudadrv.cuMemSetAccess(address, nbytes, [self._access], 1), "cuMemSetAccess")
 
-    def unmap(self, address: int) -> None:
-        _check(cudadrv.cuMemUnmap(address, self.granule), "cuMemUnmap")
+    def unmap(self, address: int, nbytes: int) -> None:
+        _check(cudadrv.cuMemUnmap(address, nbytes), "cuMemUnmap")
 
 
 def vmm_granule(device: torch.device | None = None) -> int:
@@ -156,7 +156,7 @@ class VmmBackend(CudaStreams):
 
     def reserved_peak_bytes(self) -> int:
         """Device memory the chunks hold (created, mapped or not)."""
-        return len(self.chunks.chunks) * self.granule
+        return self.chunks.peak_held * self.granule
 
     def peak_bytes(self) -> int:
         return self._live.peak
@@ -165,7 +165,7 @@ class VmmBackend(CudaStreams):
         self._live.reset_peak()
 
     def map_counts(self) -> dict:
-        """Granules mapped and unmapped since creation, and blocks placed with no driver call."""
+        """Chunks mapped and unmapped since creation, and blocks placed with no driver call."""
         return {"maps": self.chunks.maps, "unmaps": self.chunks.unmaps, "reused": self.chunks.reused}
 
     def close(self) -> None:

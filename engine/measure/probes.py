@@ -11,6 +11,7 @@ import torch
 
 from engine.executor.setup import forward_order, streamed_executor
 from engine.executor.vmm import CudaVmm
+from engine.policy.chunks import CLASSES
 from engine.models import forward
 from engine.measure.clocks import Clock
 from engine.measure.timing import KernelStamps
@@ -30,9 +31,10 @@ PROBES_DOC = """header["probes"] (recorded traces; all times in ns):
                  of one resident fetch, fetch: [[copies issued, host ns] per fetch of a streamed forward]}
     weight_source, weight_gbps                   where the streamed forward's weights came from, and
                                                  its copies' bytes over their copy-engine time
-    vmm         {granule, map_ns, unmap_ns}      the vmm backend's granule, and the host time to map
-                                                 one granule into a range (with its share of the
-                                                 access call) and to unmap it"""
+    vmm         {granule, map_ns, unmap_ns, by_class}  the vmm backend's granule, and the host
+                                                 time of one map call (a chunk, with its access
+                                                 call) and one unmap, the mean over the chunk sizes
+                                                 and per size in granules: [map_ns, unmap_ns]"""
 
 
 class TimedCopies:
@@ -147,34 +149,35 @@ def probe_copies(device: torch.device) -> tuple[list[dict], list[dict]]:
     return copies, duplex
 
 
-VMM_BLOCK_GRANULES = 16  # granules in each range the vmm probe maps
-VMM_REPEATS = 100
+VMM_REPEATS = 40
 
 
 def probe_vmm(device: torch.device) -> dict:
-    """The vmm backend's driver calls, per granule: mapping a range (cuMemMap per
-    chunk, then cuMemSetAccess over the range) and unmapping it."""
+    """The vmm backend's driver calls: host ns to map one chunk (cuMemMap, then
+    cuMemSetAccess over it) and to unmap it, for each chunk size of the chunk
+    books, and their means over the sizes."""
     driver = CudaVmm(device)
-    g, n = driver.granule, VMM_BLOCK_GRANULES
-    chunks = [driver.create() for _ in range(n)]
-    address = driver.reserve(n * g)
-    map_ns = unmap_ns = 0
+    g = driver.granule
+    address = driver.reserve(max(CLASSES) * g)
+    by_class = {}
     try:
-        for _ in range(VMM_REPEATS):
-            t0 = time.perf_counter_ns()
-            for i, chunk in enumerate(chunks):
-                driver.map(address + i * g, chunk)
-            driver.set_access(address, n * g)
-            t1 = time.perf_counter_ns()
-            for i in range(n):
-                driver.unmap(address + i * g)
-            map_ns += t1 - t0
-            unmap_ns += time.perf_counter_ns() - t1
-    finally:
-        for chunk in chunks:
+        for c in CLASSES:
+            chunk = driver.create(c * g)
+            maps, unmaps = [], []
+            for _ in range(VMM_REPEATS):
+                t0 = time.perf_counter_ns()
+                driver.map(address, chunk, c * g)
+                driver.set_access(address, c * g)
+                t1 = time.perf_counter_ns()
+                driver.unmap(address, c * g)
+                maps.append(t1 - t0)
+                unmaps.append(time.perf_counter_ns() - t1)
             driver.release(chunk)
-        driver.free_range(address, n * g)
-    return {"granule": g, "map_ns": round(map_ns / (VMM_REPEATS * n)), "unmap_ns": round(unmap_ns / (VMM_REPEATS * n))}
+            by_class[c] = [round(statistics.median(maps)), round(statistics.median(unmaps))]
+    finally:
+        driver.free_range(address, max(CLASSES) * g)
+    return {"granule": g, "map_ns": round(statistics.mean(m for m, _ in by_class.values())),
+            "unmap_ns": round(statistics.mean(u for _, u in by_class.values())), "by_class": by_class}
 
 
 def copy_stream_beside(alone_ns: int, device: torch.device) -> Callable[[], None]:

@@ -104,7 +104,7 @@ def comparison(pred: dict, meas: dict, training: bool) -> list[dict]:
 
 def comparison_md(rows: list[dict], meas: dict) -> str:
     """The comparison table and what the run's notes say about it."""
-    gpu = meas["backend"] == "cuda"
+    gpu = meas["backend"] != "cpu"
     body = [[r["what"], _cell(r["predicted"], r["unit"]), _cell(r["measured"], r["unit"]),
              "not a GPU's time" if r["unit"] == "ms" and not gpu
              else "-" if r["relative_error"] is None else f"{r['relative_error']:+.1%}"] for r in rows]

@@ -1,27 +1,32 @@
 """The chunk books of a backend that maps device memory in granules (the vmm backend).
 
-Device memory is a set of physical chunks of one granule, at most the cap's
-worth. A block of n bytes takes ceil(n / granule) chunks, any of them, mapped
-one after another at the start of a virtual range of its own: no block needs
-physical contiguity, so a block the budget allows is never refused.
+Device memory is a set of physical chunks, at most the cap's worth. A block
+of n bytes takes ceil(n / granule) granules, mapped one chunk after another
+at the start of a virtual range of its own: no block needs physical
+contiguity, so a block the budget allows is never refused.
 
-Mapping and unmapping cost host time per granule (the record mode's probe
-measures them), so the books move as few granules as they can. Every range
-reserves address space for the largest block (`extent`, from `grow`); a freed
-range keeps its chunks mapped, and a new block takes the free range whose
-mapped size is nearest its own, then maps chunks onto its end or unmaps its
-tail to fit: a block of a freed size costs no driver call at all, and a
-transformer streams the same few sizes block after block. Chunks come from
-trimmed tails, then new ones under the cap, then the tails of the oldest free
-ranges. A tail is unmapped once the copy stream has passed the range's free
-(`freed`); taken sooner, it stays mapped (stale; nothing reads it) until the
-range is wanted again after that.
+Chunks come in sizes of 16, 8, 4, 2 and 1 granules (CLASSES), and a block is
+made of the fewest that add up to it, largest first: each chunk is one driver
+call to map and one to unmap, and a call costs about the same whatever its
+size (the record mode's probe measures it), so a 100 MiB block on a 2 MiB
+granule takes 5 calls instead of 50. Chunks of a size the books lack are
+made from unmapped chunks of another size (released, created again).
+
+The books also move as few chunks as they can. Every range reserves address
+space for the largest block (`grow`); a freed range keeps its chunks mapped,
+and a new block takes the free range whose chunks need the fewest calls to
+become its own: it keeps the longest run of chunks its own layout starts
+with and unmaps the rest. A block of a freed size costs no call at all, and a
+transformer streams the same few sizes block after block. A chunk is unmapped
+only once the copy stream has passed its range's free (`freed`): a range still
+read may be reused only as it is or grown; a chunk taken from the oldest free
+range waits for that range's free when it must.
 
 Stream order is the caller's: a chunk may be written by its next block as
 soon as it is freed, because the backend orders every write after the free's
 last reader (the copy stream waits for it). Both drivers keep these books:
 the vmm backend with the CUDA driver, the simulator with a driver that counts,
-so the granules it charges for are the executor's.
+so the calls it charges for are the executor's.
 """
 from __future__ import annotations
 
@@ -30,9 +35,12 @@ from typing import Any, Protocol
 
 from engine.errors import ExecutorError
 
+CLASSES = (16, 8, 4, 2, 1)  # chunk sizes, in granules, largest first
+
 
 class Event(Protocol):
     def query(self) -> bool: ...
+    def synchronize(self) -> None: ...
 
 
 class Driver(Protocol):
@@ -42,19 +50,27 @@ class Driver(Protocol):
 
     def reserve(self, nbytes: int) -> int: ...
     def free_range(self, address: int, nbytes: int) -> None: ...
-    def create(self) -> Any: ...  # one chunk of `granule` bytes
+    def create(self, nbytes: int) -> Any: ...  # one chunk
     def release(self, chunk: Any) -> None: ...
-    def map(self, address: int, chunk: Any) -> None: ...
+    def map(self, address: int, chunk: Any, nbytes: int) -> None: ...
     def set_access(self, address: int, nbytes: int) -> None: ...
-    def unmap(self, address: int) -> None: ...  # the granule mapped at `address`
+    def unmap(self, address: int, nbytes: int) -> None: ...
+
+
+def layout(granules: int) -> list[int]:
+    """The chunk sizes (granules) of a block of `granules`: the fewest, largest first."""
+    out = []
+    for c in CLASSES:
+        out += [c] * (granules // c)
+        granules %= c
+    return out
 
 
 @dataclass(eq=False)
 class _Range:
     address: int
     extent: int  # address space reserved for it
-    chunks: list = field(default_factory=list)  # owned, mapped at address + i * granule
-    stale: int = 0  # granules mapped after them whose chunks were taken before the free passed
+    chunks: list = field(default_factory=list)  # (chunk, granules), mapped in order from `address`
     freed: Event | None = None  # the copy stream passed the free
 
     def ready(self) -> bool:
@@ -65,21 +81,22 @@ class _Range:
 class ChunkBooks:
     """Chunks, the ranges that map them, and counts of the driver calls made.
 
-    `cap_bytes` caps the chunks ever created; `reserve_bytes` is the address
+    `cap_bytes` caps the chunks held at once; `reserve_bytes` is the address
     space reserved at a time (more when a range needs it)."""
 
     driver: Driver
     cap_bytes: int
     reserve_bytes: int
-    chunks: list = field(default_factory=list)  # every chunk created, released at close
-    loose: list = field(default_factory=list)  # chunks no range owns
-    maps: int = 0  # granules mapped
-    unmaps: int = 0  # granules unmapped
-    reused: int = 0  # blocks placed in a free range of their size: no driver call
+    maps: int = 0  # map calls (one a chunk)
+    unmaps: int = 0
+    reused: int = 0  # blocks placed in a free range as it was: no call at all
 
     def __post_init__(self) -> None:
         self.granule = self.driver.granule
         self.extent = self.granule
+        self.held = 0  # granules in chunks created and not released
+        self.peak_held = 0
+        self._loose: dict[int, list] = {c: [] for c in CLASSES}  # unmapped chunks by size
         self._live: dict[int, _Range] = {}
         self._free: dict[int, _Range] = {}  # address -> free range, oldest free first
         self._reserved: list[tuple[int, int]] = []
@@ -87,35 +104,38 @@ class ChunkBooks:
 
     @property
     def live_bytes(self) -> int:
-        return sum(len(r.chunks) for r in self._live.values()) * self.granule
+        return sum(g for r in self._live.values() for _, g in r.chunks) * self.granule
 
     def grow(self, nbytes: int, largest: int = 0) -> None:
-        """Create chunks until `nbytes` of them exist (at most the cap); new ranges
-        reserve room for a block of `largest` bytes."""
+        """Create chunks for blocks of `largest` bytes until `nbytes` are held (at
+        most the cap); new ranges reserve room for a block of `largest` bytes."""
         self.extent = max(self.extent, self._round(largest))
-        while (len(self.chunks) + 1) * self.granule <= min(nbytes, self.cap_bytes):
-            self._create()
+        cap = min(nbytes, self.cap_bytes) // self.granule
+        unit = layout(self.extent // self.granule)
+        while True:
+            for c in unit:
+                if self.held + c > cap:
+                    return
+                self._create(c)
 
     def place(self, nbytes: int) -> int:
         """A range holding `nbytes` in whole granules, mapped; its address."""
         size = self._round(nbytes)
-        need = size // self.granule
-        r = self._nearest(need, size)
+        want = layout(size // self.granule)
+        r, keep = self._nearest(want, size)
         if r is None:
-            r = self._new_range(size)
+            r, keep = self._new_range(size), 0
         else:
             del self._free[r.address]
-            self._unmap_tail(r, r.stale, len(r.chunks))
-            r.stale, r.freed = 0, None
-        have = len(r.chunks)
-        if have == need:
+            r.freed = None
+        if keep == len(r.chunks) == len(want):
             self.reused += 1
-        elif have > need:
-            self._unmap_tail(r, have - need, need)
-            self.loose.extend(r.chunks[need:])
-            del r.chunks[need:]
-        else:
-            self._map_tail(r, self._take(need - have, nbytes))
+        self._unmap_from(r, keep)
+        try:
+            self._map_tail(r, want[keep:])
+        except BaseException:
+            self._free[r.address] = r  # as far as it got: it serves a later block
+            raise
         self._live[r.address] = r
         return r.address
 
@@ -132,13 +152,14 @@ class ChunkBooks:
     def close(self) -> None:
         """Unmap every range, release every chunk and the address space."""
         for r in list(self._live.values()) + list(self._free.values()):
-            self._unmap_tail(r, len(r.chunks) + r.stale, 0)
+            self._unmap_from(r, 0)
         self._live.clear()
         self._free.clear()
-        for chunk in self.chunks:
-            self.driver.release(chunk)
-        self.chunks.clear()
-        self.loose.clear()
+        for c, chunks in self._loose.items():
+            for chunk in chunks:
+                self.driver.release(chunk)
+            self.held -= c * len(chunks)
+            chunks.clear()
         for address, nbytes in self._reserved:
             self.driver.free_range(address, nbytes)
         self._reserved.clear()
@@ -147,25 +168,32 @@ class ChunkBooks:
     def _round(self, nbytes: int) -> int:
         return -(-nbytes // self.granule) * self.granule
 
-    def _create(self) -> None:
-        chunk = self.driver.create()
-        self.chunks.append(chunk)
-        self.loose.append(chunk)
+    def _create(self, c: int) -> None:
+        self._loose[c].append(self.driver.create(c * self.granule))
+        self.held += c
+        self.peak_held = max(self.peak_held, self.held)
 
-    def _nearest(self, need: int, size: int) -> _Range | None:
-        """The free range that maps and unmaps the fewest granules to hold `need`. A
-        range whose free the copy stream has not passed may still be read: it can
-        take more chunks, or serve as it is, but nothing of it may be unmapped yet."""
-        best, cost = None, None
+    def _nearest(self, want: list[int], size: int) -> tuple[_Range | None, int]:
+        """The free range that takes the fewest calls to become `want`, and how many
+        of its chunks it keeps. A range whose free the copy stream has not passed
+        may still be read: it qualifies only if it keeps every chunk it has."""
+        best, best_keep, best_cost = None, 0, None
         for r in self._free.values():
-            if r.extent < size or ((r.stale or len(r.chunks) > need) and not r.ready()):
+            if r.extent < size:
                 continue
-            c = abs(len(r.chunks) - need) + r.stale
-            if cost is None or c < cost:
-                best, cost = r, c
-                if c == 0:
+            keep = 0
+            for (_, g), w in zip(r.chunks, want):
+                if g != w:
                     break
-        return best
+                keep += 1
+            if keep < len(r.chunks) and not r.ready():
+                continue
+            cost = (len(r.chunks) - keep) + (len(want) - keep)
+            if best_cost is None or cost < best_cost:
+                best, best_keep, best_cost = r, keep, cost
+                if cost == 0:
+                    break
+        return best, best_keep
 
     def _new_range(self, size: int) -> _Range:
         extent = max(size, self.extent)
@@ -178,54 +206,66 @@ class ChunkBooks:
         self._cursor += extent
         return r
 
-    def _take(self, need: int, nbytes: int) -> list:
-        """`need` chunks: loose ones, new ones under the cap, then the oldest free ranges' tails."""
-        while len(self.loose) < need and (len(self.chunks) + 1) * self.granule <= self.cap_bytes:
-            self._create()
-        for r in list(self._free.values()):
-            if len(self.loose) >= need:
-                break
-            k = min(len(r.chunks), need - len(self.loose))
-            if k == 0:
+    def _take(self, c: int) -> Any:
+        """A chunk of `c` granules: a loose one, a new one under the cap, one made
+        from loose chunks of other sizes, or the oldest free ranges' chunks, unmapped."""
+        while True:
+            if self._loose[c]:
+                return self._loose[c].pop()
+            cap = self.cap_bytes // self.granule
+            if self.held + c <= cap:
+                self._create(c)
                 continue
-            keep = len(r.chunks) - k
-            if r.ready():
-                self._unmap_tail(r, k + r.stale, keep)
-                r.stale = 0
-            else:
-                r.stale += k  # still mapped after the chunks it keeps, unmapped once the free passed
-            self.loose.extend(r.chunks[keep:])
-            del r.chunks[keep:]
-        if len(self.loose) < need:
-            raise ExecutorError(
-                f"vmm backend: {nbytes} bytes need {need} more chunks but only {len(self.loose)} of the cap's "
-                f"{self.cap_bytes // self.granule} are free; the executor allocated past its budget (a bug "
-                "in the runtime)")
-        out = self.loose[-need:]
-        del self.loose[-need:]
-        return out
+            if self.held - sum(len(v) * k for k, v in self._loose.items()) + c <= cap:
+                self._release_loose(c)
+                continue
+            r = next((r for r in self._free.values() if r.chunks), None)
+            if r is None:
+                raise ExecutorError(
+                    f"vmm backend: a chunk of {c * self.granule} bytes does not fit: {self.held * self.granule} "
+                    f"bytes of the cap's {self.cap_bytes} are held by live blocks; the executor allocated past "
+                    "its budget (a bug in the runtime)")
+            if not r.ready():
+                r.freed.synchronize()  # the oldest free: its last reader is about done
+            self._unmap_from(r, len(r.chunks) - 1)  # its last chunk comes loose
 
-    def _map_tail(self, r: _Range, chunks: list) -> None:
-        start = len(r.chunks)
+    def _release_loose(self, c: int) -> None:
+        """Release loose chunks of other sizes, smallest first, until `c` granules more fit the cap."""
+        for k in reversed(CLASSES):
+            while k != c and self._loose[k] and self.held + c > self.cap_bytes // self.granule:
+                self.driver.release(self._loose[k].pop())
+                self.held -= k
+
+    def _map_tail(self, r: _Range, sizes: list[int]) -> None:
+        if not sizes:
+            return
+        kept = len(r.chunks)
+        start = offset = sum(g for _, g in r.chunks) * self.granule
         try:
-            for i, chunk in enumerate(chunks):
-                self.driver.map(r.address + (start + i) * self.granule, chunk)
-                r.chunks.append(chunk)
+            for c in sizes:
+                chunk = self._take(c)
+                try:
+                    self.driver.map(r.address + offset, chunk, c * self.granule)
+                except BaseException:
+                    self._loose[c].append(chunk)
+                    raise
+                r.chunks.append((chunk, c))
                 self.maps += 1
-            self.driver.set_access(r.address + start * self.granule, len(chunks) * self.granule)
+                offset += c * self.granule
+            self.driver.set_access(r.address + start, offset - start)
         except BaseException:
-            mapped = len(r.chunks) - start
-            self._unmap_tail(r, mapped, start)  # nothing of this block stays mapped
-            del r.chunks[start:]
-            self.loose.extend(chunks)
-            self._free[r.address] = r  # the range, as it was, serves a later block
+            self._unmap_from(r, kept)  # nothing of this block stays mapped
             raise
 
-    def _unmap_tail(self, r: _Range, count: int, start: int) -> None:
-        """Unmap `count` granules of `r` from granule `start` on."""
-        for i in range(start, start + count):
-            self.driver.unmap(r.address + i * self.granule)
-        self.unmaps += count
+    def _unmap_from(self, r: _Range, keep: int) -> None:
+        """Unmap `r`'s chunks after its first `keep`; they come loose."""
+        offset = sum(g for _, g in r.chunks[:keep]) * self.granule
+        for chunk, c in r.chunks[keep:]:
+            self.driver.unmap(r.address + offset, c * self.granule)
+            self._loose[c].append(chunk)
+            self.unmaps += 1
+            offset += c * self.granule
+        del r.chunks[keep:]
 
 
 class CountingDriver:
@@ -244,18 +284,18 @@ class CountingDriver:
     def free_range(self, address: int, nbytes: int) -> None:
         pass
 
-    def create(self) -> int:
+    def create(self, nbytes: int) -> int:
         self._next += 1
         return self._next
 
     def release(self, chunk: Any) -> None:
         pass
 
-    def map(self, address: int, chunk: Any) -> None:
+    def map(self, address: int, chunk: Any, nbytes: int) -> None:
         pass
 
     def set_access(self, address: int, nbytes: int) -> None:
         pass
 
-    def unmap(self, address: int) -> None:
+    def unmap(self, address: int, nbytes: int) -> None:
         pass
