@@ -16,6 +16,7 @@ that wait. A range is unmapped only once `freed` has completed.
 """
 from __future__ import annotations
 
+import time
 from typing import Any, Sequence
 
 import torch
@@ -118,9 +119,12 @@ class VmmBackend(CudaStreams):
         self.chunks = ChunkBooks(driver, self.cap_bytes, RESERVE_FACTOR * self.cap_bytes)
         self._live = LiveBlocks("vmm backend")  # placed bytes (whole granules)
         self._closed = False
+        self.host_ns = 0  # host time in the chunk books and their driver calls
 
     def alloc(self, nbytes: int) -> Block:
+        start = time.perf_counter_ns()
         address = self.chunks.place(nbytes)
+        self.host_ns += time.perf_counter_ns() - start
         self._live.add(address, round_up(nbytes, self.granule))
         return Block(address, nbytes, self.device_bytes(address, nbytes))
 
@@ -128,9 +132,11 @@ class VmmBackend(CudaStreams):
         self._live.remove(block.address)  # a second free raises here
         if mark is not None:
             self.copy.wait_event(mark)  # every later write to the chunks is on the copy stream
+        start = time.perf_counter_ns()
         freed = torch.cuda.Event()
         freed.record(self.copy)
         self.chunks.free(block.address, freed)
+        self.host_ns += time.perf_counter_ns() - start
 
     def warm(self, sizes: Sequence[int]) -> None:
         self.chunks.grow(sum(round_up(n, self.granule) for n in sizes), max(sizes, default=0))
@@ -165,8 +171,10 @@ class VmmBackend(CudaStreams):
         self._live.reset_peak()
 
     def map_counts(self) -> dict:
-        """Chunks mapped and unmapped since creation, and blocks placed with no driver call."""
-        return {"maps": self.chunks.maps, "unmaps": self.chunks.unmaps, "reused": self.chunks.reused}
+        """Chunks mapped and unmapped since creation, blocks placed with no driver call,
+        and the host ms spent placing and freeing blocks."""
+        return {"maps": self.chunks.maps, "unmaps": self.chunks.unmaps, "reused": self.chunks.reused,
+                "host_ms": self.host_ns / 1e6}
 
     def close(self) -> None:
         if self._closed:

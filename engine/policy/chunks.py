@@ -99,6 +99,7 @@ class ChunkBooks:
         self._loose: dict[int, list] = {c: [] for c in CLASSES}  # unmapped chunks by size
         self._live: dict[int, _Range] = {}
         self._free: dict[int, _Range] = {}  # address -> free range, oldest free first
+        self._by_layout: dict[tuple, dict[int, _Range]] = {}  # chunk sizes -> free ranges of that layout
         self._reserved: list[tuple[int, int]] = []
         self._cursor = self._end = 0  # the unused rest of the newest reservation
 
@@ -126,7 +127,7 @@ class ChunkBooks:
         if r is None:
             r, keep = self._new_range(size), 0
         else:
-            del self._free[r.address]
+            self._unfree(r)
             r.freed = None
         if keep == len(r.chunks) == len(want):
             self.reused += 1
@@ -134,7 +135,7 @@ class ChunkBooks:
         try:
             self._map_tail(r, want[keep:])
         except BaseException:
-            self._free[r.address] = r  # as far as it got: it serves a later block
+            self._refree(r)  # as far as it got: it serves a later block
             raise
         self._live[r.address] = r
         return r.address
@@ -147,7 +148,7 @@ class ChunkBooks:
             raise ExecutorError(f"vmm backend: block {address:#x} freed twice or never allocated "
                                 "(a bug in the runtime; nothing was freed)")
         r.freed = freed
-        self._free[address] = r
+        self._refree(r)
 
     def close(self) -> None:
         """Unmap every range, release every chunk and the address space."""
@@ -155,6 +156,7 @@ class ChunkBooks:
             self._unmap_from(r, 0)
         self._live.clear()
         self._free.clear()
+        self._by_layout.clear()
         for c, chunks in self._loose.items():
             for chunk in chunks:
                 self.driver.release(chunk)
@@ -173,10 +175,23 @@ class ChunkBooks:
         self.held += c
         self.peak_held = max(self.peak_held, self.held)
 
+    def _refree(self, r: _Range) -> None:
+        self._free[r.address] = r
+        self._by_layout.setdefault(tuple(g for _, g in r.chunks), {})[r.address] = r
+
+    def _unfree(self, r: _Range) -> None:
+        del self._free[r.address]
+        del self._by_layout[tuple(g for _, g in r.chunks)][r.address]
+
     def _nearest(self, want: list[int], size: int) -> tuple[_Range | None, int]:
         """The free range that takes the fewest calls to become `want`, and how many
         of its chunks it keeps. A range whose free the copy stream has not passed
         may still be read: it qualifies only if it keeps every chunk it has."""
+        same = self._by_layout.get(tuple(want))
+        if same:
+            for r in same.values():
+                if r.extent >= size:
+                    return r, len(want)
         best, best_keep, best_cost = None, 0, None
         for r in self._free.values():
             if r.extent < size:
@@ -227,7 +242,9 @@ class ChunkBooks:
                     "its budget (a bug in the runtime)")
             if not r.ready():
                 r.freed.synchronize()  # the oldest free: its last reader is about done
+            self._unfree(r)
             self._unmap_from(r, len(r.chunks) - 1)  # its last chunk comes loose
+            self._refree(r)
 
     def _release_loose(self, c: int) -> None:
         """Release loose chunks of other sizes, smallest first, until `c` granules more fit the cap."""
