@@ -59,7 +59,7 @@ def probe() -> dict:
     n = 1024
     chunks = ChunkBooks(driver, n * driver.granule, 2 * n * driver.granule)
     start = time.perf_counter_ns()
-    chunks.grow(n * driver.granule, driver.granule)  # chunks of one granule
+    chunks.grow([driver.granule])  # chunks of one granule, up to the cap
     result["create_us"] = round((time.perf_counter_ns() - start) / n / 1e3, 2)
     chunks.close()
     return result
@@ -75,7 +75,7 @@ def run(spec, order, wf, inputs, reference, backend: str, budget: int, eviction:
         ex = streamed_executor(stack, wf, order, backend=backend, source="mmap_registered", budget_bytes=budget,
                                eviction=eviction, lookahead=2)
         counts = getattr(ex.backend, "map_counts", None)
-        before = (counts()["maps"], counts()["unmaps"], counts()["host_ms"]) if counts else None
+        before = counts() if counts else None
         ran = 0
         with torch.no_grad():
             for step in range(1, steps + 1):
@@ -94,8 +94,8 @@ def run(spec, order, wf, inputs, reference, backend: str, budget: int, eviction:
                 relocations += ex.steps[-1].relocations
                 if counts:
                     now = counts()
-                    maps.append((now["maps"] - before[0], now["unmaps"] - before[1], now["host_ms"] - before[2]))
-                    before = (now["maps"], now["unmaps"], now["host_ms"])
+                    maps.append({k: now[k] - before[k] for k in now})
+                    before = now
         tele = ex.telemetry()
         row.update(steps=ran, step_ms=statistics.median(r["step_ms"] for r in tele[1:] or tele),
                    relocations=relocations, peak_live_mb=max(r["peak_device_bytes"] for r in tele) / MB,
@@ -103,9 +103,9 @@ def run(spec, order, wf, inputs, reference, backend: str, budget: int, eviction:
                    h2d_gb=tele[-1]["h2d_bytes"] / 1e9)
         if maps:
             steady = maps[1:] or maps
-            row["maps_per_step"] = statistics.median(m for m, _, _ in steady)
-            row["unmaps_per_step"] = statistics.median(u for _, u, _ in steady)
-            row["books_ms_per_step"] = statistics.median(h for _, _, h in steady)
+            for k in ("maps", "unmaps", "creates", "releases", "waits", "reused"):
+                row[f"{k}_per_step"] = statistics.median(m[k] for m in steady)
+            row["books_ms_per_step"] = statistics.median(m["host_ms"] for m in steady)
             row["map_ms_per_step"] = (row["maps_per_step"] * map_ns[0] + row["unmaps_per_step"] * map_ns[1]) / 1e6
     log(f"{backend} {eviction} {budget / MB:.0f} MB: {row['steps']} steps, {row['step_ms']:.1f} ms, "
         f"{relocations} relocations, bitwise {row['bitwise']}")
@@ -169,7 +169,8 @@ def main() -> None:
           f"{probed['map_ns'] / 1e3:.2f} us and unmap {probed['unmap_ns'] / 1e3:.2f} us a chunk (by size in "
           f"granules: {probed['by_class']}), cuMemCreate {probed['create_us']} us a granule")
     cols = ("eviction", "budget_mb", "backend", "steps", "step_ms", "relocations", "bitwise", "peak_live_mb",
-            "held_mb", "h2d_gb", "maps_per_step", "unmaps_per_step", "map_ms_per_step", "books_ms_per_step", "stopped")
+            "held_mb", "h2d_gb", "maps_per_step", "unmaps_per_step", "creates_per_step", "releases_per_step", "waits_per_step",
+            "reused_per_step", "map_ms_per_step", "books_ms_per_step", "stopped")
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
     for r in rows:

@@ -111,7 +111,7 @@ class Launcher:
             self.chunks = ChunkBooks(CountingDriver(p.granule), self.pool.cap or sum(self.placed.values())
                                      + p.resident_bytes, 0)
             self.addresses: dict[str, int] = {}
-            self.chunks.grow(0, max([*self.placed.values(), p.resident_bytes]))  # the executor's warm list
+            self.chunks.grow([*self.placed.values()] + ([p.resident_bytes] if p.resident else []))  # as warmed
             if p.resident:
                 self.chunks.place(p.resident_bytes)
             self.map_ns, self.unmap_ns = hw.vmm_map_us * US, hw.vmm_unmap_us * US

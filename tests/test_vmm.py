@@ -141,7 +141,7 @@ def test_chunk_books_never_refuse_a_block_the_cap_allows_and_leave_nothing_behin
     g = driver.granule
     cap = 80 * g
     cm = ChunkBooks(driver, cap, 2 * cap)
-    cm.grow(cap // 2, largest=40 * g)
+    cm.grow([40 * g, 3 * g])
     live: dict[int, int] = {}  # address -> bytes placed
     pending: list[Done] = []
     for _ in range(3000):
@@ -194,7 +194,7 @@ def test_a_block_takes_the_free_range_nearest_its_layout():
     driver = FakeDriver()
     g = driver.granule
     cm = ChunkBooks(driver, 64 * g, 128 * g)
-    cm.grow(0, largest=24 * g)
+    cm.grow([24 * g])
     a = cm.place(19 * g - 5)  # 16 + 2 + 1
     b = cm.place(16 * g)
     assert cm.maps == 4

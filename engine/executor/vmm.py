@@ -139,7 +139,7 @@ class VmmBackend(CudaStreams):
         self.host_ns += time.perf_counter_ns() - start
 
     def warm(self, sizes: Sequence[int]) -> None:
-        self.chunks.grow(sum(round_up(n, self.granule) for n in sizes), max(sizes, default=0))
+        self.chunks.grow(list(sizes))
 
     def live_blocks(self) -> int:
         return len(self._live)
@@ -173,8 +173,9 @@ class VmmBackend(CudaStreams):
     def map_counts(self) -> dict:
         """Chunks mapped and unmapped since creation, blocks placed with no driver call,
         and the host ms spent placing and freeing blocks."""
-        return {"maps": self.chunks.maps, "unmaps": self.chunks.unmaps, "reused": self.chunks.reused,
-                "host_ms": self.host_ns / 1e6}
+        b = self.chunks
+        return {"maps": b.maps, "unmaps": b.unmaps, "creates": b.creates, "releases": b.releases,
+                "waits": b.waits, "reused": b.reused, "host_ms": self.host_ns / 1e6}
 
     def close(self) -> None:
         if self._closed:

@@ -89,6 +89,9 @@ class ChunkBooks:
     reserve_bytes: int
     maps: int = 0  # map calls (one a chunk)
     unmaps: int = 0
+    creates: int = 0
+    releases: int = 0
+    waits: int = 0  # times the host waited for a free to pass before unmapping its range
     reused: int = 0  # blocks placed in a free range as it was: no call at all
 
     def __post_init__(self) -> None:
@@ -107,14 +110,17 @@ class ChunkBooks:
     def live_bytes(self) -> int:
         return sum(g for r in self._live.values() for _, g in r.chunks) * self.granule
 
-    def grow(self, nbytes: int, largest: int = 0) -> None:
-        """Create chunks for blocks of `largest` bytes until `nbytes` are held (at
-        most the cap); new ranges reserve room for a block of `largest` bytes."""
-        self.extent = max(self.extent, self._round(largest))
-        cap = min(nbytes, self.cap_bytes) // self.granule
-        unit = layout(self.extent // self.granule)
+    def grow(self, sizes: list[int]) -> None:
+        """Create the chunks of blocks of `sizes` (bytes), in turn and over again, until
+        the cap is held, so the chunks' sizes are the blocks' mix; new ranges reserve
+        room for the largest."""
+        if not sizes:
+            return
+        self.extent = max(self.extent, self._round(max(sizes)))
+        cap = self.cap_bytes // self.granule
+        units = [c for n in sizes for c in layout(self._round(n) // self.granule)]
         while True:
-            for c in unit:
+            for c in units:
                 if self.held + c > cap:
                     return
                 self._create(c)
@@ -172,6 +178,7 @@ class ChunkBooks:
 
     def _create(self, c: int) -> None:
         self._loose[c].append(self.driver.create(c * self.granule))
+        self.creates += 1
         self.held += c
         self.peak_held = max(self.peak_held, self.held)
 
@@ -234,7 +241,7 @@ class ChunkBooks:
             if self.held - sum(len(v) * k for k, v in self._loose.items()) + c <= cap:
                 self._release_loose(c)
                 continue
-            r = next((r for r in self._free.values() if r.chunks), None)
+            r = self._victim(c)
             if r is None:
                 raise ExecutorError(
                     f"vmm backend: a chunk of {c * self.granule} bytes does not fit: {self.held * self.granule} "
@@ -242,15 +249,32 @@ class ChunkBooks:
                     "its budget (a bug in the runtime)")
             if not r.ready():
                 r.freed.synchronize()  # the oldest free: its last reader is about done
+                self.waits += 1
             self._unfree(r)
             self._unmap_from(r, len(r.chunks) - 1)  # its last chunk comes loose
             self._refree(r)
+
+    def _victim(self, c: int) -> _Range | None:
+        """The free range to unmap a chunk of: the oldest whose free has passed and
+        whose last chunk is of size `c`, else the oldest passed, else the oldest."""
+        passed = oldest = None
+        for r in self._free.values():
+            if not r.chunks:
+                continue
+            if oldest is None:
+                oldest = r
+            if r.ready():
+                if r.chunks[-1][1] == c:
+                    return r
+                passed = passed or r
+        return passed or oldest
 
     def _release_loose(self, c: int) -> None:
         """Release loose chunks of other sizes, smallest first, until `c` granules more fit the cap."""
         for k in reversed(CLASSES):
             while k != c and self._loose[k] and self.held + c > self.cap_bytes // self.granule:
                 self.driver.release(self._loose[k].pop())
+                self.releases += 1
                 self.held -= k
 
     def _map_tail(self, r: _Range, sizes: list[int]) -> None:
