@@ -3,6 +3,7 @@
     python benchmarks/real_models.py --models ltx2 --budgets 16000 --peer --out DIR
     python benchmarks/real_models.py --models flux,wan14b --budgets 8000,16000 --out DIR
     python benchmarks/real_models.py --models llama8b --budgets 4000,8000,12000 --out DIR
+    python benchmarks/real_models.py --models ltx2 --budgets 16000 --backends cuda,vmm --out DIR
     python benchmarks/real_models.py --models tiny --device cpu --budgets 1      # smoke, timings meaningless
 
 Per model (conf/model/<name>_diffusers.yaml / llama8b_hf.yaml, built on the meta device):
@@ -162,15 +163,15 @@ def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
     gc.collect()
     torch.cuda.empty_cache()
 
-    for budget in args.budgets:
-        pred = predict(trace, hw, round(budget * 1e6), args.lookahead, "auto")
+    for budget, backend in [(b, k) for b in args.budgets for k in args.backends]:
+        pred = predict(trace, hw, round(budget * 1e6), args.lookahead, "auto", backend=backend)
         torch.cuda.reset_peak_memory_stats()
         rss0 = host_rss()
         t0 = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             h = engine.offload(module, budget_mb=budget, example_inputs=inputs, eviction=pred["eviction"],
-                               lookahead=pred["lookahead"], checkpoint=path)
+                               lookahead=pred["lookahead"], checkpoint=path, backend=backend)
         setup_s = time.perf_counter() - t0
         copied = h.streamed.copied_bytes
         torch.cuda.reset_peak_memory_stats()  # the steps' peak: set-up copies each kernel in once, on its own
@@ -182,7 +183,9 @@ def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
         h2d = rows[-1]["h2d_bytes"]
         limit_ms = max(resident_ms * (1 + slowdown), h2d / (h2d_gbps * 1e6))
         step = statistics.median(times)
-        row = {"budget_mb": budget, "eviction": pred["eviction"], "lookahead": pred["lookahead"], "step_ms": step, "limit_ms": limit_ms,
+        counts = getattr(h.executor.backend, "map_counts", None)
+        row = {"budget_mb": budget, "backend": backend, "relocations": sum(r["relocations"] for r in rows),
+               "vmm": counts() if counts else None, "eviction": pred["eviction"], "lookahead": pred["lookahead"], "step_ms": step, "limit_ms": limit_ms,
                "over_limit": step / limit_ms, "predicted_ms": pred["step_ms"],
                "prediction_error": pred["step_ms"] / step - 1, "candidates_ms": pred["candidates"],
                "h2d_bytes": h2d, "host_copied_bytes": copied, "predicted_h2d_bytes": pred["h2d_bytes"], "setup_s": setup_s,
@@ -195,7 +198,7 @@ def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
                "process_peak_bytes": max(r["peak_device_bytes"] for r in rows) + torch.cuda.max_memory_allocated()
                + outside, "predicted_process_bytes": pred["peak_process_bytes"]}
         result["rows"].append(row)
-        log(f"{key} @ {budget}: {pred['eviction']} lookahead {pred['lookahead']} {step:.1f} ms (limit {limit_ms:.1f}, x{step / limit_ms:.3f}), "
+        log(f"{key} @ {budget} ({backend}): {pred['eviction']} lookahead {pred['lookahead']} {step:.1f} ms (limit {limit_ms:.1f}, x{step / limit_ms:.3f}), "
             f"predicted {pred['step_ms']:.1f} ({100 * row['prediction_error']:+.1f}%), set-up {setup_s:.1f} s, "
             f"bitwise={row['bitwise']} (max diff {row['max_abs_diff']:.3g}), process peak {row['process_peak_bytes'] / 1e9:.2f} GB "
             f"(predicted {row['predicted_process_bytes'] / 1e9:.2f})")
@@ -231,20 +234,21 @@ def peer_row(module: Any, cfg: Any, table: Any, path: Path, inputs: dict, ref: t
 
 
 def table_md(results: list[dict]) -> str:
-    lines = ["| model | budget MB | eviction | step ms | limit ms | x limit | predicted ms | error | set-up s | "
-             "bitwise |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | budget MB | backend | eviction | step ms | limit ms | x limit | predicted ms | error | set-up s | "
+             "bitwise | relocations |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
-        lines.append(f"| {r['model']} | resident | - | {r['resident_ms']:.1f} | - | - | "
+        lines.append(f"| {r['model']} | resident | - | - | {r['resident_ms']:.1f} | - | - | "
                      f"{r['predicted_resident_ms']:.1f} | {100 * (r['predicted_resident_ms'] / r['resident_ms'] - 1):+.1f}% "
-                     f"| - | ref |")
+                     f"| - | ref | - |")
         for row in r["rows"]:
-            lines.append(f"| {r['model']} | {row['budget_mb']} | {row['eviction']} | {row['step_ms']:.1f} | "
+            lines.append(f"| {r['model']} | {row['budget_mb']} | {row['backend']} | {row['eviction']} | {row['step_ms']:.1f} | "
                          f"{row['limit_ms']:.1f} | {row['over_limit']:.3f} | {row['predicted_ms']:.1f} | "
-                         f"{100 * row['prediction_error']:+.1f}% | {row['setup_s']:.1f} | {row['bitwise']} |")
+                         f"{100 * row['prediction_error']:+.1f}% | {row['setup_s']:.1f} | {row['bitwise']} | "
+                         f"{row['relocations']} |")
         if "peer" in r:
             p = r["peer"]
-            lines.append(f"| {r['model']} | diffusers group offload | - | {p['step_ms']:.1f} | - | - | - | - | "
-                         f"{p['setup_s']:.1f} | {p['bitwise']} |")
+            lines.append(f"| {r['model']} | diffusers group offload | - | - | {p['step_ms']:.1f} | - | - | - | - | "
+                         f"{p['setup_s']:.1f} | {p['bitwise']} | - |")
     return "\n".join(lines)
 
 
@@ -259,9 +263,11 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--peer", action="store_true")
+    ap.add_argument("--backends", default="cuda", help="weight backends to run each budget on: cuda, vmm")
     ap.add_argument("--out", default="outputs/real_models")
     args = ap.parse_args()
     args.budgets = [float(b) for b in args.budgets.split(",")]
+    args.backends = args.backends.split(",")
     args.lookahead = args.lookahead if args.lookahead == "auto" else int(args.lookahead)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     hw = load_hardware(args.hardware)
