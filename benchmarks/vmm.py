@@ -50,19 +50,7 @@ def log(msg: str) -> None:
 
 
 def probe() -> dict:
-    from engine.executor.vmm import CudaVmm
-    from engine.policy.chunks import ChunkBooks
-
-    device = torch.device("cuda", torch.cuda.current_device())
-    result = probe_vmm(device)
-    driver = CudaVmm(device)
-    n = 1024
-    chunks = ChunkBooks(driver, n * driver.granule, 2 * n * driver.granule)
-    start = time.perf_counter_ns()
-    chunks.grow([driver.granule])  # chunks of one granule, up to the cap
-    result["create_us"] = round((time.perf_counter_ns() - start) / n / 1e3, 2)
-    chunks.close()
-    return result
+    return probe_vmm(torch.device("cuda", torch.cuda.current_device()))
 
 
 def run(spec, order, wf, inputs, reference, backend: str, budget: int, eviction: str, steps: int,
@@ -106,6 +94,7 @@ def run(spec, order, wf, inputs, reference, backend: str, budget: int, eviction:
             for k in ("maps", "unmaps", "creates", "releases", "waits", "reused"):
                 row[f"{k}_per_step"] = statistics.median(m[k] for m in steady)
             row["books_ms_per_step"] = statistics.median(m["host_ms"] for m in steady)
+            row["wait_ms_per_step"] = statistics.median(m["wait_ms"] for m in steady)
             row["map_ms_per_step"] = (row["maps_per_step"] * map_ns[0] + row["unmaps_per_step"] * map_ns[1]) / 1e6
     log(f"{backend} {eviction} {budget / MB:.0f} MB: {row['steps']} steps, {row['step_ms']:.1f} ms, "
         f"{relocations} relocations, bitwise {row['bitwise']}")
@@ -166,11 +155,12 @@ def main() -> None:
           f"`python3 benchmarks/vmm.py {' '.join(sys.argv[1:])}`")
     print(f"{spec.name}, {spec.num_layers} blocks, {spec.model_bytes / 1e9:.2f} GB bf16, {len(order)} kernels, "
           f"{len(order.sizes)} weights, lookahead 2; granule {probed['granule']} B, map "
-          f"{probed['map_ns'] / 1e3:.2f} us and unmap {probed['unmap_ns'] / 1e3:.2f} us a chunk (by size in "
-          f"granules: {probed['by_class']}), cuMemCreate {probed['create_us']} us a granule")
+          f"{probed['map_ns'] / 1e3:.2f} us, unmap {probed['unmap_ns'] / 1e3:.2f} us, create "
+          f"{probed['create_ns'] / 1e3:.2f} us, release {probed['release_ns'] / 1e3:.2f} us a chunk (by size in "
+          f"granules, [map, unmap, create, release] ns: {probed['by_class']})")
     cols = ("eviction", "budget_mb", "backend", "steps", "step_ms", "relocations", "bitwise", "peak_live_mb",
             "held_mb", "h2d_gb", "maps_per_step", "unmaps_per_step", "creates_per_step", "releases_per_step", "waits_per_step",
-            "reused_per_step", "map_ms_per_step", "books_ms_per_step", "stopped")
+            "reused_per_step", "map_ms_per_step", "books_ms_per_step", "wait_ms_per_step", "stopped")
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
     for r in rows:

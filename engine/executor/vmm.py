@@ -102,6 +102,21 @@ def vmm_granule(device: torch.device | None = None) -> int:
     return CudaVmm(device or torch.device("cuda", torch.cuda.current_device())).granule
 
 
+class _TimedEvent:
+    """A free's event whose host waits (the chunk books' `synchronize`) are timed."""
+
+    def __init__(self, event: torch.cuda.Event, backend: "VmmBackend"):
+        self.event, self.backend = event, backend
+
+    def query(self) -> bool:
+        return self.event.query()
+
+    def synchronize(self) -> None:
+        start = time.perf_counter_ns()
+        self.event.synchronize()
+        self.backend.wait_ns += time.perf_counter_ns() - start
+
+
 class VmmBackend(CudaStreams):
     """Budget-capped physical chunks mapped into per-block virtual ranges (module docstring)."""
 
@@ -120,6 +135,7 @@ class VmmBackend(CudaStreams):
         self._live = LiveBlocks("vmm backend")  # placed bytes (whole granules)
         self._closed = False
         self.host_ns = 0  # host time in the chunk books and their driver calls
+        self.wait_ns = 0  # of it, waiting for a free to pass
 
     def alloc(self, nbytes: int) -> Block:
         start = time.perf_counter_ns()
@@ -135,7 +151,7 @@ class VmmBackend(CudaStreams):
         start = time.perf_counter_ns()
         freed = torch.cuda.Event()
         freed.record(self.copy)
-        self.chunks.free(block.address, freed)
+        self.chunks.free(block.address, _TimedEvent(freed, self))
         self.host_ns += time.perf_counter_ns() - start
 
     def warm(self, sizes: Sequence[int]) -> None:
@@ -175,7 +191,7 @@ class VmmBackend(CudaStreams):
         and the host ms spent placing and freeing blocks."""
         b = self.chunks
         return {"maps": b.maps, "unmaps": b.unmaps, "creates": b.creates, "releases": b.releases,
-                "waits": b.waits, "reused": b.reused, "host_ms": self.host_ns / 1e6}
+                "waits": b.waits, "reused": b.reused, "host_ms": self.host_ns / 1e6, "wait_ms": self.wait_ns / 1e6}
 
     def close(self) -> None:
         if self._closed:

@@ -31,10 +31,11 @@ PROBES_DOC = """header["probes"] (recorded traces; all times in ns):
                  of one resident fetch, fetch: [[copies issued, host ns] per fetch of a streamed forward]}
     weight_source, weight_gbps                   where the streamed forward's weights came from, and
                                                  its copies' bytes over their copy-engine time
-    vmm         {granule, map_ns, unmap_ns, by_class}  the vmm backend's granule, and the host
-                                                 time of one map call (a chunk, with its access
-                                                 call) and one unmap, the mean over the chunk sizes
-                                                 and per size in granules: [map_ns, unmap_ns]"""
+    vmm         {granule, map_ns, unmap_ns, create_ns, release_ns, by_class}  the vmm backend's
+                                                 granule, and the host time of one map call (a
+                                                 chunk, with its access call), unmap, create and
+                                                 release, the means over the chunk sizes and per
+                                                 size in granules: [map, unmap, create, release] ns"""
 
 
 class TimedCopies:
@@ -154,15 +155,26 @@ VMM_REPEATS = 40
 
 def probe_vmm(device: torch.device) -> dict:
     """The vmm backend's driver calls: host ns to map one chunk (cuMemMap, then
-    cuMemSetAccess over it) and to unmap it, for each chunk size of the chunk
-    books, and their means over the sizes."""
+    cuMemSetAccess over it), to unmap it, to create it and to release it, for
+    each chunk size of the chunk books, and their means over the sizes."""
     driver = CudaVmm(device)
     g = driver.granule
     address = driver.reserve(max(CLASSES) * g)
     by_class = {}
     try:
         for c in CLASSES:
-            chunk = driver.create(c * g)
+            made = []
+            for _ in range(VMM_REPEATS // 4):
+                t0 = time.perf_counter_ns()
+                made.append(driver.create(c * g))
+                t1 = time.perf_counter_ns()
+                made[-1] = (made[-1], t1 - t0)
+            creates, releases = [t for _, t in made], []
+            for chunk, _ in made[1:]:
+                t0 = time.perf_counter_ns()
+                driver.release(chunk)
+                releases.append(time.perf_counter_ns() - t0)
+            chunk = made[0][0]
             maps, unmaps = [], []
             for _ in range(VMM_REPEATS):
                 t0 = time.perf_counter_ns()
@@ -173,11 +185,12 @@ def probe_vmm(device: torch.device) -> dict:
                 maps.append(t1 - t0)
                 unmaps.append(time.perf_counter_ns() - t1)
             driver.release(chunk)
-            by_class[c] = [round(statistics.median(maps)), round(statistics.median(unmaps))]
+            by_class[c] = [round(statistics.median(v)) for v in (maps, unmaps, creates, releases)]
     finally:
         driver.free_range(address, max(CLASSES) * g)
-    return {"granule": g, "map_ns": round(statistics.mean(m for m, _ in by_class.values())),
-            "unmap_ns": round(statistics.mean(u for _, u in by_class.values())), "by_class": by_class}
+    mean = [round(statistics.mean(v[i] for v in by_class.values())) for i in range(4)]
+    return {"granule": g, "map_ns": mean[0], "unmap_ns": mean[1], "create_ns": mean[2], "release_ns": mean[3],
+            "by_class": by_class}
 
 
 def copy_stream_beside(alone_ns: int, device: torch.device) -> Callable[[], None]:
