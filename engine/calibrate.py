@@ -44,12 +44,12 @@ LARGE_COPY = 64 * MIB
 BLOCKED = 10
 FITTED = ("h2d_gbps", "d2h_gbps", "duplex_gbps", "small_copy_mib", "small_copy_gbps", "mmap_registered_gbps",
           "alloc_us", "fetch_host_us", "kernel_launch_us", "compute_slowdown_under_copy", "matmul_tflops",
-          "hbm_gbps", "vmm_granule_bytes", "vmm_map_us", "vmm_unmap_us")
+          "hbm_gbps", "vmm_granule_bytes", "vmm_map_us", "vmm_unmap_us", "vmm_create_us", "vmm_release_us")
 PROFILE_FIELDS = ("name", "source", "device_memory_mb", "h2d_gbps", "d2h_gbps", "duplex_gbps", "pageable_gbps",
                   "mmap_gbps", "mmap_registered_gbps", "small_copy_mib", "small_copy_gbps", "matmul_tflops",
                   "hbm_gbps", "kernel_launch_us", "fetch_host_us", "alloc_us", "launch_queue_depth",
                   "compute_slowdown_under_copy", "context_mb", "vmm_granule_bytes", "vmm_map_us",
-                  "vmm_unmap_us")
+                  "vmm_unmap_us", "vmm_create_us", "vmm_release_us")
 
 
 def _probes(trace: Trace, where: str) -> dict:
@@ -159,7 +159,9 @@ def fit_profile(traces: Sequence[Trace], base: Any, name: str, names: Sequence[s
     if vmm:
         profile["vmm_granule_bytes"] = vmm[0]["granule"]
         profile["vmm_map_us"] = round(_med(v["map_ns"] for v in vmm) / 1e3, 3)
-        profile["vmm_unmap_us"] = round(_med(v["unmap_ns"] for v in vmm) / 1e3, 3)
+        for call in ("unmap", "create", "release"):
+            profile[f"vmm_{call}_us"] = round(_med(v[f"{call}_ns"] for v in vmm if f"{call}_ns" in v) / 1e3, 3) \
+                if any(f"{call}_ns" in v for v in vmm) else _base(base, f"vmm_{call}_us")
     if tflops:
         profile["matmul_tflops"] = round(tflops, 1)
     if hbm:

@@ -54,10 +54,12 @@ class HardwareConfig:
     # and workspaces (benchmarks/context_memory.py measures it).
     context_mb: float = 0.0
     # weights.backend=vmm: the allocation granularity, and the host cost of one map
-    # call (a chunk, with its access call) and one unmap (mode=record's probes).
+    # call (a chunk, with its access call), unmap, create and release (mode=record's probes).
     vmm_granule_bytes: int = 2097152
     vmm_map_us: float = 0.0
     vmm_unmap_us: float = 0.0
+    vmm_create_us: float = 0.0
+    vmm_release_us: float = 0.0
 
 
 @dataclass

@@ -14,8 +14,8 @@ layer boundary's and the kernel's unpacks:
 5. forward: on_save for each tensor the kernel saves.
 
 Host time: fetch_host_us per fetch/prefetch plus the pool's alloc_us (on the
-vmm backend, also vmm_map_us and vmm_unmap_us per driver call the chunk books
-make, engine/policy/chunks.py), and
+vmm backend, also vmm_map_us, vmm_unmap_us, vmm_create_us and vmm_release_us
+per driver call the chunk books make, engine/policy/chunks.py), and
 per kernel its record's host_ns (a recorded module's block launches many
 CUDA kernels) or, without one, kernel_launch_us. A weight allocation that must wait for a free
 does not block the launcher: as in the executor's stream-ordered pool, the copy
@@ -114,7 +114,8 @@ class Launcher:
             self.chunks.grow([*self.placed.values()] + ([p.resident_bytes] if p.resident else []))  # as warmed
             if p.resident:
                 self.chunks.place(p.resident_bytes)
-            self.map_ns, self.unmap_ns = hw.vmm_map_us * US, hw.vmm_unmap_us * US
+            self.call_ns = {"maps": hw.vmm_map_us * US, "unmaps": hw.vmm_unmap_us * US,
+                            "creates": hw.vmm_create_us * US, "releases": hw.vmm_release_us * US}
         self.launch_ns = round(hw.kernel_launch_us * US)
         self.depth = int(hw.launch_queue_depth)
         # Resident weights -> the copy that brought them in; the last issued kernel reading each.
@@ -220,9 +221,9 @@ class Launcher:
         """Host ns the chunk books' driver calls take to place `w` (0 without books)."""
         if self.chunks is None:
             return 0
-        maps, unmaps = self.chunks.maps, self.chunks.unmaps
+        before = {k: getattr(self.chunks, k) for k in self.call_ns}
         self.addresses[w] = self.chunks.place(self.placed[w])
-        return round((self.chunks.maps - maps) * self.map_ns + (self.chunks.unmaps - unmaps) * self.unmap_ns)
+        return round(sum((getattr(self.chunks, k) - n) * self.call_ns[k] for k, n in before.items()))
 
     def _copy_gate(self, granted: simpy.Event | None) -> simpy.Event | None:
         """What the next weight copy waits for on the copy engine: every eviction's

@@ -103,7 +103,7 @@ class FakeDriver:
         self.maps += 1
         if self.maps == self.fail_map_at:
             raise ExecutorError("cuMemMap failed: CUDA_ERROR_OUT_OF_MEMORY")
-        assert self.chunks[chunk] == nbytes and chunk not in self.mapped.values()
+        assert self.chunks[chunk] == nbytes  # a chunk may be mapped twice: a stale mapping and its new one
         assert any(a <= address and address + nbytes <= a + n for a, n in self.ranges)
         for i in range(0, nbytes, self.granule):
             assert address + i not in self.mapped
@@ -162,6 +162,11 @@ def test_chunk_books_never_refuse_a_block_the_cap_allows_and_leave_nothing_behin
             if rng.random() < 0.3:
                 freed.done = True
         assert driver.held() <= cap and cm.held * g == driver.held() and cm.live_bytes == sum(live.values())
+        per_chunk = {}
+        for a_base, n in live.items():
+            for ch in {driver.mapped[a] for a in range(a_base, a_base + n, g)}:
+                per_chunk[ch] = per_chunk.get(ch, 0) + 1
+        assert all(v == 1 for v in per_chunk.values())  # no chunk backs two live blocks
     assert cm.reused > 0
     cm.close()
     assert not driver.mapped and not driver.chunks and not driver.ranges
@@ -211,12 +216,20 @@ def test_a_block_takes_the_free_range_nearest_its_layout():
 def test_a_range_still_read_is_never_unmapped_until_its_free_passed():
     driver = FakeDriver()
     g = driver.granule
-    cm = ChunkBooks(driver, 32 * g, 64 * g)
+    cm = ChunkBooks(driver, 33 * g, 64 * g)
     a, b = cm.place(16 * g), cm.place(16 * g)
     reading = Done()
     cm.free(a, reading)
-    c = cm.place(8 * g)  # a is the only free range and may be read: the books wait for its free
-    assert reading.done and c != b and cm.unmaps == 1
+    c = cm.place(16 * g + g)  # a's chunk moves to c and stays mapped in a: no wait, no unmap
+    assert c not in (a, b) and cm.unmaps == 0 and cm.waits == 0 and not reading.done
+    assert driver.mapped[a] == driver.mapped[c]  # the stale mapping and its new one
+    cm.free(b, Done(True))
+    cm.place(g)  # needs a 1-granule chunk: b's 16 is unmapped (its free passed) and made into one
+    assert cm.releases == 1 and driver.mapped[a] == driver.mapped[c]  # a's stale mapping stays: still read
+    reading.done = True
+    stale_chunk = driver.mapped[c]
+    cm.place(2 * g)  # the sweep unmaps a's stale mapping now that its free passed
+    assert driver.mapped.get(a) != stale_chunk and cm.waits == 0
     cm.close()
     assert not driver.mapped and not driver.chunks and not driver.ranges
 

@@ -19,8 +19,11 @@ become its own: it keeps the longest run of chunks its own layout starts
 with and unmaps the rest. A block of a freed size costs no call at all, and a
 transformer streams the same few sizes block after block. A chunk is unmapped
 only once the copy stream has passed its range's free (`freed`): a range still
-read may be reused only as it is or grown; a chunk taken from the oldest free
-range waits for that range's free when it must.
+read may be reused only as it is or grown. A chunk taken from a free range
+still read stays mapped there too (stale: nothing reads it there any more)
+and is unmapped from it once the free has passed; the host waits for a free
+only when no chunk can be had otherwise. A chunk with a stale mapping is never
+released (its memory would outlive the release).
 
 Stream order is the caller's: a chunk may be written by its next block as
 soon as it is freed, because the backend orders every write after the free's
@@ -30,6 +33,7 @@ so the calls it charges for are the executor's.
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -72,6 +76,7 @@ class _Range:
     extent: int  # address space reserved for it
     chunks: list = field(default_factory=list)  # (chunk, granules), mapped in order from `address`
     freed: Event | None = None  # the copy stream passed the free
+    stale: list = field(default_factory=list)  # (chunk, granules, offset, freed) taken while still read
 
     def ready(self) -> bool:
         return self.freed is None or self.freed.query()
@@ -103,6 +108,8 @@ class ChunkBooks:
         self._live: dict[int, _Range] = {}
         self._free: dict[int, _Range] = {}  # address -> free range, oldest free first
         self._by_layout: dict[tuple, dict[int, _Range]] = {}  # chunk sizes -> free ranges of that layout
+        self._dirty: dict[Any, int] = {}  # chunk -> its stale mappings
+        self._staled: deque[_Range] = deque()  # ranges with stale mappings, in the order they got them
         self._reserved: list[tuple[int, int]] = []
         self._cursor = self._end = 0  # the unused rest of the newest reservation
 
@@ -129,12 +136,15 @@ class ChunkBooks:
         """A range holding `nbytes` in whole granules, mapped; its address."""
         size = self._round(nbytes)
         want = layout(size // self.granule)
+        self._sweep()
         r, keep = self._nearest(want, size)
         if r is None:
             r, keep = self._new_range(size), 0
         else:
             self._unfree(r)
             r.freed = None
+            if len(want) > keep:
+                self._unstale(r, wait=True)  # chunks will be mapped where stale ones may sit
         if keep == len(r.chunks) == len(want):
             self.reused += 1
         self._unmap_from(r, keep)
@@ -160,6 +170,8 @@ class ChunkBooks:
         """Unmap every range, release every chunk and the address space."""
         for r in list(self._live.values()) + list(self._free.values()):
             self._unmap_from(r, 0)
+            self._unstale(r, wait=True)
+        self._staled.clear()
         self._live.clear()
         self._free.clear()
         self._by_layout.clear()
@@ -210,6 +222,8 @@ class ChunkBooks:
                 keep += 1
             if keep < len(r.chunks) and not r.ready():
                 continue
+            if r.stale and len(want) > keep and not self._unstale(r, wait=False):
+                continue
             cost = (len(r.chunks) - keep) + (len(want) - keep)
             if best_cost is None or cost < best_cost:
                 best, best_keep, best_cost = r, keep, cost
@@ -230,7 +244,7 @@ class ChunkBooks:
 
     def _take(self, c: int) -> Any:
         """A chunk of `c` granules: a loose one, a new one under the cap, one made
-        from loose chunks of other sizes, or the oldest free ranges' chunks, unmapped."""
+        from clean loose chunks of other sizes, or a free range's last chunk."""
         while True:
             if self._loose[c]:
                 return self._loose[c].pop()
@@ -238,24 +252,34 @@ class ChunkBooks:
             if self.held + c <= cap:
                 self._create(c)
                 continue
-            if self.held - sum(len(v) * k for k, v in self._loose.items()) + c <= cap:
+            clean = sum(k for k, v in self._loose.items() for chunk in v if chunk not in self._dirty)
+            if self.held - clean + c <= cap:
                 self._release_loose(c)
                 continue
             r = self._victim(c)
             if r is None:
+                if self._staled:  # every chunk left has a stale mapping: wait for the oldest free
+                    self._unstale(self._staled.popleft(), wait=True)
+                    continue
                 raise ExecutorError(
                     f"vmm backend: a chunk of {c * self.granule} bytes does not fit: {self.held * self.granule} "
                     f"bytes of the cap's {self.cap_bytes} are held by live blocks; the executor allocated past "
                     "its budget (a bug in the runtime)")
-            if not r.ready():
-                r.freed.synchronize()  # the oldest free: its last reader is about done
-                self.waits += 1
             self._unfree(r)
-            self._unmap_from(r, len(r.chunks) - 1)  # its last chunk comes loose
+            chunk, k = r.chunks[-1]
+            if r.ready():
+                self._unmap_from(r, len(r.chunks) - 1)  # its last chunk comes loose
+            else:  # still read: the chunk stays mapped there until the free passed
+                r.chunks.pop()
+                offset = sum(g for _, g in r.chunks) * self.granule
+                r.stale.append((chunk, k, offset, r.freed))
+                self._dirty[chunk] = self._dirty.get(chunk, 0) + 1
+                self._staled.append(r)
+                self._loose[k].append(chunk)
             self._refree(r)
 
     def _victim(self, c: int) -> _Range | None:
-        """The free range to unmap a chunk of: the oldest whose free has passed and
+        """The free range to take a chunk from: the oldest whose free has passed and
         whose last chunk is of size `c`, else the oldest passed, else the oldest."""
         passed = oldest = None
         for r in self._free.values():
@@ -269,13 +293,45 @@ class ChunkBooks:
                 passed = passed or r
         return passed or oldest
 
+    def _sweep(self) -> None:
+        """Unmap the stale mappings whose frees have passed, oldest first."""
+        while self._staled and self._unstale(self._staled[0], wait=False):
+            self._staled.popleft()
+
+    def _unstale(self, r: _Range, wait: bool) -> bool:
+        """Unmap `r`'s stale mappings whose frees have passed (`wait`: all, waiting
+        for the frees); whether none is left."""
+        left = []
+        for chunk, k, offset, freed in r.stale:
+            if not freed.query():
+                if not wait:
+                    left.append((chunk, k, offset, freed))
+                    continue
+                freed.synchronize()
+                self.waits += 1
+            self.driver.unmap(r.address + offset, k * self.granule)
+            self.unmaps += 1
+            self._dirty[chunk] -= 1
+            if not self._dirty[chunk]:
+                del self._dirty[chunk]
+        r.stale = left
+        return not left
+
     def _release_loose(self, c: int) -> None:
-        """Release loose chunks of other sizes, smallest first, until `c` granules more fit the cap."""
+        """Release clean loose chunks of other sizes, smallest first, until `c` granules more fit the cap."""
         for k in reversed(CLASSES):
-            while k != c and self._loose[k] and self.held + c > self.cap_bytes // self.granule:
-                self.driver.release(self._loose[k].pop())
+            if k == c:
+                continue
+            keep = []
+            while self._loose[k] and self.held + c > self.cap_bytes // self.granule:
+                chunk = self._loose[k].pop()
+                if chunk in self._dirty:
+                    keep.append(chunk)
+                    continue
+                self.driver.release(chunk)
                 self.releases += 1
                 self.held -= k
+            self._loose[k].extend(keep)
 
     def _map_tail(self, r: _Range, sizes: list[int]) -> None:
         if not sizes:
