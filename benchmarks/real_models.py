@@ -163,8 +163,8 @@ def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
     gc.collect()
     torch.cuda.empty_cache()
 
-    for budget, backend in [(b, k) for b in args.budgets for k in args.backends]:
-        pred = predict(trace, hw, round(budget * 1e6), args.lookahead, "auto", backend=backend)
+    for budget, eviction, backend in [(b, e, k) for b in args.budgets for e in args.evictions for k in args.backends]:
+        pred = predict(trace, hw, round(budget * 1e6), args.lookahead, eviction, backend=backend)
         torch.cuda.reset_peak_memory_stats()
         rss0 = host_rss()
         t0 = time.perf_counter()
@@ -264,10 +264,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--peer", action="store_true")
     ap.add_argument("--backends", default="cuda", help="weight backends to run each budget on: cuda, vmm")
+    ap.add_argument("--evictions", default="auto", help="eviction policies per budget (auto: the simulator's pick)")
     ap.add_argument("--out", default="outputs/real_models")
     args = ap.parse_args()
     args.budgets = [float(b) for b in args.budgets.split(",")]
     args.backends = args.backends.split(",")
+    args.evictions = args.evictions.split(",")
     args.lookahead = args.lookahead if args.lookahead == "auto" else int(args.lookahead)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     hw = load_hardware(args.hardware)
