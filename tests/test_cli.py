@@ -205,3 +205,19 @@ def test_help_and_completion_offer_choices_not_schemas(run_cli):
         q = subprocess.run([sys.executable, "-m", "engine", "-sc", "query=bash"], env=env, cwd=root,
                            capture_output=True, text=True, timeout=120)
         assert q.returncode == 0 and expected in q.stdout.split() and "schema" not in q.stdout, q.stdout
+
+
+def test_the_vmm_backend_is_simulated_in_whole_granules(run_cli, tmp_path):
+    args = ("+model=tiny", "budget=3", "weights.backend=vmm", "hardware.vmm_granule_bytes=4096",
+            "hardware.vmm_map_us=50", "sim.timeline=false")
+    r = run_cli(*args, f"hydra.run.dir={tmp_path}/vmm")
+    assert r.returncode == 0, r.stderr
+    vmm = json.loads((tmp_path / "vmm" / "report.json").read_text())["prediction"]
+    r = run_cli(*args[:2], "sim.timeline=false", f"hydra.run.dir={tmp_path}/cuda")
+    cuda = json.loads((tmp_path / "cuda" / "report.json").read_text())["prediction"]
+    assert vmm["peak_device_bytes"] <= 3_000_000 and vmm["step_ms"] != cuda["step_ms"]
+    line = _one_line_error(run_cli(*args[:2], "weights.backend=vmm", "hardware.vmm_granule_bytes=2097152"))
+    assert "leaves no room beside" in line and "weights.backend=cuda" in line
+    if not __import__("torch").cuda.is_available():
+        line = _one_line_error(run_cli("+model=tiny", "mode=execute", "budget=20", "weights.backend=vmm", *SMALL))
+        assert "no CUDA device; use mode=simulate" in line

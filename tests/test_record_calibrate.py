@@ -106,9 +106,13 @@ def test_calibration_recovers_a_known_profile_from_simulated_probes() -> None:
               "duplex": [{"h2d_bytes": big, "d2h_bytes": big, "ns": _sim_copy_ns(KNOWN, [(H2D, big), (D2H, big)])}],
               "alloc_ns": [3000, 3000, 9000], "compute_under_copy": {"alone_ns": 1000, "with_copy_ns": 1100},
               "host": {"kernel_ns": [20_000, 20_000, 20_000, 900_000], "resident_fetch_ns": 1000,
-                       "fetch": [[0, 1000], [1, 31_000], [2, 61_000]]}}
+                       "fetch": [[0, 1000], [1, 31_000], [2, 61_000]]},
+              "vmm": {"granule": 4096, "map_ns": 40_000, "unmap_ns": 20_000, "create_ns": 10_000,
+                      "release_ns": 30_000}}
     trace = SimpleNamespace(header={"probes": probes, "device": "sim", "date": "d"}, records=())
     p = fit_profile([trace], KNOWN, "fitted", ["synthetic"])
+    assert (p["vmm_granule_bytes"], p["vmm_map_us"], p["vmm_unmap_us"], p["vmm_create_us"],
+            p["vmm_release_us"]) == (4096, 40.0, 20.0, 10.0, 30.0)
     assert p["h2d_gbps"] == pytest.approx(50.0, rel=1e-3) and p["d2h_gbps"] == pytest.approx(40.0, rel=1e-3)
     # The small-copy table relative to the large rate: 5 / 40 / 50 GB/s at 64 KiB / 1 MiB / >= 16 MiB.
     assert p["small_copy_gbps"] == pytest.approx([5.0, 40.0, 50.0, 50.0], rel=1e-3)
