@@ -118,6 +118,21 @@ class SloConfig:
 
 
 @dataclass
+class NodeConfig:
+    """The GPUs of one host that run replicas of the job, and what they share."""
+
+    name: str = MISSING
+    source: str = MISSING  # where the numbers come from
+    gpus: int = 1  # replicas, one per GPU, each with the job's budget
+    # Host-to-device bytes the node's shared path carries for all GPUs at once (the host's
+    # memory, a PCIe switch's uplink), GB/s; null: each GPU's link is its own.
+    shared_h2d_gbps: Optional[float] = None
+    shared_d2h_gbps: Optional[float] = None
+    host_ram_mb: Optional[float] = None  # the host's RAM: the page-cached weights once plus every replica's pinned memory
+    pinned_budget_mb: Optional[float] = None  # pinned host memory all replicas together may hold
+
+
+@dataclass
 class SimConfig:
     allow_below_floor: bool = False  # run below the floor and report hazards
     # timeline.json / timeline.png; null = written for single runs, skipped in
@@ -133,6 +148,7 @@ class Config:
     weights: WeightsConfig = MISSING
     activations: ActivationsConfig = MISSING
     slo: SloConfig = MISSING
+    node: NodeConfig = MISSING
     sim: SimConfig = field(default_factory=SimConfig)
     budget: Optional[float] = None  # MB of GPU memory for streamed weights; null = all resident
     mode: str = "simulate"
@@ -155,6 +171,7 @@ def register() -> None:
     cs.store(name="activations_schema", node=ActivationsConfig)
     cs.store(name="pool_schema", node=PoolConfig)
     cs.store(name="slo_schema", node=SloConfig)
+    cs.store(name="node_schema", node=NodeConfig)
     for family, schema in MODEL_SCHEMAS.items():
         cs.store(name=f"{family}_schema", node=schema)
 
@@ -249,6 +266,11 @@ def check_config(cfg: Any) -> None:
     elif cfg.workload.kind == "decode" and cfg.model.family != "llama":
         raise ConfigError(f"workload=decode runs one token of a language model; model {cfg.model.name} is a "
                           f"{cfg.model.family} model: use workload=infer or train_lora")
+    if cfg.node.gpus < 1:
+        raise ConfigError(f"node.gpus={cfg.node.gpus}: a node runs at least one replica; use 1 or more")
+    for key in ("shared_h2d_gbps", "shared_d2h_gbps", "host_ram_mb", "pinned_budget_mb"):
+        if cfg.node[key] is not None and cfg.node[key] <= 0:
+            raise ConfigError(f"node.{key}={cfg.node[key]} must be positive; give a figure > 0 or null (not shared)")
     for key in ("max_step_ms", "min_overlap", "max_stall_ms"):
         if cfg.slo[key] is not None and cfg.slo[key] < 0:
             raise ConfigError(f"slo.{key}={cfg.slo[key]} is negative; give a threshold >= 0 or null")

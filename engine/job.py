@@ -171,19 +171,22 @@ def _choose_eviction(cfg: DictConfig, trace: Trace, plan: Plan,
         return None, None
     from sim import simulate
 
+    from engine.node import replica_hardware
+
     allow = cfg.mode == "check" or cfg.sim.allow_below_floor  # as the modes simulate
+    hardware = replica_hardware(cfg)
     results = {}
 
     def predict() -> dict[str, tuple[int, float]]:
         for name in EVICTIONS:
-            results[name] = simulate(trace, OmegaConf.merge(w, {"eviction": name}), cfg.activations, cfg.hardware,
+            results[name] = simulate(trace, OmegaConf.merge(w, {"eviction": name}), cfg.activations, hardware,
                                      budget_bytes=plan.budget_bytes, steps=cfg.workload.steps,
                                      allow_below_floor=allow)
         # Below the floor a policy with fewer use-after-evict hazards wins whatever its speed.
         return {name: (len(r.prediction["hazards"]), round(r.prediction["step_ms"], 3)) for name, r in results.items()}
 
     key = ("eviction", *source, cfg.budget, cfg.workload.steps, OmegaConf.to_yaml(w),
-           OmegaConf.to_yaml(cfg.activations), OmegaConf.to_yaml(cfg.hardware), allow)
+           OmegaConf.to_yaml(cfg.activations), OmegaConf.to_yaml(hardware), allow)
     predicted = _memo(key, predict)
     w.eviction = min(predicted, key=predicted.get)
     simulated = (allow, results[w.eviction]) if results else None  # a sweep's memo hit simulates again

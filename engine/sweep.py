@@ -34,7 +34,7 @@ from engine.report import table
 
 COLUMNS = ("job", "overrides", "model", "workload", "mode", "budget_mb", "eviction", "lookahead",
            "activations", "floor_mb", "model_mb", "step_ms", "stall_ms", "overlap", "h2d_gb_per_step",
-           "peak_device_mb", "passed", "failures", "error")
+           "peak_device_mb", "node", "gpus", "node_steps_per_s", "passed", "failures", "error")
 PROGRESS = ".progress.json"
 SEARCH = "search.json"
 
@@ -74,6 +74,8 @@ def point_row(job_dir: Path) -> dict[str, Any] | None:
         "overlap": pred.get("overlap"),
         "h2d_gb_per_step": None if "h2d_bytes" not in pred else pred["h2d_bytes"] / 1e9,
         "peak_device_mb": None if "peak_device_bytes" not in pred else pred["peak_device_bytes"] / 1e6,
+        "node": (r.get("node") or {}).get("node"), "gpus": (r.get("node") or {}).get("gpus", 1),
+        "node_steps_per_s": (r.get("node") or {}).get("steps_per_s"),
         "passed": check.get("passed"), "failures": list(check.get("failures", [])),
         "error": None,
     }
@@ -144,6 +146,13 @@ def answer(rows: list[dict[str, Any]], search: dict[str, Any] | None, slo: str |
             return out
         out.best = min(ran, key=lambda r: (r["step_ms"], budget_of(r)))
         out.lines.insert(0, f"Fastest: {_point(out.best)}.")
+        if len({r.get("gpus", 1) for r in ran}) > 1:  # a sweep over node shapes: what the node gets done
+
+            def rate(r: dict[str, Any]) -> float:
+                return r.get("node_steps_per_s") or 1000 / r["step_ms"]
+            top = max(ran, key=rate)
+            out.lines.insert(1, f"Most steps a second: {_point(top)} with {top.get('gpus', 1)} replica(s) on "
+                             f"{top.get('node') or 'one GPU'}: {rate(top):.2f} steps/s.")
         if len({budget_of(r) for r in ran}) > 1:
             front = pareto_front(ran)
             out.lines.insert(1, "Pareto front (no point is both smaller and faster): " + ", ".join(

@@ -5,6 +5,7 @@ from typing import Any
 
 from engine.errors import ConfigError
 from engine.job import Job, Outcome, plan_report
+from engine.node import node_failures, node_prediction, replica_hardware
 from engine.report import fmt_bytes, plan_md, table
 
 
@@ -17,7 +18,7 @@ def run_simulation(job: Job, allow_below_floor: bool, write_timeline: bool = Tru
     if job.simulated is not None and job.simulated[0] == allow_below_floor:
         result = job.simulated[1]  # weights=auto simulated this very run to choose it
     else:
-        result = simulate(job.trace, cfg.weights, cfg.activations, cfg.hardware,
+        result = simulate(job.trace, cfg.weights, cfg.activations, replica_hardware(cfg),
                           budget_bytes=job.plan.budget_bytes, steps=cfg.workload.steps,
                           allow_below_floor=allow_below_floor)
     if write_timeline:
@@ -85,16 +86,40 @@ def _pool_md(pool: Any) -> str:
 
 
 def prediction_report(job: Job, pred: dict, result: Any) -> dict:
-    """The report of a simulated job: its head, the prediction and the decisions a step."""
-    return {**plan_report(job), "prediction": pred,
-            "decisions_per_step": len(result.decisions) // job.cfg.workload.steps}
+    """The report of a simulated job: its head, the prediction, the decisions a step,
+    and on a node of several GPUs its figures."""
+    report = {**plan_report(job), "prediction": pred,
+              "decisions_per_step": len(result.decisions) // job.cfg.workload.steps}
+    if _on_a_node(job):
+        report["node"] = node_prediction(job.cfg, pred, sum(job.trace.weight_sizes.values()))
+    return report
+
+
+def _on_a_node(job: Job) -> bool:
+    node = job.cfg.node
+    return node.gpus > 1 or node.pinned_budget_mb is not None or node.host_ram_mb is not None
+
+
+def node_md(figures: dict, job: Job) -> str:
+    node = job.cfg.node
+    rows = [["replicas", f"{figures['gpus']} on {node.name} ({node.source})"],
+            ["each replica's step", f"{figures['replica_step_ms']:.2f} ms"],
+            ["node throughput", f"{figures['steps_per_s']:.2f} steps/s, H2D {figures['h2d_gbps']:.1f} GB/s in all"],
+            ["host RAM (weights once if mapped, pinned pools)", fmt_bytes(figures["host_bytes"])
+             + ("" if figures["host_ram_bytes"] is None else f" of {fmt_bytes(figures['host_ram_bytes'])}")],
+            ["pinned host memory", fmt_bytes(figures["pinned_bytes"])
+             + ("" if figures["pinned_budget_bytes"] is None else f" of {fmt_bytes(figures['pinned_budget_bytes'])}")]]
+    return "## Node\n\n" + table(["what", "predicted"], rows)
 
 
 def simulate_mode(job: Job) -> Outcome:
     result = run_simulation(job, job.cfg.sim.allow_below_floor)
     pred = result.prediction
+    report = prediction_report(job, pred, result)
     md = plan_md(job.plan.as_dict()) + "\n\n" + prediction_md(pred, job)
-    return Outcome(prediction_report(job, pred, result), md)
+    if "node" in report:
+        md += "\n\n" + node_md(report["node"], job)
+    return Outcome(report, md)
 
 
 def slo_failures(job: Job, pred: dict) -> list[str]:
@@ -125,12 +150,13 @@ def check_mode(job: Job) -> Outcome:
     # Below the floor the check still simulates, to show why it fails.
     result = run_simulation(job, allow_below_floor=True)
     pred = result.prediction
-    failures = slo_failures(job, pred)
     report = prediction_report(job, pred, result)
+    failures = slo_failures(job, pred) + (node_failures(report["node"]) if "node" in report else [])
     report["check"] = {"passed": not failures, "failures": failures, "slo": job.cfg.slo.name}
     verdict = "PASS: every condition of slo=" + job.cfg.slo.name + " holds" if not failures else \
         "FAIL:\n" + "\n".join(f"- {f}" for f in failures)
     md = (plan_md(job.plan.as_dict()) + "\n\n" + prediction_md(pred, job)
+          + ("\n\n" + node_md(report["node"], job) if "node" in report else "")
           + "\n\n## Check\n\n" + verdict)
     return Outcome(report, md, exit_code=1 if failures else 0,
                    notes=tuple(f"check failed: {f}" for f in failures))
