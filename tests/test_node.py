@@ -65,3 +65,11 @@ def test_a_sweep_over_node_shapes_names_the_most_steps_a_second(run_cli, tmp_pat
     assert "Most steps a second: job 1" in r.stdout and "2 replica(s) on h200x2" in r.stdout
     rows = list(csv.DictReader((tmp_path / "multirun" / "summary.csv").open()))
     assert [row["gpus"] for row in rows] == ["1", "2"]
+
+
+def test_execute_refuses_replicas_that_would_pin_more_than_the_node_allows(run_cli, tmp_path):
+    r = run_cli("+model=tiny", "mode=execute", "budget=2", "weights.backend=cpu", "node=h200x2",
+                "node.pinned_budget_mb=1", "workload.video_tokens=64", "workload.audio_tokens=16",
+                "workload.text_tokens=8")
+    assert r.returncode == 2 and "2 replicas pin" in r.stderr and "raise the node's limit" in r.stderr
+    assert not (tmp_path / "run" / "telemetry.jsonl").exists()

@@ -32,6 +32,7 @@ from engine.executor.setup import (bitwise_equal, compute_device, fits_resident,
 from engine.executor.training import (AsManaged, StreamedWeights, check_train_order, deterministic, max_abs_diff,
                                       reference_steps, telemetry_row, train_step)
 from engine.job import Job, Outcome, plan_report
+from engine.node import node_failures
 from engine.models import forward, make_inputs
 from engine.models.lora import init_lora
 from engine.models.run import DictSource
@@ -146,11 +147,15 @@ def execute_mode(job: Job) -> Outcome:
     # Check first, write last: a refusal (no device, a bad weight file) leaves no timeline behind.
     result = run_simulation(job, allow_below_floor=False, write_timeline=False)
     pred = result.prediction
+    report = prediction_report(job, pred, result)
+    over = node_failures(report["node"]) if "node" in report else []
+    if over:  # each replica runs this command: none starts when together they would break the node
+        raise ConfigError(f"{over[0]}; lower the replicas' pinned memory (activations/pool, weights.source) "
+                          "or raise the node's limit")
     run = run_train_execute if training else run_execute
     meas = run(cfg, job.spec, job.trace, job.out_dir)
     timeline_files(job, result)
     rows = comparison({**pred, **predicted_counts(result)}, meas, training)
-    report = prediction_report(job, pred, result)
     report.update(measurement=meas, comparison=rows)
     md = (plan_md(job.plan.as_dict()) + "\n\n" + prediction_md(pred, job) + "\n\n"
           + comparison_md(rows, meas) + f"\n\ntelemetry: {job.out_dir / 'telemetry.jsonl'}")
