@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from engine.files import write_text_atomic
 from sim.simulator import SimResult
@@ -49,8 +50,13 @@ def spans(result: SimResult) -> dict[str, list[Span]]:
     return out
 
 
-def write_chrome_trace(result: SimResult, path: str | Path) -> None:
-    """A JSON trace for ui.perfetto.dev or chrome://tracing; times in microseconds."""
+MEASURED_TRACKS = ("compute", "h2d")
+
+
+def write_chrome_trace(result: SimResult, path: str | Path, measured: list | None = None) -> None:
+    """A JSON trace for ui.perfetto.dev or chrome://tracing; times in microseconds.
+    `measured`, (track, name, start ms, end ms) of the executor's timed last step,
+    is a second process, placed at the simulated last step's start."""
     tracks = spans(result)
     events: list[dict] = [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "simulated GPU"}}]
     events += [{"ph": "M", "name": "thread_name", "pid": 1, "tid": tid, "args": {"name": name}}
@@ -64,7 +70,19 @@ def write_chrome_trace(result: SimResult, path: str | Path) -> None:
                for t, b in result.device_bytes]
     events += [{"ph": "i", "s": "g", "name": f"step {i} end", "pid": 1, "ts": t / 1e3}
                for i, t in enumerate(result.step_ends_ns)]
+    if measured:
+        t0 = _last_step_start(result) / 1e3
+        events += [{"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "measured GPU (last step)"}}]
+        events += [{"ph": "M", "name": "thread_name", "pid": 2, "tid": i + 1, "args": {"name": name}}
+                   for i, name in enumerate(MEASURED_TRACKS)]
+        events += [{"ph": "X", "name": name, "pid": 2, "tid": MEASURED_TRACKS.index(track) + 1,
+                    "ts": t0 + a * 1e3, "dur": (b - a) * 1e3} for track, name, a, b in measured]
     write_text_atomic(path, json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}, separators=(",", ":")))
+
+
+def _last_step_start(result: SimResult) -> int:
+    ends = result.step_ends_ns
+    return ends[-2] if len(ends) > 1 else 0
 
 
 def lanes(tracks: dict[str, list[Span]]) -> dict[str, list[tuple[int, int]]]:
@@ -110,9 +128,10 @@ ROWS = (("host", ("host",)), ("compute", ("compute", "stall", "idle")), ("H2D", 
         ("D2H", ("d2h",)))
 
 
-def plot_timeline(result: SimResult, path: str | Path) -> None:
+def plot_timeline(result: SimResult, path: str | Path, measured: list | None = None) -> None:
     """timeline.png: device memory and busy-fraction lanes over the whole run, and the
-    last (steady-state) step as a Gantt chart."""
+    last (steady-state) step as a Gantt chart; with `measured` (the executor's timed
+    last step), that step as measured below it, on the same scale."""
     import numpy as np
     from matplotlib.figure import Figure  # no pyplot: no global backend, Agg renders savefig
     from matplotlib.patches import Patch
@@ -123,9 +142,11 @@ def plot_timeline(result: SimResult, path: str | Path) -> None:
     t0, t1 = (ends[-2] if len(ends) > 1 else 0), t_end
     pred = result.prediction
 
-    fig = Figure(figsize=(13, 7.5))  # fixed margins: a constrained layout costs as much as the drawing
-    mem, whole, step = fig.subplots(3, 1, gridspec_kw={"height_ratios": (1.1, 1.3, 2.2), "left": 0.06, "right": 0.99,
-                                                       "top": 0.92, "bottom": 0.13, "hspace": 0.4})
+    fig = Figure(figsize=(13, 9.5 if measured else 7.5))  # fixed margins: a constrained layout costs as much as the drawing
+    ratios = (1.1, 1.3, 2.2) + ((1.4,) if measured else ())
+    axes = fig.subplots(len(ratios), 1, gridspec_kw={"height_ratios": ratios, "left": 0.06, "right": 0.99,
+                                                     "top": 0.92, "bottom": 0.1, "hspace": 0.45})
+    mem, whole, step = axes[:3]
     fig.suptitle(f"Simulated: {pred['step_ms']:.2f} ms a step (compute {pred['compute_ms']:.2f}, "
                  f"stall {pred['stall_ms']:.2f}), copies {pred['overlap']:.0%} hidden behind compute, "
                  f"peak {pred['peak_device_bytes'] / 1e9:.2f} GB", fontsize=11)
@@ -161,11 +182,35 @@ def plot_timeline(result: SimResult, path: str | Path) -> None:
     for ax in (whole, step):
         ax.set_yticks(range(len(ROWS)), [name for name, _ in ROWS])
         ax.set_ylim(len(ROWS) - 0.5, -0.5)
+    if measured:
+        _plot_measured(axes[3], measured, (t1 - t0) / 1e6)
     for ax in (mem, whole):
         ax.set_xlim(0, t_end / 1e6)
         for t in ends:
             ax.axvline(t / 1e6, color="black", lw=0.6, ls=":")
-    shown = [k for k in KINDS if by_kind[k]]
+    shown = [k for k in KINDS if by_kind[k] or (measured and k == "stall")]
     fig.legend(handles=[Patch(color=KINDS[k][1], label=KINDS[k][0]) for k in shown], loc="lower center",
                ncols=min(4, len(shown)), fontsize=8, frameon=False)
     fig.savefig(path, dpi=100)
+
+
+def _plot_measured(ax: Any, measured: list, simulated_ms: float) -> None:
+    """The executor's timed step as a Gantt chart: kernels, the gaps where the GPU
+    waited for their weights, and the weight copies."""
+    kernels = sorted((a, b) for track, _, a, b in measured if track == "compute")
+    copies = sorted((a, b) for track, _, a, b in measured if track == "h2d")
+    gaps = [(e, s) for (_, e), (s, _) in zip(kernels, kernels[1:]) if s > e]
+    step_ms = max((b for _, _, _, b in measured), default=0.0)
+    for row, (bars, kind) in enumerate(((kernels, "compute"), (copies, "h2d"))):
+        drawn = [(a, b - a) for a, b in bars]
+        if kind == "h2d":
+            ax.broken_barh(drawn[1::2], (row - 0.3, 0.6), color=LIGHT["h2d"], lw=0)
+            drawn = drawn[::2]
+        ax.broken_barh(drawn, (row - 0.3, 0.6), color=KINDS[kind][1], lw=0)
+    ax.broken_barh([(a, b - a) for a, b in gaps], (-0.3, 0.6), color=KINDS["stall"][1], lw=0)
+    ax.set_xlim(0, max(step_ms, simulated_ms))
+    ax.set_yticks(range(2), ["compute", "H2D"])
+    ax.set_ylim(1.5, -0.5)
+    ax.set_title(f"last step as measured ({step_ms:.2f} ms; simulated {simulated_ms:.2f} ms): kernels, the GPU "
+                 "waiting for their weights (red), weight copies", fontsize=9, loc="left")
+    ax.set_xlabel("time from the step's start (ms)")

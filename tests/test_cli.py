@@ -221,3 +221,16 @@ def test_the_vmm_backend_is_simulated_in_whole_granules(run_cli, tmp_path):
     if not __import__("torch").cuda.is_available():
         line = _one_line_error(run_cli("+model=tiny", "mode=execute", "budget=20", "weights.backend=vmm", *SMALL))
         assert "no CUDA device; use mode=simulate" in line
+
+
+def test_execute_puts_the_measured_step_beside_the_simulated_one(run_cli, tmp_path):
+    r = run_cli("+model=tiny", "mode=execute", "weights.backend=cpu", "budget=2", "sim.timeline=true", *SMALL)
+    assert r.returncode == 0, r.stderr
+    events = json.loads((tmp_path / "run" / "timeline.json").read_text())["traceEvents"]
+    names = {e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    assert names == {"simulated GPU", "measured GPU (last step)"}
+    measured = [e for e in events if e.get("pid") == 2 and e["ph"] == "X"]
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    kernels = [e for e in measured if e["tid"] == 1]
+    assert len(kernels) == report["plan"]["kernel_count"]  # one span per kernel of the last step
+    assert (tmp_path / "run" / "timeline.png").stat().st_size > 10_000

@@ -292,3 +292,24 @@ def test_run_execute_refuses_a_trace_of_another_model(tiny, tmp_path):
 def test_run_execute_without_a_gpu_says_what_to_do(tiny, tmp_path):
     with pytest.raises(ExecutorError, match=r"no CUDA device; use mode=simulate \(or weights.backend=cpu"):
         run_execute(cfg(backend="cuda", file=str(tiny.path)), tiny.spec, _Trace(tiny.order), tmp_path)
+
+
+def test_a_timed_step_marks_every_kernel_and_copy(tiny):
+    budget = floor(tiny.order, 2).bytes
+    ex = WeightExecutor(tiny.order, tiny.wf.tensors(), budget_bytes=budget, eviction="lru", backend="cpu")
+    with torch.no_grad():
+        with ex.step():
+            forward(tiny.spec, ex, tiny.inputs)
+        with ex.step(timed=True):
+            forward(tiny.spec, ex, tiny.inputs)
+    spans = ex.step_timeline()
+    kernels = [s for s in spans if s[0] == "compute"]
+    copies = [s for s in spans if s[0] == "h2d"]
+    assert [k[1] for k in kernels] == list(tiny.order.kernels)
+    last = [d for d in ex.log if d.step == 1]
+    assert [c[1] for c in copies] == [d.target for d in last if d.action in ("fetch", "prefetch")]
+    assert all(0 <= a <= b for _, _, a, b in spans)
+    assert all(k1[3] <= k2[2] for k1, k2 in zip(kernels, kernels[1:]))  # in order, apart
+    with pytest.raises(ExecutorError, match="was not timed"):
+        ex.step_timeline(0)
+    ex.close()

@@ -184,6 +184,10 @@ class Backend(Protocol):
         """A mark on the compute stream; `elapsed_ms(a, b)` reads the time between."""
         ...
 
+    def copy_timer(self) -> Any:
+        """A mark on the copy stream, on the same clock as `timer`."""
+        ...
+
     def elapsed_ms(self, start: Any, end: Any) -> float:
         ...
 

@@ -112,6 +112,9 @@ class CpuBackend:
     def timer(self) -> float:
         return time.perf_counter()
 
+    def copy_timer(self) -> float:
+        return time.perf_counter()  # copies run in order on the one CPU thread
+
     def elapsed_ms(self, start: float, end: float) -> float:
         return (end - start) * 1e3
 

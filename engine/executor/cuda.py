@@ -143,6 +143,11 @@ class CudaStreams:
         mark.record(self.compute)
         return mark
 
+    def copy_timer(self) -> torch.cuda.Event:
+        mark = torch.cuda.Event(enable_timing=True)
+        mark.record(self.copy)
+        return mark
+
     def elapsed_ms(self, start: torch.cuda.Event, end: torch.cuda.Event) -> float:
         end.synchronize()
         return start.elapsed_time(end)

@@ -61,6 +61,8 @@ class StepStats:
     relocations: int = 0  # pool refusals under the budget, each answered by a relocation
     relocated_bytes: int = 0  # resident bytes copied in again by those relocations
     kernels: int = 0  # kernels fetched so far in this step
+    # With `timed=True`: (track, name, start mark, end mark) per kernel and weight copy.
+    marks: list | None = None
 
 
 def make_backend(name: str, capacity_bytes: int, largest_weight_bytes: int) -> Backend:
@@ -140,6 +142,7 @@ class WeightExecutor:
         self._marks: list[Any] = [None] * len(order)  # per position: compute passed that kernel
         self._last_reader: dict[str, int] = {}  # resident weight -> position of its last issued reader
         self._issued_any = False
+        self._open_kernel: tuple[str, Any] | None = None  # timed steps: the kernel running and its start mark
         self.log: list[Decision] = []
         self.steps: list[StepStats] = []  # the last `keep_steps` (None: all), as the decision logs
         self.keep_steps = keep_steps
@@ -186,8 +189,9 @@ class WeightExecutor:
         return self._lock.locked()
 
     @contextmanager
-    def step(self) -> Iterator[StepStats]:
-        """One forward: every kernel fetched once, in order. Records the step's telemetry."""
+    def step(self, timed: bool = False) -> Iterator[StepStats]:
+        """One forward: every kernel fetched once, in order. Records the step's telemetry;
+        `timed` also marks each kernel and weight copy on the device (`step_timeline`)."""
         if not self._lock.acquire(blocking=False):
             if self._owner == threading.get_ident():
                 raise ExecutorError("step() inside a step of the same executor (a forward that calls itself?); "
@@ -207,7 +211,7 @@ class WeightExecutor:
                 keep_last_steps(self.policy.log, self.keep_steps - 1)
                 del self.steps[:len(self.steps) - self.keep_steps + 1]
             stats = StepStats(step=self._steps_run, start=self.backend.timer(),
-                              peak_resident_bytes=self._resident_bytes)
+                              peak_resident_bytes=self._resident_bytes, marks=[] if timed else None)
             self._stats = stats
             if not self.relocate and self._resident and self._fragmented():
                 # Between steps no tensor handed out is waiting for its kernel: the one
@@ -222,6 +226,9 @@ class WeightExecutor:
                 self._broken = self._broken or f"{type(err).__name__}: {err}"
                 raise
             stats.end = self.backend.timer()
+            if timed and self._open_kernel is not None:
+                stats.marks.append(("compute", *self._open_kernel, stats.end))
+            self._open_kernel = None
             stats.peak_device_bytes = self.backend.peak_bytes()
             self.steps.append(stats)
             self._steps_run += 1
@@ -229,6 +236,16 @@ class WeightExecutor:
             self._stats = None
             self._owner = None
             self._lock.release()
+
+    def step_timeline(self, step: int = -1) -> list[tuple[str, str, float, float]]:
+        """A timed step's (track, name, start ms, end ms) from the step's start: each
+        kernel on "compute" (from the wait for its weights to its last launch) and
+        each weight copy on "h2d". Reading it waits for that step's end."""
+        s = self.steps[step]
+        if s.marks is None:
+            raise ExecutorError("this step was not timed; run it as `with executor.step(timed=True):`")
+        return [(track, name, self.backend.elapsed_ms(s.start, a), self.backend.elapsed_ms(s.start, b))
+                for track, name, a, b in s.marks]
 
     def telemetry(self) -> list[dict]:
         """One dict per finished step (reading step_ms waits for that step's end)."""
@@ -254,9 +271,12 @@ class WeightExecutor:
     def _issue(self, position: int) -> dict[str, torch.Tensor]:
         if self._stats.kernels == len(self.order):
             self._diverge(f"got a kernel past the end of the step ({self._kernel(position)})")
+        marks = self._stats.marks
         try:
             if self._issued_any:  # the previous kernel's work is all enqueued now
                 self._marks[(position - 1) % len(self.order)] = self.backend.mark()
+            if marks is not None and self._open_kernel is not None:
+                marks.append(("compute", *self._open_kernel, self.backend.timer()))
             self._issued_any = True
             for d in self.policy.issue(position):
                 self._carry_out(d)
@@ -272,6 +292,8 @@ class WeightExecutor:
                     r.waited = True
                 self._last_reader[w] = position
                 out[w] = r.tensor
+            if marks is not None:
+                self._open_kernel = (self.order.kernels[position], self.backend.timer())
         except BaseException as err:
             self._broken = self._broken or f"{type(err).__name__}: {err}"
             # The failed fetch's frames hold host tensors (views of the weight file's
@@ -300,11 +322,14 @@ class WeightExecutor:
                 raise ExecutorError(f"policy bug: {d.action} {w}, which is already resident")
             src = self.host[w]
             block = self._alloc(self.order.sizes[w], d.position)
+            copy_start = self.backend.copy_timer() if stats.marks is not None else None
             try:
                 ready = self.backend.copy_in(block, src)
             except BaseException:
                 self.backend.free_after(block, None)  # not resident yet: close() would not free it
                 raise
+            if copy_start is not None:
+                stats.marks.append(("h2d", w, copy_start, self.backend.copy_timer()))
             tensor = block.data.view(src.dtype).view(src.shape)
             self._resident[w] = _Resident(block, tensor, ready)
             self._resident_bytes += block.nbytes

@@ -154,7 +154,7 @@ def execute_mode(job: Job) -> Outcome:
                           "or raise the node's limit")
     run = run_train_execute if training else run_execute
     meas = run(cfg, job.spec, job.trace, job.out_dir)
-    timeline_files(job, result)
+    timeline_files(job, result, measured=meas.pop("timeline", None))
     rows = comparison({**pred, **predicted_counts(result)}, meas, training)
     report.update(measurement=meas, comparison=rows)
     md = (plan_md(job.plan.as_dict()) + "\n\n" + prediction_md(pred, job) + "\n\n"
@@ -270,11 +270,12 @@ def run_execute(cfg: Any, spec: ModelSpec, trace: Any, out_dir: str | Path) -> d
                                      eviction=w.eviction, lookahead=w.lookahead, keep_steps=None)
         outputs = []
         with torch.no_grad():
-            for _ in range(cfg.workload.steps):
+            for i in range(cfg.workload.steps):
                 wf.check_intact()
-                with executor.step():
+                with executor.step(timed=i == cfg.workload.steps - 1):  # the steady state, on the timeline
                     outputs.append(forward(spec, executor, inputs))
         telemetry = executor.telemetry()  # waits for the last step
+        timeline = executor.step_timeline()
         match = None if reference is None else all(
             bitwise_equal(out[k], reference[k]) for out in outputs for k in reference)
         pool_cap = executor.backend.cap_bytes
@@ -297,6 +298,7 @@ def run_execute(cfg: Any, spec: ModelSpec, trace: Any, out_dir: str | Path) -> d
         "peak_resident_bytes": max(row["peak_resident_bytes"] for row in telemetry),
         "outputs_match_reference": match,
         "weights_file": w.file,  # None: a temporary file, gone now
+        "timeline": timeline,
     }
 
 

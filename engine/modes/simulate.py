@@ -26,8 +26,9 @@ def run_simulation(job: Job, allow_below_floor: bool, write_timeline: bool = Tru
     return result
 
 
-def timeline_files(job: Job, result: Any) -> None:
-    """timeline.json and timeline.png of `result`, unless sim.timeline says no (by default: in a sweep)."""
+def timeline_files(job: Job, result: Any, measured: list | None = None) -> None:
+    """timeline.json and timeline.png of `result` (and `measured`, the executor's timed
+    last step, beside it), unless sim.timeline says no (by default: in a sweep)."""
     from sim.timeline import plot_timeline, write_chrome_trace
 
     timeline = job.cfg.sim.timeline
@@ -38,8 +39,8 @@ def timeline_files(job: Job, result: Any) -> None:
         timeline = HydraConfig.get().mode != RunMode.MULTIRUN
     if timeline:
         try:
-            write_chrome_trace(result, job.out_dir / "timeline.json")
-            plot_timeline(result, job.out_dir / "timeline.png")
+            write_chrome_trace(result, job.out_dir / "timeline.json", measured)
+            plot_timeline(result, job.out_dir / "timeline.png", measured)
         except OSError as e:
             raise ConfigError(f"cannot write the timeline in {job.out_dir}: {e.strerror or e}; free space or "
                               "pick a writable hydra.run.dir (sim.timeline=false skips it)") from None
