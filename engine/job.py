@@ -119,13 +119,21 @@ def _prepare_module(cfg: DictConfig, out_dir: Path) -> Job:
     trace = _memo(("trace", *source), lambda: read_trace(cfg.trace))
     check_matches(trace, cfg.model.name, trace.header.get("num_layers"), cfg.workload)
     params = trace.header.get("params") or sum(trace.weight_sizes.values()) // 2
-    plan = _memo(("plan", *source, cfg.budget, cfg.weights.lookahead), lambda: make_plan(
+    plan = _memo(("plan", *source, cfg.budget, cfg.weights.lookahead, _granule(cfg)), lambda: make_plan(
         model=cfg.model.name, workload=cfg.workload.name, param_count=params,
-        order=trace.access_order(), budget_mb=cfg.budget, lookahead=cfg.weights.lookahead))
+        order=trace.access_order(), budget_mb=cfg.budget, lookahead=cfg.weights.lookahead,
+        granule=_granule(cfg)))
     predicted = simulated = None
     if cfg.weights.eviction == "auto":
         predicted, simulated = _choose_eviction(cfg, trace, plan, source)
     return Job(cfg, out_dir, None, trace, plan, predicted, simulated)
+
+
+def _granule(cfg: DictConfig) -> int:
+    """The granule the configured backend places weights in, as the simulator sees it."""
+    from sim.simulator import backend_granule
+
+    return backend_granule(cfg.weights, cfg.hardware)
 
 
 def prepare(cfg: DictConfig, out_dir: Path) -> Job:
@@ -145,9 +153,10 @@ def prepare(cfg: DictConfig, out_dir: Path) -> Job:
         trace = _memo(("trace", *source), lambda: synthesize(spec, cfg.workload, cfg.hardware))
     if cfg.activations.mode != "off" and cfg.activations.pool.exact:
         _size_pool_exactly(cfg, trace, source)
-    plan = _memo(("plan", *source, cfg.budget, cfg.weights.lookahead), lambda: make_plan(
+    plan = _memo(("plan", *source, cfg.budget, cfg.weights.lookahead, _granule(cfg)), lambda: make_plan(
         model=spec.name, workload=cfg.workload.name, param_count=spec.param_count,
-        order=trace.access_order(), budget_mb=cfg.budget, lookahead=cfg.weights.lookahead))
+        order=trace.access_order(), budget_mb=cfg.budget, lookahead=cfg.weights.lookahead,
+        granule=_granule(cfg)))
     predicted = simulated = None
     if cfg.weights.eviction == "auto":
         predicted, simulated = _choose_eviction(cfg, trace, plan, source)

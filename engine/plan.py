@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.policy import AccessOrder
+from engine.policy.placement import place
 from engine.policy.weights import EVICTIONS, Floor, ResidencySummary, floor, residency_summary
 from engine.units import budget_bytes
 
@@ -28,6 +29,7 @@ class Plan:
     floor: Floor
     pool_warm_sizes: tuple[int, ...]
     policies: dict[str, ResidencySummary]
+    resident_bytes: int = 0  # the vmm backend's block of weights under one granule, in the floor
 
     @property
     def below_floor(self) -> bool:
@@ -47,6 +49,7 @@ class Plan:
             "floor_pair_bytes": self.floor.pair_bytes,
             "floor_headroom_bytes": self.floor.headroom_bytes,
             "floor_kernels": list(self.floor.kernels),
+            "floor_resident_bytes": self.resident_bytes,
             "below_floor": self.below_floor,
             "pool_warm_sizes": list(self.pool_warm_sizes),
             "policies": {
@@ -61,14 +64,20 @@ class Plan:
 
 
 def make_plan(*, model: str, workload: str, param_count: int, order: AccessOrder,
-              budget_mb: float | None, lookahead: int) -> Plan:
-    """Plan one config. Below the floor the per-policy figures are omitted:
-    no policy can run there without hazards, which only the simulator shows."""
-    fl = floor(order, lookahead)
+              budget_mb: float | None, lookahead: int, granule: int = 1) -> Plan:
+    """Plan one config on a backend that places weights in `granule`s (placement.py:
+    the floor and the policies' figures then count the resident block and the
+    rounded sizes). Below the floor the per-policy figures are omitted: no policy
+    can run there without hazards, which only the simulator shows."""
+    placed = place(order, None, granule)
+    extra = placed.resident_bytes
+    fl = floor(placed.order, lookahead)
+    fl = Floor(fl.bytes + extra, fl.pair_bytes + extra, fl.headroom_bytes, fl.kernels)
     budget = budget_bytes(budget_mb)
     policies: dict[str, ResidencySummary] = {}
     if budget is None or budget >= fl.bytes:
-        policies = {name: residency_summary(order, budget, name, lookahead) for name in EVICTIONS}
+        left = None if budget is None else budget - extra
+        policies = {name: residency_summary(placed.order, left, name, lookahead) for name in EVICTIONS}
     return Plan(
         model=model,
         workload=workload,
@@ -79,6 +88,7 @@ def make_plan(*, model: str, workload: str, param_count: int, order: AccessOrder
         budget_bytes=budget,
         lookahead=lookahead,
         floor=fl,
-        pool_warm_sizes=tuple(sorted(set(order.sizes.values()))),
+        pool_warm_sizes=tuple(sorted(set(placed.order.sizes.values()))),
         policies=policies,
+        resident_bytes=extra,
     )

@@ -52,7 +52,9 @@ def plan_md(plan: dict) -> str:
              f"{plan['floor_bytes']:,} ({fmt_bytes(plan['floor_bytes'])})"],
             ["floor set by", " + ".join(plan["floor_kernels"])
              + f" ({fmt_bytes(plan['floor_pair_bytes'])}) + lookahead {plan['lookahead']} headroom "
-               f"{fmt_bytes(plan['floor_headroom_bytes'])}"],
+               f"{fmt_bytes(plan['floor_headroom_bytes'])}"
+             + (f" (the pair counts {fmt_bytes(plan['floor_resident_bytes'])} of weights under one granule, "
+                "resident on the vmm backend)" if plan.get("floor_resident_bytes") else "")],
             ["hard minimum (under it hazards are certain)",
              f"{plan['floor_pair_bytes']:,} ({fmt_bytes(plan['floor_pair_bytes'])})"],
             ["distinct weight sizes (pool warm list)", f"{len(plan['pool_warm_sizes'])}"],

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 from engine.config import ActivationsConfig, WeightsConfig, load_hardware
-from engine.errors import ConfigError, ExecutorError
+from engine.errors import BelowFloorError, ConfigError, ExecutorError
 from engine.executor import WeightExecutor
 from engine.executor.cpu import CpuBackend
 from engine.models import forward, load_spec, make_inputs
@@ -298,3 +298,20 @@ def test_a_budget_with_no_room_beside_the_resident_weights_is_one_clear_line(tin
                        backend=CpuBackend(resident, granule=GRANULE))
 
 
+
+
+def test_the_plan_floor_counts_the_vmm_placement(tiny):
+    from engine.plan import make_plan
+
+    pool = make_plan(model="tiny", workload="infer", param_count=1, order=tiny.order, budget_mb=None, lookahead=2)
+    vmm = make_plan(model="tiny", workload="infer", param_count=1, order=tiny.order, budget_mb=None, lookahead=2,
+                    granule=GRANULE)
+    p = place(tiny.order, None, GRANULE)
+    assert pool.resident_bytes == 0 and pool.floor == floor(tiny.order, 2)
+    assert vmm.resident_bytes == p.resident_bytes and vmm.floor.bytes == p.resident_bytes + floor(p.order, 2).bytes
+    # the executor refuses exactly under the plan's floor
+    with pytest.raises(BelowFloorError, match="small weights this backend keeps resident"):
+        WeightExecutor(tiny.order, tiny.wf.tensors(), budget_bytes=vmm.floor.bytes - 1, eviction="lru",
+                       backend=CpuBackend(vmm.floor.bytes, granule=GRANULE))
+    WeightExecutor(tiny.order, tiny.wf.tensors(), budget_bytes=vmm.floor.bytes, eviction="lru",
+                   backend=CpuBackend(vmm.floor.bytes, granule=GRANULE)).close()

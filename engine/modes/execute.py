@@ -142,7 +142,8 @@ def execute_mode(job: Job) -> Outcome:
     if job.plan.below_floor:
         # Execute never runs below the floor; the simulator can show why.
         floor = job.plan.floor
-        raise BelowFloorError(job.plan.budget_bytes, floor.bytes, floor.pair_bytes, tuple(floor.kernels))
+        raise BelowFloorError(job.plan.budget_bytes, floor.bytes, floor.pair_bytes, tuple(floor.kernels),
+                              job.plan.resident_bytes)
     training = cfg.workload.kind == "train_lora"
     # Check first, write last: a refusal (no device, a bad weight file) leaves no timeline behind.
     result = run_simulation(job, allow_below_floor=False, write_timeline=False)
