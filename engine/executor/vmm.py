@@ -165,13 +165,13 @@ class VmmBackend(CudaStreams):
         return self._live.bytes
 
     def kept_bytes(self) -> int:
-        return 0  # a free chunk serves a block of any size: nothing is kept by size
+        return 0  # free ranges' chunks serve any block that needs them: nothing is held back by size
 
     def trim(self) -> None:
         pass
 
     def placement_at_risk(self, nbytes: int) -> bool:
-        return False  # any free chunks serve any block
+        return False  # chunks need no contiguity: a block the budget allows is always placed
 
     def defragment(self) -> None:
         pass
