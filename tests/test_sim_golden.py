@@ -6,6 +6,7 @@ UPDATE_GOLDEN=1 pytest tests/test_sim_golden.py and review the diff.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -40,13 +41,22 @@ SCENARIOS = {
                                       min_tensor_bytes=16384, max_inflight_d2h=2, max_inflight_h2d=2,
                                       pool=PoolConfig([0.02, 0.1], [4, 2])),
         budget=2_500_000, steps=1),
+    # The vmm backend: 16 KiB granules (the small weights resident, the rest in whole granules),
+    # each map, unmap, create and release of the chunk books charged to the host.
+    "tiny_infer_vmm": dict(
+        workload=WorkloadConfig(name="infer", kind="infer", **TINY_TOKENS),
+        weights=WeightsConfig(eviction="lru", lookahead=2, source="mmap_registered", backend="vmm"),
+        activations=None, budget=2_500_000, steps=2,
+        hardware=dataclasses.replace(H100, vmm_granule_bytes=16384, vmm_map_us=50.0, vmm_unmap_us=29.0,
+                                     vmm_create_us=15.0, vmm_release_us=26.0)),
 }
 
 
 def _run(name: str) -> SimResult:
     s = SCENARIOS[name]
-    trace = synthesize(load_spec("tiny", s["workload"]), s["workload"], H100)
-    return simulate(trace, s["weights"], s["activations"], H100, s["budget"], s["steps"], False)
+    hardware = s.get("hardware", H100)
+    trace = synthesize(load_spec("tiny", s["workload"]), s["workload"], hardware)
+    return simulate(trace, s["weights"], s["activations"], hardware, s["budget"], s["steps"], False)
 
 
 def _as_json(result: SimResult) -> dict:
