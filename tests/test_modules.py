@@ -225,4 +225,7 @@ def test_the_cli_records_then_simulates_a_transformers_model(tmp_path):
     report = json.loads((tmp_path / "ex" / "report.json").read_text())
     assert report["bitwise"] == [True] * 3  # workload.steps forwards, each against the resident one
     assert report["measured"]["h2d_bytes"] == report["prediction"]["h2d_bytes"]
+    events = json.loads((tmp_path / "ex" / "timeline.json").read_text())["traceEvents"]
+    measured = [e["name"] for e in events if e.get("pid") == 2 and e["ph"] == "X" and e["tid"] == 1]
+    assert measured == [r.name for r in by_block.records]  # the last step's kernels, beside the prediction
 

@@ -149,6 +149,7 @@ class WeightExecutor:
         # Relocation (see _relocate) moves resident weights; it is safe only when every
         # tensor handed out is used before the next fetch but one, as in inference.
         self.relocate = relocate
+        self.time_steps = False  # steps run without `timed` mark their kernels and copies (step_timeline)
         self._largest = max(order.sizes.values(), default=0)  # what placement_at_risk asks about
         self._steps_run = 0
 
@@ -189,9 +190,11 @@ class WeightExecutor:
         return self._lock.locked()
 
     @contextmanager
-    def step(self, timed: bool = False) -> Iterator[StepStats]:
+    def step(self, timed: bool | None = None) -> Iterator[StepStats]:
         """One forward: every kernel fetched once, in order. Records the step's telemetry;
-        `timed` also marks each kernel and weight copy on the device (`step_timeline`)."""
+        `timed` (default: `time_steps`) also marks each kernel and weight copy on the
+        device (`step_timeline`)."""
+        timed = self.time_steps if timed is None else timed
         if not self._lock.acquire(blocking=False):
             if self._owner == threading.get_ident():
                 raise ExecutorError("step() inside a step of the same executor (a forward that calls itself?); "

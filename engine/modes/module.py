@@ -20,13 +20,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from omegaconf import OmegaConf
 
-from engine.config import WEIGHT_SOURCES
+from engine.config import WEIGHT_SOURCES, ActivationsConfig
 from engine.errors import ConfigError
 from engine.executor.setup import bitwise_equal, compute_device, device_name, fits_resident
 from engine.job import Job, Outcome, config_summary
 from engine.modules.build import build_module, example_inputs, first_output
 from engine.modules.checkpoint import module_weights
+from engine.modes.simulate import timeline_files
 from engine.modules.offload import offload, predict, record
 from engine.report import fmt_bytes, table
 from engine.trace import Trace, write_trace
@@ -103,6 +105,17 @@ def record_module_mode(job: Job) -> Outcome:
     return Outcome(report, md + f"\n\nreplay it: python -m engine model=<this model> trace={path} budget=MB")
 
 
+def _timeline(job: Job, trace: Trace, budget: int | None, pred: dict, measured: list) -> None:
+    """The chosen policy simulated on the recorded trace, with the measured last step beside it."""
+    from sim import simulate
+
+    cfg = job.cfg
+    weights = OmegaConf.merge(cfg.weights, {"eviction": pred["eviction"], "lookahead": pred["lookahead"]})
+    result = simulate(trace, weights, OmegaConf.structured(ActivationsConfig), cfg.hardware, budget,
+                      cfg.workload.steps, allow_below_floor=False)
+    timeline_files(job, result, measured)
+
+
 def execute_module(job: Job) -> Outcome:
     cfg = job.cfg
     if cfg.weights.source not in WEIGHT_SOURCES:
@@ -128,12 +141,15 @@ def execute_module(job: Job) -> Outcome:
     try:
         same = []
         with torch.no_grad():
-            for _ in range(cfg.workload.steps):
+            for i in range(cfg.workload.steps):
+                h.executor.time_steps = i == cfg.workload.steps - 1  # the steady state, on the timeline
                 out = first_output(module(**inputs))
                 same.append(None if reference is None else bitwise_equal(out, reference))
         rows = h.telemetry()
+        timeline = h.executor.step_timeline()
     finally:
         h.remove()
+    _timeline(job, trace, budget, pred, timeline)
     steady = rows[1:] or rows
     measured = {"step_ms": statistics.median(r["step_ms"] for r in steady), "h2d_bytes": rows[-1]["h2d_bytes"],
                 "peak_device_bytes": max(r["peak_device_bytes"] for r in rows)}
