@@ -44,20 +44,21 @@ from sim.pool import DevicePool
 US = 1000  # ns
 
 
-class _Passed:
-    """The simulator unmaps a freed range's stale addresses whenever they are wanted
-    (the executor waits until the copy stream passed the free: a few at most differ)."""
+class SimFree:
+    """A freed range's `freed` for the chunk books: passed once the free's last reader
+    completed (or, never read, once its copy landed), which is what the executor's
+    copy stream waits for. A wait (`synchronize`) is queued for the launcher, which
+    blocks on it after the placement, as the executor's host does."""
 
-    @staticmethod
-    def query() -> bool:
-        return True
+    def __init__(self, done: simpy.Event | None, waits: list[simpy.Event]):
+        self.done, self.waits = done, waits
 
-    @staticmethod
-    def synchronize() -> None:
-        pass
+    def query(self) -> bool:
+        return self.done is None or self.done.triggered
 
-
-DONE = _Passed()
+    def synchronize(self) -> None:
+        if not self.query():
+            self.waits.append(self.done)
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,7 @@ class Launcher:
         # A backend of granules keeps the executor's chunk books; the host pays for
         # the granules they map and unmap (vmm_map_us, vmm_unmap_us).
         self.chunks = self.addresses = None
+        self.waits: list[simpy.Event] = []  # frees the chunk books wait for before the launcher goes on
         if p is not None and p.granule > 1:
             self.chunks = ChunkBooks(CountingDriver(p.granule), self.pool.cap or sum(self.placed.values())
                                      + p.resident_bytes, 0)
@@ -197,6 +199,8 @@ class Launcher:
             return
         if a in ("fetch", "prefetch"):
             yield self.env.timeout(self.fetch_ns + self._place(w))
+            while self.waits:  # the chunk books waited for a free to pass
+                yield from self._blocked_on(self.waits.pop(0))
             nbytes = self.trace.weight_sizes[w]
             # Stream-ordered allocation: the executor gets the block at once
             # (cudaMallocFromPoolAsync on the copy stream) and the copy waits on the
@@ -243,9 +247,10 @@ class Launcher:
         # kernel that reads them has run (or, if none has, after the copy landed).
         c = self.resident.pop(w)
         nbytes = self.placed[w]
-        if self.chunks is not None:
-            self.chunks.free(self.addresses.pop(w), DONE)
         reader = self.last_reader.pop(w, None)
+        if self.chunks is not None:
+            done = self.compute.done_event(reader) if reader is not None else c.done
+            self.chunks.free(self.addresses.pop(w), SimFree(done, self.waits))
         if reader is not None:
             self.evicted_reader = max(self.evicted_reader, reader)
             self.compute.after(reader, lambda: self.pool.free(nbytes))
