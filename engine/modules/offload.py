@@ -96,6 +96,8 @@ def offload(module: nn.Module, *, budget_mb: float | None, example_inputs: Any =
     `eviction="auto"` picks the policy the simulator predicts fastest on the recorded
     trace and `hardware` (a conf/hardware name, path or mapping; default h100_pcie5);
     `lookahead="auto"` picks the lookahead with it, among LOOKAHEADS.
+    `backend`: "cuda" (the capped pool), "vmm" (chunks mapped on demand: never
+    relocates) or "cpu" (the test backend).
     A budget under the floor raises BelowFloorError with the exact minimum in MB;
     on any error the module is left as it was.
 
