@@ -65,6 +65,18 @@ def ltx_spec(model: str, blocks: int | None):
     return build_spec(cfg, WORKLOAD)
 
 
+def resident_outputs(spec, wf: WeightFile, inputs: dict) -> dict:
+    """One forward with every weight of `wf` on the GPU: the reference outputs; the
+    weights' memory is given back."""
+    with torch.no_grad():
+        weights = {n: t.to("cuda") for n, t in wf.tensors().items()}
+        out = forward(spec, DictSource(spec, weights), inputs)
+        del weights
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return out
+
+
 def free_bytes(path: Path) -> int:
     return shutil.disk_usage(path).free if path.exists() else 0
 

@@ -37,13 +37,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from executor_bench import WORKLOAD, ltx_spec  # noqa: E402
+from executor_bench import WORKLOAD, ltx_spec, resident_outputs  # noqa: E402
 
 from engine.errors import ExecutorError  # noqa: E402
 from engine.executor import WeightExecutor  # noqa: E402
 from engine.executor.setup import bitwise_equal, forward_order, streamed_executor  # noqa: E402
 from engine.models import forward, make_inputs  # noqa: E402
-from engine.models.run import DictSource  # noqa: E402
 from engine.units import MB  # noqa: E402
 from engine.weightfile import WeightFile, materialize  # noqa: E402
 
@@ -147,12 +146,7 @@ def main() -> None:
     reference = None
     free, _ = torch.cuda.mem_get_info()
     if spec.model_bytes < 0.5 * free:
-        with torch.no_grad():
-            weights = {n: t.to("cuda") for n, t in wf.tensors().items()}
-            reference = forward(spec, DictSource(spec, weights), inputs)
-            del weights
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
+        reference = resident_outputs(spec, wf, inputs)
 
     results = {}
     for name, trim in (("as shipped", False), ("logs trimmed", True)):

@@ -31,13 +31,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from executor_bench import WORKLOAD, ltx_spec  # noqa: E402
+from executor_bench import WORKLOAD, ltx_spec, resident_outputs  # noqa: E402
 
 from engine.errors import ExecutorError  # noqa: E402
 from engine.executor.setup import bitwise_equal, forward_order, streamed_executor  # noqa: E402
 from engine.measure.probes import probe_vmm  # noqa: E402
 from engine.models import forward, make_inputs  # noqa: E402
-from engine.models.run import DictSource  # noqa: E402
 from engine.units import MB  # noqa: E402
 from engine.weightfile import WeightFile, materialize  # noqa: E402
 
@@ -128,12 +127,7 @@ def main() -> None:
     wf = WeightFile(path, spec)
     reference = None
     if args.what == "soak":
-        with torch.no_grad():
-            weights = {n: t.to("cuda") for n, t in wf.tensors().items()}
-            reference = forward(spec, DictSource(spec, weights), inputs)
-            del weights
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
+        reference = resident_outputs(spec, wf, inputs)
         budgets = [int(float(f) * spec.model_bytes) for f in args.fractions.split(",")]
         steps = args.steps or 200
     else:

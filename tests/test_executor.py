@@ -14,30 +14,12 @@ from omegaconf import OmegaConf
 from engine.errors import BelowFloorError, ExecutorError
 from engine.executor import WeightExecutor, host_weights, make_backend
 from engine.executor.cpu import CpuBackend
-from engine.models import forward, load_spec, make_inputs
-from engine.models.run import DictSource
+from engine.models import forward, load_spec
 from engine.modes.execute import run_execute
 from engine.policy import AccessOrder
 from engine.policy.weights import WeightResidency, floor
-from engine.weightfile import WeightFile, materialize
 
-WORKLOAD = dict(name="infer", kind="infer", batch=1, video_tokens=24, audio_tokens=6, text_tokens=5,
-                context_tokens=0, lora_rank=0, steps=3)
 STEPS = 3
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    spec = load_spec("tiny", SimpleNamespace(**WORKLOAD))
-    path = materialize(spec, tmp_path_factory.mktemp("w") / "tiny.ptd", seed=1, device="cpu")
-    wf = WeightFile(path, spec)
-    inputs = make_inputs(spec, SimpleNamespace(**WORKLOAD), seed=2)
-    with torch.no_grad():
-        reference = forward(spec, DictSource(spec, {n: t.clone() for n, t in wf.tensors().items()}), inputs)
-    order = AccessOrder(tuple(k.name for k in spec.kernels), tuple(k.weights for k in spec.kernels),
-                        {n: w.nbytes for n, w in spec.weights.items()})
-    yield SimpleNamespace(spec=spec, wf=wf, path=path, inputs=inputs, reference=reference, order=order)
-    wf.close()
 
 
 def run_steps(tiny, ex: WeightExecutor, steps: int = STEPS) -> list[dict]:
@@ -246,9 +228,9 @@ def test_any_order_runs_with_parity_under_the_cap(sizes, reads, extra, lookahead
     assert ex.backend.reserved_peak_bytes() <= budget
 
 
-def cfg(**weights):
+def cfg(tiny, **weights):
     base = {"eviction": "belady", "lookahead": 2, "source": "mmap_registered", "file": None, "backend": "cpu"}
-    return OmegaConf.create({"weights": {**base, **weights}, "workload": WORKLOAD, "budget": 1.0, "seed": 0})
+    return OmegaConf.create({"weights": {**base, **weights}, "workload": tiny.workload, "budget": 1.0, "seed": 0})
 
 
 class _Trace:
@@ -260,7 +242,7 @@ class _Trace:
 
 
 def test_run_execute_on_the_host_backend(tiny, tmp_path):
-    c = cfg(file=str(tiny.path))
+    c = cfg(tiny, file=str(tiny.path))
     result = run_execute(c, tiny.spec, _Trace(tiny.order), tmp_path)
     assert result["outputs_match_reference"] is True
     assert result["steps"] == 3 and result["budget_bytes"] == 1_000_000
@@ -271,12 +253,12 @@ def test_run_execute_on_the_host_backend(tiny, tmp_path):
 
 
 def test_run_execute_materializes_small_models_and_refuses_big_ones(tiny, tmp_path):
-    result = run_execute(cfg(), tiny.spec, _Trace(tiny.order), tmp_path)
+    result = run_execute(cfg(tiny), tiny.spec, _Trace(tiny.order), tmp_path)
     assert result["outputs_match_reference"] is True and result["weights_file"] is None
-    big = load_spec("ltx", SimpleNamespace(**WORKLOAD))
+    big = load_spec("ltx", SimpleNamespace(**tiny.workload))
     big_order = AccessOrder(tuple(k.name for k in big.kernels), tuple(k.weights for k in big.kernels),
                             {n: w.nbytes for n, w in big.weights.items()})
-    c = cfg()
+    c = cfg(tiny)
     c.budget = None
     with pytest.raises(ExecutorError, match="mode=materialize out=PATH"):
         run_execute(c, big, _Trace(big_order), tmp_path)
@@ -285,13 +267,13 @@ def test_run_execute_materializes_small_models_and_refuses_big_ones(tiny, tmp_pa
 def test_run_execute_refuses_a_trace_of_another_model(tiny, tmp_path):
     order = AccessOrder(tiny.order.kernels[::-1], tiny.order.reads[::-1], tiny.order.sizes)
     with pytest.raises(ExecutorError, match="schedule divergence at kernel position 0"):
-        run_execute(cfg(file=str(tiny.path)), tiny.spec, _Trace(order), tmp_path)
+        run_execute(cfg(tiny, file=str(tiny.path)), tiny.spec, _Trace(order), tmp_path)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given without a GPU")
 def test_run_execute_without_a_gpu_says_what_to_do(tiny, tmp_path):
     with pytest.raises(ExecutorError, match=r"no CUDA device; use mode=simulate \(or weights.backend=cpu"):
-        run_execute(cfg(backend="cuda", file=str(tiny.path)), tiny.spec, _Trace(tiny.order), tmp_path)
+        run_execute(cfg(tiny, backend="cuda", file=str(tiny.path)), tiny.spec, _Trace(tiny.order), tmp_path)
 
 
 def test_a_timed_step_marks_every_kernel_and_copy(tiny):

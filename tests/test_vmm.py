@@ -4,7 +4,6 @@ granules with decision parity against the simulator."""
 from __future__ import annotations
 
 import random
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,18 +15,13 @@ from engine.config import ActivationsConfig, WeightsConfig, load_hardware
 from engine.errors import BelowFloorError, ConfigError, ExecutorError
 from engine.executor import WeightExecutor
 from engine.executor.cpu import CpuBackend
-from engine.models import forward, load_spec, make_inputs
-from engine.models.run import DictSource
+from engine.models import forward
 from engine.policy import AccessOrder
 from engine.policy.chunks import ChunkBooks, layout
 from engine.policy.placement import RESIDENT_ALIGN, place
 from engine.policy.weights import WeightResidency, floor
-from engine.trace import synthesize
-from engine.weightfile import WeightFile, materialize
 from sim.simulator import simulate
 
-WORKLOAD = dict(name="infer", kind="infer", batch=1, video_tokens=24, audio_tokens=6, text_tokens=5,
-                context_tokens=0, lora_rank=0, steps=3)
 GRANULE = 4096  # the tiny model's weights are 32 B to 192 KiB: some under, most over a granule
 
 
@@ -232,21 +226,6 @@ def test_a_range_still_read_is_never_unmapped_until_its_free_passed():
     assert driver.mapped.get(a) != stale_chunk and cm.waits == 0
     cm.close()
     assert not driver.mapped and not driver.chunks and not driver.ranges
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    spec = load_spec("tiny", SimpleNamespace(**WORKLOAD))
-    path = materialize(spec, tmp_path_factory.mktemp("w") / "tiny.ptd", seed=1, device="cpu")
-    wf = WeightFile(path, spec)
-    inputs = make_inputs(spec, SimpleNamespace(**WORKLOAD), seed=2)
-    with torch.no_grad():
-        reference = forward(spec, DictSource(spec, {n: t.clone() for n, t in wf.tensors().items()}), inputs)
-    order = AccessOrder(tuple(k.name for k in spec.kernels), tuple(k.weights for k in spec.kernels),
-                        {n: w.nbytes for n, w in spec.weights.items()})
-    trace = synthesize(spec, OmegaConf.create(WORKLOAD), load_hardware("h100_pcie5"))
-    yield SimpleNamespace(spec=spec, wf=wf, inputs=inputs, reference=reference, order=order, trace=trace)
-    wf.close()
 
 
 @pytest.mark.parametrize("eviction", ["lru", "belady", "priority"])
