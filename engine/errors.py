@@ -32,7 +32,8 @@ class BelowFloorError(ConfigError):
                     if resident_bytes else "")
         super().__init__(
             f"budget {_mb(budget_bytes)} MB is under the floor of {floor_bytes / 1e6:.3f} MB (the weights of "
-            f"{kernels[0]} + {kernels[1]}, {pair_bytes / 1e6:.3f} MB, plus the lookahead's prefetches{resident}); use "
+            f"{kernels[0]} + {kernels[1]}, {(pair_bytes - resident_bytes) / 1e6:.3f} MB, plus the lookahead's "
+            f"prefetches{resident}); use "
             f"budget={need_mb} or more. Hazards are certain only under {pair_bytes / 1e6:.3f} MB; "
             "mode=simulate sim.allow_below_floor=true shows what happens below the floor")
 
