@@ -42,6 +42,10 @@ Lines 2.., one JSON object per kernel, in launch order:
     host_ns     int    optional: host time to launch the kernel's work, measured
                        (recorded module traces, where a kernel is a whole block);
                        absent or 0: the hardware profile's kernel_launch_us
+    op          str    optional: the spec kernel's op ("linear", "attention", "norm",
+                       "elementwise", "embed"); absent for module kernels
+    shape       [int]  optional: the spec kernel's shape (engine/models/spec.py Kernel),
+                       what mode=calibrate fits kernel time against
 
 Order: all forward records first; a training trace then has one backward
 record per forward record, in reverse order. `read_trace` checks all of this
@@ -89,6 +93,8 @@ class KernelRecord:
     needs: tuple[str, ...] = ()
     copies: tuple[dict, ...] = ()
     host_ns: int = 0
+    op: str = ""
+    shape: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -121,7 +127,8 @@ class ExecutionTimePredictor:
         self.flops_per_ns = float(hardware.matmul_tflops) * 1e3  # 1e12 FLOP/s = 1e3 FLOP/ns
         self.hbm_bytes_per_ns = float(hardware.hbm_gbps)  # 1e9 B/s = 1 B/ns
 
-    def kernel_ns(self, op: str, flops: int, io_bytes: int) -> int:
+    def kernel_ns(self, op: str, flops: int, io_bytes: int, shape: tuple[int, ...] = (),
+                  backward: bool = False) -> int:
         memory_ns = io_bytes / self.hbm_bytes_per_ns
         if op in MATMUL_OPS:
             ns = max(flops / self.flops_per_ns, memory_ns)
@@ -175,8 +182,8 @@ def synthesize(spec: ModelSpec, workload: Any, hardware: Any) -> Trace:
         saved = tuple(SavedTensor(_saved_name(k, s, taken), s.nbytes, s.layer) for s in k.saved) if training else ()
         forward.append(KernelRecord(
             name=k.name, layer=k.layer, phase="fwd", weights=tuple(k.weights),
-            compute_ns=predictor.kernel_ns(k.op, k.flops, k.io_bytes),
-            flops=k.flops, io_bytes=k.io_bytes, saved=saved))
+            compute_ns=predictor.kernel_ns(k.op, k.flops, k.io_bytes, k.shape),
+            flops=k.flops, io_bytes=k.io_bytes, saved=saved, op=k.op, shape=k.shape))
     backward = []
     if training:
         for k, f in zip(reversed(spec.kernels), reversed(forward)):
@@ -184,8 +191,8 @@ def synthesize(spec: ModelSpec, workload: Any, hardware: Any) -> Trace:
             io_bytes = BACKWARD_FLOPS_FACTOR * k.io_bytes
             backward.append(KernelRecord(
                 name=k.name + BACKWARD_SUFFIX, layer=k.layer, phase="bwd", weights=tuple(k.weights),
-                compute_ns=predictor.kernel_ns(k.op, flops, io_bytes),
-                flops=flops, io_bytes=io_bytes, needs=tuple(s.name for s in f.saved)))
+                compute_ns=predictor.kernel_ns(k.op, flops, io_bytes, k.shape, backward=True),
+                flops=flops, io_bytes=io_bytes, needs=tuple(s.name for s in f.saved), op=k.op, shape=k.shape))
     records = tuple(forward + backward)
     header = {
         "format": FORMAT, "version": VERSION, "records": len(records), "source": "synthesized",
@@ -218,6 +225,10 @@ def _record_json(r: KernelRecord) -> dict:
         out["copies"] = list(r.copies)
     if r.host_ns:
         out["host_ns"] = r.host_ns
+    if r.op:
+        out["op"] = r.op
+    if r.shape:
+        out["shape"] = list(r.shape)
     return out
 
 
@@ -252,7 +263,10 @@ _FIELD_CHECKS = {
 }
 _OPTIONAL = {"copies": (lambda v: isinstance(v, list) and all(isinstance(c, dict) for c in v),
                         "a list of objects"),
-             "host_ns": (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (nanoseconds)")}
+             "host_ns": (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (nanoseconds)"),
+             "op": (lambda v: isinstance(v, str), "a string"),
+             "shape": (lambda v: isinstance(v, list) and all(_is_int(d) and d > 0 for d in v),
+                       "a list of integers > 0")}
 _RECORD_FIELDS = tuple(f.name for f in fields(KernelRecord))
 
 
@@ -287,7 +301,8 @@ def _parse_record(obj: Any, where: str) -> KernelRecord:
         name=obj["name"], layer=obj["layer"], phase=obj["phase"], weights=tuple(obj["weights"]),
         compute_ns=obj["compute_ns"], flops=obj["flops"], io_bytes=obj["io_bytes"],
         saved=_parse_saved(obj["saved"], where), needs=tuple(obj["needs"]),
-        copies=tuple(obj.get("copies", ())), host_ns=obj.get("host_ns", 0))
+        copies=tuple(obj.get("copies", ())), host_ns=obj.get("host_ns", 0), op=obj.get("op", ""),
+        shape=tuple(obj.get("shape", ())))
 
 
 def _parse_header(line: str) -> dict:

@@ -35,7 +35,10 @@ PROBES_DOC = """header["probes"] (recorded traces; all times in ns):
                                                  granule, and the host time of one map call (a
                                                  chunk, with its access call), unmap, create and
                                                  release, the means over the chunk sizes and per
-                                                 size in granules: [map, unmap, create, release] ns"""
+                                                 size in granules: [map, unmap, create, release] ns
+    compute     {linear: [[m, n, k, ns]], attention: [[bh, lq, lk, d, ns]], memory: [[bytes, ns]]}
+                                                 each op alone over a grid of shapes
+                                                 (engine/measure/compute.py)"""
 
 
 class TimedCopies:

@@ -234,7 +234,7 @@ def build_trace(spec: ModelSpec, timing: StepTiming, header: dict,
                       for n, nbytes in enumerate(timing.saved.get(i, ()))) if training else ()
         forward.append(KernelRecord(name=k.name, layer=k.layer, phase="fwd", weights=tuple(k.weights),
                                     compute_ns=timing.forward_ns[i], flops=k.flops, io_bytes=k.io_bytes,
-                                    saved=saved, copies=tuple(copies.get(i, ()))))
+                                    saved=saved, copies=tuple(copies.get(i, ())), op=k.op, shape=k.shape))
     if training:
         # A tensor is needed where backward first unpacks it: the mirror of its last saver.
         needs: dict[int, list[str]] = {}
@@ -246,7 +246,7 @@ def build_trace(spec: ModelSpec, timing: StepTiming, header: dict,
             backward.append(KernelRecord(
                 name=k.name + BACKWARD_SUFFIX, layer=k.layer, phase="bwd", weights=tuple(k.weights),
                 compute_ns=timing.backward_ns[i], flops=BACKWARD_FLOPS_FACTOR * k.flops,
-                io_bytes=BACKWARD_FLOPS_FACTOR * k.io_bytes, needs=tuple(needs.get(i, ()))))
+                io_bytes=BACKWARD_FLOPS_FACTOR * k.io_bytes, needs=tuple(needs.get(i, ())), op=k.op, shape=k.shape))
     records = tuple(forward + backward)
     trace = Trace(header={**header, "format": FORMAT, "version": VERSION, "records": len(records),
                           "source": "recorded"},

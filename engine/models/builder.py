@@ -72,7 +72,7 @@ class SpecBuilder:
         return name
 
     def kernel(self, name: str, layer: int, op: str, weights: Iterable[str], flops: int, io_bytes: int,
-               saves: Iterable[tuple[str, int]] = ()) -> None:
+               saves: Iterable[tuple[str, int]] = (), shape: tuple[int, ...] = ()) -> None:
         """Declare a kernel; `io_bytes` counts its activations' device traffic, and the
         bytes of the weights it reads are added here (once, for every family)."""
         if name in self._kernel_names:
@@ -86,7 +86,8 @@ class SpecBuilder:
         weights = tuple(weights)
         if op != "embed":  # a kernel reads its weights whole; an embedding reads only its rows (in io_bytes)
             io_bytes += sum(self.weights[w].nbytes for w in weights)
-        self.kernels.append(Kernel(name, layer, op, weights, int(flops), int(io_bytes), tuple(saved)))
+        self.kernels.append(Kernel(name, layer, op, weights, int(flops), int(io_bytes), tuple(saved),
+                                   tuple(int(d) for d in shape)))
 
     def proj(self, kname: str, layer: int, x: Act, outs: Sequence[Out], *, bias: bool = True,
              norm_width: int = 0, extra_saves: Sequence[tuple[str, int]] = ()) -> list[Act]:
@@ -128,7 +129,8 @@ class SpecBuilder:
         if any(r.grad for r in results):
             saves += extra_saves
         io = self.nbytes(x) + sum(self.nbytes(r) for r in results)
-        self.kernel(kname, layer, "linear", weights, flops, io, saves)
+        self.kernel(kname, layer, "linear", weights, flops, io, saves,
+                    shape=(x.rows, sum(out.features for out in outs), x.width))
         return results
 
     def linear(self, module: str, layer: int, x: Act, features: int, *, bias: bool = True,
@@ -144,7 +146,8 @@ class SpecBuilder:
         lse = b * heads * lq * 4
         saves = [(t.name, self.nbytes(t)) for t in (q, k, v, out)] + [(f"{kname}.lse", lse)] if out.grad else []
         io = sum(self.nbytes(t) for t in (q, k, v, out))
-        self.kernel(kname, layer, "attention", (), 4 * b * heads * lq * lk * head_dim, io, saves)
+        self.kernel(kname, layer, "attention", (), 4 * b * heads * lq * lk * head_dim, io, saves,
+                    shape=(b * heads, lq, lk, head_dim))
         return out
 
     def norm(self, kname: str, layer: int, x: Act, *, layer_norm: bool = False,

@@ -78,7 +78,11 @@ class Kernel:
     """One unit of launch order: reads `weights`, does `flops`, touches `io_bytes`.
 
     `layer` is the block index (0..num_layers-1), or -1 outside the blocks.
-    `op` says which time predictor applies (matmul-bound or memory-bound).
+    `op` says which time predictor applies (matmul-bound or memory-bound);
+    `shape` is what its time depends on beyond `op` (engine/compute.py): a
+    linear's (rows, output features summed over its fused linears, input
+    features), an attention core's (batch x heads, query length, key length,
+    head dim); empty for memory-bound ops, whose time follows `io_bytes`.
     """
 
     name: str
@@ -88,6 +92,7 @@ class Kernel:
     flops: int
     io_bytes: int = 0
     saved: tuple[SavedTensor, ...] = ()
+    shape: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ def build(b: SpecBuilder, c: DitModelConfig) -> None:
     w = b.param("patch_embedding.weight", (d, c.in_channels, *c.patch_size))
     bias = b.param("patch_embedding.bias", (d,))
     b.kernel("patch_embedding", -1, "linear", (w, bias), 2 * x_in.rows * d * x_in.width,
-             b.nbytes(x_in) + b.nbytes(v))
+             b.nbytes(x_in) + b.nbytes(v), shape=(x_in.rows, d, x_in.width))
     t = Act("timestep.freqs", bs, c.timestep_dim)
     h = b.linear("condition_embedder.time_embedder.linear_1", -1, t, d)
     h = b.linear("condition_embedder.time_embedder.linear_2", -1, h, d)

@@ -16,6 +16,7 @@ from engine.models import make_inputs
 from engine.models.lora import init_lora
 from engine.models.run import DictSource
 from engine.measure.clocks import clock_for
+from engine.measure.compute import probe_compute
 from engine.measure.probes import copy_stream_beside, probe_copies, probe_vmm, streamed_forward
 from engine.measure.timing import TIMED_STEPS, build_trace, time_steps
 from engine.report import table
@@ -91,6 +92,7 @@ def record(cfg: Any, spec: ModelSpec, out_dir: str | Path) -> tuple[Path, Trace]
         if device.type == "cuda":
             probes["copies"], probes["duplex"] = probe_copies(device)
             probes["vmm"] = probe_vmm(device)
+            probes["compute"] = probe_compute(device)
         header = {
             "model": spec.name, "num_layers": spec.num_layers, "workload": _plain(cfg.workload),
             "hardware": cfg.hardware.name, "device": device_name(device), "torch": torch.__version__,
