@@ -22,18 +22,23 @@ each trace; with several traces, the median over them):
                             its time alone, minus 1 (never below 0)
     matmul_tflops, hbm_gbps achieved rates of the recorded kernels: FLOPs over time of
                             compute-bound records (>= RIDGE FLOP/byte), bytes over time of
-                            weightless memory-bound ones
+                            weightless memory-bound ones (the roofline, for kernels without a shape)
+    kernel_table            kernel times by op and shape (engine/compute.py): every recorded
+                            spec kernel with its op and shape, and the header's probe grid of
+                            bare ops; written beside the profile as NAME.kernels.json
 
 Fields nothing measures (pageable and unregistered-mmap rates, device memory,
 launch queue depth) are the base profile's, and the `source` line says so.
 """
 from __future__ import annotations
 
+import json
 import statistics
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from engine.compute import BACKWARD, KernelTable, features, table_from_measurements, tables_dir, work
 from engine.config import HardwareConfig
 from engine.errors import ConfigError, TraceError
 from engine.trace import Trace, read_trace
@@ -44,10 +49,10 @@ LARGE_COPY = 64 * MIB
 BLOCKED = 10
 FITTED = ("h2d_gbps", "d2h_gbps", "duplex_gbps", "small_copy_mib", "small_copy_gbps", "mmap_registered_gbps",
           "alloc_us", "fetch_host_us", "kernel_launch_us", "compute_slowdown_under_copy", "matmul_tflops",
-          "hbm_gbps", "vmm_granule_bytes", "vmm_map_us", "vmm_unmap_us", "vmm_create_us", "vmm_release_us")
+          "hbm_gbps", "kernel_table", "vmm_granule_bytes", "vmm_map_us", "vmm_unmap_us", "vmm_create_us", "vmm_release_us")
 PROFILE_FIELDS = ("name", "source", "device_memory_mb", "h2d_gbps", "d2h_gbps", "duplex_gbps", "pageable_gbps",
                   "mmap_gbps", "mmap_registered_gbps", "small_copy_mib", "small_copy_gbps", "matmul_tflops",
-                  "hbm_gbps", "kernel_launch_us", "fetch_host_us", "alloc_us", "launch_queue_depth",
+                  "hbm_gbps", "kernel_table", "kernel_launch_us", "fetch_host_us", "alloc_us", "launch_queue_depth",
                   "compute_slowdown_under_copy", "context_mb", "vmm_granule_bytes", "vmm_map_us",
                   "vmm_unmap_us", "vmm_create_us", "vmm_release_us")
 
@@ -118,6 +123,47 @@ def achieved_rates(traces: Sequence[Trace]) -> tuple[float | None, float | None]
                 io += r.io_bytes
                 io_ns += r.compute_ns
     return (flops / flop_ns / 1e3 if flop_ns else None), (io / io_ns if io_ns else None)
+
+
+def fit_kernel_table(traces: Sequence[Trace], source: str) -> KernelTable:
+    """Kernel rates by op and shape: each recorded spec kernel (records with an op and,
+    for matmul ops, a shape; backward records under op + BACKWARD) and each trace's
+    probe grid (header probes "compute": ops "linear", "attention", "memory"); the host
+    time of each forward record in the resident step (probes "host" "kernel_ns") by op."""
+    rows, host = [], []
+    for t in traces:
+        kernel_ns = t.header.get("probes", {}).get("host", {}).get("kernel_ns", ())
+        forward = [r for r in t.records if r.phase == "fwd"]
+        if len(kernel_ns) == len(forward):
+            host += [(r.op, ns) for r, ns in zip(forward, kernel_ns) if r.op]
+        for r in t.records:
+            feats = features(r.op, r.shape, r.io_bytes) if r.op else None
+            if feats is not None:
+                rows.append((r.op + (BACKWARD if r.phase == "bwd" else ""), feats, work(r.op, r.flops, r.io_bytes),
+                             r.compute_ns))
+        grid = t.header.get("probes", {}).get("compute", {})
+        rows += [("linear", features("linear", (m, n, k), 0), 2 * m * n * k, ns)
+                 for m, n, k, ns in grid.get("linear", ())]
+        rows += [("attention", features("attention", (bh, lq, lk, d), 0), 4 * bh * lq * lk * d, ns)
+                 for bh, lq, lk, d, ns in grid.get("attention", ())]
+        rows += [("memory", features("norm", (), nbytes), nbytes, ns) for nbytes, ns in grid.get("memory", ())]
+    return table_from_measurements(rows, source, host)
+
+
+def write_kernel_table(profile: dict, traces: Sequence[Trace], target: Path) -> Path | None:
+    """Fit the kernel table of `traces`, write it beside the profile file `target`
+    (NAME.kernels.json) and point the profile at it: by name when it lies in
+    conf/hardware/, else by absolute path. Traces without op and shape (recorded
+    before the table existed) and without a probe grid give no table: None."""
+    table = fit_kernel_table(traces, profile["source"])
+    if not table.points:
+        profile["kernel_table"] = None
+        return None
+    path = target.with_name(target.stem + ".kernels.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(table.to_json()) + "\n")
+    profile["kernel_table"] = path.name if path.parent.resolve() == tables_dir().resolve() else str(path.resolve())
+    return path
 
 
 def fit_profile(traces: Sequence[Trace], base: Any, name: str, names: Sequence[str] = ()) -> dict:
@@ -231,6 +277,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except (TraceError, ConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
+    write_kernel_table(profile, traces, args.out)
     args.out.write_text(profile_yaml(profile))
     print(f"wrote {args.out} from {len(paths)} trace(s)")
 

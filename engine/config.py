@@ -45,6 +45,9 @@ class HardwareConfig:
     small_copy_gbps: List[float] = field(default_factory=list)
     matmul_tflops: float = MISSING  # achieved dense bf16
     hbm_gbps: float = MISSING  # achieved device-memory bandwidth, read + write
+    # Kernel times measured by op and shape (engine/compute.py), written by mode=calibrate:
+    # a file name in conf/hardware/ or a path; null: the roofline of the two above.
+    kernel_table: Optional[str] = None
     kernel_launch_us: float = 5.0  # host cost to issue one kernel
     fetch_host_us: float = 10.0  # host cost of one weight fetch (policy + alloc + copy issue)
     alloc_us: float = 2.0  # pool allocation latency

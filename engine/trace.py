@@ -2,7 +2,7 @@
 
 A trace is what the simulator replays and what the executor records. It is
 either *synthesized* from a model spec and a hardware profile (compute times
-predicted by `ExecutionTimePredictor`) or *recorded* from a real run.
+predicted by `engine.compute.ExecutionTimePredictor`) or *recorded* from a real run.
 
 File format ("offload-engine-trace", version 1)
 ------------------------------------------------
@@ -64,6 +64,7 @@ from typing import IO, Any, Iterator, Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
+from engine.compute import ExecutionTimePredictor
 from engine.errors import TraceError
 from engine.policy import AccessOrder
 from engine.models.spec import Kernel, ModelSpec, SavedTensor
@@ -74,8 +75,6 @@ PHASES = ("fwd", "bwd")
 BACKWARD_SUFFIX = ".bwd"
 # Backward of a linear computes grad-input and grad-weight: about twice the forward.
 BACKWARD_FLOPS_FACTOR = 2
-MATMUL_OPS = ("linear", "attention")
-MEMORY_OPS = ("norm", "elementwise", "embed")
 
 
 @dataclass(frozen=True)
@@ -114,31 +113,6 @@ class Trace:
     @property
     def num_layers(self) -> int:
         return max((r.layer for r in self.records), default=-1) + 1
-
-
-class ExecutionTimePredictor:
-    """Predicts a kernel's run time from its FLOPs and device-memory traffic.
-
-    Matmul-bound ops run at the achieved matmul rate, but never faster than
-    their bytes can move through HBM; memory-bound ops run at HBM speed.
-    """
-
-    def __init__(self, hardware: Any):
-        self.flops_per_ns = float(hardware.matmul_tflops) * 1e3  # 1e12 FLOP/s = 1e3 FLOP/ns
-        self.hbm_bytes_per_ns = float(hardware.hbm_gbps)  # 1e9 B/s = 1 B/ns
-
-    def kernel_ns(self, op: str, flops: int, io_bytes: int, shape: tuple[int, ...] = (),
-                  backward: bool = False) -> int:
-        memory_ns = io_bytes / self.hbm_bytes_per_ns
-        if op in MATMUL_OPS:
-            ns = max(flops / self.flops_per_ns, memory_ns)
-        elif op in MEMORY_OPS:
-            ns = memory_ns
-        else:
-            raise TraceError(
-                f"no time predictor for op {op!r}; use one of {', '.join(MATMUL_OPS + MEMORY_OPS)} in the spec")
-        # Integer nanoseconds, at least 1: a launched kernel always takes time.
-        return max(1, round(ns))
 
 
 def _plain(cfg: Any) -> Any:
@@ -183,7 +157,8 @@ def synthesize(spec: ModelSpec, workload: Any, hardware: Any) -> Trace:
         forward.append(KernelRecord(
             name=k.name, layer=k.layer, phase="fwd", weights=tuple(k.weights),
             compute_ns=predictor.kernel_ns(k.op, k.flops, k.io_bytes, k.shape),
-            flops=k.flops, io_bytes=k.io_bytes, saved=saved, op=k.op, shape=k.shape))
+            flops=k.flops, io_bytes=k.io_bytes, saved=saved, host_ns=predictor.host_ns(k.op), op=k.op,
+            shape=k.shape))
     backward = []
     if training:
         for k, f in zip(reversed(spec.kernels), reversed(forward)):

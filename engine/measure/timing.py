@@ -13,7 +13,8 @@ from engine.models.lora import lora_loss
 from engine.models import forward
 from engine.measure.clocks import Clock
 from engine.models.spec import ModelSpec, SavedTensor
-from engine.trace import (BACKWARD_FLOPS_FACTOR, BACKWARD_SUFFIX, FORMAT, VERSION, ExecutionTimePredictor,
+from engine.compute import ExecutionTimePredictor
+from engine.trace import (BACKWARD_FLOPS_FACTOR, BACKWARD_SUFFIX, FORMAT, VERSION,
                           KernelRecord, Trace, check_trace)
 
 WARMUP_STEPS = 2

@@ -37,7 +37,7 @@ def _recorded_in(directory: Path) -> tuple[list[Path], list[Trace]]:
 
 
 def calibrate_mode(job: Job) -> Outcome:
-    from engine.calibrate import FITTED, fit_profile, profile_yaml
+    from engine.calibrate import FITTED, fit_profile, profile_yaml, write_kernel_table
 
     target = Path(job.cfg.out) if job.cfg.out else job.out_dir / "h100_calibrated.yaml"
     if target.suffix != ".yaml":
@@ -47,8 +47,11 @@ def calibrate_mode(job: Job) -> Outcome:
     else:
         paths, traces = [Path(recorded_trace(job, "calibrate"))], [job.trace]
     profile = fit_profile(traces, job.cfg.hardware, target.stem, [p.name for p in paths])
+    if target.exists():
+        raise ConfigError(f"out={target} already exists; calibrate never overwrites a profile: remove it "
+                          "or pick another name")
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
+        kernels = write_kernel_table(profile, traces, target)
         write_text_new(target, profile_yaml(profile))
     except FileExistsError:
         raise ConfigError(f"out={target} already exists; calibrate never overwrites a profile: remove it "
@@ -57,6 +60,8 @@ def calibrate_mode(job: Job) -> Outcome:
         raise ConfigError(f"cannot write out={target}: {e.strerror or e}; pick a writable path") from None
     if target.parent != job.out_dir:
         shutil.copy(target, job.out_dir / target.name)
+        if kernels is not None:
+            shutil.copy(kernels, job.out_dir / kernels.name)
     rows = [[f, str(profile[f]), str(job.cfg.hardware[f])] for f in FITTED]
     md = (f"## Calibrated profile {profile['name']}\n\nfrom {', '.join(p.name for p in paths)}\n\n"
           + table(["field", "fitted", job.cfg.hardware.name], rows)

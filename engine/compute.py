@@ -1,0 +1,175 @@
+"""Kernel time from its op and shape: the compute model of synthesized traces.
+
+Two models, one interface (`ExecutionTimePredictor.kernel_ns`):
+
+- **Roofline** (a profile without a kernel table): matmul-bound ops run at the
+  profile's `matmul_tflops` but never faster than their bytes move through HBM;
+  memory-bound ops run at `hbm_gbps`. Right for big matmuls, optimistic for
+  attention, norms and small kernels.
+- **Kernel table** (`hardware.kernel_table`, written by `mode=calibrate` beside the profile): kernel
+  times measured on the device, by op ("linear", "attention", "norm", ...; a
+  backward kernel's op gets BACKWARD) and shape features (FEATURES). A kernel
+  whose features match measured points takes their median rate; otherwise the
+  rates of its nearest points (log2 distance over the features) are averaged in
+  log space, weighted by inverse squared distance. The table holds the recorded
+  spec kernels themselves (which include what runs around the core op: bias,
+  norms, residual adds) and the probe grid of bare ops (engine/measure/compute.py)
+  for shapes no recording covers. An op the table lacks falls back to the bare
+  op's grid ("linear", "attention", "memory"), then to the roofline.
+
+A rate is work over time: FLOP/ns for linear and attention, bytes/ns for the
+memory-bound ops; interpolating rates, not times, keeps a kernel twice as long
+taking twice the time.
+"""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from engine.errors import ConfigError, TraceError
+
+MATMUL_OPS = ("linear", "attention")
+MEMORY_OPS = ("norm", "elementwise", "embed")
+BACKWARD = "_bwd"
+GRID_OPS = {"linear": "linear", "attention": "attention", "norm": "memory", "elementwise": "memory",
+            "embed": "memory"}
+NEIGHBOURS = 6
+TABLE_FORMAT = "offload-engine-kernel-table"
+
+
+def features(op: str, shape: Sequence[int], io_bytes: int) -> tuple[float, ...] | None:
+    """The log2 features a kernel's rate is interpolated over, or None when its
+    shape does not say (a module kernel, or a spec kernel without a shape)."""
+    base = op.removesuffix(BACKWARD)
+    if base in MATMUL_OPS:
+        want = 3 if base == "linear" else 4
+        return tuple(math.log2(d) for d in shape) if len(shape) == want else None
+    return (math.log2(max(1, io_bytes)),)
+
+
+def work(op: str, flops: int, io_bytes: int) -> int:
+    return flops if op.removesuffix(BACKWARD) in MATMUL_OPS else io_bytes
+
+
+@dataclass(frozen=True)
+class Point:
+    features: tuple[float, ...]
+    rate: float  # work per ns
+
+
+class KernelTable:
+    """Measured rates by op: `rate(op, features)` interpolates them (module docstring);
+    `host_ns[op]` is the median host time of launching one forward kernel of that op,
+    measured in resident recorded steps (its torch calls and the fetch)."""
+
+    def __init__(self, points: Mapping[str, Sequence[Point]], source: str = "",
+                 host_ns: Mapping[str, int] | None = None):
+        self.points = {op: tuple(ps) for op, ps in points.items() if ps}
+        self.source = source
+        self.host_ns = dict(host_ns or {})
+
+    def rate(self, op: str, feats: tuple[float, ...]) -> float | None:
+        base = op.removesuffix(BACKWARD)
+        for key in (op, base, GRID_OPS.get(base, "")):
+            points = [p for p in self.points.get(key, ()) if len(p.features) == len(feats)]
+            if points:
+                return _interpolate(points, feats)
+        return None
+
+    def to_json(self) -> dict:
+        return {"format": TABLE_FORMAT, "source": self.source, "host_ns": dict(sorted(self.host_ns.items())),
+                "ops": {op: [[*p.features, p.rate] for p in ps] for op, ps in sorted(self.points.items())}}
+
+
+def _interpolate(points: Sequence[Point], feats: tuple[float, ...]) -> float:
+    dist = sorted((math.dist(p.features, feats), p.rate) for p in points)
+    exact = [rate for d, rate in dist if d < 1e-9]
+    if exact:
+        return statistics.median(exact)
+    near = dist[:NEIGHBOURS]
+    weights = [1.0 / (d * d) for d, _ in near]
+    return math.exp(sum(w * math.log(r) for w, (_, r) in zip(weights, near)) / sum(weights))
+
+
+def table_from_measurements(rows: Iterable[tuple[str, tuple[float, ...], int, float]], source: str,
+                            host: Iterable[tuple[str, int]] = ()) -> KernelTable:
+    """A table from (op, features, work, ns) rows: rows of one op and features become
+    one point at their median rate; from (op, host ns) rows, the median per op."""
+    grouped: dict[tuple[str, tuple[float, ...]], list[float]] = {}
+    for op, feats, amount, ns in rows:
+        if ns > 0 and amount > 0:
+            grouped.setdefault((op, tuple(round(f, 6) for f in feats)), []).append(amount / ns)
+    points: dict[str, list[Point]] = {}
+    for (op, feats), rates in sorted(grouped.items()):
+        points.setdefault(op, []).append(Point(feats, statistics.median(rates)))
+    by_op: dict[str, list[int]] = {}
+    for op, ns in host:
+        by_op.setdefault(op, []).append(ns)
+    return KernelTable(points, source, {op: round(statistics.median(v)) for op, v in by_op.items()})
+
+
+def tables_dir() -> Path:
+    """conf/hardware/, where the shipped profiles and their kernel tables lie."""
+    from importlib.resources import files
+
+    return Path(str(files("conf").joinpath("hardware")))
+
+
+def table_path(name: str) -> Path:
+    """`hardware.kernel_table`: a file name in conf/hardware/, or a path."""
+    path = Path(name).expanduser()
+    return path if path.is_absolute() else tables_dir() / path
+
+
+@lru_cache(maxsize=8)
+def load_table(name: str) -> KernelTable:
+    path = table_path(name)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"hardware.kernel_table={name}: no file {path}; write one with mode=calibrate, "
+                          "or set hardware.kernel_table=null for the roofline") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"hardware.kernel_table={name}: {path} is not JSON ({e.msg}); write it again "
+                          "with mode=calibrate") from None
+    if not isinstance(data, dict) or data.get("format") != TABLE_FORMAT or not isinstance(data.get("ops"), dict):
+        raise ConfigError(f"hardware.kernel_table={name}: {path} is not a kernel table "
+                          f"(format {TABLE_FORMAT!r}); write it with mode=calibrate")
+    points = {op: [Point(tuple(row[:-1]), float(row[-1])) for row in rows] for op, rows in data["ops"].items()}
+    host = data.get("host_ns", {})
+    return KernelTable(points, str(data.get("source", "")), {str(op): int(ns) for op, ns in host.items()})
+
+
+class ExecutionTimePredictor:
+    """A kernel's run time from its op, FLOPs, device-memory traffic and shape."""
+
+    def __init__(self, hardware: Any):
+        self.flops_per_ns = float(hardware.matmul_tflops) * 1e3  # 1e12 FLOP/s = 1e3 FLOP/ns
+        self.hbm_bytes_per_ns = float(hardware.hbm_gbps)  # 1e9 B/s = 1 B/ns
+        name = getattr(hardware, "kernel_table", None)
+        self.table = load_table(name) if name else None
+
+    def kernel_ns(self, op: str, flops: int, io_bytes: int, shape: Sequence[int] = (),
+                  backward: bool = False) -> int:
+        if op not in MATMUL_OPS + MEMORY_OPS:
+            raise TraceError(
+                f"no time predictor for op {op!r}; use one of {', '.join(MATMUL_OPS + MEMORY_OPS)} in the spec")
+        if self.table is not None:
+            feats = features(op, shape, io_bytes)
+            rate = None if feats is None else self.table.rate(op + BACKWARD if backward else op, feats)
+            if rate is not None:
+                return max(1, round(work(op, flops, io_bytes) / rate))
+        memory_ns = io_bytes / self.hbm_bytes_per_ns
+        ns = max(flops / self.flops_per_ns, memory_ns) if op in MATMUL_OPS else memory_ns
+        # Integer nanoseconds, at least 1: a launched kernel always takes time.
+        return max(1, round(ns))
+
+    def host_ns(self, op: str) -> int:
+        """Host time to launch one forward kernel of `op`, from the table; 0 (the
+        profile's kernel_launch_us applies) without one."""
+        return self.table.host_ns.get(op, 0) if self.table is not None else 0
