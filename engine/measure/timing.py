@@ -224,18 +224,30 @@ def _backward_weights(spec: ModelSpec) -> list[float]:
             for k in spec.kernels]
 
 
+def op_host_ns(spec: ModelSpec, kernel_host_ns: Sequence[int]) -> dict[str, int]:
+    """The median host time of each op's kernels in the resident step: what a forward
+    record of that op costs the host. Medians, because the recorder's host sat blocked
+    behind its held stream at some kernels (times far over the rest)."""
+    by_op: dict[str, list[int]] = {}
+    for k, ns in zip(spec.kernels, kernel_host_ns):
+        by_op.setdefault(k.op, []).append(ns)
+    return {op: round(statistics.median(v)) for op, v in by_op.items()}
+
+
 def build_trace(spec: ModelSpec, timing: StepTiming, header: dict,
                 copies: Mapping[int, list[dict]] | None = None) -> Trace:
     """The trace of a recorded step: forward records, then (training) the backward mirror."""
     copies = copies or {}
     training = timing.backward_ns is not None
     forward, backward = [], []
+    host = op_host_ns(spec, timing.host_ns)
     for i, k in enumerate(spec.kernels):
         saved = tuple(SavedTensor(f"{k.name}/t{n}", nbytes, k.layer)
                       for n, nbytes in enumerate(timing.saved.get(i, ()))) if training else ()
         forward.append(KernelRecord(name=k.name, layer=k.layer, phase="fwd", weights=tuple(k.weights),
                                     compute_ns=timing.forward_ns[i], flops=k.flops, io_bytes=k.io_bytes,
-                                    saved=saved, copies=tuple(copies.get(i, ())), op=k.op, shape=k.shape))
+                                    saved=saved, copies=tuple(copies.get(i, ())), host_ns=host.get(k.op, 0),
+                                    op=k.op, shape=k.shape))
     if training:
         # A tensor is needed where backward first unpacks it: the mirror of its last saver.
         needs: dict[int, list[str]] = {}

@@ -1,0 +1,88 @@
+"""The simulator against whole spec models measured on the GPU; runs on any CPU.
+
+    python benchmarks/full_models_report.py                          # the default profile
+    python benchmarks/full_models_report.py hardware=h100_calibrated  # any engine override
+    python benchmarks/full_models_report.py --recorded               # replay each model's recording
+
+Reads the GPU side (data/traces/full/measured.json, written from benchmarks/full_models.py),
+predicts every measured configuration with the CLI a user runs (one `-m` sweep per model,
+synthesized traces unless --recorded), and prints measured against predicted: the error of
+each, mean and max |error|, and whether the eviction the simulator ranks first at each budget
+is the one measured fastest.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MEASURED = ROOT / "data" / "traces" / "full" / "measured.json"
+RECORDINGS = {"ltx": "ltx2-full", "flux": "flux-full", "llama8b": "llama8b-decode-full"}
+
+
+def budget_arg(b: int | None) -> str:
+    return "null" if b is None else str(b)
+
+
+def predictions(model: str, workload: str, rows: list[dict], overrides: list[str], recorded: bool,
+                tmp: Path) -> dict:
+    budgets = sorted({budget_arg(r["budget_mb"]) for r in rows})
+    evictions = sorted({r["eviction"] for r in rows if r["eviction"] != "resident"})
+    trace = [f"trace={ROOT / 'data' / 'traces' / 'full' / RECORDINGS[model]}.jsonl.gz"] if recorded else []
+    sweep = tmp / model
+    subprocess.run([sys.executable, "-m", "engine", "-m", f"model={model}", f"workload={workload}",
+                    f"budget={','.join(budgets)}", f"weights.eviction={','.join(evictions)}", "sim.timeline=false",
+                    *trace, *overrides, f"hydra.sweep.dir={sweep}"], check=True, cwd=ROOT, capture_output=True)
+    out = {}
+    for path in sweep.glob("*/report.json"):
+        r = json.loads(path.read_text())
+        b = r["config"]["budget_mb"]
+        key = (None, "resident") if b is None else (int(b), r["config"]["eviction"])
+        out[key] = r["prediction"]["step_ms"]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--recorded", action="store_true", help="replay each model's recording (trace=)")
+    ap.add_argument("overrides", nargs="*", help="engine overrides, e.g. hardware=h100_calibrated")
+    args = ap.parse_args()
+    data = json.loads(MEASURED.read_text())
+    by_model: dict[str, list[dict]] = {}
+    for r in data["rows"]:
+        by_model.setdefault(r["model"], []).append(r)
+    print(f"measured: {data['device']}, {data['date']}; predicted: "
+          f"{'each model recorded' if args.recorded else 'synthesized'} {' '.join(args.overrides) or 'defaults'}\n")
+    print("| model | budget MB | eviction | measured ms | predicted ms | error |")
+    print("|---|---|---|---|---|---|")
+    errors, ranked, budgets = [], 0, 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for model, rows in by_model.items():
+            pred = predictions(model, rows[0]["workload"], rows, args.overrides, args.recorded, Path(tmp))
+            seen = set()
+            for r in rows:
+                key = (r["budget_mb"], r["eviction"])
+                if key in seen:  # the resident step, run once per eviction of the sweep
+                    continue
+                seen.add(key)
+                p = pred[key]
+                err = (p / r["step_ms"] - 1) * 100
+                errors.append(abs(err))
+                print(f"| {model} | {r['budget_mb'] or 'all resident'} | {r['eviction']} | {r['step_ms']:.1f} | "
+                      f"{p:.1f} | {err:+.1f}% |")
+            for b in {r["budget_mb"] for r in rows if r["budget_mb"] is not None}:
+                at = [r for r in rows if r["budget_mb"] == b]
+                fastest = min(at, key=lambda r: r["step_ms"])["eviction"]
+                ranked += fastest == min(at, key=lambda r: pred[(b, r["eviction"])])["eviction"]
+                budgets += 1
+    print(f"\n{len(errors)} configurations: mean |error| {statistics.mean(errors):.1f}%, max {max(errors):.1f}%; "
+          f"the simulator's fastest eviction is the measured fastest at {ranked} of {budgets} budgets")
+
+
+if __name__ == "__main__":
+    main()
