@@ -22,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MEASURED = ROOT / "data" / "traces" / "full" / "measured.json"
-RECORDINGS = {"ltx": "ltx2-full", "flux": "flux-full", "llama8b": "llama8b-decode-full"}
+RECORDINGS = {"ltx": "ltx2-full", "flux": "flux-full", "llama8b": "llama8b-decode-full", "wan14b": "wan14b-full"}
 
 
 def budget_arg(b: int | None) -> str:

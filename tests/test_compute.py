@@ -104,7 +104,7 @@ def test_the_default_profile_predicts_the_recorded_whole_models_compute():
     io_bytes) take their median."""
     hw = load_hardware("h100_pcie5")
     for name, model, kind in (("ltx2-full", "ltx", "infer"), ("flux-full", "flux", "infer"),
-                              ("llama8b-decode-full", "llama8b", "decode")):
+                              ("llama8b-decode-full", "llama8b", "decode"), ("wan14b-full", "wan14b", "infer")):
         rec = read_trace(FULL / f"{name}.jsonl.gz")
         wl = OmegaConf.create(rec.header["workload"])
         syn = synthesize(load_spec(model, wl), wl, hw)
