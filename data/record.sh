@@ -6,7 +6,8 @@
 # Needs the engine's dependencies (hydra, omegaconf, simpy, torch, cuda-python).
 # Weight files go to /dev/shm (WEIGHTS=...): 6.3 GB for 8 LTX-2 blocks, 5.6 GB
 # for 8 Llama-3.1-8B layers. Then, on any machine:
-#     python -m engine.calibrate DEST/traces --out conf/hardware/h100_calibrated.yaml
+#     python -m engine.calibrate DEST/traces --out conf/hardware/NAME.yaml
+# (the shipped h100_calibrated is fitted from data/traces/full: benchmarks/full_models.py)
 set -euo pipefail
 DEST=${1:-data}
 WEIGHTS=${WEIGHTS:-/dev/shm}
