@@ -8,7 +8,7 @@ Two models, one interface (`ExecutionTimePredictor.kernel_ns`):
   attention, norms and small kernels.
 - **Kernel table** (`hardware.kernel_table`, written by `mode=calibrate` beside the profile): kernel
   times measured on the device, by op ("linear", "attention", "norm", ...; a
-  backward kernel's op gets BACKWARD) and shape features (FEATURES). A kernel
+  backward kernel's op gets BACKWARD) and log2 shape (`features`). A kernel
   whose features match measured points takes their median rate; otherwise the
   rates of its nearest points (log2 distance over the features) are averaged in
   log space, weighted by inverse squared distance. The table holds the recorded
@@ -72,8 +72,15 @@ class KernelTable:
         self.points = {op: tuple(ps) for op, ps in points.items() if ps}
         self.source = source
         self.host_ns = dict(host_ns or {})
+        self._rates: dict[tuple[str, tuple[float, ...]], float | None] = {}  # a model repeats its shapes
 
     def rate(self, op: str, feats: tuple[float, ...]) -> float | None:
+        key = (op, feats)
+        if key not in self._rates:
+            self._rates[key] = self._rate(op, feats)
+        return self._rates[key]
+
+    def _rate(self, op: str, feats: tuple[float, ...]) -> float | None:
         base = op.removesuffix(BACKWARD)
         for key in (op, base, GRID_OPS.get(base, "")):
             points = [p for p in self.points.get(key, ()) if len(p.features) == len(feats)]
@@ -107,10 +114,15 @@ def table_from_measurements(rows: Iterable[tuple[str, tuple[float, ...], int, fl
     points: dict[str, list[Point]] = {}
     for (op, feats), rates in sorted(grouped.items()):
         points.setdefault(op, []).append(Point(feats, statistics.median(rates)))
+    return KernelTable(points, source, medians_by_op(host))
+
+
+def medians_by_op(rows: Iterable[tuple[str, int]]) -> dict[str, int]:
+    """The median of each op's values from (op, value) rows."""
     by_op: dict[str, list[int]] = {}
-    for op, ns in host:
-        by_op.setdefault(op, []).append(ns)
-    return KernelTable(points, source, {op: round(statistics.median(v)) for op, v in by_op.items()})
+    for op, value in rows:
+        by_op.setdefault(op, []).append(value)
+    return {op: round(statistics.median(v)) for op, v in by_op.items()}
 
 
 def tables_dir() -> Path:

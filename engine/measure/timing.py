@@ -13,7 +13,7 @@ from engine.models.lora import lora_loss
 from engine.models import forward
 from engine.measure.clocks import Clock
 from engine.models.spec import ModelSpec, SavedTensor
-from engine.compute import ExecutionTimePredictor
+from engine.compute import ExecutionTimePredictor, medians_by_op
 from engine.trace import (BACKWARD_FLOPS_FACTOR, BACKWARD_SUFFIX, FORMAT, VERSION,
                           KernelRecord, Trace, check_trace)
 
@@ -228,10 +228,7 @@ def op_host_ns(spec: ModelSpec, kernel_host_ns: Sequence[int]) -> dict[str, int]
     """The median host time of each op's kernels in the resident step: what a forward
     record of that op costs the host. Medians, because the recorder's host sat blocked
     behind its held stream at some kernels (times far over the rest)."""
-    by_op: dict[str, list[int]] = {}
-    for k, ns in zip(spec.kernels, kernel_host_ns):
-        by_op.setdefault(k.op, []).append(ns)
-    return {op: round(statistics.median(v)) for op, v in by_op.items()}
+    return medians_by_op((k.op, ns) for k, ns in zip(spec.kernels, kernel_host_ns))
 
 
 def build_trace(spec: ModelSpec, timing: StepTiming, header: dict,
