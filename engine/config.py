@@ -75,6 +75,7 @@ class WorkloadConfig:
     text_tokens: int = 0
     context_tokens: int = 0  # decode: KV-cache length
     lora_rank: int = 0
+    checkpointing: bool = False  # train_lora on a real module: per-block activation checkpointing
     steps: int = 3  # steps simulated / executed; the first warms the pool
 
 
@@ -260,9 +261,6 @@ def check_config(cfg: Any) -> None:
     if cfg.workload.kind == "train_lora" and cfg.workload.lora_rank < 1:
         raise ConfigError(f"workload.lora_rank={cfg.workload.lora_rank}: LoRA training needs a rank of 1 or more")
     if "module" in cfg.model:
-        if cfg.workload.kind == "train_lora":
-            raise ConfigError(f"model {cfg.model.name} is a real module; the CLI runs it for inference "
-                              "(workload=infer or decode); train it from Python (engine.offload)")
         if cfg.mode in ("calibrate", "validate"):
             raise ConfigError(f"mode={cfg.mode} runs spec models; for model {cfg.model.name} use mode=record, "
                               "then simulate or execute with trace=PATH")

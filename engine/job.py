@@ -118,6 +118,8 @@ def _prepare_module(cfg: DictConfig, out_dir: Path) -> Job:
     source: tuple = ("file", str(Path(cfg.trace).resolve()), stat.st_mtime_ns, stat.st_size)
     trace = _memo(("trace", *source), lambda: read_trace(cfg.trace))
     check_matches(trace, cfg.model.name, trace.header.get("num_layers"), cfg.workload)
+    if cfg.activations.mode != "off" and cfg.activations.pool.exact:
+        _size_pool_exactly(cfg, trace, source)
     params = trace.header.get("params") or sum(trace.weight_sizes.values()) // 2
     plan = _memo(("plan", *source, cfg.budget, cfg.weights.lookahead, _granule(cfg)), lambda: make_plan(
         model=cfg.model.name, workload=cfg.workload.name, param_count=params,

@@ -392,7 +392,8 @@ def check_trace(trace: Trace) -> None:
 
 # The workload fields that change what a step runs: a trace recorded with other
 # values times other kernels.
-WORKLOAD_SHAPE = ("kind", "batch", "video_tokens", "audio_tokens", "text_tokens", "context_tokens", "lora_rank")
+WORKLOAD_SHAPE = ("kind", "batch", "video_tokens", "audio_tokens", "text_tokens", "context_tokens", "lora_rank",
+                  "checkpointing")
 
 
 def check_matches(trace: Trace, model: str, num_layers: int, workload: Mapping[str, Any]) -> None:

@@ -139,17 +139,28 @@ class _Handle:
 
 
 @contextmanager
-def weight_handles(weights: StreamedWeights) -> Iterator[None]:
-    """activations=off with streamed weights: saved weight views become handles, activations stay."""
+def weight_handles(weights: StreamedWeights, others: Any = None) -> Iterator[None]:
+    """Saved weight views become handles (fetched again at their mirror); every other
+    saved tensor stays as it is, or goes through `others`' pack / unpack (a recorder's log)."""
     def pack(t: Tensor) -> Any:
         h = weights.handle(t)
-        return t if h is None else _Handle(h)
+        if h is not None:
+            return _Handle(h)
+        return t if others is None else others.pack(t)
 
     def unpack(saved: Any) -> Tensor:
-        return weights.fetch_handle(saved.handle) if isinstance(saved, _Handle) else saved
+        if isinstance(saved, _Handle):
+            return weights.fetch_handle(saved.handle)
+        return saved if others is None else others.unpack(saved)
 
     with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
         yield
+
+
+def train_order(forward: AccessOrder) -> AccessOrder:
+    """A training step's weight order: the forward's kernels, then their mirror (backward)."""
+    return AccessOrder(forward.kernels + tuple(k + BACKWARD_SUFFIX for k in reversed(forward.kernels)),
+                       forward.reads + tuple(reversed(forward.reads)), dict(forward.sizes))
 
 
 def check_train_order(order: AccessOrder, spec: ModelSpec) -> None:

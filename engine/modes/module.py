@@ -7,6 +7,14 @@
                  (trace=PATH, else recorded now) beside the measurement; outputs compared
                  bitwise with the all-resident forward when it fits
 
+workload=train_lora trains peft LoRA adapters (rank workload.lora_rank, on the model
+config's `lora_targets`, default every linear; engine/modules/adapters.py) on the
+frozen module, with per-block activation checkpointing when workload.checkpointing:
+record then times a training step (forward, a mean-square loss, backward), and
+execute runs workload.steps of them through engine.offload(training=True) with the
+configured activations policy, losses and adapter gradients compared with the same
+steps all resident (within that run's own spread on a GPU, bitwise on the CPU).
+
 The weights come from weights.file: a .safetensors file or a diffusers /
 transformers model directory, mapped and registered, never copied whole. The
 model config's `grouping` (block, the default, or leaf) and `blocks` (module
@@ -14,6 +22,7 @@ names) choose the kernels (engine/modules/kernels.py).
 """
 from __future__ import annotations
 
+import json
 import statistics
 import warnings
 from pathlib import Path
@@ -25,14 +34,19 @@ from omegaconf import OmegaConf
 from engine.config import WEIGHT_SOURCES, ActivationsConfig
 from engine.errors import ConfigError
 from engine.executor.setup import bitwise_equal, compute_device, device_name, fits_resident
+from engine.executor.training import LEARNING_RATE, deterministic, max_abs_diff
 from engine.job import Job, Outcome, config_summary
+from engine.modules.adapters import ALL_LINEAR, TrainingLoss, add_lora, enable_checkpointing
 from engine.modules.build import build_module, example_inputs, first_output
 from engine.modules.checkpoint import module_weights
 from engine.modes.simulate import timeline_files
 from engine.modules.offload import offload, predict, record
 from engine.report import fmt_bytes, table
 from engine.trace import Trace, write_trace
+from engine.policy.pool_sizing import exact_pool
+from engine.policy.schedule import step_questions
 from engine.units import budget_bytes
+from sim.prediction import context_bytes
 from engine.weightfile import materialize
 
 NO_CHECKPOINT = ("model {name} is a real module and weights.file is not set: point it at a .safetensors file "
@@ -45,6 +59,10 @@ def _checkpoint(job: Job) -> Path:
     return Path(job.cfg.weights.file).expanduser()
 
 
+def _training(cfg: Any) -> bool:
+    return cfg.workload.kind == "train_lora"
+
+
 def _setup(job: Job) -> tuple[Any, dict, torch.device]:
     cfg = job.cfg
     device = compute_device(cfg.weights.backend, no_cuda=(
@@ -52,7 +70,17 @@ def _setup(job: Job) -> tuple[Any, dict, torch.device]:
         "on a GPU machine and simulate it here with trace=PATH (weights.backend=cpu runs it on the CPU, "
         "timings not a GPU's)"))
     module = build_module(cfg.model)
+    if _training(cfg):
+        targets = cfg.model.get("lora_targets", ALL_LINEAR)
+        add_lora(module, cfg.workload.lora_rank, targets if isinstance(targets, str) else list(targets),
+                 device=device, seed=cfg.seed + 1)
+        if cfg.workload.checkpointing:
+            enable_checkpointing(module)
     return module, example_inputs(cfg.model, module, cfg.workload, device, seed=cfg.seed), device
+
+
+def _loss(cfg: Any) -> TrainingLoss | None:
+    return TrainingLoss(seed=cfg.seed + 2) if _training(cfg) else None
 
 
 def _kernels(cfg: Any) -> dict:
@@ -66,7 +94,7 @@ def _record(job: Job, module: Any, inputs: dict) -> Trace:
     cfg = job.cfg
     return record(module, inputs, backend=cfg.weights.backend, checkpoint=_checkpoint(job),
                   source=cfg.weights.source, name=cfg.model.name,
-                  workload=_workload(cfg), **_kernels(cfg))
+                  workload=_workload(cfg), loss_fn=_loss(cfg), **_kernels(cfg))
 
 
 def _workload(cfg: Any) -> dict:
@@ -99,10 +127,24 @@ def record_module_mode(job: Job) -> Outcome:
             ["host launch, sum", f"{sum(r.host_ns for r in trace.records) / 1e6:.3f} ms"],
             ["streamed bytes", fmt_bytes(sum(trace.weight_sizes.values()))],
             ["device", f"{h['device']} (torch {h['torch']})"]]
+    if _training(job.cfg):
+        rows.insert(4, ["saved for backward", fmt_bytes(sum(s.nbytes for r in trace.records for s in r.saved))])
     md = f"## Recorded {h['model']} ({job.cfg.workload.name})\n\n" + table(["what", "value"], rows)
     report = {"config": config_summary(job), "trace": str(path), "records": len(trace.records),
               "step_ns": h["step_ns"], "device": h["device"]}
     return Outcome(report, md + f"\n\nreplay it: python -m engine model=<this model> trace={path} budget=MB")
+
+
+def _activations(cfg: Any, trace: Trace) -> Any:
+    """The run's activations config: off for inference; for training the configured one,
+    its pool sized from the trace when activations.pool.exact (as the job does for trace=)."""
+    if not _training(cfg):
+        return OmegaConf.structured(ActivationsConfig)
+    act = cfg.activations
+    if act.mode != "off" and act.pool.exact:
+        sized = exact_pool(act, step_questions(trace.records), trace.num_layers)
+        act = OmegaConf.merge(act, {"pool": {**sized, "exact": False}})
+    return act
 
 
 def _timeline(job: Job, trace: Trace, budget: int | None, pred: dict, measured: list) -> None:
@@ -111,7 +153,7 @@ def _timeline(job: Job, trace: Trace, budget: int | None, pred: dict, measured: 
 
     cfg = job.cfg
     weights = OmegaConf.merge(cfg.weights, {"eviction": pred["eviction"], "lookahead": pred["lookahead"]})
-    result = simulate(trace, weights, OmegaConf.structured(ActivationsConfig), cfg.hardware, budget,
+    result = simulate(trace, weights, _activations(cfg, trace), cfg.hardware, budget,
                       cfg.workload.steps, allow_below_floor=False)
     timeline_files(job, result, measured)
 
@@ -122,10 +164,15 @@ def execute_module(job: Job) -> Outcome:
         raise ConfigError(f"weights.source={cfg.weights.source!r} is not one of {', '.join(WEIGHT_SOURCES)}")
     module, inputs, device = _setup(job)
     path = _checkpoint(job)
-    trace = job.trace if job.trace is not None else _record(job, module, inputs)
+    trace = job.trace
+    if trace is None:
+        trace = _record(job, module, inputs)
+        write_trace(job.out_dir / "trace.jsonl", trace)  # replay it with trace=PATH
     budget = budget_bytes(cfg.budget)
     pred = predict(trace, cfg.hardware, budget, cfg.weights.lookahead, cfg.weights.eviction, cfg.weights.source,
-                   cfg.weights.backend)
+                   cfg.weights.backend, _activations(cfg, trace))
+    if _training(cfg):
+        return _execute_training(job, module, inputs, device, trace, pred)
     reference = None
     if fits_resident(sum(trace.weight_sizes.values()), device):
         h = offload(module, budget_mb=None, example_inputs=inputs, eviction="priority", checkpoint=path,
@@ -163,3 +210,105 @@ def execute_module(job: Job) -> Outcome:
           + "\n\noutputs bitwise equal to the resident run: "
           + ("not compared (the model does not fit)" if reference is None else str(all(same))))
     return Outcome(report, md, exit_code=0 if reference is None or all(same) else 1)
+
+
+Steps = list[tuple[torch.Tensor, dict[str, torch.Tensor]]]  # per step: the loss, the adapters' gradients
+
+
+def _train_run(job: Job, module: Any, inputs: dict, initial: dict[str, torch.Tensor], budget_mb: float | None,
+               activations: Any, eviction: str, timed: bool) -> tuple[Steps, list[dict], list | None]:
+    """workload.steps training steps through engine.offload(training=True), the adapters
+    starting from `initial` and taking a plain SGD update after each step: the steps,
+    the telemetry rows (with torch's peak of each step), and (`timed`) the last step's
+    measured timeline."""
+    cfg = job.cfg
+    adapters = {n: p for n, p in module.named_parameters() if p.requires_grad}
+    with torch.no_grad():
+        for n, p in adapters.items():
+            p.copy_(initial[n])
+    loss_fn = _loss(cfg)
+    cuda = next(iter(adapters.values())).device.type == "cuda"
+    h = offload(module, budget_mb=budget_mb, example_inputs=inputs, training=True, activations=activations,
+                eviction=eviction, lookahead=cfg.weights.lookahead, checkpoint=_checkpoint(job),
+                backend=cfg.weights.backend, source=cfg.weights.source, **_kernels(cfg))
+    steps: Steps = []
+    peaks = []
+    try:
+        for i in range(cfg.workload.steps):
+            for p in adapters.values():
+                p.grad = None
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
+            h.executor.time_steps = timed and i == cfg.workload.steps - 1
+            with h.step():
+                loss = loss_fn(module(**inputs))
+                loss.backward()
+            grads = {n: p.grad.detach().clone() for n, p in adapters.items() if p.grad is not None}
+            with torch.no_grad():
+                for p in adapters.values():
+                    if p.grad is not None:
+                        p -= LEARNING_RATE * p.grad
+            steps.append((loss.detach(), grads))
+            peaks.append(torch.cuda.max_memory_allocated() if cuda else None)
+        rows = [{**row, "torch_peak_bytes": peak} for row, peak in zip(h.telemetry(), peaks)]
+        timeline = h.executor.step_timeline() if timed else None
+    finally:
+        h.remove()
+    return steps, rows, timeline
+
+
+def _execute_training(job: Job, module: Any, inputs: dict, device: torch.device, trace: Trace,
+                      pred: dict) -> Outcome:
+    """workload=train_lora: the reference steps all resident (when the weights and the saved
+    tensors fit), then the same steps under the budget and the activations policy."""
+    cfg = job.cfg
+    initial = {n: p.detach().clone() for n, p in module.named_parameters() if p.requires_grad}
+    act = None if cfg.activations.mode == "off" else OmegaConf.to_container(_activations(cfg, trace), resolve=True)
+    saved = sum(s.nbytes for r in trace.records for s in r.saved)
+    compare = fits_resident(sum(trace.weight_sizes.values()) + saved, device)
+    cuda = device.type == "cuda"
+    reference = spread = None
+    with deterministic(compare and cuda):
+        if compare:
+            reference, _, _ = _train_run(job, module, inputs, initial, None, None, "priority", timed=False)
+            if cuda:  # kernels non-deterministic even in deterministic mode: the spread of two references
+                spread = max_abs_diff(reference, _train_run(job, module, inputs, initial, None, None, "priority",
+                                                            timed=False)[0])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # resident parameters are listed by the handle instead
+            steps, rows, timeline = _train_run(job, module, inputs, initial, cfg.budget, act, pred["eviction"],
+                                               timed=True)
+    _timeline(job, trace, budget_bytes(cfg.budget), pred, timeline)
+    steady = rows[1:] or rows
+    context = context_bytes(trace, cfg.hardware)
+    torch_peak = [r["torch_peak_bytes"] for r in rows]
+    measured = {"step_ms": statistics.median(r["weight_step_ms"] for r in steady),
+                "h2d_bytes": rows[-1]["weight_h2d_bytes"] + rows[-1].get("restore_bytes", 0),
+                "d2h_bytes": rows[-1].get("spill_bytes", 0),
+                "pool_peak_bytes": max(r["weight_peak_device_bytes"] for r in rows),
+                "torch_peak_bytes": None if None in torch_peak else max(torch_peak),
+                "activations_spilled": rows[-1].get("activations_spilled", 0)}
+    if measured["torch_peak_bytes"] is not None:
+        measured["peak_device_bytes"] = measured["pool_peak_bytes"] + measured["torch_peak_bytes"]
+    losses = grads = None
+    if reference is not None:
+        ok = bitwise_equal if not spread else (lambda a, b: (a.float() - b.float()).abs().max().item() <= 2 * spread)
+        losses = all(ok(a, b) for (a, _), (b, _) in zip(steps, reference))
+        grads = all(ok(g[k], ref[k]) for (_, g), (_, ref) in zip(steps, reference) for k in ref)
+    (job.out_dir / "telemetry.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report = {"config": config_summary(job), "prediction": pred, "measured": measured, "reference_spread": spread,
+              "loss_match_reference": losses, "grads_match_reference": grads, "device": device_name(device)}
+    table_rows = [
+        ["step time", f"{pred['step_ms']:.2f} ms", f"{measured['step_ms']:.2f} ms"],
+        ["H2D bytes / step (weights, restores)", fmt_bytes(pred["h2d_bytes"]), fmt_bytes(measured["h2d_bytes"])],
+        ["D2H bytes / step (spills)", fmt_bytes(pred["d2h_bytes"]), fmt_bytes(measured["d2h_bytes"])],
+        ["peak pool + torch bytes", fmt_bytes(pred["peak_process_bytes"] - context),
+         fmt_bytes(measured["peak_device_bytes"]) if "peak_device_bytes" in measured else "not measured (cpu)"]]
+    compared = ("not compared (the weights and saved tensors do not fit all resident)" if reference is None else
+                f"losses {losses}, gradients {grads}" + (f" (within twice the reference's own spread, "
+                                                         f"{spread:.3g})" if spread else " (bitwise)"))
+    md = (f"## Trained {cfg.model.name} at budget {cfg.budget} MB ({pred['eviction']}, activations "
+          f"{cfg.activations.mode})\n\n" + table(["", "predicted", "measured"], table_rows)
+          + f"\n\nagainst the same steps all resident: {compared}\n\ntelemetry: {job.out_dir / 'telemetry.jsonl'}")
+    wrong = losses is False or grads is False
+    return Outcome(report, md, exit_code=1 if wrong else 0)

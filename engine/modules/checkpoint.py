@@ -24,6 +24,18 @@ from engine.weightfile import DTYPES, WeightFile
 _BY_TORCH = {t: name for name, (_, t) in DTYPES.items()}
 
 
+_PEFT_PREFIX = "base_model.model."
+_PEFT_WRAPPED = ".base_layer"
+
+
+def state_dict_name(name: str) -> str:
+    """A parameter's name as the base model's checkpoint holds it: peft's wrapping undone
+    (`base_model.model.` before it, `.base_layer` inside it)."""
+    if name.startswith(_PEFT_PREFIX):
+        name = name[len(_PEFT_PREFIX):]
+    return name.replace(_PEFT_WRAPPED + ".", ".")
+
+
 @dataclass(frozen=True)
 class ModuleWeights:
     """A WeightTable of a module's parameters (and persistent buffers), by state-dict name."""
@@ -38,9 +50,9 @@ class ModuleWeights:
 
 def module_weights(module: nn.Module, name: str | None = None, buffers: bool = True,
                    frozen_only: bool = False) -> ModuleWeights:
-    """The weights a checkpoint of `module` holds: every parameter (`frozen_only`: those
-    that need no grad, the base a training run's adapters sit on), and (by default)
-    every persistent floating-point buffer, with its shape and dtype."""
+    """The weights a checkpoint of `module` holds, by `state_dict_name`: every parameter
+    (`frozen_only`: those that need no grad, the base a training run's adapters sit on),
+    and (by default) every persistent floating-point buffer, with its shape and dtype."""
     table: dict[str, WeightSpec] = {}
     tensors = [(n, p) for n, p in module.named_parameters() if not (frozen_only and p.requires_grad)]
     if buffers:
@@ -51,6 +63,7 @@ def module_weights(module: nn.Module, name: str | None = None, buffers: bool = T
         if dtype is None:
             raise WeightFileError(f"{n} is {t.dtype}; checkpoints of {', '.join(DTYPE_BYTES)} weights only: "
                                   "convert the module (module.to(torch.bfloat16)) first")
+        n = state_dict_name(n)
         table[n] = WeightSpec(n, tuple(t.shape), dtype)
     return ModuleWeights(name or type(module).__name__, table)
 

@@ -29,6 +29,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from engine.errors import ConfigError, ExecutorError
+from engine.modules.checkpoint import state_dict_name
 from engine.policy import AccessOrder
 
 GROUPINGS = ("block", "leaf")
@@ -65,10 +66,11 @@ class Recording:
 
 
 def weight_names(module: nn.Module) -> dict[int, str]:
-    """id(parameter) -> its name; a tied parameter is one weight, named where first seen."""
+    """id(parameter) -> its name as the checkpoint holds it (`state_dict_name`); a tied
+    parameter is one weight, named where first seen."""
     names: dict[int, str] = {}
     for name, p in module.named_parameters(remove_duplicate=False):
-        names.setdefault(id(p), name)
+        names.setdefault(id(p), state_dict_name(name))
     return names
 
 

@@ -15,7 +15,7 @@ import math
 import traceback
 import warnings
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from omegaconf import OmegaConf
@@ -104,15 +104,16 @@ def offload(module: nn.Module, *, budget_mb: float | None, example_inputs: Any =
     `training=True` returns a TrainingHandle instead (engine/modules/training.py):
     `with h.step(): loss.backward()` spills saved activations by the `activations`
     policy (a mapping of ActivationsConfig fields); with a budget the frozen weights
-    stream too (eviction "auto" is priority there: no training trace is recorded).
+    stream too (eviction "auto" is priority there: no training trace is recorded), and
+    with a checkpoint and no budget they come from it, all resident.
     """
     if training:
         device = _check_common(module, budget_mb, backend)
-        if budget_mb is None:
+        if budget_mb is None and checkpoint is None:
             return TrainingHandle(module, activations, blocks)
         if example_inputs is None:
-            raise ConfigError("training=True with a budget streams the weights: give example_inputs (one "
-                              "forward's arguments) to record the order")
+            raise ConfigError("training=True with a budget or a checkpoint streams the weights: give "
+                              "example_inputs (one forward's arguments) to record the order")
         if eviction == "auto":
             eviction = "priority"  # no recorded training trace to choose by (yet)
         streamed = StreamedModule(module, example_inputs, device=device, backend=backend, grouping=grouping,
@@ -161,10 +162,12 @@ def offload(module: nn.Module, *, budget_mb: float | None, example_inputs: Any =
 
 
 def predict(trace: Trace, hardware: Any, budget: int | None, lookahead: int | str, eviction: str,
-            source: str = "mmap_registered", backend: str = "cuda") -> dict:
+            source: str = "mmap_registered", backend: str = "cuda", activations: Any = None) -> dict:
     """The simulator on `trace`: every candidate's step (ms, keyed "eviction/lookahead") and
     the fastest one's prediction. "auto" makes every policy (every lookahead of LOOKAHEADS
-    whose floor the budget clears) a candidate, as weights=auto does for the policy."""
+    whose floor the budget clears) a candidate, as weights=auto does for the policy.
+    `activations` (an ActivationsConfig; default off) spills a training trace's saved tensors."""
+    act = activations if activations is not None else OmegaConf.structured(ActivationsConfig)
     from sim import simulate
     from sim.simulator import backend_granule
 
@@ -180,11 +183,12 @@ def predict(trace: Trace, hardware: Any, budget: int | None, lookahead: int | st
     for la in ahead:
         for name in policies:
             weights = OmegaConf.merge(template, {"eviction": name, "lookahead": la})
-            results[name, la] = simulate(trace, weights, OmegaConf.structured(ActivationsConfig), hardware,
+            results[name, la] = simulate(trace, weights, act, hardware,
                                          budget_bytes=budget, steps=SIMULATED_STEPS, allow_below_floor=False)
     chosen = min(results, key=lambda c: results[c].prediction["step_ms"])
     p = results[chosen].prediction
     return {"eviction": chosen[0], "lookahead": chosen[1], "step_ms": p["step_ms"], "h2d_bytes": p["h2d_bytes"],
+            "d2h_bytes": p["d2h_bytes"],
             "peak_device_bytes": p["peak_device_bytes"], "peak_process_bytes": p["peak_process_bytes"],
             "hardware": hardware.name,
             "candidates": {f"{n}/{la}": round(r.prediction["step_ms"], 3) for (n, la), r in results.items()}}
@@ -208,14 +212,22 @@ def _wrap_forward(module: nn.Module, streamed: StreamedModule, executor: WeightE
 def record(module: nn.Module, example_inputs: Any, *, backend: str = "cuda", grouping: str = "block",
            blocks: Sequence[str] | None = None, checkpoint: str | Path | None = None,
            source: str = "mmap_registered", name: str | None = None,
-           workload: dict | None = None) -> Trace:
+           workload: dict | None = None, loss_fn: Callable[[Any], torch.Tensor] | None = None) -> Trace:
     """The trace of one forward of `module` on `example_inputs`, each kernel timed on
     the device (write it with engine.trace.write_trace; replay it with
-    `python -m engine trace=PATH`). The module is left as it was."""
+    `python -m engine trace=PATH`). With `loss_fn` (the forward's output -> a scalar
+    loss), one training step: the module's trainable parameters (its adapters) stay
+    resident, the frozen ones stream, and the trace holds the backward and what autograd
+    saved. The module is left as it was."""
     device = _check_common(module, None, backend)
+    training = loss_fn is not None
+    if training and not any(p.requires_grad for p in module.parameters()):
+        raise ConfigError(f"this {type(module).__name__} has no trainable parameters to record a training step "
+                          "of; add the adapters (peft) before recording")
     streamed = StreamedModule(module, example_inputs, device=device, backend=backend, grouping=grouping,
-                              blocks=blocks, checkpoint=checkpoint, source=source)
+                              blocks=blocks, checkpoint=checkpoint, source=source, training=training)
     try:
-        return record_module(streamed, name=name or type(module).__name__, backend=backend, workload=workload)
+        return record_module(streamed, name=name or type(module).__name__, backend=backend, workload=workload,
+                             loss_fn=loss_fn)
     finally:
         streamed.remove()

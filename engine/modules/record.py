@@ -13,25 +13,40 @@ Kernels timed one at a time run a few percent faster than in a pipelined step
 a pipelined all-resident step is timed too and, unless the host bounds it, every
 kernel's compute is scaled so the kernels sum to it (header "compute_scale").
 
-    record_module      timed forwards of a StreamedModule -> Trace (source "recorded")
+A training step (`loss_fn` given: the module made streamable with training=True,
+its adapters trainable) is recorded the same way over the training order (the
+forward's kernels, then their mirror): the backward reaches each kernel's mirror
+where autograd first unpacks one of its weights or recomputes it (activation
+checkpointing), and the recording fetches and holds there as in the forward. Each
+forward record also lists what autograd saved while it ran (the tensors the
+activation offloader would see: weights and adapters are not among them), and each
+backward record the saved tensors it unpacks first.
+
+    record_module      timed steps of a StreamedModule -> Trace (source "recorded")
     pipelined_step_ns  an all-resident step, timed whole
 """
 from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 
 from engine.executor.runtime import WeightExecutor
 from engine.executor.setup import fits_resident
+from engine.executor.training import StreamedWeights, train_order, weight_handles
+from engine.gc_pause import paused_gc
+from engine.measure.clocks import Clock, clock_for
+from engine.measure.timing import HOLD_FACTOR, KernelStamps, SavedTensorLog
+from engine.models.spec import SavedTensor
 from engine.modules.streamed import StreamedModule
 from engine.policy import AccessOrder
-from engine.measure.clocks import Clock, clock_for
-from engine.measure.timing import HOLD_FACTOR, KernelStamps
-from engine.trace import FORMAT, VERSION, KernelRecord, Trace, check_trace
+from engine.trace import BACKWARD_FLOPS_FACTOR, BACKWARD_SUFFIX, FORMAT, VERSION, KernelRecord, Trace, check_trace
+
+LossFn = Callable[[Any], torch.Tensor]  # a forward's output -> the scalar loss backward starts from
 
 WARMUP_FORWARDS = 1
 TIMED_FORWARDS = 2  # each copies every weight in synchronously: set-up time, medians of a quiet GPU
@@ -41,7 +56,7 @@ HOST_BOUND = 0.9  # host time over the pipelined step above which the host, not 
 
 
 class _Bring:
-    """fetch(position): the kernel's weights copied to the device now (the host waits),
+    """fetch(position): the position's weights copied to the device now (the host waits),
     then the compute stream held while the host launches the kernel."""
 
     def __init__(self, order: AccessOrder, host: Mapping[str, torch.Tensor], device: torch.device, clock: Clock,
@@ -59,23 +74,67 @@ class _Bring:
         return out
 
 
+class _Stamped(KernelStamps):
+    """KernelStamps as the executor of StreamedWeights (a training step's fetches)."""
+
+    def hand_over(self) -> None:
+        """The backward's thread fetches now; nothing here is owned by a thread."""
+
+
 def _median(rows: list[list[int]]) -> list[int]:
     return [round(statistics.median(col)) for col in zip(*rows)]
 
 
-def time_kernels(streamed: StreamedModule, clock: Clock, warmup: int = WARMUP_FORWARDS,
-                 forwards: int = TIMED_FORWARDS) -> tuple[list[int], list[int]]:
-    """Per kernel position, the median compute ns and host launch ns over `forwards` timed forwards."""
-    order = streamed.order
+def _trainable(module: torch.nn.Module) -> list[torch.nn.Parameter]:
+    return [p for p in module.parameters() if p.requires_grad]
+
+
+@dataclass
+class KernelTimes:
+    """Per position of the recorded order: median compute ns and host ns; training adds
+    the last timed step's saved tensors (SavedTensorLog's `saved` and `last_saver`)."""
+
+    compute_ns: list[int]
+    host_ns: list[int]
+    saved: dict[int, list[int]] = field(default_factory=dict)
+    last_saver: dict[tuple[int, int], int] = field(default_factory=dict)
+
+
+def time_kernels(streamed: StreamedModule, clock: Clock, loss_fn: LossFn | None = None,
+                 warmup: int = WARMUP_FORWARDS, forwards: int = TIMED_FORWARDS) -> KernelTimes:
+    """Each position's median compute and host time over `forwards` timed steps: forwards,
+    or (`loss_fn`) training steps over the training order."""
+    training = loss_fn is not None
+    order = train_order(streamed.order) if training else streamed.order
+    forward_kernels = len(streamed.order)
+    index = {name: i for i, name in enumerate(streamed.order.kernels)}
+    # Storages autograd may save that are not activations: resident parameters and the adapters.
+    weight_ptrs = {p.untyped_storage().data_ptr() for p in streamed.module.parameters()
+                   if id(p) not in streamed.placeholders}
     hold = [FIRST_HOLD_NS] * len(order)
     compute_rows, host_rows = [], []
+    log = None
     for f in range(warmup + forwards):
-        stamps = KernelStamps(_Bring(order, streamed.host, streamed.device, clock, hold), clock)
+        stamps = _Stamped(_Bring(order, streamed.host, streamed.device, clock, hold), clock)
         clock.synchronize()
-        start = clock.stamp()
-        with torch.no_grad(), streamed.hooks.forward(stamps):
-            streamed.run()
-        stamps.close()
+        with paused_gc():  # a collection inside a timed step would land in one kernel's time
+            start = clock.stamp()
+            if training:
+                weights = StreamedWeights(stamps, forward_kernels)
+                streamed.hooks.recompute = lambda name: weights.mirror(index[name], f"the recompute of {name}")
+                log = SavedTensorLog(stamps, weight_ptrs)
+                for p in _trainable(streamed.module):
+                    p.grad = None
+                weights.start_step()
+                with weight_handles(weights, log):
+                    with streamed.hooks.forward(weights):
+                        out = streamed.run()
+                    loss_fn(out).backward()
+                weights.finish()
+            else:
+                with torch.no_grad(), streamed.hooks.forward(stamps):
+                    streamed.run()
+            stamps.close()
         clock.synchronize()
         compute = stamps.compute_ns()
         compute[0] += clock.ns(start, stamps.before[0])  # the parent's work before the first kernel
@@ -84,17 +143,26 @@ def time_kernels(streamed: StreamedModule, clock: Clock, warmup: int = WARMUP_FO
         if f >= warmup:
             compute_rows.append(compute)
             host_rows.append(host)
-    return _median(compute_rows), _median(host_rows)
+    streamed.hooks.recompute = None
+    times = KernelTimes(_median(compute_rows), _median(host_rows))
+    if log is not None:
+        times.saved, times.last_saver = log.saved, log.last_saver
+    return times
 
 
-def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, warmup: int = 1,
-                      steps: int = TIMED_FORWARDS) -> tuple[int, tuple[int, int] | None]:
+def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss_fn: LossFn | None = None,
+                      warmup: int = 1, steps: int = TIMED_FORWARDS) -> tuple[int, tuple[int, int] | None]:
     """The median step of the module with every weight resident (an executor with no
-    budget), and on CUDA (the peak of torch's allocations in it: activations, inputs,
-    resident parameters and buffers, as the streamed weights live in the executor's pool;
-    the device bytes the process holds outside both)."""
-    executor = WeightExecutor(streamed.order, streamed.host, budget_bytes=None, eviction="priority",
-                              backend=backend)
+    budget; `loss_fn`: a training step), and on CUDA (the peak of torch's allocations in
+    it: activations, inputs, resident parameters and buffers, as the streamed weights
+    live in the executor's pool; the device bytes the process holds outside both)."""
+    training = loss_fn is not None
+    order = train_order(streamed.order) if training else streamed.order
+    executor = WeightExecutor(order, streamed.host, budget_bytes=None, eviction="priority", backend=backend)
+    weights = StreamedWeights(executor, len(streamed.order))
+    if training:
+        index = {name: i for i, name in enumerate(streamed.order.kernels)}
+        streamed.hooks.recompute = lambda name: weights.mirror(index[name], f"the recompute of {name}")
     cuda = streamed.device.type == "cuda"
     try:
         times = []
@@ -103,8 +171,18 @@ def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, warm
             if cuda and s == warmup:
                 torch.cuda.reset_peak_memory_stats(streamed.device)
             start = clock.stamp()
-            with torch.no_grad(), executor.step(), streamed.hooks.forward(executor):
-                streamed.run()
+            if training:
+                for p in _trainable(streamed.module):
+                    p.grad = None
+                with executor.step():  # nothing is evicted: autograd may hold the weights themselves
+                    weights.start_step()
+                    with streamed.hooks.forward(weights):
+                        out = streamed.run()
+                    loss_fn(out).backward()
+                    weights.finish()
+            else:
+                with torch.no_grad(), executor.step(), streamed.hooks.forward(executor):
+                    streamed.run()
             end = clock.stamp()
             clock.synchronize()
             if s >= warmup:
@@ -118,30 +196,54 @@ def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, warm
             peak = (torch.cuda.max_memory_allocated(streamed.device), max(0, outside))
         return round(statistics.median(times)), peak
     finally:
+        streamed.hooks.recompute = None
         executor.close()
 
 
+def _records(streamed: StreamedModule, times: KernelTimes, training: bool) -> tuple[KernelRecord, ...]:
+    """Forward records (training: with what each saved), then the backward mirror."""
+    rec, order = streamed.recording, streamed.order
+    n = len(order)
+    forward = [KernelRecord(
+        name=order.kernels[i], layer=rec.layers[i], phase="fwd", weights=order.reads[i],
+        compute_ns=times.compute_ns[i], flops=rec.flops[i],
+        io_bytes=sum(order.sizes[w] for w in order.reads[i]), host_ns=times.host_ns[i],
+        saved=tuple(SavedTensor(f"{order.kernels[i]}/t{k}", nbytes, rec.layers[i])
+                    for k, nbytes in enumerate(times.saved.get(i, ()))))
+        for i in range(n)]
+    if not training:
+        return tuple(forward)
+    needs: dict[int, list[str]] = {}  # a tensor is needed at the mirror of its last saver
+    for i, f in enumerate(forward):
+        for k, s in enumerate(f.saved):
+            needs.setdefault(times.last_saver.get((i, k), i), []).append(s.name)
+    backward = [KernelRecord(
+        name=order.kernels[i] + BACKWARD_SUFFIX, layer=rec.layers[i], phase="bwd", weights=order.reads[i],
+        compute_ns=times.compute_ns[2 * n - 1 - i], flops=BACKWARD_FLOPS_FACTOR * rec.flops[i],
+        io_bytes=forward[i].io_bytes, host_ns=times.host_ns[2 * n - 1 - i], needs=tuple(needs.get(i, ())))
+        for i in reversed(range(n))]
+    return tuple(forward + backward)
+
+
 def record_module(streamed: StreamedModule, *, name: str, backend: str, workload: Mapping[str, Any] | None = None,
-                  extra_header: Mapping[str, Any] | None = None) -> Trace:
-    """The trace of one forward of `streamed` (inference), timed kernel by kernel."""
+                  loss_fn: LossFn | None = None, extra_header: Mapping[str, Any] | None = None) -> Trace:
+    """The trace of one forward of `streamed` (inference), or with `loss_fn` of one
+    training step (forward, loss_fn(output).backward()), timed kernel by kernel."""
     device = streamed.device
     clock = clock_for(device)
+    training = loss_fn is not None
     t0 = time.perf_counter()
-    compute_ns, host_ns = time_kernels(streamed, clock)
+    times = time_kernels(streamed, clock, loss_fn)
+    saved_bytes = sum(sum(v) for v in times.saved.values())
     scale, pipelined, memory = 1.0, None, None
-    if fits_resident(sum(streamed.order.sizes.values()), device):
-        pipelined, memory = pipelined_step_ns(streamed, clock, backend)
-        if sum(host_ns) < HOST_BOUND * pipelined:
-            scale = pipelined / max(1, sum(compute_ns))
-            compute_ns = [round(c * scale) for c in compute_ns]
-    rec = streamed.recording
-    order = streamed.order
-    records = tuple(
-        KernelRecord(name=order.kernels[i], layer=rec.layers[i], phase="fwd", weights=order.reads[i],
-                     compute_ns=compute_ns[i], flops=rec.flops[i],
-                     io_bytes=sum(order.sizes[w] for w in order.reads[i]), host_ns=host_ns[i])
-        for i in range(len(order)))
+    if fits_resident(sum(streamed.order.sizes.values()) + saved_bytes, device):
+        pipelined, memory = pipelined_step_ns(streamed, clock, backend, loss_fn)
+        if sum(times.host_ns) < HOST_BOUND * pipelined:
+            scale = pipelined / max(1, sum(times.compute_ns))
+            times.compute_ns = [round(c * scale) for c in times.compute_ns]
+    records = _records(streamed, times, training)
     module = type(streamed.module)
+    rec = streamed.recording
     header = {
         "format": FORMAT, "version": VERSION, "records": len(records), "source": "recorded",
         "model": name, "num_layers": max(rec.layers, default=-1) + 1,
@@ -151,12 +253,14 @@ def record_module(streamed: StreamedModule, *, name: str, backend: str, workload
         "torch": torch.__version__, "cuda": torch.version.cuda if device.type == "cuda" else None,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "clock": "cuda events" if device.type == "cuda" else "perf_counter (cpu backend)",
-        "timed_steps": TIMED_FORWARDS, "step_ns": sum(compute_ns),
+        "timed_steps": TIMED_FORWARDS, "step_ns": sum(times.compute_ns),
         "pipelined_step_ns": pipelined, "compute_scale": round(scale, 6),
-        **({"activation_peak_bytes": memory[0], "context_bytes": memory[1]} if memory is not None else {}),
+        # The saved tensors are the simulator's to count (kept or spilled): the rest of torch's peak is transient.
+        **({"activation_peak_bytes": max(0, memory[0] - saved_bytes), "context_bytes": memory[1]}
+           if memory is not None else {}),
         "resident_bytes": streamed.resident_bytes, "record_s": round(time.perf_counter() - t0, 3),
         **(extra_header or {}),
     }
-    trace = Trace(header=header, weight_sizes=dict(order.sizes), records=records)
+    trace = Trace(header=header, weight_sizes=dict(streamed.order.sizes), records=records)
     check_trace(trace)
     return trace

@@ -29,7 +29,7 @@ from torch import nn
 from engine.errors import ExecutorError, WeightFileError
 from engine.executor.runtime import host_registrar
 from engine.executor.sources import pageable_buffer, register_file
-from engine.modules.checkpoint import Checkpoint, module_weights
+from engine.modules.checkpoint import Checkpoint, module_weights, state_dict_name
 from engine.modules.hooks import KernelHooks, placeholder
 from engine.modules.kernels import Recording, partition, record_order, weight_names
 from engine.modules.packing import pack_kernels, weight_views
@@ -111,7 +111,8 @@ class StreamedModule:
         if checkpoint is not None:
             self._checkpoint = Checkpoint(checkpoint, module_weights(module, frozen_only=training))
             files = self._checkpoint.tensors()
-        unfilled = [n for n, p in module.named_parameters() if p.is_meta and (files is None or n not in files)]
+        unfilled = [n for n, p in module.named_parameters()
+                    if p.is_meta and (files is None or state_dict_name(n) not in files)]
         if unfilled and files is None:
             raise ExecutorError(f"this {type(module).__name__} has parameters on the meta device and no "
                                 "checkpoint; pass checkpoint=PATH (safetensors file or model directory)")

@@ -42,14 +42,12 @@ from engine.errors import ConfigError, ExecutorError
 from engine.executor.model_hooks import ResidentWeights
 from engine.executor.offloader import ActivationOffloader
 from engine.executor.runtime import WeightExecutor
-from engine.executor.training import StreamedWeights, weight_handles
+from engine.executor.training import StreamedWeights, train_order, weight_handles
 from engine.modules.kernels import find_blocks
 from engine.modules.streamed import StreamedModule
-from engine.policy import AccessOrder
 from engine.policy.activations import build_activation_policy, validate_watermarks
 from engine.policy.pool_sizing import exact_pool
 from engine.policy.saved import validate_pool
-from engine.trace import BACKWARD_SUFFIX
 
 # A real block saves ~150 tensors, a spilled layer ~80 of them at once: at the spec
 # models' cap of 64 copies in flight the host waits inline for the oldest copy and the
@@ -149,8 +147,7 @@ class TrainingHandle:
         self._managed: Any = resident
         if streamed is not None:
             order = streamed.order
-            train = AccessOrder(order.kernels + tuple(k + BACKWARD_SUFFIX for k in reversed(order.kernels)),
-                                order.reads + tuple(reversed(order.reads)), dict(order.sizes))
+            train = train_order(order)
             # Autograd holds weight views across several fetches: no relocation inside a step.
             self.executor = WeightExecutor(train, streamed.host, budget_bytes=budget_bytes, eviction=eviction,
                                            lookahead=lookahead, backend=backend, relocate=False)
