@@ -92,6 +92,15 @@ STALL_MIN_MS = 0.01
 _POLICY_OF_MODE = {"watermark": WatermarkPolicy, "sync": SyncDictPolicy}
 
 
+def held_as_is(t: Tensor, root: Tensor, device: torch.device) -> bool:
+    """A saved tensor that is not an activation to spill: a trainable leaf or a parameter
+    (`root`: its base, or itself), or one not dense on the compute device."""
+    # issubclass, not isinstance: Parameter's __instancecheck__ looks up an
+    # attribute that plain tensors lack, and the raised AttributeError is slow.
+    return ((root.is_leaf and (root.requires_grad or issubclass(type(root), nn.Parameter)))
+            or t.device != device or t.layout != torch.strided)
+
+
 class ManagedWeights(Protocol):
     """Weights that autograd saves are held as handles, never as tensors.
 
@@ -431,10 +440,7 @@ class ActivationOffloader:
                 self._saved.measures.weight_handles += 1
                 return _WeightRef(h)
         root = t._base if t._base is not None else t
-        # issubclass, not isinstance: Parameter's __instancecheck__ looks up an
-        # attribute that plain tensors lack, and the raised AttributeError is slow.
-        if ((root.is_leaf and (root.requires_grad or issubclass(type(root), nn.Parameter)))
-                or t.device != self.device or t.layout != torch.strided):
+        if held_as_is(t, root, self.device):
             self._saved.measures.held += 1
             return _Held(t)
         ref = self._reference(t, root)

@@ -65,6 +65,10 @@ class StreamedWeights:
         self._position = -1
         self.handles = 0
 
+    def release(self) -> None:
+        """Drop the last fetched weights (on the cpu backend they may be the host's own)."""
+        self._current, self._spans = {}, []
+
     def fetch(self, kernel_index: int) -> Mapping[str, Tensor]:
         """Forward: kernel `kernel_index`'s weights (executor position = kernel index)."""
         self._issue(kernel_index)

@@ -9,6 +9,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
+from engine.executor.offloader import held_as_is
 from engine.models.lora import lora_loss
 from engine.models import forward
 from engine.measure.clocks import Clock
@@ -81,12 +82,13 @@ class SavedTensorLog:
     first_unpack: dict[int, Any] = field(default_factory=dict)  # kernel -> stamp
     _seen: dict[int, tuple[int, int]] = field(default_factory=dict)
 
-    def pack(self, t: torch.Tensor) -> tuple[int, torch.Tensor]:
+    def note(self, t: torch.Tensor) -> None:
+        """Log a saved tensor under the running kernel, unless the offloader would hold it as it is."""
         i = self.stamps.current
         storage = t.untyped_storage()
         ptr = storage.data_ptr()
-        if ptr in self.weight_ptrs:
-            return i, t
+        if ptr in self.weight_ptrs or held_as_is(t, t._base if t._base is not None else t, self.stamps.clock.device):
+            return
         first = self._seen.get(ptr)
         if first is None:  # views and duplicates once, under the kernel that saved them first
             saved = self.saved.setdefault(i, [])
@@ -94,7 +96,12 @@ class SavedTensorLog:
             saved.append(storage.nbytes())
         elif i != first[0]:
             self.last_saver[first] = i
-        return i, t
+
+    def pack(self, t: torch.Tensor) -> tuple[int, torch.Tensor]:
+        """`note`, keeping the kernel for `unpack`'s marks. The pair holds the tensor: an
+        output never unpacked (a branch the loss does not reach) keeps its graph alive."""
+        self.note(t)
+        return self.stamps.current, t
 
     def unpack(self, packed: tuple[int, torch.Tensor]) -> torch.Tensor:
         i, t = packed

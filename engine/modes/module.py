@@ -243,12 +243,13 @@ def _train_run(job: Job, module: Any, inputs: dict, initial: dict[str, torch.Ten
             with h.step():
                 loss = loss_fn(module(**inputs))
                 loss.backward()
+                loss = loss.detach()  # the graph's nodes keep the step's saved-tensor hooks alive
             grads = {n: p.grad.detach().clone() for n, p in adapters.items() if p.grad is not None}
             with torch.no_grad():
                 for p in adapters.values():
                     if p.grad is not None:
                         p -= LEARNING_RATE * p.grad
-            steps.append((loss.detach(), grads))
+            steps.append((loss, grads))
             peaks.append(torch.cuda.max_memory_allocated() if cuda else None)
         rows = [{**row, "torch_peak_bytes": peak} for row, peak in zip(h.telemetry(), peaks)]
         timeline = h.executor.step_timeline() if timed else None

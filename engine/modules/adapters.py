@@ -3,8 +3,8 @@ activation checkpointing, and the step's loss.
 
     add_lora               freeze the base, inject peft LoRA adapters (seeded, on the device)
     enable_checkpointing   each block recomputed in backward (diffusers' or transformers' own switch)
-    TrainingLoss           the loss the CLI's training step takes: mean square error of the
-                           forward's first output against a fixed seeded target
+    TrainingLoss           the loss the CLI's training step takes: mean square error of every
+                           output of the forward against fixed seeded targets
 
 peft renames what it wraps (`to_q.weight` becomes `to_q.base_layer.weight`); the
 checkpoint still holds the base model's names (engine/modules/checkpoint.py
@@ -12,13 +12,13 @@ checkpoint still holds the base model's names (engine/modules/checkpoint.py
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 from torch import nn
 
 from engine.errors import ConfigError
-from engine.modules.build import MODELS_EXTRA, first_output
+from engine.modules.build import MODELS_EXTRA
 
 ALL_LINEAR = "all-linear"  # peft's: every linear layer but the output head
 ADAPTER_SCALE = 0.01  # seeded adapters small beside the base weights, both A and B non-zero (gradients everywhere)
@@ -56,7 +56,9 @@ def add_lora(module: nn.Module, rank: int, targets: str | Sequence[str] = ALL_LI
 
 def enable_checkpointing(module: nn.Module) -> None:
     """Per-block activation checkpointing by the module's own switch (non-reentrant)."""
-    if hasattr(module, "gradient_checkpointing_enable"):  # transformers
+    if hasattr(module, "activation_checkpointing_enable"):  # transformers >= 5.2x
+        module.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    elif hasattr(module, "gradient_checkpointing_enable"):  # earlier transformers
         module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     elif hasattr(module, "enable_gradient_checkpointing"):  # diffusers
         module.enable_gradient_checkpointing()
@@ -67,17 +69,33 @@ def enable_checkpointing(module: nn.Module) -> None:
     module.train()
 
 
+def _outputs(out: Any) -> list[torch.Tensor]:
+    """Every floating-point tensor of a forward's output that carries a gradient."""
+    if isinstance(out, torch.Tensor):
+        return [out] if out.is_floating_point() and out.requires_grad else []
+    if isinstance(out, Mapping):  # transformers' ModelOutput too
+        out = list(out.values())
+    if isinstance(out, (tuple, list)):
+        return [t for o in out for t in _outputs(o)]
+    return []
+
+
 class TrainingLoss:
-    """Mean square error of the forward's first output against a seeded normal target
-    (made at the first call, the output's shape, float32): the same loss every step."""
+    """Mean square error of every output of the forward (each floating-point tensor that
+    carries a gradient: LTX-2's video and audio, a language model's logits) against a
+    seeded normal target of its shape (made at the first call, float32), summed: the same
+    loss every step, and a backward that reaches every branch of the graph."""
 
     def __init__(self, seed: int = 0):
         self.seed = seed
-        self.target: torch.Tensor | None = None
+        self.targets: list[torch.Tensor] = []
 
     def __call__(self, output: Any) -> torch.Tensor:
-        out = first_output(output).float()
-        if self.target is None or self.target.shape != out.shape:
+        outs = [o.float() for o in _outputs(output)]
+        if not outs:
+            raise ConfigError("the forward's output carries no gradient: no LoRA target is on its path; "
+                              "name model.lora_targets the model's output depends on")
+        if [t.shape for t in self.targets] != [o.shape for o in outs]:
             g = torch.Generator().manual_seed(self.seed)
-            self.target = torch.randn(tuple(out.shape), generator=g).to(out.device)
-        return (out - self.target).pow(2).mean()
+            self.targets = [torch.randn(tuple(o.shape), generator=g).to(o.device) for o in outs]
+        return sum((o - t).pow(2).mean() for o, t in zip(outs, self.targets))

@@ -227,7 +227,11 @@ def record(module: nn.Module, example_inputs: Any, *, backend: str = "cuda", gro
     streamed = StreamedModule(module, example_inputs, device=device, backend=backend, grouping=grouping,
                               blocks=blocks, checkpoint=checkpoint, source=source, training=training)
     try:
-        return record_module(streamed, name=name or type(module).__name__, backend=backend, workload=workload,
-                             loss_fn=loss_fn)
-    finally:
+        trace = record_module(streamed, name=name or type(module).__name__, backend=backend, workload=workload,
+                              loss_fn=loss_fn)
+    except BaseException as err:
+        traceback.clear_frames(err.__traceback__)  # its frames hold views of the checkpoint's mapping
         streamed.remove()
+        raise
+    streamed.remove()
+    return trace

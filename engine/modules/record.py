@@ -74,6 +74,23 @@ class _Bring:
         return out
 
 
+class _Noted:
+    """Saved-tensor hooks that log what is saved (SavedTensorLog.note) and keep the tensor
+    itself: a wrapper would make a cycle through the graph of any output the loss does
+    not reach, keeping that graph (and the recording's host weights) alive."""
+
+    def __init__(self, log: SavedTensorLog):
+        self.log = log
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        self.log.note(t)
+        return t
+
+    @staticmethod
+    def unpack(t: torch.Tensor) -> torch.Tensor:
+        return t
+
+
 class _Stamped(KernelStamps):
     """KernelStamps as the executor of StreamedWeights (a training step's fetches)."""
 
@@ -126,7 +143,7 @@ def time_kernels(streamed: StreamedModule, clock: Clock, loss_fn: LossFn | None 
                 for p in _trainable(streamed.module):
                     p.grad = None
                 weights.start_step()
-                with weight_handles(weights, log):
+                with weight_handles(weights, _Noted(log)):
                     with streamed.hooks.forward(weights):
                         out = streamed.run()
                     loss_fn(out).backward()

@@ -233,6 +233,8 @@ class TrainingHandle:
             self._offloader = None
         if self.executor is not None:
             self.module.__dict__.pop("forward", None)
+            self._weights.release()
+            self._managed = None  # the resident frozen weights: on the cpu backend, views of the checkpoint
             self.executor.close()
             self.executor = None
             self.streamed.remove()
