@@ -35,7 +35,8 @@ from engine.config import WEIGHT_SOURCES, ActivationsConfig
 from engine.errors import ConfigError
 from engine.executor.setup import bitwise_equal, compute_device, device_name, fits_resident
 from engine.executor.training import LEARNING_RATE, deterministic, max_abs_diff
-from engine.job import Job, Outcome, config_summary
+from engine.job import Job, Outcome, config_summary, plan_keys
+from engine.plan import make_plan
 from engine.modules.adapters import ALL_LINEAR, TrainingLoss, add_lora, enable_checkpointing
 from engine.modules.build import build_module, example_inputs, first_output
 from engine.modules.checkpoint import module_weights
@@ -200,7 +201,7 @@ def execute_module(job: Job) -> Outcome:
     steady = rows[1:] or rows
     measured = {"step_ms": statistics.median(r["step_ms"] for r in steady), "h2d_bytes": rows[-1]["h2d_bytes"],
                 "peak_device_bytes": max(r["peak_device_bytes"] for r in rows)}
-    report = {"config": config_summary(job), "prediction": pred, "measured": measured,
+    report = {"config": config_summary(job), **_plan(job, trace), "prediction": pred, "measured": measured,
               "bitwise": same, "device": device_name(device), "resident_params": h.resident_params}
     md = (f"## Executed {cfg.model.name} at budget {cfg.budget} MB ({pred['eviction']})\n\n"
           + table(["", "predicted", "measured"], [
@@ -210,6 +211,19 @@ def execute_module(job: Job) -> Outcome:
           + "\n\noutputs bitwise equal to the resident run: "
           + ("not compared (the model does not fit)" if reference is None else str(all(same))))
     return Outcome(report, md, exit_code=0 if reference is None or all(same) else 1)
+
+
+def _plan(job: Job, trace: Trace) -> dict:
+    """The plan's keys a report (and a sweep's summary) carries: the job's, or the trace's just recorded."""
+    from sim.simulator import backend_granule
+
+    cfg = job.cfg
+    plan = job.plan or make_plan(
+        model=cfg.model.name, workload=cfg.workload.name,
+        param_count=trace.header.get("params") or sum(trace.weight_sizes.values()) // 2,
+        order=trace.access_order(), budget_mb=cfg.budget, lookahead=cfg.weights.lookahead,
+        granule=backend_granule(cfg.weights, cfg.hardware))
+    return plan_keys(plan.as_dict())
 
 
 Steps = list[tuple[torch.Tensor, dict[str, torch.Tensor]]]  # per step: the loss, the adapters' gradients
@@ -268,10 +282,11 @@ def _execute_training(job: Job, module: Any, inputs: dict, device: torch.device,
     saved = sum(s.nbytes for r in trace.records for s in r.saved)
     compare = fits_resident(sum(trace.weight_sizes.values()) + saved, device)
     cuda = device.type == "cuda"
-    reference = spread = None
+    reference = spread = resident_ms = None
     with deterministic(compare and cuda):
         if compare:
-            reference, _, _ = _train_run(job, module, inputs, initial, None, None, "priority", timed=False)
+            reference, ref_rows, _ = _train_run(job, module, inputs, initial, None, None, "priority", timed=False)
+            resident_ms = statistics.median(r["weight_step_ms"] for r in ref_rows[1:] or ref_rows)
             if cuda:  # kernels non-deterministic even in deterministic mode: the spread of two references
                 spread = max_abs_diff(reference, _train_run(job, module, inputs, initial, None, None, "priority",
                                                             timed=False)[0])
@@ -288,7 +303,8 @@ def _execute_training(job: Job, module: Any, inputs: dict, device: torch.device,
                 "d2h_bytes": rows[-1].get("spill_bytes", 0),
                 "pool_peak_bytes": max(r["weight_peak_device_bytes"] for r in rows),
                 "torch_peak_bytes": None if None in torch_peak else max(torch_peak),
-                "activations_spilled": rows[-1].get("activations_spilled", 0)}
+                "activations_spilled": rows[-1].get("activations_spilled", 0),
+                "resident_step_ms": resident_ms}  # the same steps, every weight resident, activations kept
     if measured["torch_peak_bytes"] is not None:
         measured["peak_device_bytes"] = measured["pool_peak_bytes"] + measured["torch_peak_bytes"]
     losses = grads = None
@@ -297,14 +313,19 @@ def _execute_training(job: Job, module: Any, inputs: dict, device: torch.device,
         losses = all(ok(a, b) for (a, _), (b, _) in zip(steps, reference))
         grads = all(ok(g[k], ref[k]) for (_, g), (_, ref) in zip(steps, reference) for k in ref)
     (job.out_dir / "telemetry.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    report = {"config": config_summary(job), "prediction": pred, "measured": measured, "reference_spread": spread,
+    # The prediction's process peak less the context: the pool and torch's allocations, as measured.
+    pred = {**pred, "peak_pool_torch_bytes": pred["peak_process_bytes"] - context}
+    report = {"config": config_summary(job), **_plan(job, trace), "prediction": pred, "measured": measured,
+              "reference_spread": spread,
               "loss_match_reference": losses, "grads_match_reference": grads, "device": device_name(device)}
     table_rows = [
         ["step time", f"{pred['step_ms']:.2f} ms", f"{measured['step_ms']:.2f} ms"],
         ["H2D bytes / step (weights, restores)", fmt_bytes(pred["h2d_bytes"]), fmt_bytes(measured["h2d_bytes"])],
         ["D2H bytes / step (spills)", fmt_bytes(pred["d2h_bytes"]), fmt_bytes(measured["d2h_bytes"])],
-        ["peak pool + torch bytes", fmt_bytes(pred["peak_process_bytes"] - context),
+        ["peak pool + torch bytes", fmt_bytes(pred["peak_pool_torch_bytes"]),
          fmt_bytes(measured["peak_device_bytes"]) if "peak_device_bytes" in measured else "not measured (cpu)"]]
+    if resident_ms is not None:
+        table_rows.append(["step, every weight resident and activations kept", "", f"{resident_ms:.2f} ms"])
     compared = ("not compared (the weights and saved tensors do not fit all resident)" if reference is None else
                 f"losses {losses}, gradients {grads}" + (f" (within twice the reference's own spread, "
                                                          f"{spread:.3g})" if spread else " (bitwise)"))

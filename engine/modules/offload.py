@@ -188,7 +188,7 @@ def predict(trace: Trace, hardware: Any, budget: int | None, lookahead: int | st
     chosen = min(results, key=lambda c: results[c].prediction["step_ms"])
     p = results[chosen].prediction
     return {"eviction": chosen[0], "lookahead": chosen[1], "step_ms": p["step_ms"], "h2d_bytes": p["h2d_bytes"],
-            "d2h_bytes": p["d2h_bytes"],
+            "d2h_bytes": p["d2h_bytes"], "stall_ms": p["stall_ms"], "overlap": p["overlap"],
             "peak_device_bytes": p["peak_device_bytes"], "peak_process_bytes": p["peak_process_bytes"],
             "hardware": hardware.name,
             "candidates": {f"{n}/{la}": round(r.prediction["step_ms"], 3) for (n, la), r in results.items()}}

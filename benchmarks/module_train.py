@@ -1,0 +1,99 @@
+"""LoRA training on a real module through the CLI: recorded once, then executed over
+budgets and activation policies, each beside the prediction from that one recording.
+
+    python benchmarks/module_train.py                                  # LTX-2, 48 blocks, 6144 tokens
+    python benchmarks/module_train.py --blocks 8 --tokens 16384 --checkpointing false \\
+        --budgets null --activations off,sync,watermark --override activations.high_watermark_mb=...
+
+The commands a user runs:
+1. `mode=materialize` writes random bf16 weights for the model (--blocks: that many) into --dir;
+2. `workload=train_lora mode=record` records one training step (peft LoRA rank --rank on the
+   config's lora_targets, per-block checkpointing unless --checkpointing false);
+3. `-m mode=execute trace=...` runs each budget x activations policy, workload.steps steps each,
+   after the same steps with every weight resident (losses and adapter gradients compared);
+4. the checkpoint is deleted.
+Writes OUT/module_train.json (every report) and prints measured against predicted.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+# Copies in flight before the host waits (engine/modules/training.py MODULE_INFLIGHT): a real
+# block saves ~150 tensors, and a lower cap makes the host wait inline.
+INFLIGHT = ["activations.max_inflight_d2h=1024", "activations.max_inflight_h2d=1024"]
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def engine(*args: str) -> None:
+    cmd = [sys.executable, "-m", "engine", *args]
+    log(" ".join(cmd[3:]))
+    subprocess.run(cmd, check=True)
+
+
+def pct(a: float | None, b: float | None) -> str:
+    return "-" if a is None or b is None else f"{100 * (a - b) / b:+.1f}%"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="ltx2_diffusers")
+    ap.add_argument("--blocks", type=int, default=None, help="model.module.num_layers (default: the config's)")
+    ap.add_argument("--tokens", type=int, default=6144)
+    ap.add_argument("--rank", type=int, default=32)
+    ap.add_argument("--checkpointing", default="true")
+    ap.add_argument("--budgets", default="16000,24000")
+    ap.add_argument("--activations", default="off,sync")
+    ap.add_argument("--sync-layers", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--dir", default="/dev/shm")
+    ap.add_argument("--override", action="append", default=[], help="an engine override for every run")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model = [f"model={args.model}"] + ([f"+model.module.num_layers={args.blocks}"] if args.blocks else [])
+    train = ["workload=train_lora", f"workload.video_tokens={args.tokens}", f"workload.lora_rank={args.rank}",
+             f"workload.checkpointing={args.checkpointing}", f"workload.steps={args.steps}", *args.override]
+    ckpt = Path(args.dir) / f"module-train-{args.model}-{args.blocks or 'all'}.safetensors"
+    try:
+        t = time.perf_counter()
+        engine(*model, "mode=materialize", f"out={ckpt}", f"hydra.run.dir={out / 'materialize'}")
+        log(f"materialized in {time.perf_counter() - t:.0f} s")
+        t = time.perf_counter()
+        engine(*model, *train, "mode=record", f"weights.file={ckpt}", f"hydra.run.dir={out / 'record'}")
+        log(f"recorded in {time.perf_counter() - t:.0f} s")
+        trace = out / "record" / "trace.jsonl"
+        engine("-m", *model, *train, "mode=execute", f"trace={trace}", f"weights.file={ckpt}",
+               f"budget={args.budgets}", f"activations={args.activations}",
+               f"activations.num_offload_layers={args.sync_layers}", *INFLIGHT,
+               f"hydra.sweep.dir={out / 'execute'}")
+    finally:
+        ckpt.unlink(missing_ok=True)
+    rows = [json.loads(p.read_text()) for p in sorted((out / "execute").glob("*/report.json"),
+                                                       key=lambda p: int(p.parent.name))]
+    (out / "module_train.json").write_text(json.dumps({"args": vars(args), "reports": rows}, indent=1, default=str))
+    print("| budget MB | activations | step predicted | measured | error | x resident | pool+torch peak "
+          "predicted | measured | error | H2D pred / meas GB | losses, grads |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        p, m, c = r["prediction"], r["measured"], r["config"]
+        peak, resident = m.get("peak_device_bytes"), m.get("resident_step_ms")
+        ratio = f"{m['step_ms'] / resident:.3f}" if resident else "-"
+        print(f"| {c['budget_mb']} | {c['activations']} | {p['step_ms']:.1f} | {m['step_ms']:.1f} | "
+              f"{pct(p['step_ms'], m['step_ms'])} | {ratio} | {p['peak_pool_torch_bytes'] / 1e9:.2f} | "
+              f"{'-' if peak is None else f'{peak / 1e9:.2f}'} | {pct(p['peak_pool_torch_bytes'], peak)} | "
+              f"{p['h2d_bytes'] / 1e9:.2f} / {m['h2d_bytes'] / 1e9:.2f} | "
+              f"{r['loss_match_reference']}, {r['grads_match_reference']} |")
+
+
+if __name__ == "__main__":
+    main()
