@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -41,6 +42,25 @@ def engine(*args: str) -> None:
 
 def pct(a: float | None, b: float | None) -> str:
     return "-" if a is None or b is None else f"{100 * (a - b) / b:+.1f}%"
+
+
+def describe(path: Path) -> None:
+    """The recorded step in a few lines: compute and host time, forward and backward, and the memory."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from engine.trace import read_trace
+
+    trace = read_trace(path)
+    h = trace.header
+    for phase in ("fwd", "bwd"):
+        recs = [r for r in trace.records if r.phase == phase]
+        top = max(recs, key=lambda r: r.compute_ns)
+        log(f"{phase}: {len(recs)} kernels, compute {sum(r.compute_ns for r in recs) / 1e6:.1f} ms, host "
+            f"{sum(r.host_ns for r in recs) / 1e6:.1f} ms; longest {top.name} {top.compute_ns / 1e6:.2f} ms "
+            f"(host {top.host_ns / 1e6:.2f} ms)")
+    saved = sum(s.nbytes for r in trace.records for s in r.saved)
+    log(f"pipelined step {(h.get('pipelined_step_ns') or 0) / 1e6:.1f} ms, compute_scale {h.get('compute_scale')}, "
+        f"saved {saved / 1e9:.3f} GB, transient {(h.get('activation_peak_bytes') or 0) / 1e9:.3f} GB, "
+        f"context {(h.get('context_bytes') or 0) / 1e9:.3f} GB, record {h.get('record_s')} s")
 
 
 def main() -> None:
@@ -72,12 +92,14 @@ def main() -> None:
         engine(*model, *train, "mode=record", f"weights.file={ckpt}", f"hydra.run.dir={out / 'record'}")
         log(f"recorded in {time.perf_counter() - t:.0f} s")
         trace = out / "record" / "trace.jsonl"
+        describe(trace)
         engine("-m", *model, *train, "mode=execute", f"trace={trace}", f"weights.file={ckpt}",
                f"budget={args.budgets}", f"activations={args.activations}",
                f"activations.num_offload_layers={args.sync_layers}", *INFLIGHT,
                f"hydra.sweep.dir={out / 'execute'}")
     finally:
         ckpt.unlink(missing_ok=True)
+    shutil.make_archive(str(out / "record"), "gztar", out / "record")  # the trace, in one file to fetch
     rows = [json.loads(p.read_text()) for p in sorted((out / "execute").glob("*/report.json"),
                                                        key=lambda p: int(p.parent.name))]
     (out / "module_train.json").write_text(json.dumps({"args": vars(args), "reports": rows}, indent=1, default=str))
