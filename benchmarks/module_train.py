@@ -104,8 +104,8 @@ def main() -> None:
                                                        key=lambda p: int(p.parent.name))]
     (out / "module_train.json").write_text(json.dumps({"args": vars(args), "reports": rows}, indent=1, default=str))
     print("| budget MB | activations | step predicted | measured | error | x resident | pool+torch peak "
-          "predicted | measured | error | H2D pred / meas GB | losses, grads |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "predicted | measured | error | H2D pred / meas GB | D2H pred / meas GB | spill misses, stall ms | losses, grads |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         p, m, c = r["prediction"], r["measured"], r["config"]
         peak, resident = m.get("peak_device_bytes"), m.get("resident_step_ms")
@@ -114,6 +114,7 @@ def main() -> None:
               f"{pct(p['step_ms'], m['step_ms'])} | {ratio} | {p['peak_pool_torch_bytes'] / 1e9:.2f} | "
               f"{'-' if peak is None else f'{peak / 1e9:.2f}'} | {pct(p['peak_pool_torch_bytes'], peak)} | "
               f"{p['h2d_bytes'] / 1e9:.2f} / {m['h2d_bytes'] / 1e9:.2f} | "
+              f"{p['d2h_bytes'] / 1e9:.3f} / {m['d2h_bytes'] / 1e9:.3f} | {m['pool_misses']}, {m['stall_ms']:.1f} | "
               f"{r['loss_match_reference']}, {r['grads_match_reference']} |")
 
 

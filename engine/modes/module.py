@@ -258,12 +258,13 @@ def _train_run(job: Job, module: Any, inputs: dict, initial: dict[str, torch.Ten
                 loss = loss_fn(module(**inputs))
                 loss.backward()
                 loss = loss.detach()  # the graph's nodes keep the step's saved-tensor hooks alive
-            grads = {n: p.grad.detach().clone() for n, p in adapters.items() if p.grad is not None}
+            # On the host: a run's device memory is what it measures.
+            grads = {n: p.grad.detach().to("cpu", copy=True) for n, p in adapters.items() if p.grad is not None}
             with torch.no_grad():
                 for p in adapters.values():
                     if p.grad is not None:
                         p -= LEARNING_RATE * p.grad
-            steps.append((loss, grads))
+            steps.append((loss.to("cpu"), grads))
             peaks.append(torch.cuda.max_memory_allocated() if cuda else None)
         rows = [{**row, "torch_peak_bytes": peak} for row, peak in zip(h.telemetry(), peaks)]
         timeline = h.executor.step_timeline() if timed else None
@@ -305,6 +306,8 @@ def _execute_training(job: Job, module: Any, inputs: dict, device: torch.device,
                 "pool_peak_bytes": max(r["weight_peak_device_bytes"] for r in rows),
                 "torch_peak_bytes": None if None in torch_peak else max(torch_peak),
                 "activations_spilled": rows[-1].get("activations_spilled", 0),
+                "pool_misses": rows[-1].get("pool_misses", 0),
+                "stall_ms": statistics.median(r.get("stall_time_ms", 0) for r in steady),
                 "resident_step_ms": resident_ms}  # the same steps, every weight resident, activations kept
     if measured["torch_peak_bytes"] is not None:
         measured["peak_device_bytes"] = measured["pool_peak_bytes"] + measured["torch_peak_bytes"]

@@ -31,7 +31,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -217,6 +217,18 @@ def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss
         executor.close()
 
 
+def saving_layers(layers: Sequence[int]) -> list[int]:
+    """The layer each kernel's saved tensors belong to, as the activation offloader counts
+    them: the block entered last (its layer hooks enter blocks only), layer 0 before the
+    first. A checkpointed block's input is saved before its hooks run, so it counts with
+    the block before it, in both."""
+    out, current = [], 0
+    for layer in layers:
+        current = layer if layer >= 0 else current
+        out.append(current)
+    return out
+
+
 def _records(streamed: StreamedModule, times: KernelTimes, training: bool) -> tuple[KernelRecord, ...]:
     """Forward records (training: with what each saved), then the backward mirror."""
     rec, order = streamed.recording, streamed.order
@@ -225,9 +237,9 @@ def _records(streamed: StreamedModule, times: KernelTimes, training: bool) -> tu
         name=order.kernels[i], layer=rec.layers[i], phase="fwd", weights=order.reads[i],
         compute_ns=times.compute_ns[i], flops=rec.flops[i],
         io_bytes=sum(order.sizes[w] for w in order.reads[i]), host_ns=times.host_ns[i],
-        saved=tuple(SavedTensor(f"{order.kernels[i]}/t{k}", nbytes, rec.layers[i])
+        saved=tuple(SavedTensor(f"{order.kernels[i]}/t{k}", nbytes, layer)
                     for k, nbytes in enumerate(times.saved.get(i, ()))))
-        for i in range(n)]
+        for i, layer in enumerate(saving_layers(rec.layers))]
     if not training:
         return tuple(forward)
     needs: dict[int, list[str]] = {}  # a tensor is needed at the mirror of its last saver
