@@ -1,12 +1,12 @@
 """Recording a real module: each kernel's compute and host time -> a trace.
 
 Each timed forward fetches every kernel's weights itself, synchronously (the
-host waits for the copy, so no copy overlaps a kernel), then holds the compute
-stream behind a spin kernel while the host launches the kernel's work: the
-stamps around the kernel then time the GPU alone, and the host's launch time
-is measured apart (it becomes the record's host_ns, which the simulator's
-launcher spends per kernel). No weight needs to be resident beforehand, so a
-model larger than the device records the same way.
+host waits for the copy, so no copy overlaps a kernel). Forwards with the stream
+running free time the host's launch work per kernel (the record's host_ns, which
+the simulator's launcher spends); then forwards that hold the compute stream
+behind a spin kernel while the host launches each kernel's work time the GPU
+alone (`time_kernels`). No weight needs to be resident beforehand, so a model
+larger than the device records the same way.
 
 Kernels timed one at a time run a few percent faster than in a pipelined step
 (the GPU's clocks sag under sustained load). When the module fits on the device,
@@ -49,8 +49,7 @@ from engine.trace import BACKWARD_FLOPS_FACTOR, BACKWARD_SUFFIX, FORMAT, VERSION
 LossFn = Callable[[Any], torch.Tensor]  # a forward's output -> the scalar loss backward starts from
 
 WARMUP_FORWARDS = 1
-TIMED_FORWARDS = 2  # each copies every weight in synchronously: set-up time, medians of a quiet GPU
-FIRST_HOLD_NS = 1_000_000  # the warm-up forward's hold per kernel, before any host time is known
+TIMED_FORWARDS = 2  # of each kind (host, compute); each copies every weight in synchronously
 HOLD_MARGIN_NS = 50_000
 HOST_BOUND = 0.9  # host time over the pipelined step above which the host, not the kernels, sets it
 
@@ -70,7 +69,8 @@ class _Bring:
     def fetch(self, position: int) -> dict[str, torch.Tensor]:
         out = {w: self.host[w].to(self.device, copy=True) for w in self.order.reads[position]}
         self.clock.synchronize()
-        self.clock.hold(self.hold_ns[position])
+        if self.hold_ns[position]:
+            self.clock.hold(self.hold_ns[position])
         return out
 
 
@@ -119,8 +119,15 @@ class KernelTimes:
 
 def time_kernels(streamed: StreamedModule, clock: Clock, loss_fn: LossFn | None = None,
                  warmup: int = WARMUP_FORWARDS, forwards: int = TIMED_FORWARDS) -> KernelTimes:
-    """Each position's median compute and host time over `forwards` timed steps: forwards,
-    or (`loss_fn`) training steps over the training order."""
+    """Each position's median compute and host time over `forwards` timed steps each:
+    forwards, or (`loss_fn`) training steps over the training order.
+
+    Host time comes from steps whose stream runs free: the host's own launch time, or the
+    GPU's where the GPU is slower (the copies' synchronization bounds what can queue).
+    Compute comes from steps whose stream is held at each position for 1.5x that host time,
+    so the GPU runs the position's work back to back. A held stream must not time the host:
+    a position that queues more launches than the device's queue holds blocks its host
+    until the held work drains, and the hold the next step derives from that grows."""
     training = loss_fn is not None
     order = train_order(streamed.order) if training else streamed.order
     forward_kernels = len(streamed.order)
@@ -128,10 +135,14 @@ def time_kernels(streamed: StreamedModule, clock: Clock, loss_fn: LossFn | None 
     # Storages autograd may save that are not activations: resident parameters and the adapters.
     weight_ptrs = {p.untyped_storage().data_ptr() for p in streamed.module.parameters()
                    if id(p) not in streamed.placeholders}
-    hold = [FIRST_HOLD_NS] * len(order)
+    free = [0] * len(order)
+    hold = free
     compute_rows, host_rows = [], []
     log = None
-    for f in range(warmup + forwards):
+    for f in range(warmup + 2 * forwards):
+        timing_host = f < warmup + forwards
+        if f == warmup + forwards:
+            hold = [round(HOLD_FACTOR * h) + HOLD_MARGIN_NS for h in _median(host_rows)]
         stamps = _Stamped(_Bring(order, streamed.host, streamed.device, clock, hold), clock)
         clock.synchronize()
         with paused_gc():  # a collection inside a timed step would land in one kernel's time
@@ -153,13 +164,14 @@ def time_kernels(streamed: StreamedModule, clock: Clock, loss_fn: LossFn | None 
                     streamed.run()
             stamps.close()
         clock.synchronize()
-        compute = stamps.compute_ns()
-        compute[0] += clock.ns(start, stamps.before[0])  # the parent's work before the first kernel
-        host = [max(0, h - fetch) for h, fetch in zip(stamps.host_ns(), stamps.host_fetch)]
-        hold = [round(HOLD_FACTOR * h) + HOLD_MARGIN_NS for h in host]
-        if f >= warmup:
+        if f < warmup:
+            continue
+        if timing_host:
+            host_rows.append([max(0, h - fetch) for h, fetch in zip(stamps.host_ns(), stamps.host_fetch)])
+        else:
+            compute = stamps.compute_ns()
+            compute[0] += clock.ns(start, stamps.before[0])  # the parent's work before the first kernel
             compute_rows.append(compute)
-            host_rows.append(host)
     streamed.hooks.recompute = None
     times = KernelTimes(_median(compute_rows), _median(host_rows))
     if log is not None:
