@@ -11,7 +11,8 @@ larger than the device records the same way.
 Kernels timed one at a time run a few percent faster than in a pipelined step
 (the GPU's clocks sag under sustained load). When the module fits on the device,
 a pipelined all-resident step is timed too and, unless the host bounds it, every
-kernel's compute is scaled so the kernels sum to it (header "compute_scale").
+kernel's compute is scaled so the kernels sum to it (header "compute_scale"); where
+the host's times sum past it, they are scaled down to it (header "host_scale").
 
 A training step (`loss_fn` given: the module made streamable with training=True,
 its adapters trainable) is recorded the same way over the training order (the
@@ -276,12 +277,18 @@ def record_module(streamed: StreamedModule, *, name: str, backend: str, workload
     t0 = time.perf_counter()
     times = time_kernels(streamed, clock, loss_fn)
     saved_bytes = sum(sum(v) for v in times.saved.values())
-    scale, pipelined, memory = 1.0, None, None
+    scale, host_scale, pipelined, memory = 1.0, 1.0, None, None
     if fits_resident(sum(streamed.order.sizes.values()) + saved_bytes, device):
         pipelined, memory = pipelined_step_ns(streamed, clock, backend, loss_fn)
-        if sum(times.host_ns) < HOST_BOUND * pipelined:
+        host = sum(times.host_ns)
+        if host < HOST_BOUND * pipelined:
             scale = pipelined / max(1, sum(times.compute_ns))
             times.compute_ns = [round(c * scale) for c in times.compute_ns]
+        elif host > pipelined:
+            # The host's work of a step fits in the step it ran in: a position that queues more
+            # launches than the device holds waits on the GPU even with the stream free.
+            host_scale = pipelined / host
+            times.host_ns = [round(h * host_scale) for h in times.host_ns]
     records = _records(streamed, times, training)
     module = type(streamed.module)
     rec = streamed.recording
@@ -295,7 +302,7 @@ def record_module(streamed: StreamedModule, *, name: str, backend: str, workload
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "clock": "cuda events" if device.type == "cuda" else "perf_counter (cpu backend)",
         "timed_steps": TIMED_FORWARDS, "step_ns": sum(times.compute_ns),
-        "pipelined_step_ns": pipelined, "compute_scale": round(scale, 6),
+        "pipelined_step_ns": pipelined, "compute_scale": round(scale, 6), "host_scale": round(host_scale, 6),
         # The saved tensors are the simulator's to count (kept or spilled): the rest of torch's peak is transient.
         **({"activation_peak_bytes": max(0, memory[0] - saved_bytes), "context_bytes": memory[1]}
            if memory is not None else {}),
