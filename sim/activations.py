@@ -29,7 +29,7 @@ import simpy
 from engine.policy import Decision
 from engine.models.spec import SavedTensor
 from sim.compute import ComputeStream
-from sim.link import D2H, H2D, Copy, PcieLink
+from sim.link import ACTIVATIONS, D2H, H2D, Copy, PcieLink
 from sim.pool import DevicePool
 
 
@@ -135,7 +135,7 @@ class SavedActivations:
         yield from self._finalize_oldest(D2H, self.max_d2h)
         gate = self.compute.done_event(t.producer)
         c = self.link.copy(D2H, "spill " + t.name, t.nbytes,
-                           self.pinned_d2h if t.pinned else self.pageable, gate=gate)
+                           self.pinned_d2h if t.pinned else self.pageable, gate=gate, stream=ACTIVATIONS)
         t.spill = c
 
         c.done.callbacks.append(lambda _ev: self.pool.drop_activation(t.nbytes))
@@ -150,7 +150,8 @@ class SavedActivations:
         c = self.link.copy(H2D, "restore " + t.name, t.nbytes,
                            self.pinned_h2d if t.pinned else self.pageable,
                            gate=spill_done if spill_done.callbacks is not None else None,
-                           on_start=lambda: self.pool.add_activation(t.nbytes), urgent=urgent)
+                           on_start=lambda: self.pool.add_activation(t.nbytes), urgent=urgent,
+                           stream=ACTIVATIONS)
         t.restore = c
         self.in_flight[H2D].append(c)
         self.issued(H2D, c)

@@ -1,10 +1,12 @@
 """The PCIe link between host and GPU: two copy queues sharing one duplex cap.
 
-Each direction (H2D, D2H) is one FIFO queue: concurrent copies in one
-direction serialize, as they do on the GPU's copy engines. An urgent copy (an
-on-demand restore, which the executor issues on a stream of its own) goes to
-the head of its queue: behind the copy in progress, ahead of every waiting
-one. The two directions run at the same time, but their sum is capped
+Each direction (H2D, D2H) runs one copy at a time, as the GPU's copy engine
+does, from FIFO queues, one per stream the executor issues on: the weights'
+copy stream, the activations' spill and restore streams. A copy whose gate has
+not fired (an event its stream waits on) holds back its own stream only; the
+engine takes the oldest ready head of the others. An urgent copy (an on-demand
+restore, which the executor issues on a stream of its own) goes first: behind
+the copy in progress, ahead of every waiting one. The two directions run at the same time, but their sum is capped
 (hardware.duplex_gbps, below h2d_gbps + d2h_gbps), so a copy is re-rated
 whenever the other direction starts or stops: a fluid model, one timer per
 rate change, never one event per chunk.
@@ -22,6 +24,9 @@ from engine.units import MIB
 
 H2D = "h2d"
 D2H = "d2h"
+WEIGHTS = "weights"  # the executor's weight copy stream
+ACTIVATIONS = "activations"  # its spill (D2H) and restore (H2D) streams
+URGENT = "urgent"  # an on-demand restore's own stream
 
 
 def source_gbps(hardware: Any, source: str) -> float:
@@ -67,8 +72,8 @@ class Copy:
     """One copy: `nbytes` at `gbps` when it has its direction to itself.
 
     `gate`, if given, must fire before the copy may start (e.g. the kernel that
-    produced a spilled tensor); the queue behind it waits, as a CUDA stream
-    waiting on an event does. `on_start` runs when the first byte moves (a
+    produced a spilled tensor); the copies behind it on its stream wait, as a
+    CUDA stream waiting on an event does. `on_start` runs when the first byte moves (a
     restore allocates its device bytes then); `done` fires when the last byte
     has landed.
     """
@@ -80,6 +85,8 @@ class Copy:
     gate: simpy.Event | None = None
     on_start: Callable[[], None] | None = None
     urgent: bool = False  # queued ahead of the non-urgent copies (PcieLink.copy)
+    stream: str = WEIGHTS
+    order: int = 0  # submission order within the direction: the engine serves the oldest ready head
     start_ns: int = -1
     end_ns: int = -1
     remaining: float = field(default=0.0, repr=False)
@@ -88,16 +95,17 @@ class Copy:
 class _Direction:
     def __init__(self, name: str):
         self.name = name
-        self.queue: deque[Copy] = deque()
+        self.queues: dict[str, deque[Copy]] = {}  # per stream, FIFO
         self.active: Copy | None = None
         self.rate = 0.0  # bytes per ns (= GB/s) of the active copy
         self.since = 0  # when `active.remaining` was last brought up to date
         self.version = 0  # bumps on every re-rate; stale completion timers ignore themselves
-        self.gated = False  # head of queue waits on its gate
+        self.gated: set[str] = set()  # streams whose head waits on its gate
+        self.submitted = 0
 
 
 class PcieLink:
-    """Full-duplex link: FIFO per direction, shared aggregate bandwidth."""
+    """Full-duplex link: one copy at a time per direction from FIFO streams, shared aggregate bandwidth."""
 
     def __init__(self, env: simpy.Environment, hardware: Any,
                  log: Callable[[int, str, str], None]):
@@ -109,20 +117,16 @@ class PcieLink:
 
     def copy(self, direction: str, label: str, nbytes: int, gbps: float,
              gate: simpy.Event | None = None, on_start: Callable[[], None] | None = None,
-             urgent: bool = False) -> Copy:
-        """Queue a copy; `gbps` is its large-copy rate from its source."""
-        c = Copy(label=label, nbytes=nbytes, gbps=gbps * self.efficiency(nbytes),
-                 done=self.env.event(), gate=gate, on_start=on_start)
+             urgent: bool = False, stream: str = WEIGHTS) -> Copy:
+        """Queue a copy on `stream`; `gbps` is its large-copy rate from its source.
+        `urgent`: a stream of its own, served before every other waiting copy."""
         d = self.dirs[direction]
-        if urgent:
-            c.urgent = True
-            # Behind the urgent copies already waiting (their stream is FIFO too), ahead of the rest.
-            d.queue.insert(next((i for i, w in enumerate(d.queue) if not w.urgent), len(d.queue)), c)
-            if d.active is None:
-                self._start_next(d)  # a gated head no longer holds it back
-            return c
-        d.queue.append(c)
-        if d.active is None and not d.gated:
+        c = Copy(label=label, nbytes=nbytes, gbps=gbps * self.efficiency(nbytes),
+                 done=self.env.event(), gate=gate, on_start=on_start, urgent=urgent,
+                 stream=URGENT if urgent else stream, order=d.submitted)
+        d.submitted += 1
+        d.queues.setdefault(c.stream, deque()).append(c)
+        if d.active is None:
             self._start_next(d)
         return c
 
@@ -143,14 +147,20 @@ class PcieLink:
         return min(own, max(self.duplex / 2, self.duplex - other.gbps))
 
     def _start_next(self, d: _Direction) -> None:
-        if not d.queue:
+        ready = []
+        for stream, queue in d.queues.items():
+            if not queue or stream in d.gated:
+                continue
+            head = queue[0]
+            if head.gate is not None and head.gate.callbacks is not None:
+                d.gated.add(stream)  # FIFO: nothing behind the head on its stream may overtake it
+                head.gate.callbacks.append(lambda _ev, d=d, stream=stream: self._ungate(d, stream))
+                continue
+            ready.append(head)
+        if not ready:
             return
-        head = d.queue[0]
-        if head.gate is not None and head.gate.callbacks is not None:
-            d.gated = True  # FIFO: nothing behind the head may overtake it
-            head.gate.callbacks.append(lambda _ev, d=d: self._ungate(d))
-            return
-        d.queue.popleft()
+        head = min(ready, key=lambda c: (not c.urgent, c.order))
+        d.queues[head.stream].popleft()
         now = self.env.now
         head.start_ns = now
         head.remaining = float(head.nbytes)
@@ -163,8 +173,8 @@ class PcieLink:
         self._rerate(d, force=True)
         self._rerate(self._other(d), force=False)
 
-    def _ungate(self, d: _Direction) -> None:
-        d.gated = False
+    def _ungate(self, d: _Direction, stream: str) -> None:
+        d.gated.discard(stream)
         if d.active is None:
             self._start_next(d)
 

@@ -6,7 +6,7 @@ import simpy
 
 from engine.config import HardwareConfig
 from engine.errors import ConfigError
-from sim.link import D2H, H2D, MIB, PcieLink, SmallCopyEfficiency, source_gbps
+from sim.link import ACTIVATIONS, D2H, H2D, MIB, PcieLink, SmallCopyEfficiency, source_gbps
 from sim.pool import DevicePool
 
 # The lent H100's measured link (benchmarks/results/hardware-h100-2026-11-22.md).
@@ -101,6 +101,25 @@ def test_gate_holds_the_queue() -> None:
     env.process(open_gate())
     env.run()
     assert a.start_ns == 1000 and b.start_ns == a.end_ns
+
+
+def test_a_gated_weight_copy_holds_back_its_own_stream_only() -> None:
+    """The executor copies weights and restores activations on separate streams: a weight
+    copy waiting for a free must not hold back a restore the kernel that frees it needs."""
+    env, link, _ = _link()
+    free = env.event()
+    weight = link.copy(H2D, "weight", GB, 54.4, gate=free)
+    after = link.copy(H2D, "next weight", GB, 54.4)
+    restore = link.copy(H2D, "restore", GB // 10, 54.4, stream=ACTIVATIONS)
+
+    def kernel():  # needs the restore, then frees the gated copy's bytes
+        yield restore.done
+        free.succeed()
+
+    env.process(kernel())
+    env.run()
+    assert restore.start_ns == 0
+    assert weight.start_ns == restore.end_ns and after.start_ns == weight.end_ns
 
 
 def test_an_urgent_copy_passes_a_gated_head_and_waits_only_for_the_copy_in_progress() -> None:
