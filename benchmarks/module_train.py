@@ -34,10 +34,11 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def engine(*args: str) -> None:
+def engine(*args: str, check: bool = True) -> None:
     cmd = [sys.executable, "-m", "engine", *args]
     log(" ".join(cmd[3:]))
-    subprocess.run(cmd, check=True)
+    if subprocess.run(cmd, check=check).returncode:
+        log("the sweep stopped early: the table has the points that finished")
 
 
 def pct(a: float | None, b: float | None) -> str:
@@ -96,7 +97,7 @@ def main() -> None:
         engine("-m", *model, *train, "mode=execute", f"trace={trace}", f"weights.file={ckpt}",
                f"budget={args.budgets}", f"activations={args.activations}",
                f"activations.num_offload_layers={args.sync_layers}", *INFLIGHT,
-               f"hydra.sweep.dir={out / 'execute'}")
+               f"hydra.sweep.dir={out / 'execute'}", check=False)
     finally:
         ckpt.unlink(missing_ok=True)
     shutil.make_archive(str(out / "record"), "gztar", out / "record")  # the trace, in one file to fetch
