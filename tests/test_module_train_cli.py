@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine.errors import ConfigError
 from engine.modules.checkpoint import module_weights, state_dict_name
 from engine.trace import BACKWARD_SUFFIX, read_trace
 
@@ -118,3 +119,39 @@ def test_peft_names_map_to_the_base_checkpoint():
         "model.layers.0.self_attn.q_proj.weight"
     assert state_dict_name("model.layers.0.mlp.up_proj.weight") == "model.layers.0.mlp.up_proj.weight"
     assert torch.is_tensor(next(wrapped.parameters()))
+
+
+def test_the_api_chooses_the_policy_from_a_recorded_training_step(recorded):
+    """engine.offload(training=True, eviction="auto", loss_fn=...): one training step recorded,
+    every policy simulated with the activations policy; the run spills what was predicted."""
+    from omegaconf import OmegaConf
+
+    import engine
+    from engine.modules.adapters import TrainingLoss, add_lora
+    from engine.modules.build import build_module, example_inputs
+
+    ckpt, _ = recorded[False]
+    cfg = OmegaConf.load(ROOT / "conf" / "model" / "tiny_llama_hf.yaml")
+    model = add_lora(build_module(cfg), 4, device=torch.device("cpu"))
+    workload = OmegaConf.create({"kind": "train_lora", "batch": 1, "text_tokens": 64})
+    inputs = example_inputs(cfg, model, workload, torch.device("cpu"))
+    loss_fn = TrainingLoss()
+    h = engine.offload(model, budget_mb=0.45, example_inputs=inputs, training=True, checkpoint=ckpt,
+                       backend="cpu", eviction="auto", loss_fn=loss_fn,
+                       activations={"mode": "watermark", "high_watermark_mb": 0.05, "low_watermark_mb": 0.02,
+                                    "min_tensor_bytes": 0})
+    try:
+        assert set(h.prediction["candidates"]) == {"lru/2", "belady/2", "priority/2"}
+        assert h.executor.policy.eviction == h.prediction["eviction"]
+        assert h.trace is not None and len(h.trace.records) == 10
+        for _ in range(2):
+            with h.step():
+                loss_fn(model(**inputs)).backward()
+        row = h.telemetry()[-1]
+        assert row["spill_bytes"] == h.prediction["d2h_bytes"] > 0
+        assert row["pool_misses"] == 0  # the pool was sized from the recording: no sizing step
+    finally:
+        h.remove()
+    with pytest.raises(ConfigError, match="lookahead='auto'"):
+        engine.offload(model, budget_mb=0.45, example_inputs=inputs, training=True, checkpoint=ckpt,
+                       backend="cpu", eviction="priority", lookahead="auto")

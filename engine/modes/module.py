@@ -42,10 +42,9 @@ from engine.modules.build import build_module, example_inputs, first_output
 from engine.modules.checkpoint import module_weights
 from engine.modes.simulate import timeline_files
 from engine.modules.offload import offload, predict, record
+from engine.modules.training import sized_for
 from engine.report import fmt_bytes, table
 from engine.trace import Trace, write_trace
-from engine.policy.pool_sizing import exact_pool
-from engine.policy.schedule import step_questions
 from engine.units import budget_bytes
 from sim.prediction import context_bytes
 from engine.weightfile import materialize
@@ -141,11 +140,7 @@ def _activations(cfg: Any, trace: Trace) -> Any:
     its pool sized from the trace when activations.pool.exact (as the job does for trace=)."""
     if not _training(cfg):
         return OmegaConf.structured(ActivationsConfig)
-    act = cfg.activations
-    if act.mode != "off" and act.pool.exact:
-        sized = exact_pool(act, step_questions(trace.records), trace.num_layers)
-        act = OmegaConf.merge(act, {"pool": {**sized, "exact": False}})
-    return act
+    return sized_for(cfg.activations, trace)
 
 
 def _timeline(job: Job, trace: Trace, budget: int | None, pred: dict, measured: list) -> None:

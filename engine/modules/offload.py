@@ -27,7 +27,7 @@ from engine.executor.runtime import WeightExecutor
 from engine.executor.setup import compute_device
 from engine.modules.record import record_module
 from engine.modules.streamed import StreamedModule
-from engine.modules.training import TrainingHandle
+from engine.modules.training import TrainingHandle, activations_config, sized_for
 from engine.policy.placement import place
 from engine.policy.weights import EVICTIONS, WeightResidency, floor
 from engine.trace import Trace
@@ -82,7 +82,8 @@ def offload(module: nn.Module, *, budget_mb: float | None, example_inputs: Any =
             lookahead: int | str = 2, backend: str = "cuda", grouping: str = "block",
             blocks: Sequence[str] | None = None, checkpoint: str | Path | None = None,
             source: str = "mmap_registered", hardware: Any = None, training: bool = False,
-            activations: Any = None) -> OffloadHandle | TrainingHandle:
+            activations: Any = None, loss_fn: Callable[[Any], torch.Tensor] | None = None
+            ) -> OffloadHandle | TrainingHandle:
     """Stream `module`'s parameters through a pool capped at `budget_mb` (None: all resident).
 
     `example_inputs` (a tuple of positional arguments, a dict of keyword arguments,
@@ -104,27 +105,14 @@ def offload(module: nn.Module, *, budget_mb: float | None, example_inputs: Any =
     `training=True` returns a TrainingHandle instead (engine/modules/training.py):
     `with h.step(): loss.backward()` spills saved activations by the `activations`
     policy (a mapping of ActivationsConfig fields); with a budget the frozen weights
-    stream too (eviction "auto" is priority there: no training trace is recorded), and
-    with a checkpoint and no budget they come from it, all resident.
+    stream too, and with a checkpoint and no budget they come from it, all resident.
+    There `eviction="auto"` records one training step with `loss_fn` (the forward's
+    output -> the loss) and keeps the policy the simulator predicts fastest for it and
+    the activations policy (`h.prediction`); without `loss_fn` it is priority.
     """
     if training:
-        device = _check_common(module, budget_mb, backend)
-        if budget_mb is None and checkpoint is None:
-            return TrainingHandle(module, activations, blocks)
-        if example_inputs is None:
-            raise ConfigError("training=True with a budget or a checkpoint streams the weights: give "
-                              "example_inputs (one forward's arguments) to record the order")
-        if eviction == "auto":
-            eviction = "priority"  # no recorded training trace to choose by (yet)
-        streamed = StreamedModule(module, example_inputs, device=device, backend=backend, grouping=grouping,
-                                  blocks=blocks, checkpoint=checkpoint, source=source, training=True)
-        try:
-            return TrainingHandle(module, activations, blocks, streamed=streamed, budget_bytes=budget_bytes(budget_mb),
-                                  eviction=eviction, lookahead=lookahead, backend=backend)
-        except BaseException as err:
-            traceback.clear_frames(err.__traceback__)  # its frames hold views of the checkpoint's mapping
-            streamed.remove()
-            raise
+        return _offload_training(module, budget_mb, example_inputs, eviction, lookahead, backend, grouping, blocks,
+                                 checkpoint, source, hardware, activations, loss_fn)
     if example_inputs is None:
         raise ConfigError("example_inputs is required: the arguments of one forward, to record its order")
     device = _check_common(module, budget_mb, backend)
@@ -159,6 +147,47 @@ def offload(module: nn.Module, *, budget_mb: float | None, example_inputs: Any =
                       stacklevel=2)
     _wrap_forward(module, streamed, executor)
     return OffloadHandle(streamed, executor, trace, prediction)
+
+
+def _offload_training(module: nn.Module, budget_mb: float | None, example_inputs: Any, eviction: str,
+                      lookahead: int | str, backend: str, grouping: str, blocks: Sequence[str] | None,
+                      checkpoint: str | Path | None, source: str, hardware: Any, activations: Any,
+                      loss_fn: Callable[[Any], torch.Tensor] | None) -> TrainingHandle:
+    """offload(training=True): the TrainingHandle, its policy chosen by simulation when it can be."""
+    device = _check_common(module, budget_mb, backend)
+    if budget_mb is None and checkpoint is None:
+        return TrainingHandle(module, activations, blocks)
+    if example_inputs is None:
+        raise ConfigError("training=True with a budget or a checkpoint streams the weights: give "
+                          "example_inputs (one forward's arguments) to record the order")
+    if eviction not in (*EVICTIONS, "auto"):
+        raise ConfigError(f"eviction={eviction!r} is not one of {', '.join(EVICTIONS)}, auto; pick one of those")
+    choose = eviction == "auto" and loss_fn is not None and budget_mb is not None
+    if lookahead == "auto" and not choose:
+        raise ConfigError("lookahead='auto' under training=True is chosen by simulating a recorded step: give "
+                          "eviction='auto', a budget and loss_fn")
+    streamed = StreamedModule(module, example_inputs, device=device, backend=backend, grouping=grouping,
+                              blocks=blocks, checkpoint=checkpoint, source=source, training=True)
+    try:
+        budget = budget_bytes(budget_mb)
+        trace = prediction = None
+        if choose:
+            trace = record_module(streamed, name=type(module).__name__, backend=backend, loss_fn=loss_fn)
+            act = sized_for(activations_config(activations), trace) if activations is not None else None
+            prediction = predict(trace, load_hardware(hardware or DEFAULT_HARDWARE), budget, lookahead, "auto",
+                                 source, backend, act)
+            eviction, lookahead = prediction["eviction"], prediction["lookahead"]
+            activations = act
+        elif eviction == "auto":
+            eviction = "priority"  # no training step to record and choose by
+        handle = TrainingHandle(module, activations, blocks, streamed=streamed, budget_bytes=budget,
+                                eviction=eviction, lookahead=lookahead, backend=backend)
+    except BaseException as err:
+        traceback.clear_frames(err.__traceback__)  # its frames hold views of the checkpoint's mapping
+        streamed.remove()
+        raise
+    handle.trace, handle.prediction = trace, prediction
+    return handle
 
 
 def predict(trace: Trace, hardware: Any, budget: int | None, lookahead: int | str, eviction: str,

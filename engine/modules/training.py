@@ -47,6 +47,7 @@ from engine.modules.kernels import find_blocks
 from engine.modules.streamed import StreamedModule
 from engine.policy.activations import build_activation_policy, validate_watermarks
 from engine.policy.pool_sizing import exact_pool
+from engine.policy.schedule import step_questions
 from engine.policy.saved import validate_pool
 
 # A real block saves ~150 tensors, a spilled layer ~80 of them at once: at the spec
@@ -83,6 +84,15 @@ def activations_config(activations: Any) -> Any:
     if not act.pool.exact:
         validate_pool(act.pool)
     return act
+
+
+def sized_for(act: Any, trace: Any) -> Any:
+    """`act` with its pool sized from a training trace's spills when `pool.exact` (what the
+    sizing step would find, known before the first step): the simulator and the run agree."""
+    if act.mode == "off" or not act.pool.exact:
+        return act
+    sized = exact_pool(act, step_questions(trace.records), trace.num_layers)
+    return OmegaConf.merge(act, {"pool": {**sized, "exact": False}})
 
 
 class _EitherWeights:
@@ -156,6 +166,8 @@ class TrainingHandle:
             index = {name: i for i, name in enumerate(order.kernels)}
             streamed.hooks.recompute = lambda name: self._weights.mirror(index[name], f"the recompute of {name}")
             self._wrap_forward()
+        self.trace = None  # offload(eviction="auto", loss_fn=...): the recorded training step
+        self.prediction: dict | None = None  # and the simulator's figures for the chosen policy
         self._sizing = bool(self.act is not None and self.act.pool.exact)
         self._rows: list[dict] = []
         self._offloader = self._make_offloader(self.act) if self.act is not None else None
