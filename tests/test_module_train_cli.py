@@ -155,3 +155,11 @@ def test_the_api_chooses_the_policy_from_a_recorded_training_step(recorded):
     with pytest.raises(ConfigError, match="lookahead='auto'"):
         engine.offload(model, budget_mb=0.45, example_inputs=inputs, training=True, checkpoint=ckpt,
                        backend="cpu", eviction="priority", lookahead="auto")
+
+
+def test_leaf_kernels_inside_checkpointed_blocks_are_one_line(recorded):
+    """Checkpointing recomputes a block's leaves in forward order, during backward: named, with the fix."""
+    ckpt, _ = recorded[False]
+    r = cli(*MODEL, "mode=record", f"weights.file={ckpt}", "model.grouping=leaf", "workload.checkpointing=true")
+    assert r.returncode == 2
+    assert "checkpointing recomputes" in r.stderr and "grouping=block" in r.stderr, r.stderr

@@ -49,6 +49,9 @@ ACTIVATION_FIELDS = ("activations_saved", "activations_kept", "activations_spill
                      "stall_time_ms", "stall_count", "pool_hits", "pool_misses")
 
 
+RECOMPUTE = "the recompute of"  # how a recompute names itself to `StreamedWeights.mirror`
+
+
 class StreamedWeights:
     """The WeightSource of the forward and the ManagedWeights of autograd, over
     one WeightExecutor whose order is a train_lora step (module docstring)."""
@@ -104,10 +107,13 @@ class StreamedWeights:
         the reader in a divergence error."""
         position = 2 * self.forward_kernels - 1 - kernel
         if position < self._position:
+            hint = ("; activation checkpointing recomputes a region's kernels in forward order: make each "
+                    "checkpointed module one kernel (grouping=block, or blocks=[...] naming them)"
+                    if what.startswith(RECOMPUTE) else "")
             raise ExecutorError(
                 f"schedule divergence: backward used {what} of forward kernel {kernel} after the weight "
                 f"order moved past its backward (position {position}, now {self._position}); backward must "
-                "visit kernels in reverse forward order")
+                f"visit kernels in reverse forward order{hint}")
         self._advance(position)
         return self._current
 

@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from engine.config import ActivationsConfig, WeightsConfig, load_hardware
-from engine.errors import ConfigError, ExecutorError
+from engine.errors import ConfigError, ExecutorError, WeightFileError
 from engine.executor.runtime import WeightExecutor
 from engine.executor.setup import compute_device
 from engine.modules.record import record_module
@@ -183,8 +183,7 @@ def _offload_training(module: nn.Module, budget_mb: float | None, example_inputs
         handle = TrainingHandle(module, activations, blocks, streamed=streamed, budget_bytes=budget,
                                 eviction=eviction, lookahead=lookahead, backend=backend)
     except BaseException as err:
-        traceback.clear_frames(err.__traceback__)  # its frames hold views of the checkpoint's mapping
-        streamed.remove()
+        _remove_after(streamed, err)
         raise
     handle.trace, handle.prediction = trace, prediction
     return handle
@@ -259,8 +258,16 @@ def record(module: nn.Module, example_inputs: Any, *, backend: str = "cuda", gro
         trace = record_module(streamed, name=name or type(module).__name__, backend=backend, workload=workload,
                               loss_fn=loss_fn)
     except BaseException as err:
-        traceback.clear_frames(err.__traceback__)  # its frames hold views of the checkpoint's mapping
-        streamed.remove()
+        _remove_after(streamed, err)
         raise
     streamed.remove()
     return trace
+
+
+def _remove_after(streamed: StreamedModule, err: BaseException) -> None:
+    """Put the module back after `err`; a checkpoint still held by what failed must not hide `err`."""
+    traceback.clear_frames(err.__traceback__)  # its frames hold views of the checkpoint's mapping
+    try:
+        streamed.remove()
+    except WeightFileError as close:
+        err.add_note(f"({close})")

@@ -38,7 +38,7 @@ import torch
 
 from engine.executor.runtime import WeightExecutor
 from engine.executor.setup import fits_resident
-from engine.executor.training import StreamedWeights, train_order, weight_handles
+from engine.executor.training import RECOMPUTE, StreamedWeights, train_order, weight_handles
 from engine.gc_pause import paused_gc
 from engine.measure.clocks import Clock, clock_for
 from engine.measure.timing import HOLD_FACTOR, KernelStamps, SavedTensorLog
@@ -66,6 +66,11 @@ class _Bring:
         self.device = device
         self.clock = clock
         self.hold_ns = hold_ns
+
+    def close(self) -> None:
+        """Drop the host weights: a graph autograd keeps alive (a branch backward never
+        reached) may hold this object, and the host weights may be views of a checkpoint."""
+        self.host = {}
 
     def fetch(self, position: int) -> dict[str, torch.Tensor]:
         out = {w: self.host[w].to(self.device, copy=True) for w in self.order.reads[position]}
@@ -144,13 +149,14 @@ def time_kernels(streamed: StreamedModule, clock: Clock, loss_fn: LossFn | None 
         timing_host = f < warmup + forwards
         if f == warmup + forwards:
             hold = [round(HOLD_FACTOR * h) + HOLD_MARGIN_NS for h in _median(host_rows)]
-        stamps = _Stamped(_Bring(order, streamed.host, streamed.device, clock, hold), clock)
+        bring = _Bring(order, streamed.host, streamed.device, clock, hold)
+        stamps = _Stamped(bring, clock)
         clock.synchronize()
         with paused_gc():  # a collection inside a timed step would land in one kernel's time
             start = clock.stamp()
             if training:
                 weights = StreamedWeights(stamps, forward_kernels)
-                streamed.hooks.recompute = lambda name: weights.mirror(index[name], f"the recompute of {name}")
+                streamed.hooks.recompute = lambda name: weights.mirror(index[name], f"{RECOMPUTE} {name}")
                 log = SavedTensorLog(stamps, weight_ptrs)
                 for p in _trainable(streamed.module):
                     p.grad = None
@@ -165,6 +171,7 @@ def time_kernels(streamed: StreamedModule, clock: Clock, loss_fn: LossFn | None 
                     streamed.run()
             stamps.close()
         clock.synchronize()
+        bring.close()
         if f < warmup:
             continue
         if timing_host:
@@ -192,7 +199,7 @@ def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss
     weights = StreamedWeights(executor, len(streamed.order))
     if training:
         index = {name: i for i, name in enumerate(streamed.order.kernels)}
-        streamed.hooks.recompute = lambda name: weights.mirror(index[name], f"the recompute of {name}")
+        streamed.hooks.recompute = lambda name: weights.mirror(index[name], f"{RECOMPUTE} {name}")
     cuda = streamed.device.type == "cuda"
     try:
         times = []

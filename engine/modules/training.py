@@ -42,7 +42,7 @@ from engine.errors import ConfigError, ExecutorError
 from engine.executor.model_hooks import ResidentWeights
 from engine.executor.offloader import ActivationOffloader
 from engine.executor.runtime import WeightExecutor
-from engine.executor.training import StreamedWeights, train_order, weight_handles
+from engine.executor.training import RECOMPUTE, StreamedWeights, train_order, weight_handles
 from engine.modules.kernels import find_blocks
 from engine.modules.streamed import StreamedModule
 from engine.policy.activations import build_activation_policy, validate_watermarks
@@ -164,7 +164,7 @@ class TrainingHandle:
             self._weights = StreamedWeights(self.executor, len(order))
             self._managed = _EitherWeights(self._weights, resident)
             index = {name: i for i, name in enumerate(order.kernels)}
-            streamed.hooks.recompute = lambda name: self._weights.mirror(index[name], f"the recompute of {name}")
+            streamed.hooks.recompute = lambda name: self._weights.mirror(index[name], f"{RECOMPUTE} {name}")
             self._wrap_forward()
         self.trace = None  # offload(eviction="auto", loss_fn=...): the recorded training step
         self.prediction: dict | None = None  # and the simulator's figures for the chosen policy
