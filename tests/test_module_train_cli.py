@@ -163,3 +163,12 @@ def test_leaf_kernels_inside_checkpointed_blocks_are_one_line(recorded):
     r = cli(*MODEL, "mode=record", f"weights.file={ckpt}", "model.grouping=leaf", "workload.checkpointing=true")
     assert r.returncode == 2
     assert "checkpointing recomputes" in r.stderr and "grouping=block" in r.stderr, r.stderr
+
+
+def test_saves_count_in_the_layer_the_offloader_is_in():
+    from engine.modules.record import saving_layers
+
+    # Before the first block: layer 0 (the offloader enters it at the first save); after a block,
+    # that block's layer until the next one starts.
+    assert saving_layers([-1, -1, 0, 1, -1, 2, -1]) == [0, 0, 0, 1, 1, 2, 2]
+    assert saving_layers([]) == []
