@@ -57,7 +57,7 @@ HOST_BOUND = 0.9  # host time over the pipelined step above which the host, not 
 
 class _Bring:
     """fetch(position): the position's weights copied to the device now (the host waits),
-    then the compute stream held while the host launches the kernel."""
+    then, for a hold above 0, the compute stream held while the host launches the kernel."""
 
     def __init__(self, order: AccessOrder, host: Mapping[str, torch.Tensor], device: torch.device, clock: Clock,
                  hold_ns: list[int]):
