@@ -109,7 +109,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         p, m, c = r["prediction"], r["measured"], r["config"]
-        peak, resident = m.get("peak_device_bytes"), m.get("resident_step_ms")
+        peak, resident = m.get("peak_pool_torch_bytes"), m.get("resident_step_ms")
         ratio = f"{m['step_ms'] / resident:.3f}" if resident else "-"
         print(f"| {c['budget_mb']} | {c['activations']} | {p['step_ms']:.1f} | {m['step_ms']:.1f} | "
               f"{pct(p['step_ms'], m['step_ms'])} | {ratio} | {p['peak_pool_torch_bytes'] / 1e9:.2f} | "

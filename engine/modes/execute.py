@@ -32,7 +32,7 @@ from engine.executor.setup import (bitwise_equal, compute_device, fits_resident,
 from engine.executor.training import (AsManaged, StreamedWeights, check_train_order, deterministic, max_abs_diff,
                                       reference_steps, telemetry_row, train_step)
 from engine.job import Job, Outcome, plan_report
-from engine.node import node_failures
+from engine.node import node_failures, replica_hardware
 from engine.models import forward, make_inputs
 from engine.models.lora import init_lora
 from engine.models.run import DictSource
@@ -44,6 +44,7 @@ from engine.report import fmt_bytes, plan_md, table
 from engine.models.spec import ModelSpec
 from engine.units import budget_bytes
 from engine.weightfile import materialize
+from sim.prediction import context_bytes
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,8 @@ _INFER_ROWS = (
     ("weight pool hits / step", "weight_hits", "count"),
     ("weight pool misses (demand fetches) / step", "weight_misses", "count"),
     ("peak device bytes", "peak_device_bytes", "bytes"),
+    # The whole device less the context: the pool's peak plus torch's (measured on CUDA only).
+    ("peak pool + torch bytes", "peak_pool_torch_bytes", "bytes"),
 )
 _TRAIN_ROWS = (
     ("stall", "stall_ms", "ms"),
@@ -156,7 +159,8 @@ def execute_mode(job: Job) -> Outcome:
     run = run_train_execute if training else run_execute
     meas = run(cfg, job.spec, job.trace, job.out_dir)
     timeline_files(job, result, measured=meas.pop("timeline", None))
-    rows = comparison({**pred, **predicted_counts(result)}, meas, training)
+    whole = pred["peak_process_bytes"] - context_bytes(job.trace, replica_hardware(cfg))
+    rows = comparison({**pred, **predicted_counts(result), "peak_pool_torch_bytes": whole}, meas, training)
     report.update(measurement=meas, comparison=rows)
     md = (plan_md(job.plan.as_dict()) + "\n\n" + prediction_md(pred, job) + "\n\n"
           + comparison_md(rows, meas) + f"\n\ntelemetry: {job.out_dir / 'telemetry.jsonl'}")
@@ -270,12 +274,15 @@ def run_execute(cfg: Any, spec: ModelSpec, trace: Any, out_dir: str | Path) -> d
         executor = streamed_executor(stack, wf, order, backend=w.backend, source=w.source, budget_bytes=budget,
                                      eviction=w.eviction, lookahead=w.lookahead, keep_steps=None)
         outputs = []
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
         with torch.no_grad():
             for i in range(cfg.workload.steps):
                 wf.check_intact()
                 with executor.step(timed=i == cfg.workload.steps - 1):  # the steady state, on the timeline
                     outputs.append(forward(spec, executor, inputs))
         telemetry = executor.telemetry()  # waits for the last step
+        torch_peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
         timeline = executor.step_timeline()
         match = None if reference is None else all(
             bitwise_equal(out[k], reference[k]) for out in outputs for k in reference)
@@ -296,6 +303,8 @@ def run_execute(cfg: Any, spec: ModelSpec, trace: Any, out_dir: str | Path) -> d
         # resident weights in again; the simulator does not model them.
         "relocations": sum(row["relocations"] for row in telemetry),
         "peak_device_bytes": max(row["peak_device_bytes"] for row in telemetry),
+        "peak_pool_torch_bytes": None if torch_peak is None else
+        max(row["peak_device_bytes"] for row in telemetry) + torch_peak,
         "peak_resident_bytes": max(row["peak_resident_bytes"] for row in telemetry),
         "outputs_match_reference": match,
         "weights_file": w.file,  # None: a temporary file, gone now
@@ -371,6 +380,8 @@ def run_train_execute(cfg: Any, spec: ModelSpec, trace: Any, out_dir: str | Path
         "relocations": sum(r["weight_relocations"] for r in rows),
         **weight_counts(last, "weight_"),
         "peak_device_bytes": max(r["peak_device_bytes"] for r in rows),
+        # On CUDA a row's peak is the pool's plus torch's allocator's (telemetry_row).
+        "peak_pool_torch_bytes": max(r["peak_device_bytes"] for r in rows) if device.type == "cuda" else None,
         "spill_bytes": last["spill_bytes"],
         "restore_bytes": last["restore_bytes"],
         "pool_hits": last["pool_hits"],

@@ -181,8 +181,11 @@ def execute_module(job: Job) -> Outcome:
         h = offload(module, budget_mb=cfg.budget, example_inputs=inputs, eviction=pred["eviction"],
                     lookahead=cfg.weights.lookahead, checkpoint=path, backend=cfg.weights.backend,
                     source=cfg.weights.source, **_kernels(cfg))
+    cuda = device.type == "cuda"
     try:
         same = []
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(device)
         with torch.no_grad():
             for i in range(cfg.workload.steps):
                 h.executor.time_steps = i == cfg.workload.steps - 1  # the steady state, on the timeline
@@ -196,13 +199,18 @@ def execute_module(job: Job) -> Outcome:
     steady = rows[1:] or rows
     measured = {"step_ms": statistics.median(r["step_ms"] for r in steady), "h2d_bytes": rows[-1]["h2d_bytes"],
                 "peak_device_bytes": max(r["peak_device_bytes"] for r in rows)}
+    if cuda:  # the whole device less the context: the pool's peak plus torch's allocator's
+        measured["peak_pool_torch_bytes"] = measured["peak_device_bytes"] + torch.cuda.max_memory_allocated(device)
+    pred = {**pred, "peak_pool_torch_bytes": pred["peak_process_bytes"] - context_bytes(trace, cfg.hardware)}
     report = {"config": config_summary(job), **_plan(job, trace), "prediction": pred, "measured": measured,
               "bitwise": same, "device": device_name(device), "resident_params": h.resident_params}
     md = (f"## Executed {cfg.model.name} at budget {cfg.budget} MB ({pred['eviction']})\n\n"
           + table(["", "predicted", "measured"], [
               ["step time", f"{pred['step_ms']:.2f} ms", f"{measured['step_ms']:.2f} ms"],
               ["H2D bytes / step", fmt_bytes(pred["h2d_bytes"]), fmt_bytes(measured["h2d_bytes"])],
-              ["peak pool bytes", fmt_bytes(pred["peak_device_bytes"]), fmt_bytes(measured["peak_device_bytes"])]])
+              ["peak pool bytes", fmt_bytes(pred["peak_device_bytes"]), fmt_bytes(measured["peak_device_bytes"])],
+              ["peak pool + torch bytes", fmt_bytes(pred["peak_pool_torch_bytes"]),
+               fmt_bytes(measured["peak_pool_torch_bytes"]) if cuda else "not measured (cpu)"]])
           + "\n\noutputs bitwise equal to the resident run: "
           + ("not compared (the model does not fit)" if reference is None else str(all(same))))
     return Outcome(report, md, exit_code=0 if reference is None or all(same) else 1)
@@ -305,7 +313,7 @@ def _execute_training(job: Job, module: Any, inputs: dict, device: torch.device,
                 "stall_ms": statistics.median(r.get("stall_time_ms", 0) for r in steady),
                 "resident_step_ms": resident_ms}  # the same steps, every weight resident, activations kept
     if measured["torch_peak_bytes"] is not None:
-        measured["peak_device_bytes"] = measured["pool_peak_bytes"] + measured["torch_peak_bytes"]
+        measured["peak_pool_torch_bytes"] = measured["pool_peak_bytes"] + measured["torch_peak_bytes"]
     losses = grads = None
     if reference is not None:
         ok = bitwise_equal if not spread else (lambda a, b: (a.float() - b.float()).abs().max().item() <= 2 * spread)
@@ -322,7 +330,8 @@ def _execute_training(job: Job, module: Any, inputs: dict, device: torch.device,
         ["H2D bytes / step (weights, restores)", fmt_bytes(pred["h2d_bytes"]), fmt_bytes(measured["h2d_bytes"])],
         ["D2H bytes / step (spills)", fmt_bytes(pred["d2h_bytes"]), fmt_bytes(measured["d2h_bytes"])],
         ["peak pool + torch bytes", fmt_bytes(pred["peak_pool_torch_bytes"]),
-         fmt_bytes(measured["peak_device_bytes"]) if "peak_device_bytes" in measured else "not measured (cpu)"]]
+         fmt_bytes(measured["peak_pool_torch_bytes"]) if "peak_pool_torch_bytes" in measured
+         else "not measured (cpu)"]]
     if resident_ms is not None:
         table_rows.append(["step, every weight resident and activations kept", "", f"{resident_ms:.2f} ms"])
     compared = ("not compared (the weights and saved tensors do not fit all resident)" if reference is None else
