@@ -4,6 +4,8 @@ import json
 
 import pytest
 
+from engine.config import load_hardware
+
 
 def _one_line_error(r) -> str:
     assert r.returncode == 2, (r.returncode, r.stdout[-2000:], r.stderr)
@@ -115,6 +117,11 @@ def test_execute_on_the_host_backend_matches_its_prediction(run_cli, tmp_path):
         assert rows[key]["measured"] == rows[key]["predicted"], key
     assert meas["h2d_bytes"] == pred["h2d_bytes"] > 0
     assert meas["peak_device_bytes"] <= 2_000_000
+    # The whole device less the context: predicted always, measured on CUDA only.
+    whole = rows["peak_pool_torch_bytes"]
+    context = round(load_hardware("h100_pcie5").context_mb * 1e6)
+    assert whole["predicted"] == pred["peak_process_bytes"] - context > 0
+    assert whole["measured"] is None and whole["relative_error"] is None
     telemetry = (tmp_path / "run" / "telemetry.jsonl").read_text().splitlines()
     assert len(telemetry) == 3 and json.loads(telemetry[-1])["step"] == 2
 
