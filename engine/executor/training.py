@@ -32,6 +32,7 @@ from engine.errors import ExecutorError
 from engine.executor.model_hooks import KernelTracking
 from engine.executor.offloader import ActivationOffloader
 from engine.executor.runtime import WeightExecutor
+from engine.executor.setup import bitwise_equal
 from engine.models.lora import lora_backward, lora_sgd
 from engine.models.run import DictSource
 from engine.models.spec import ModelSpec
@@ -227,6 +228,17 @@ def deterministic(on: bool) -> Iterator[None]:
         yield
     finally:
         torch.use_deterministic_algorithms(before, warn_only=warn)
+
+
+def match_reference(run: list[tuple[Tensor, dict]], reference: list[tuple[Tensor, dict]],
+                    spread: float | None) -> tuple[bool, bool]:
+    """Whether every step's loss, and every gradient, equals the reference's: bitwise, or
+    (`spread`, measured between two reference runs) within twice it, the run and the
+    reference being two draws of the same non-determinism, one pair of which measured it."""
+    ok = bitwise_equal if not spread else (lambda a, b: (a.float() - b.float()).abs().max().item() <= 2 * spread)
+    losses = all(ok(loss, ref_loss) for (loss, _), (ref_loss, _) in zip(run, reference))
+    grads = all(ok(g[k], ref_g[k]) for (_, g), (_, ref_g) in zip(run, reference) for k in ref_g)
+    return losses, grads
 
 
 def max_abs_diff(a: list[tuple[Tensor, dict]], b: list[tuple[Tensor, dict]]) -> float:

@@ -29,8 +29,8 @@ from engine.errors import BelowFloorError, ConfigError, ExecutorError
 from engine.executor.offloader import ActivationOffloader
 from engine.executor.setup import (bitwise_equal, compute_device, fits_resident, open_weight_file, run_settings,
                                    step_times, streamed_executor, weight_counts)
-from engine.executor.training import (AsManaged, StreamedWeights, check_train_order, deterministic, max_abs_diff,
-                                      reference_steps, telemetry_row, train_step)
+from engine.executor.training import (AsManaged, StreamedWeights, check_train_order, deterministic,
+                                      match_reference, max_abs_diff, reference_steps, telemetry_row, train_step)
 from engine.job import Job, Outcome, plan_report
 from engine.node import node_failures, replica_hardware
 from engine.models import forward, make_inputs
@@ -361,12 +361,7 @@ def run_train_execute(cfg: Any, spec: ModelSpec, trace: Any, out_dir: str | Path
     _write_telemetry(out_dir, rows)
     losses = grads = None
     if reference is not None:
-        # Within twice the spread: the offloaded run and the reference are two draws of
-        # the same non-determinism, one pair of which measured the spread.
-        ok = bitwise_equal if not spread else \
-            (lambda a, b: (a.float() - b.float()).abs().max().item() <= 2 * spread)
-        losses = all(ok(loss, ref_loss) for (loss, _), (ref_loss, _) in zip(results, reference))
-        grads = all(ok(g[k], ref_g[k]) for (_, g), (_, ref_g) in zip(results, reference) for k in ref_g)
+        losses, grads = match_reference(results, reference, spread)
     last = rows[-1]
     return {
         **run_settings(w),

@@ -34,7 +34,8 @@ from omegaconf import OmegaConf
 from engine.config import WEIGHT_SOURCES, ActivationsConfig
 from engine.errors import ConfigError
 from engine.executor.setup import bitwise_equal, compute_device, device_name, fits_resident
-from engine.executor.training import LEARNING_RATE, max_abs_diff
+from engine.executor.training import LEARNING_RATE, match_reference, max_abs_diff
+from engine.models.lora import lora_sgd
 from engine.job import Job, Outcome, config_summary, plan_keys
 from engine.plan import make_plan
 from engine.modules.adapters import ALL_LINEAR, TrainingLoss, add_lora, enable_checkpointing
@@ -46,7 +47,6 @@ from engine.modules.training import sized_for
 from engine.report import fmt_bytes, table
 from engine.trace import Trace, write_trace
 from engine.units import budget_bytes
-from sim.prediction import context_bytes
 from engine.weightfile import materialize
 
 NO_CHECKPOINT = ("model {name} is a real module and weights.file is not set: point it at a .safetensors file "
@@ -201,7 +201,6 @@ def execute_module(job: Job) -> Outcome:
                 "peak_device_bytes": max(r["peak_device_bytes"] for r in rows)}
     if cuda:  # the whole device less the context: the pool's peak plus torch's allocator's
         measured["peak_pool_torch_bytes"] = measured["peak_device_bytes"] + torch.cuda.max_memory_allocated(device)
-    pred = {**pred, "peak_pool_torch_bytes": pred["peak_process_bytes"] - context_bytes(trace, cfg.hardware)}
     report = {"config": config_summary(job), **_plan(job, trace), "prediction": pred, "measured": measured,
               "bitwise": same, "device": device_name(device), "resident_params": h.resident_params}
     md = (f"## Executed {cfg.model.name} at budget {cfg.budget} MB ({pred['eviction']})\n\n"
@@ -261,13 +260,9 @@ def _train_run(job: Job, module: Any, inputs: dict, initial: dict[str, torch.Ten
                 loss = loss_fn(module(**inputs))
                 loss.backward()
                 loss = loss.detach()  # the graph's nodes keep the step's saved-tensor hooks alive
+            grads = lora_sgd({n: p for n, p in adapters.items() if p.grad is not None}, LEARNING_RATE)
             # On the host: a run's device memory is what it measures.
-            grads = {n: p.grad.detach().to("cpu", copy=True) for n, p in adapters.items() if p.grad is not None}
-            with torch.no_grad():
-                for p in adapters.values():
-                    if p.grad is not None:
-                        p -= LEARNING_RATE * p.grad
-            steps.append((loss.to("cpu"), grads))
+            steps.append((loss.to("cpu"), {n: g.to("cpu") for n, g in grads.items()}))
             peaks.append(torch.cuda.max_memory_allocated() if cuda else None)
         rows = [{**row, "torch_peak_bytes": peak} for row, peak in zip(h.telemetry(), peaks)]
         timeline = h.executor.step_timeline() if timed else None
@@ -301,7 +296,6 @@ def _execute_training(job: Job, module: Any, inputs: dict, device: torch.device,
                                            timed=True)
     _timeline(job, trace, budget_bytes(cfg.budget), pred, timeline)
     steady = rows[1:] or rows
-    context = context_bytes(trace, cfg.hardware)
     torch_peak = [r["torch_peak_bytes"] for r in rows]
     measured = {"step_ms": statistics.median(r["weight_step_ms"] for r in steady),
                 "h2d_bytes": rows[-1]["weight_h2d_bytes"] + rows[-1].get("restore_bytes", 0),
@@ -314,14 +308,8 @@ def _execute_training(job: Job, module: Any, inputs: dict, device: torch.device,
                 "resident_step_ms": resident_ms}  # the same steps, every weight resident, activations kept
     if measured["torch_peak_bytes"] is not None:
         measured["peak_pool_torch_bytes"] = measured["pool_peak_bytes"] + measured["torch_peak_bytes"]
-    losses = grads = None
-    if reference is not None:
-        ok = bitwise_equal if not spread else (lambda a, b: (a.float() - b.float()).abs().max().item() <= 2 * spread)
-        losses = all(ok(a, b) for (a, _), (b, _) in zip(steps, reference))
-        grads = all(ok(g[k], ref[k]) for (_, g), (_, ref) in zip(steps, reference) for k in ref)
+    losses, grads = (None, None) if reference is None else match_reference(steps, reference, spread)
     (job.out_dir / "telemetry.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    # The prediction's process peak less the context: the pool and torch's allocations, as measured.
-    pred = {**pred, "peak_pool_torch_bytes": pred["peak_process_bytes"] - context}
     report = {"config": config_summary(job), **_plan(job, trace), "prediction": pred, "measured": measured,
               "reference_spread": spread,
               "loss_match_reference": losses, "grads_match_reference": grads, "device": device_name(device)}

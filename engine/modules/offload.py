@@ -197,6 +197,7 @@ def predict(trace: Trace, hardware: Any, budget: int | None, lookahead: int | st
     `activations` (an ActivationsConfig; default off) spills a training trace's saved tensors."""
     act = activations if activations is not None else OmegaConf.structured(ActivationsConfig)
     from sim import simulate
+    from sim.prediction import context_bytes
     from sim.simulator import backend_granule
 
     policies = EVICTIONS if eviction == "auto" and budget is not None else (
@@ -218,6 +219,8 @@ def predict(trace: Trace, hardware: Any, budget: int | None, lookahead: int | st
     return {"eviction": chosen[0], "lookahead": chosen[1], "step_ms": p["step_ms"], "h2d_bytes": p["h2d_bytes"],
             "d2h_bytes": p["d2h_bytes"], "stall_ms": p["stall_ms"], "overlap": p["overlap"],
             "peak_device_bytes": p["peak_device_bytes"], "peak_process_bytes": p["peak_process_bytes"],
+            # the process peak less the context: the pool and torch's allocations, as execute measures them
+            "peak_pool_torch_bytes": p["peak_process_bytes"] - context_bytes(trace, hardware),
             "hardware": hardware.name,
             "candidates": {f"{n}/{la}": round(r.prediction["step_ms"], 3) for (n, la), r in results.items()}}
 
