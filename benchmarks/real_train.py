@@ -9,6 +9,9 @@ feed-forward linears; the base frozen. One step = forward, loss (mean square of 
 backward. Rows, in one process on the same model and batch:
   no offload        the plain step: the reference for time, peak and gradients
   sync K            engine.offload(training=True, activations sync, num_offload_layers=K)
+  sync dict D       the same with activations.sync_dict D (--dicts: a JSON list of them), e.g. layer 0
+                    whole and the first 40 spillable tensors of layer 1, reloaded a layer earlier:
+                    '[{"0": [7, -1, 7, -1], "1": [7, 40, 6, 40]}]'
   watermark         engine.offload(training=True, activations watermark at --high/--low MB)
   save_on_cpu       torch.autograd.graph.save_on_cpu(pin_memory=True)
 Step: median of --steps after the sizing step and a warm-up (CUDA events). Peak: torch's
@@ -83,7 +86,9 @@ def main() -> None:
     ap.add_argument("--rank", type=int, default=32)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--sync", default="2,4")
-    ap.add_argument("--high", type=float, default=0.0, help="watermark high MB (0: 60%% of the saved peak)")
+    ap.add_argument("--dicts", default="", help="JSON list of sync dicts, one row each")
+    ap.add_argument("--min-bytes", type=int, default=None, help="activations.min_tensor_bytes of every row")
+    ap.add_argument("--high", type=float, default=0.0, help="watermark high MB (0: 60%% of the saved peak; negative: no watermark row)")
     ap.add_argument("--inflight", type=int, default=64, help="activations.max_inflight_d2h and _h2d")
     ap.add_argument("--no-save-on-cpu", action="store_true")
     ap.add_argument("--out", default="outputs/real_train")
@@ -110,10 +115,16 @@ def main() -> None:
     record("no offload", times, peak, ref, None, {})
     saved_peak = peak - base
     caps = {"max_inflight_d2h": args.inflight, "max_inflight_h2d": args.inflight}
-    configs = [(f"sync K={k}", {"mode": "sync", "num_offload_layers": int(k), **caps}) for k in args.sync.split(",")]
-    high = args.high or 0.6 * saved_peak / 1e6
-    configs.append((f"watermark {high:.0f}/{0.8 * high:.0f} MB",
-                    {"mode": "watermark", "high_watermark_mb": high, "low_watermark_mb": 0.8 * high, **caps}))
+    if args.min_bytes is not None:
+        caps["min_tensor_bytes"] = args.min_bytes
+    configs = [(f"sync K={k}", {"mode": "sync", "num_offload_layers": int(k), **caps})
+               for k in args.sync.split(",") if k]
+    configs += [(f"sync dict {json.dumps(d)}", {"mode": "sync", "sync_dict": {int(k): v for k, v in d.items()}, **caps})
+                for d in (json.loads(args.dicts) if args.dicts else [])]
+    if args.high >= 0:
+        high = args.high or 0.6 * saved_peak / 1e6
+        configs.append((f"watermark {high:.0f}/{0.8 * high:.0f} MB",
+                        {"mode": "watermark", "high_watermark_mb": high, "low_watermark_mb": 0.8 * high, **caps}))
     for name, act in configs:
         h = engine.offload(model, budget_mb=None, training=True, activations=act)
         times, peak, grads = run_steps(model, inputs, args.steps, h.step)
@@ -129,11 +140,12 @@ def main() -> None:
         {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%F"),
          "args": vars(args), "weights_bytes": base, "rows": rows}, indent=1, default=str))
     ref_row = rows[0]
-    print("| row | step ms | vs no offload | peak GB | peak vs no offload | grads |")
-    print("|---|---|---|---|---|---|")
+    print("| row | step ms | vs no offload | peak GB | peak vs no offload | spilled GB a step | grads |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['row']} | {r['step_ms']:.1f} | {100 * (r['step_ms'] / ref_row['step_ms'] - 1):+.1f}% | "
               f"{r['peak_bytes'] / 1e9:.2f} | {100 * (r['peak_bytes'] / ref_row['peak_bytes'] - 1):+.1f}% | "
+              f"{r.get('telemetry', {}).get('spill_bytes', 0) / 1e9:.2f} | "
               f"{'bitwise' if r['grads_bitwise'] else 'max diff %.2e' % r['grad_max_abs_diff']} |")
 
 

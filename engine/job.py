@@ -212,7 +212,7 @@ def _size_pool_exactly(cfg: DictConfig, trace: Trace, source: tuple) -> None:
 
     act = cfg.activations
     sized = _memo(("pool", *source, OmegaConf.to_yaml(act)),
-                  lambda: exact_pool(act, step_questions(trace.records), trace.num_layers))
+                  lambda: exact_pool(act, step_questions(trace.records, act.min_tensor_bytes), trace.num_layers))
     act.pool.class_sizes_mb = sized["class_sizes_mb"]
     act.pool.slabs_per_class = sized["slabs_per_class"]
     act.pool.exact = False  # sized: from here on an ordinary pool

@@ -109,7 +109,7 @@ def activations_config(act: dict, trace: Trace) -> ActivationsConfig | None:
     else:
         raise ConfigError(f"validation row with activations mode {act['mode']!r}; use off, watermark or sync")
     # The pool the CLI's default (activations/pool=exact) gives: every spill pinned.
-    return replace(cfg, pool=PoolConfig(**exact_pool(cfg, step_questions(trace.records), trace.num_layers)))
+    return replace(cfg, pool=PoolConfig(**exact_pool(cfg, step_questions(trace.records, cfg.min_tensor_bytes), trace.num_layers)))
 
 
 # ------------------------------------------------------------------ predicted

@@ -142,14 +142,14 @@ class Launcher:
         act = self.activations
         for step in range(self.steps):
             self.step = step
-            schedule = StepSchedule()
+            schedule = StepSchedule(act.min_tensor_bytes if act is not None else 0)
             for pos, rec in enumerate(records):
                 seq = step * n + pos
                 if seq - self.compute.completed >= self.depth:
                     yield self.compute.slot(self.depth)
                 self.log(env.now, "host", "start " + rec.name)
                 deps: list[simpy.Event] = []
-                boundary, unpacks, saves = schedule.kernel(rec)
+                boundary, unpacks, saves, held = schedule.kernel(rec)
                 yield from self._ask(boundary, seq, deps)
                 for d in self.weights.issue(pos):
                     self.decisions.append(d)
@@ -168,12 +168,16 @@ class Launcher:
                         self.saved.unpacking = q[1]
                         yield from self._ask([q], seq, deps)
                         self.saved.unpacking = None
+                for name in held:  # under min_tensor_bytes: held on the device, never asked about
+                    self.saved.release(name, seq, deps)
                 yield env.timeout(rec.host_ns or self.launch_ns)
                 self.log(env.now, "host", "end " + rec.name)
                 self.compute.launch(seq, rec, deps)
-                for s, q in zip(rec.saved, saves):
+                asked = iter(saves)
+                for s in rec.saved:
                     self.saved.saved(s, seq)
-                    yield from self._ask([q], seq, deps)
+                    if schedule.asks(s.nbytes):
+                        yield from self._ask([next(asked)], seq, deps)
             yield from self._ask(schedule.end(), (step + 1) * n - 1, [])
             if self.saved is not None:
                 self.saved.new_step()

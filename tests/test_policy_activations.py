@@ -345,7 +345,7 @@ def test_the_simulator_asks_a_trace_step_the_questions_step_questions_lists():
 
     trace = synthesize(load_spec("tiny", SimpleNamespace(**workload)), OmegaConf.create(workload), hw)
     act = ActivationsConfig(mode="sync", num_offload_layers=2, min_tensor_bytes=0)
-    questions = step_questions(trace.records)
+    questions = step_questions(trace.records, 0)
     act = ActivationsConfig(**{**act.__dict__, "pool": PoolConfig(**exact_pool(act, questions, trace.num_layers))})
     asked = []
     policy = build_activation_policy(act, trace.num_layers)

@@ -81,7 +81,7 @@ def test_a_recorded_trace_needs_each_tensor_where_the_executor_first_unpacks_it(
         sum(o.float().pow(2).mean() for o in out.values()).backward()
     off.close()
     saves = [q for q in off.questions if q[0] == "save"]
-    assert saves == [q for q in step_questions(trace.records) if q[0] == "save"]
+    assert saves == [q for q in step_questions(trace.records, 0) if q[0] == "save"]
     where = {n: i for i, r in enumerate(trace.records) for n in r.needs}
     first_unpacks = [where[q[1]] for q in off.questions if q[0] == "unpack"]
     assert len(first_unpacks) == len(saves) and first_unpacks == sorted(first_unpacks)

@@ -44,7 +44,7 @@ def test_the_schedule_orders_boundaries_unpacks_saves_and_the_step_end():
     a, b = SavedTensor("a", 10, 0), SavedTensor("b", 20, 1)
     records = [rec("fwd", -1), rec("fwd", 0, saved=(a,)), rec("fwd", 0), rec("fwd", 1, saved=(b,)),
                rec("bwd", 1, needs=("b",)), rec("bwd", 0, needs=("a",)), rec("bwd", -1)]
-    assert step_questions(records) == [
+    assert step_questions(records, 0) == [
         ("layer_start", "fwd", 0), ("save", "a", 10, 0),  # layer -1 has neither start nor end
         ("layer_end", "fwd", 0), ("layer_start", "fwd", 1), ("save", "b", 20, 1),
         ("layer_end", "fwd", 1), ("layer_start", "bwd", 1), ("unpack", "b"),
@@ -52,10 +52,25 @@ def test_the_schedule_orders_boundaries_unpacks_saves_and_the_step_end():
         ("layer_end", "bwd", 0), ("step_end",)]
     schedule = StepSchedule()
     assert schedule.kernel(rec("bwd", 2, needs=("x",), saved=(a,))) == (
-        [("layer_start", "bwd", 2)], [("unpack", "x")], [("save", "a", 10, 0)])
+        [("layer_start", "bwd", 2)], [("unpack", "x")], [("save", "a", 10, 0)], [])
     assert schedule.enter("bwd", 2) == []  # the same layer: no boundary
     assert schedule.end() == [("layer_end", "bwd", 2), ("step_end",)]
     assert schedule.end() == [("step_end",)]  # a new step starts outside every layer
+
+
+def test_tensors_under_min_tensor_bytes_are_held_unasked():
+    """A policy never spills them, so neither driver asks about them; their unpacks are the driver's own."""
+    a, b = SavedTensor("a", 10, 0), SavedTensor("b", 20, 0)
+    records = [rec("fwd", 0, saved=(a, b)), rec("bwd", 0, needs=("b", "a"))]
+    assert step_questions(records, 15) == [
+        ("layer_start", "fwd", 0), ("save", "b", 20, 0), ("layer_end", "fwd", 0),
+        ("layer_start", "bwd", 0), ("unpack", "b"), ("layer_end", "bwd", 0), ("step_end",)]
+    schedule = StepSchedule(15)
+    assert schedule.asks(15) and not schedule.asks(14)
+    schedule.kernel(records[0])
+    assert schedule.kernel(records[1]).held == ["a"]
+    schedule.end()
+    assert schedule.kernel(records[1]).held == []  # a new step: nothing held yet
 
 
 class Recording:
@@ -64,6 +79,7 @@ class Recording:
     def __init__(self, policy: ActivationPolicy):
         self.policy = policy
         self.log = policy.log
+        self.min_tensor_bytes = policy.min_tensor_bytes
         self.questions: list[Question] = []
 
     @property
@@ -105,10 +121,10 @@ def tiny():
                            trace=build_trace(spec, timing, {"model": spec.name}))
 
 
-def config(mode: str, trace: Trace) -> ActivationsConfig:
+def config(mode: str, trace: Trace, min_bytes: int = 0) -> ActivationsConfig:
     act = ActivationsConfig(mode=mode, high_watermark_mb=0.01, low_watermark_mb=0.005, num_offload_layers=2,
-                            min_tensor_bytes=0)
-    pool = exact_pool(act, step_questions(trace.records), trace.num_layers)
+                            min_tensor_bytes=min_bytes)
+    pool = exact_pool(act, step_questions(trace.records, min_bytes), trace.num_layers)
     return ActivationsConfig(**{**act.__dict__, "pool": PoolConfig(**pool)})
 
 
@@ -161,11 +177,22 @@ def in_needs_order(questions: list[Question], trace: Trace) -> list[Question]:
     return out
 
 
+def median_saved_bytes(trace: Trace) -> int:
+    sizes = sorted(s.nbytes for r in trace.records for s in r.saved)
+    return sizes[len(sizes) // 2]
+
+
 @pytest.mark.parametrize("mode", ["watermark", "sync"])
-def test_simulator_and_executor_ask_the_schedules_questions(tiny, mode):
+@pytest.mark.parametrize("threshold", ["none", "median"])
+def test_simulator_and_executor_ask_the_schedules_questions(tiny, mode, threshold):
+    """With min_tensor_bytes at the median saved size, half the saves are held unasked by both drivers alike."""
     trace = tiny.trace
-    act = config(mode, trace)
-    schedule = step_questions(trace.records)
+    min_bytes = median_saved_bytes(trace) if threshold == "median" else 0
+    act = config(mode, trace, min_bytes)
+    schedule = step_questions(trace.records, min_bytes)
+    saves = sum(len(r.saved) for r in trace.records)
+    assert sum(q[0] == "save" for q in schedule) == (saves if threshold == "none" else
+                                                     sum(s.nbytes >= min_bytes for r in trace.records for s in r.saved))
     kinds = {q[0] for q in schedule}
     assert kinds == {"save", "unpack", "layer_start", "layer_end", "step_end"}
     assert simulator_questions(trace, act, steps=2) == schedule * 2

@@ -19,6 +19,9 @@ What autograd saves goes through the pack hook:
 - a managed weight (`ManagedWeights.handle` answers) is held as a handle and
   fetched again on unpack: autograd must not hold memory the weight residency
   policy may evict;
+- a tensor under the policy's min_tensor_bytes (its base's bytes, when it
+  moves through its base) is held as it is too, and the policy never hears of
+  it (engine/policy/schedule.py): it would never spill, and asking costs;
 - everything else is an activation. Saved tensors are grouped by storage: a
   view joins its base's group (q, k, v views of one qkv go out once, through
   the base, and come back as views), a tensor saved twice joins its own group.
@@ -199,6 +202,7 @@ class ActivationOffloader:
         self.slabs = SlabPool([mb_to_bytes(s) for s in pool.class_sizes_mb], list(pool.slabs_per_class),
                               pin=self.device.type == "cuda")
         self._saved = SavedGroups(self._copies, self.slabs, act_cfg)
+        self._min_bytes = policy.min_tensor_bytes
         self.log: list[Decision] = []
         self.questions: list[Question] = []
         self._records: list[_StepRecord] = []
@@ -348,9 +352,9 @@ class ActivationOffloader:
     def _clear_step_state(self) -> None:
         self._saved.new_step()
         # storage key -> (the saved tensor's base, its group): a base saved again joins its group
-        self._by_storage: dict[Hashable, tuple[weakref.ref, SavedGroup]] = {}
+        self._by_storage: dict[Hashable, tuple[weakref.ref, SavedGroup | None]] = {}  # None: held unasked
         self._path: list[int] = []  # layers of the forward's boundaries, in order
-        self._schedule = StepSchedule()
+        self._schedule = StepSchedule(self._min_bytes)
         self._bwd_at = -1  # index into _path of the backward's current boundary
         self._in_backward = False
         self._kernel: str | None = None
@@ -447,7 +451,7 @@ class ActivationOffloader:
         self._saved.poll()
         return ref
 
-    def _reference(self, t: Tensor, root: Tensor) -> _SavedRef:
+    def _reference(self, t: Tensor, root: Tensor) -> _SavedRef | _Held:
         # The unit that moves: the base when it is dense and of the same dtype
         # (views then rebuild over it), else the saved tensor itself.
         through_base = root.dtype == t.dtype and _dense(root)
@@ -458,14 +462,21 @@ class ActivationOffloader:
             g = entry[1]
         else:
             unit = root if through_base else t
-            g = self._new_group(unit.detach(), through_base or _dense(t))
+            if self._schedule.asks(unit.numel() * unit.element_size()):
+                g = self._new_group(unit.detach(), through_base or _dense(t))
+            else:  # held unasked; it still takes its name, so later ones keep the names a trace gives them
+                g = None
+                self._next_name()
             self._by_storage[key] = (weakref.ref(root), g)
+        if g is None:
+            self._saved.measures.held += 1
+            return _Held(t)
         g.refs += 1
         offset = t.storage_offset() - g.unit_offset
         return _SavedRef(g, size, stride, offset, len(self._path) - 1,
                          size == g.shape and stride == g.stride and not offset)
 
-    def _new_group(self, unit: Tensor, dense: bool) -> SavedGroup:
+    def _next_name(self) -> str:
         if not self._path:
             self._enter_forward(0)  # a model that marks no layers: everything is layer 0
         if self._kernel is not None:
@@ -474,6 +485,10 @@ class ActivationOffloader:
         else:
             name = f"t{self._saves}"
         self._saves += 1
+        return name
+
+    def _new_group(self, unit: Tensor, dense: bool) -> SavedGroup:
+        name = self._next_name()
         layer = self._schedule.boundary[1]
         g = SavedGroup(name, layer, unit.numel() * unit.element_size(), self._step,
                    unit, unit.storage_offset(), tuple(unit.shape), unit.stride(), unit.dtype, dense)

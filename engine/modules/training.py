@@ -91,7 +91,7 @@ def sized_for(act: Any, trace: Any) -> Any:
     sizing step would find, known before the first step): the simulator and the run agree."""
     if act.mode == "off" or not act.pool.exact:
         return act
-    sized = exact_pool(act, step_questions(trace.records), trace.num_layers)
+    sized = exact_pool(act, step_questions(trace.records, act.min_tensor_bytes), trace.num_layers)
     return OmegaConf.merge(act, {"pool": {**sized, "exact": False}})
 
 

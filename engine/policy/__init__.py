@@ -96,7 +96,7 @@ class StepCounters:
     both drivers report these figures from it rather than counting again.
     """
 
-    saved: int = 0
+    saved: int = 0  # saved tensors put to the policy: those of at least its min_tensor_bytes
     kept: int = 0  # saved tensors never spilled in the step
     spilled: int = 0  # pool hits and misses alike
     restored: int = 0
@@ -120,6 +120,9 @@ class ActivationPolicy(Protocol):
 
     log: list[Decision]
     history: list[StepCounters]  # one per finished step
+    # Saved tensors under this many bytes never spill: the drivers hold them as they
+    # are and never ask about them (engine/policy/schedule.py).
+    min_tensor_bytes: int
 
     def on_save(self, tensor: str, nbytes: int, layer: int) -> list[Decision]:
         """Forward: autograd saved `tensor`. One save can make the policy spill

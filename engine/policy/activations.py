@@ -2,13 +2,16 @@
 go, and when backward gets them back.
 
 Watermark mode (Activation Stagehand's design). The policy counts the logical
-device bytes of kept saved tensors. When a save takes them above the high
+device bytes of kept saved tensors, those it is asked about: at least
+`min_tensor_bytes` (the drivers hold smaller ones unasked,
+engine/policy/schedule.py). When a save takes them above the high
 watermark, kept tensors are spilled oldest first (backward needs them last)
 until the bytes are at or under the low watermark; the band between the two is
 the hysteresis that keeps one save from triggering a spill each time. The new
 tensor is a candidate like the others, but being the youngest it is spilled only
 when every older one already is. Tensors under `min_tensor_bytes` are always
-kept: their copies cost more in latency than they free.
+kept: their copies cost more in latency than they free, and a real model saves
+hundreds of them a step.
 
 Every spill takes a slab from a size-class pinned pool ("spill", detail = class
 index) or, when no slab fits or all are busy, falls back to unpinned host memory

@@ -252,5 +252,9 @@ class SpillPolicy:
         return self.saved.counters
 
     @property
+    def min_tensor_bytes(self) -> int:
+        return self.saved.min_tensor_bytes
+
+    @property
     def history(self) -> list[StepCounters]:
         return self.saved.history

@@ -11,6 +11,12 @@ the same order from each of them:
 3. after it ran: a "save" for each tensor it saved;
 4. at the step's end: the last layer's "layer_end", then "step_end".
 
+A saved tensor under the policy's `min_tensor_bytes` never spills, so it is
+not asked about at all: the driver holds it as it is and frees it when
+backward has used it (`asks`, `held`). A real model saves hundreds of such
+tensors a step (norm statistics, biases, small-sequence branches); asking
+about each cost the hooks most of their host time.
+
 The weight policy's issue(position) for a kernel comes after its boundary's
 questions and before its unpacks (sim/launcher.py; in the executor,
 KernelTracking enters the kernel's layer before the weights are fetched).
@@ -46,11 +52,13 @@ class KernelLike(Protocol):
 
 
 class KernelQuestions(NamedTuple):
-    """One kernel's questions, in order: `boundary` and `unpacks` before it runs, `saves` after."""
+    """One kernel's questions, in order: `boundary` and `unpacks` before it runs, `saves` after;
+    `held`: the tensors it needs that were held unasked (under min_tensor_bytes)."""
 
     boundary: list[Question]
     unpacks: list[Question]
     saves: list[Question]
+    held: list[str]
 
 
 class StepSchedule:
@@ -58,11 +66,18 @@ class StepSchedule:
 
     A driver that walks kernel records calls `kernel(rec)` for each and `end()`
     once; one driven by autograd's hooks calls `enter`, `unpack` and `save` as
-    it meets them, then `end()`.
+    it meets them (`save` only where `asks`), then `end()`. `min_tensor_bytes`
+    is the policy's (ActivationPolicy.min_tensor_bytes; 0 asks about every tensor).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, min_tensor_bytes: int = 0) -> None:
         self.boundary: tuple[str, int] | None = None  # (phase, layer) the driver is in
+        self.min_tensor_bytes = min_tensor_bytes
+        self._held: set[str] = set()  # this step's saved tensors held unasked
+
+    def asks(self, nbytes: int) -> bool:
+        """Whether a saved tensor of `nbytes` is put to the policy (else held as it is)."""
+        return nbytes >= self.min_tensor_bytes
 
     def enter(self, phase: str, layer: int) -> list[Question]:
         """The driver is in `phase` of `layer`: the boundary's questions (none if it already was)."""
@@ -83,14 +98,21 @@ class StepSchedule:
         return ("save", name, nbytes, layer)
 
     def kernel(self, rec: KernelLike) -> KernelQuestions:
-        return KernelQuestions(self.enter(rec.phase, rec.layer),
-                               [self.unpack(n) for n in rec.needs],
-                               [self.save(s.name, s.nbytes, s.layer) for s in rec.saved])
+        boundary = self.enter(rec.phase, rec.layer)
+        saves = []
+        for s in rec.saved:
+            if self.asks(s.nbytes):
+                saves.append(self.save(s.name, s.nbytes, s.layer))
+            else:
+                self._held.add(s.name)
+        unpacks = [self.unpack(n) for n in rec.needs if n not in self._held]
+        return KernelQuestions(boundary, unpacks, saves, [n for n in rec.needs if n in self._held])
 
     def end(self) -> list[Question]:
         """The step is over: the last layer's end, then "step_end"; the next step starts afresh."""
         out = self._end_layer()
         self.boundary = None
+        self._held = set()
         return out + [("step_end",)]
 
     def _end_layer(self) -> list[Question]:
@@ -99,13 +121,13 @@ class StepSchedule:
         return []
 
 
-def step_questions(records: Iterable[KernelLike]) -> list[Question]:
-    """Every question one step of kernel records puts to the activation policy, in order."""
-    schedule = StepSchedule()
+def step_questions(records: Iterable[KernelLike], min_tensor_bytes: int) -> list[Question]:
+    """Every question one step of kernel records puts to a policy of `min_tensor_bytes`, in order."""
+    schedule = StepSchedule(min_tensor_bytes)
     out: list[Question] = []
     for rec in records:
-        for questions in schedule.kernel(rec):
-            out += questions
+        q = schedule.kernel(rec)
+        out += q.boundary + q.unpacks + q.saves
     return out + schedule.end()
 
 
