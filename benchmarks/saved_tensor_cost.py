@@ -8,6 +8,7 @@ The LoRA step (peft rank --rank on the attention and feed-forward linears, mean-
 both outputs, backward) with the base frozen and resident, so the host time is the step's own
 plus the hooks'. Rows, interleaved --rounds times on one model and batch:
   plain             no saved-tensor hooks
+  no-op hooks       saved_tensors_hooks that return what they get: what any Python hook costs
   hooks, all kept   ActivationOffloader with a watermark no step reaches: every saved tensor
                     goes through the hooks and the policy, none is copied
   sync K            the first --sync layers spilled (the copies' host cost too)
@@ -96,6 +97,29 @@ class Offloaded:
         return t["activations_saved"] + t["held"] + t["weight_handles"]
 
 
+class NoOp:
+    """Saved-tensor hooks that do nothing: the floor any Python pack/unpack hook pays."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        self.count += 1
+        return t
+
+    @contextmanager
+    def step(self) -> Iterator[None]:
+        self.count = 0
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
+            yield
+
+    def saves(self) -> int:
+        return self.count
+
+    def close(self) -> None:
+        pass
+
+
 def timed_step(model: torch.nn.Module, inputs: dict, loss_fn: Callable, wrap: Callable[[], Any],
                sync: Callable[[], None]) -> float:
     for p in model.parameters():
@@ -134,10 +158,12 @@ def main() -> None:
                                                 "low_watermark_mb": 1e9, **floor}}
     if args.sync:
         rows[f"sync K={args.sync}"] = {"mode": "sync", "num_offload_layers": args.sync, **floor}
-    runners = {}
+    runners: dict[str, Any] = {}
     for name, act in rows.items():
         if act is None:
             runners[name] = None
+            if name == "plain":
+                runners["no-op hooks"] = NoOp()
             continue
         sizing = Offloaded(model, act, device)  # one step to size the exact pinned pool, as training=True does
         timed_step(model, inputs, loss_fn, sizing.step, sync)
@@ -145,7 +171,7 @@ def main() -> None:
         pool = exact_pool(activations_config(act), sizing.off.questions,
                           len(sizing.layers))
         runners[name] = Offloaded(model, act, device, pool)
-    times: dict[str, list[float]] = {name: [] for name in rows}
+    times: dict[str, list[float]] = {name: [] for name in runners}
     for r in range(args.rounds + 2):  # two warm-up rounds
         for name, o in runners.items():
             ms = timed_step(model, inputs, loss_fn, o.step if o else nullcontext, sync)
@@ -158,7 +184,7 @@ def main() -> None:
     for name, o in runners.items():
         ms = statistics.median(times[name])
         saves = o.saves() if o else 0
-        t = o.off.telemetry()[-1] if o else {}
+        t = o.off.telemetry()[-1] if isinstance(o, Offloaded) else {}
         table.append({"row": name, "host_ms": ms, "spread_ms": max(times[name]) - min(times[name]),
                       "saves": saves, "activations": t.get("activations_saved", 0),
                       "spilled": t.get("activations_spilled", 0),
