@@ -15,6 +15,7 @@ Per model (conf/model/<name>_diffusers.yaml / llama8b_hf.yaml, built on the meta
               set-up time (map + register + record order + warm), step time (median of --steps after
               --warmup, CUDA events), H2D bytes, outputs bitwise against resident, prediction beside it
   limit       max(resident x (1 + slowdown under copies), H2D bytes a step / pinned H2D bandwidth)
+  timeline    (--timeline) one more step per row with each kernel and weight copy timed on the device
   peer        (--peer) diffusers enable_group_offload(block_level, 1 block per group, use_stream=True)
               on the same module with CPU weights viewing the same checkpoint mapping
 
@@ -177,6 +178,10 @@ def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
         torch.cuda.reset_peak_memory_stats()  # the steps' peak: set-up copies each kernel in once, on its own
         with torch.no_grad():
             times, out = timed(lambda: module(**inputs), args.warmup, args.steps)
+            if args.timeline:  # one more step with its kernels and copies timed on the device
+                h.executor.time_steps = True
+                module(**inputs)
+                h.executor.time_steps = False
         rows = h.telemetry()
         free, total = torch.cuda.mem_get_info()
         outside = total - free - torch.cuda.memory_reserved() - h.executor.backend.reserved_peak_bytes()
@@ -196,7 +201,8 @@ def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
                "predicted_peak_bytes": pred["peak_device_bytes"], "rss": host_rss(), "rss_before": rss0,
                # the process: pool + torch's allocations (activations, inputs, kept parameters) + the rest
                "process_peak_bytes": max(r["peak_device_bytes"] for r in rows) + torch.cuda.max_memory_allocated()
-               + outside, "predicted_process_bytes": pred["peak_process_bytes"]}
+               + outside, "predicted_process_bytes": pred["peak_process_bytes"],
+               "measured_timeline": h.executor.step_timeline() if args.timeline else None}
         result["rows"].append(row)
         log(f"{key} @ {budget} ({backend}): {pred['eviction']} lookahead {pred['lookahead']} {step:.1f} ms (limit {limit_ms:.1f}, x{step / limit_ms:.3f}), "
             f"predicted {pred['step_ms']:.1f} ({100 * row['prediction_error']:+.1f}%), set-up {setup_s:.1f} s, "
@@ -265,6 +271,8 @@ def main() -> None:
     ap.add_argument("--peer", action="store_true")
     ap.add_argument("--backends", default="cuda", help="weight backends to run each budget on: cuda, vmm")
     ap.add_argument("--evictions", default="auto", help="eviction policies per budget (auto: the simulator's pick)")
+    ap.add_argument("--timeline", action="store_true",
+                    help="time one more step's kernels and copies per row (measured_timeline in the json)")
     ap.add_argument("--out", default="outputs/real_models")
     args = ap.parse_args()
     args.budgets = [float(b) for b in args.budgets.split(",")]
