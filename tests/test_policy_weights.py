@@ -160,6 +160,26 @@ def test_priority_spreads_its_set_through_the_order():
     assert WeightResidency(order, 170 * MB, "priority", 0).pinned == frozenset("ab")
 
 
+def test_priority_prefetch_reaches_past_a_run_of_pinned_kernels():
+    """The window runs on to the L-th streamed kernel: the next step's first streamed weight
+    is prefetched as the pinned tail starts, not L kernels before it is needed."""
+    sizes = {f"w{i}": (100 if i < 3 else 10) * MB for i in range(9)}
+    order = make_order([(w,) for w in sizes], sizes)
+    policy = WeightResidency(order, 260 * MB, "priority", 1)
+    assert policy.pinned == frozenset(f"w{i}" for i in range(3, 9))  # the tail w3..w8
+    for _ in range(2):
+        for i in range(len(order)):
+            policy.issue(i)
+    w0 = [d for d in policy.log if d.step == 1 and d.action == "prefetch" and d.target == "w0"]
+    assert [(d.position, d.detail) for d in w0] == [(3, 0)]  # at the tail's first kernel, for position 0
+    # Without a pinned set the window is the next L kernels, as before: lru prefetches w0 at w8.
+    lru = WeightResidency(order, 260 * MB, "lru", 1)
+    for _ in range(2):
+        for i in range(len(order)):
+            lru.issue(i)
+    assert [d.position for d in lru.log if d.step == 1 and d.action == "prefetch" and d.target == "w0"] == [8]
+
+
 # --- summary: bytes copied per step --------------------------------------------
 
 def test_cyclic_lru_recopies_every_weight_while_belady_and_priority_copy_less():

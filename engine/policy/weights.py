@@ -35,10 +35,18 @@ Issuing a kernel
    Below the floor (only with allow_below_floor) the weights of K_{i-1} that K_i
    does not read may be evicted too; each such "evict" is followed by a "hazard"
    that names the reader position i-1.
-2. Prefetch: for j = i+1 .. i+L (cyclic), each non-resident weight of K_j is a
-   "prefetch", after room is made with K_{i-1} ∪ ... ∪ K_j protected. When that
-   room cannot be made, prefetching stops for this issue: a prefetch never
-   evicts a weight needed sooner than itself.
+2. Prefetch: over the window of i (below), in order, each non-resident weight
+   of K_j is a "prefetch", after room is made with K_{i-1} ∪ ... ∪ K_j
+   protected. When that room cannot be made, prefetching stops for this issue:
+   a prefetch never evicts a weight needed sooner than itself.
+
+The window of i is j = i+1 .. i+L (cyclic), and beyond that the kernels up to
+the L-th *streamed* kernel after i: one that reads a weight outside the pinned
+set, or none at all. Without a pinned set (lru, belady) every kernel is
+streamed and the window is the next L kernels. With one (priority), a run of pinned-only kernels would
+otherwise hide the next streamed weights from the copy stream until the host
+nears them: at a step's end, say, where the model's tail is resident and the
+next step opens with streamed blocks, the link would idle through the tail.
 
 Resident bytes (in-flight prefetches included) never exceed the budget. Answers
 depend only on the order of the questions: a logical clock, never time.
@@ -357,11 +365,12 @@ class WeightResidency:
         # Built once: the policy answers every kernel of every step with them.
         n = len(order)
         self._guard = [self._read_sets[(i - 1) % n] | self._read_sets[i] for i in range(n)]
+        self._window = _windows(self._read_sets, self._pinned, lookahead)
         self._guard_ahead: list[list[frozenset[str]]] = []
         for i in range(n):
             window, ahead = self._guard[i], []
-            for a in range(1, min(lookahead, n - 1) + 1):
-                window = window | self._read_sets[(i + a) % n]
+            for j in self._window[i]:
+                window = window | self._read_sets[j]
                 ahead.append(window)
             self._guard_ahead.append(ahead)
         self._resident: dict[str, None] = {}  # insertion-ordered set
@@ -433,9 +442,7 @@ class WeightResidency:
             out.append(Decision(self.step, i, "fetch", w, i))
 
     def _prefetch(self, i: int, out: list[Decision]) -> None:
-        n = len(self.order)
-        for ahead, protected in enumerate(self._guard_ahead[i], start=1):
-            j = (i + ahead) % n
+        for j, protected in zip(self._window[i], self._guard_ahead[i]):
             for w in self._reads[j]:
                 if w in self._resident:
                     continue
@@ -474,6 +481,37 @@ class WeightResidency:
             self._pinned_bytes -= self.order.sizes[weight]
         self._eviction.remove(weight)
         out.append(Decision(self.step, position, "evict", weight, serves))
+
+
+def _windows(read_sets: list[frozenset[str]], pinned: frozenset[str], lookahead: int) -> list[tuple[int, ...]]:
+    """Each position's prefetch window (module docstring): the next `lookahead` kernels,
+    then on to the `lookahead`-th streamed one; never the position itself (n - 1 ahead at most)."""
+    n = len(read_sets)
+    streamed = [not (r and r <= pinned) for r in read_sets]  # a kernel with no weights counts as before
+    # next_streamed[p]: the first streamed position at or after p (cyclic); n: there is none
+    next_streamed = [n] * n
+    first = next((p for p in range(n) if streamed[p]), n)
+    nxt = first + n if first < n else n
+    for p in range(n - 1, -1, -1):
+        if streamed[p]:
+            nxt = p
+        next_streamed[p] = nxt if nxt < n else (nxt - n if first < n else n)
+    out = []
+    for i in range(n):
+        ahead = min(lookahead, n - 1)
+        window = [(i + a) % n for a in range(1, ahead + 1)]
+        count = sum(streamed[j] for j in window)
+        last = i + ahead  # absolute, may pass n
+        while count < lookahead and first < n:
+            q = next_streamed[(last + 1) % n]
+            dist = (q - (last + 1)) % n  # pinned-only kernels skipped before q
+            last += dist + 1
+            if last - i > n - 1:
+                break
+            window.append(last % n)
+            count += 1
+        out.append(tuple(window))
+    return out
 
 
 def _enough(need: int, ranked: list[str], sizes: Mapping[str, int]) -> list[str]:
