@@ -22,7 +22,8 @@ does not block the launcher: as in the executor's stream-ordered pool, the copy
 waits in the copy engine's queue (gated) until the free, and behind every
 eviction's last reader (the executor's copy stream waits for it to free). The
 launcher blocks when an in-flight copy cap forces an inline finalize, and when
-launch_queue_depth kernels are launched but unfinished.
+launch_queue_depth kernels are launched but unfinished, and once after the first
+step, until it has run: the warm-up barrier every run has.
 """
 from __future__ import annotations
 
@@ -181,6 +182,13 @@ class Launcher:
             yield from self._ask(schedule.end(), (step + 1) * n - 1, [])
             if self.saved is not None:
                 self.saved.new_step()
+            if step == 0 and self.steps > 1:
+                # The warm-up barrier: the cold first step copies every weight in while the
+                # host issues the next steps; a run waits for its warm-up, so the host's lead
+                # banked there must not carry into the steps the prediction reports.
+                done = self.compute.done_event(n - 1)
+                if done is not None:
+                    yield done
 
     def _ask(self, questions: Iterable[Question], seq: int, deps: list[simpy.Event]):
         """Put `questions` to the activation policy (if any) and carry out its answers."""
