@@ -13,7 +13,7 @@ the same order from each of them:
 
 A saved tensor under the policy's `min_tensor_bytes` never spills, so it is
 not asked about at all: the driver holds it as it is and frees it when
-backward has used it (`asks`, `held`). A real model saves hundreds of such
+backward has used it (`StepSchedule.asks`, `KernelQuestions.held`). A real model saves hundreds of such
 tensors a step (norm statistics, biases, small-sequence branches); asking
 about each cost the hooks most of their host time.
 

@@ -43,10 +43,11 @@ Issuing a kernel
 The window of i is j = i+1 .. i+L (cyclic), and beyond that the kernels up to
 the L-th *streamed* kernel after i: one that reads a weight outside the pinned
 set, or none at all. Without a pinned set (lru, belady) every kernel is
-streamed and the window is the next L kernels. With one (priority), a run of pinned-only kernels would
-otherwise hide the next streamed weights from the copy stream until the host
-nears them: at a step's end, say, where the model's tail is resident and the
-next step opens with streamed blocks, the link would idle through the tail.
+streamed and the window is the next L kernels. With one (priority), a run of
+pinned-only kernels would otherwise hide the next streamed weights from the
+copy stream until the host nears them: at a step's end, say, where the model's
+tail is resident and the next step opens with streamed blocks, the link would
+idle through the tail.
 
 Resident bytes (in-flight prefetches included) never exceed the budget. Answers
 depend only on the order of the questions: a logical clock, never time.
