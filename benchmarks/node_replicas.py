@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import queue
 import statistics
 import sys
 import time
@@ -148,7 +149,18 @@ def main() -> None:
                  for r in range(args.replicas)]
         for p in procs:
             p.start()
-        rows = sorted((results.get(timeout=900) for _ in procs), key=lambda r: r["rank"])
+        rows = []
+        while len(rows) < len(procs):
+            try:
+                rows.append(results.get(timeout=5))
+            except queue.Empty:
+                dead = [p for p in procs if p.exitcode not in (None, 0)]
+                if dead:
+                    for p in procs:
+                        p.terminate()
+                    raise SystemExit(f"replica process {procs.index(dead[0])} exited with code {dead[0].exitcode}; "
+                                     "its traceback is above")
+        rows.sort(key=lambda r: r["rank"])
         for p in procs:
             p.join()
     finally:
