@@ -60,6 +60,8 @@ def test_training_steps_are_bitwise_the_plain_steps(tiny, tmp_path, mode, budget
     else:
         assert m["spill_bytes"] > 0 and m["restore_bytes"] == m["spill_bytes"] and m["pool_misses"] == 0
         assert rows[-1]["weight_handles"] > 0  # autograd held base weights as handles
+    kernels = [t for t in m["timeline"] if t[0] == "compute"]  # the last step, measured
+    assert len(kernels) == len(tiny.trace.records) and all(a <= b for _, _, a, b in kernels)
     if budget is None:
         assert m["evictions"] == 0 and rows[-1]["weight_h2d_bytes"] == 0
     else:

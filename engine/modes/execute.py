@@ -351,11 +351,13 @@ def run_train_execute(cfg: Any, spec: ModelSpec, trace: Any, out_dir: str | Path
             offloader = ActivationOffloader(policy, act, device, weights=AsManaged(streamed), keep_steps=None)
             stack.callback(offloader.close)
         results, peaks = [], []
-        for _ in range(steps):
+        for i in range(steps):
             wf.check_intact()
+            executor.time_steps = i == steps - 1  # the steady state, on the timeline
             results.append(train_step(spec, executor, streamed, offloader, inputs, lora, device))
             peaks.append(torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None)
         weight_rows = executor.telemetry()  # waits for the last step
+        timeline = executor.step_timeline()
         act_rows = offloader.telemetry() if offloader is not None else [None] * steps
     rows = [telemetry_row(wr, ar, peak) for wr, ar, peak in zip(weight_rows, act_rows, peaks)]
     _write_telemetry(out_dir, rows)
@@ -386,4 +388,5 @@ def run_train_execute(cfg: Any, spec: ModelSpec, trace: Any, out_dir: str | Path
         "grads_match_reference": grads,
         "weights_file": w.file,  # None: a temporary file, gone now
         "reference_spread": spread,  # 0 or None: compared bitwise
+        "timeline": timeline,
     }
