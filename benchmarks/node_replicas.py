@@ -32,38 +32,21 @@ from omegaconf import OmegaConf
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-MODELS = {"ltx2": "ltx2_diffusers", "flux": "flux_diffusers", "tiny": "tiny_llama_hf"}
-WORKLOADS = {
-    "ltx2": dict(kind="infer", batch=1, video_tokens=6144, audio_tokens=128, text_tokens=256, context_tokens=0),
-    "flux": dict(kind="infer", batch=1, video_tokens=4096, audio_tokens=0, text_tokens=512, context_tokens=0),
-    "tiny": dict(kind="decode", batch=1, video_tokens=0, audio_tokens=0, text_tokens=0, context_tokens=16),
-}
+from real_models import MODELS, WORKLOADS, host_rss, log  # noqa: E402
 
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def meminfo() -> dict[str, int]:
-    out = {}
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        key, _, value = line.partition(":")
-        out[key] = int(value.split()[0]) * 1024
-    return out
+# The CPU smoke model beside the real ones.
+MODELS = {**MODELS, "tiny": "tiny_llama_hf"}
+WORKLOADS = {**WORKLOADS, "tiny": dict(kind="decode", batch=1, video_tokens=0, audio_tokens=0, text_tokens=0,
+                                       context_tokens=16)}
 
 
 def used_ram() -> int:
-    m = meminfo()
-    return m["MemTotal"] - m["MemAvailable"]
-
-
-def rss() -> dict[str, int]:
-    out = {}
-    for line in Path("/proc/self/status").read_text().splitlines():
+    """The node's RAM in use: MemTotal - MemAvailable."""
+    m = {}
+    for line in Path("/proc/meminfo").read_text().splitlines():
         key, _, value = line.partition(":")
-        if key in ("VmRSS", "RssAnon", "RssFile", "RssShmem"):
-            out[key] = int(value.split()[0]) * 1024
-    return out
+        m[key] = int(value.split()[0]) * 1024
+    return m["MemTotal"] - m["MemAvailable"]
 
 
 def replica(rank: int, args: argparse.Namespace, path: str, barrier: Any, results: Any) -> None:
@@ -112,7 +95,7 @@ def replica(rank: int, args: argparse.Namespace, path: str, barrier: Any, result
         barrier.wait()
     results.put({"rank": rank, "setup_s": setup_s, "alone_ms": statistics.median(alone),
                  "together_ms": statistics.median(together), "alone": alone, "together": together,
-                 "h2d_bytes": h.telemetry()[-1]["h2d_bytes"], "rss": rss(), "node_used_ram": node_ram,
+                 "h2d_bytes": h.telemetry()[-1]["h2d_bytes"], "rss": host_rss(), "node_used_ram": node_ram,
                  "eviction": h.eviction})
     h.remove()
 

@@ -489,28 +489,21 @@ def _windows(read_sets: list[frozenset[str]], pinned: frozenset[str], lookahead:
     then on to the `lookahead`-th streamed one; never the position itself (n - 1 ahead at most)."""
     n = len(read_sets)
     streamed = [not (r and r <= pinned) for r in read_sets]  # a kernel with no weights counts as before
-    # next_streamed[p]: the first streamed position at or after p (cyclic); n: there is none
-    next_streamed = [n] * n
-    first = next((p for p in range(n) if streamed[p]), n)
-    nxt = first + n if first < n else n
-    for p in range(n - 1, -1, -1):
-        if streamed[p]:
-            nxt = p
-        next_streamed[p] = nxt if nxt < n else (nxt - n if first < n else n)
+    stream = [p for p in range(n) if streamed[p]]
     out = []
     for i in range(n):
         ahead = min(lookahead, n - 1)
         window = [(i + a) % n for a in range(1, ahead + 1)]
-        count = sum(streamed[j] for j in window)
-        last = i + ahead  # absolute, may pass n
-        while count < lookahead and first < n:
-            q = next_streamed[(last + 1) % n]
-            dist = (q - (last + 1)) % n  # pinned-only kernels skipped before q
-            last += dist + 1
-            if last - i > n - 1:
+        need = lookahead - sum(streamed[j] for j in window)
+        k = bisect_right(stream, (i + ahead) % n)  # the streamed positions after the window, cyclically
+        for c in range(len(stream) if need > 0 else 0):
+            q = stream[(k + c) % len(stream)]
+            if not ahead < (q - i) % n:
+                break  # wrapped round to the window (or to i itself)
+            window.append(q)
+            need -= 1
+            if not need:
                 break
-            window.append(last % n)
-            count += 1
         out.append(tuple(window))
     return out
 
