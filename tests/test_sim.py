@@ -271,8 +271,7 @@ def test_a_resident_decode_step_reads_its_weights_from_hbm():
 def test_a_host_bound_step_is_predicted_at_its_host_time_after_a_cold_first_step():
     """The first step copies every weight in while the host runs ahead; the warm-up barrier keeps
     that lead out of the steps reported, so an all-resident host-bound step is its host time.
-    The trace: transformers Llama-3.1-8B decode recorded on the H100, 35 blocks, host 33.5 ms a step,
-    compute 11.9 ms (benchmarks/results/real-models-h100-2026-11-25.md)."""
+    The trace: transformers Llama-3.1-8B decode as recorded on the GPU, one kernel a decoder layer."""
     from pathlib import Path
 
     from omegaconf import OmegaConf
