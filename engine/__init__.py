@@ -6,12 +6,20 @@ so the CLI's planning and simulation modes never import torch.
 """
 from typing import Any
 
-__all__ = ["offload", "record"]
+__all__ = ["offload", "record", "data_parallel", "replica_pool_mb"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in __all__:
+    if name in ("offload", "record"):
         from engine.modules import offload as api
 
         return getattr(api, name)
+    if name == "data_parallel":
+        from engine.modules.data_parallel import data_parallel
+
+        return data_parallel
+    if name == "replica_pool_mb":
+        from engine.node import replica_pool_mb
+
+        return replica_pool_mb
     raise AttributeError(f"module 'engine' has no attribute {name!r}")

@@ -93,6 +93,7 @@ class PoolConfig:
     class_sizes_mb: List[float] = field(default_factory=list)
     slabs_per_class: List[int] = field(default_factory=list)
     exact: bool = False  # size the classes from the step's saved tensors (engine/policy/pool_sizing.py)
+    max_mb: Optional[float] = None  # pinned MB the pool may hold (a replica's share of node.pinned_budget_mb)
 
 
 @dataclass

@@ -207,10 +207,14 @@ def _choose_eviction(cfg: DictConfig, trace: Trace, plan: Plan,
 def _size_pool_exactly(cfg: DictConfig, trace: Trace, source: tuple) -> None:
     """activations/pool=exact: the classes this step's spills need, written into the
     config so the simulator, the executor and the report all see the same pool."""
+    from engine.node import pool_share_mb
     from engine.policy.pool_sizing import exact_pool
     from engine.policy.schedule import step_questions
 
     act = cfg.activations
+    share = pool_share_mb(cfg, sum(trace.weight_sizes.values()))
+    if share is not None and (act.pool.max_mb is None or share < act.pool.max_mb):
+        act.pool.max_mb = share
     sized = _memo(("pool", *source, OmegaConf.to_yaml(act)),
                   lambda: exact_pool(act, step_questions(trace.records, act.min_tensor_bytes), trace.num_layers))
     act.pool.class_sizes_mb = sized["class_sizes_mb"]

@@ -8,7 +8,8 @@ replica on its GPU's link capped at that share, and the node's figures follow
 from it. Host memory: the weight file is mapped by every replica, so the page
 cache holds it once (and a registered mapping pins those same pages once);
 `weights.source=pinned` or `pageable` copies it into each replica instead. Each
-replica's activation pool is pinned memory of its own.
+replica's activation pool is pinned memory of its own: the node's pinned budget,
+less the registered weights, split evenly (`replica_pool_mb`), caps each one.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from engine.errors import ConfigError
 from engine.units import MB
 
 SHARED_SOURCES = ("mmap_registered", "mmap")  # the page cache holds one copy for every replica
@@ -49,6 +51,26 @@ def pool_bytes(cfg: Any) -> int:
     if act.mode == "off":
         return 0
     return round(sum(s * n for s, n in zip(act.pool.class_sizes_mb, act.pool.slabs_per_class)) * MB)
+
+
+def replica_pool_mb(pinned_budget_mb: float, pinned_weight_bytes: int, replicas: int) -> float:
+    """One replica's share of a node's pinned budget for its activation pool (MB): what
+    the pinned weights leave, split evenly between `replicas`."""
+    share = (pinned_budget_mb * MB - pinned_weight_bytes) / replicas / MB
+    if share <= 0:
+        raise ConfigError(f"a node pinned budget of {pinned_budget_mb:.0f} MB leaves no pinned memory for the "
+                          f"activation pools: the weights pin {pinned_weight_bytes / 1e9:.2f} GB; raise the "
+                          "budget, or read the weights unregistered (source mmap)")
+    return share
+
+
+def pool_share_mb(cfg: Any, model_bytes: int) -> float | None:
+    """`replica_pool_mb` of `cfg.node` (None without a node budget)."""
+    node = cfg.node
+    if node.pinned_budget_mb is None:
+        return None
+    weights = {"mmap_registered": model_bytes, "pinned": node.gpus * model_bytes}.get(cfg.weights.source, 0)
+    return replica_pool_mb(node.pinned_budget_mb, weights, node.gpus)
 
 
 def node_prediction(cfg: Any, pred: dict, model_bytes: int) -> dict:

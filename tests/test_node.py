@@ -76,3 +76,19 @@ def test_execute_refuses_replicas_that_would_pin_more_than_the_node_allows(run_c
                 "workload.text_tokens=8")
     assert r.returncode == 2 and "2 replicas pin" in r.stderr and "raise the node's limit" in r.stderr
     assert not (tmp_path / "run" / "telemetry.jsonl").exists()
+
+
+def test_each_replicas_pool_is_cut_to_its_share_of_the_nodes_pinned_budget(run_cli, tmp_path):
+    """tiny: 3.77 MB of registered weights, a 64.5 MB exact pool a replica; 83.77 MB for
+    the node leaves each of 2 replicas 40 MB, and the spills past it miss."""
+    r = run_cli("+model=tiny", "workload=train_lora", "activations=sync", "activations.num_offload_layers=2",
+                "budget=2", "node=h200x2", "node.pinned_budget_mb=83.773248", "mode=check", "sim.timeline=false")
+    assert r.returncode == 0, r.stderr
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert "(at most 40.0 MB: activations.pool.max_mb)" in r.stdout
+    assert report["prediction"]["pool_misses"] > 0
+    node = report["node"]
+    assert node["pinned_budget_bytes"] - 4e6 < node["pinned_bytes"] <= node["pinned_budget_bytes"]
+    bad = run_cli("+model=tiny", "workload=train_lora", "activations=sync", "activations.num_offload_layers=2",
+                  "budget=2", "node=h200x2", "node.pinned_budget_mb=3", "sim.timeline=false")
+    assert bad.returncode == 2 and "leaves no pinned memory for the activation pools" in bad.stderr

@@ -364,3 +364,21 @@ def test_the_simulator_asks_a_trace_step_the_questions_step_questions_lists():
     result = drive(trace, weights, policy, hw, act, 50.0, None, 1)
     assert asked == [q for q in questions if q[0] != "step_end"]
     assert result.prediction["pool_misses"] == 0 and result.prediction["spilled"] > 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 10_000), st.integers(1, 50)), min_size=1, max_size=6),
+       st.integers(0, 200_000))
+def test_a_capped_pool_fits_its_cap_and_only_cuts(classes, cap):
+    from engine.policy.pool_sizing import capped
+
+    sizes, slabs = [s for s, _ in classes], [n for _, n in classes]
+    out = capped(sizes, slabs, cap)
+    total = sum(s * n for s, n in zip(sizes, slabs))
+    assert all(0 <= o <= n for o, n in zip(out, slabs))
+    assert sum(s * o for s, o in zip(sizes, out)) <= max(cap, 0) or out == slabs and total <= cap
+    if total <= cap:
+        assert out == slabs
+    else:  # no class that was cut could take one more slab
+        room = cap - sum(s * o for s, o in zip(sizes, out))
+        assert all(o == n or s > room for s, o, n in zip(sizes, out, slabs))

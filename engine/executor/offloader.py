@@ -305,6 +305,11 @@ class ActivationOffloader:
         }
 
     @property
+    def pinned_bytes(self) -> int:
+        """Page-locked host bytes of this offloader's slab pool."""
+        return self.slabs.pinned_bytes
+
+    @property
     def device_bytes(self) -> int:
         """Logical bytes of saved activations on the device now (held by this offloader)."""
         return self._saved.device_bytes

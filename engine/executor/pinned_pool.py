@@ -66,6 +66,11 @@ class SlabPool:
                 offset += _aligned(size)
             self._free.append(slabs)
 
+    @property
+    def pinned_bytes(self) -> int:
+        """Page-locked bytes this pool holds now (0 when unpinned or closed)."""
+        return self.nbytes if self._registered else 0
+
     def take(self, size_class: int) -> Slab:
         """A free slab of `size_class`; the policy booked it, so one must be free."""
         if not 0 <= size_class < len(self._free):

@@ -83,7 +83,8 @@ def prediction_md(pred: dict, job: Job) -> str:
 def _pool_md(pool: Any) -> str:
     sizes, slabs = list(pool.class_sizes_mb), list(pool.slabs_per_class)
     pinned = round(sum(s * n for s, n in zip(sizes, slabs)) * 1e6)
-    return f"{len(sizes)} size classes, {sum(slabs)} slabs, {fmt_bytes(pinned)}"
+    cap = f" (at most {fmt_bytes(round(pool.max_mb * 1e6))}: activations.pool.max_mb)" if pool.max_mb is not None else ""
+    return f"{len(sizes)} size classes, {sum(slabs)} slabs, {fmt_bytes(pinned)}{cap}"
 
 
 def prediction_report(job: Job, pred: dict, result: Any) -> dict:

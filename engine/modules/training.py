@@ -81,8 +81,7 @@ def activations_config(activations: Any) -> Any:
         validate_watermarks(act)
     if act.mode == "sync" and act.sync_dict is None and act.num_offload_layers <= 0:
         raise ConfigError("activations mode sync needs num_offload_layers > 0 or a sync_dict")
-    if not act.pool.exact:
-        validate_pool(act.pool)
+    validate_pool(act.pool)
     return act
 
 
@@ -214,6 +213,8 @@ class TrainingHandle:
             if self._weights is not None:
                 self._weights.finish()  # the backward kernels nobody unpacked, so the step is whole
         row = dict(self._offloader.telemetry()[-1]) if self._offloader is not None else {}
+        if self._offloader is not None:
+            row["pinned_bytes"] = self._offloader.pinned_bytes
         if self.executor is not None:
             w = self.executor.telemetry()[-1]
             row.update({f"weight_{k}": v for k, v in w.items() if k != "step"})

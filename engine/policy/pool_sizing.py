@@ -47,4 +47,28 @@ def exact_pool(act_cfg: Any, questions: Sequence[Question], num_layers: int) -> 
     used = [c for c in range(len(sizes)) if most[c]]
     if not used:  # the watermarks are never crossed: one slab of the smallest size keeps the pool valid
         return {"class_sizes_mb": [sizes[0] / MB], "slabs_per_class": [1]}
-    return {"class_sizes_mb": [sizes[c] / MB for c in used], "slabs_per_class": [most[c] for c in used]}
+    slabs = [most[c] for c in used]
+    cap = act_cfg.pool.max_mb
+    if cap is not None:
+        slabs = capped([sizes[c] for c in used], slabs, round(cap * MB))
+    kept = [i for i, n in enumerate(slabs) if n]
+    if not kept:
+        raise ConfigError(f"activations.pool.max_mb={cap} holds no slab of this step (the smallest spill is "
+                          f"{min(sizes[c] for c in used) / MB:.1f} MB); raise it or use activations=off")
+    return {"class_sizes_mb": [sizes[used[i]] / MB for i in kept], "slabs_per_class": [slabs[i] for i in kept]}
+
+
+def capped(sizes: Sequence[int], slabs: Sequence[int], cap_bytes: int) -> list[int]:
+    """`slabs` per class of `sizes` bytes cut to fit `cap_bytes`: every class scaled by
+    the same share, then the room left filled a slab at a time, smallest class first.
+    The spills the cut slabs would have held go to unpinned memory (pool misses)."""
+    total = sum(s * n for s, n in zip(sizes, slabs))
+    if total <= cap_bytes:
+        return list(slabs)
+    out = [n * cap_bytes // total for n in slabs]
+    room = cap_bytes - sum(s * n for s, n in zip(sizes, out))
+    for i in sorted(range(len(sizes)), key=lambda i: sizes[i]):
+        extra = min(slabs[i] - out[i], room // sizes[i])
+        out[i] += extra
+        room -= extra * sizes[i]
+    return out

@@ -90,12 +90,19 @@ def _check_classes(sizes: list[float], slabs: list[int], key: str) -> None:
 
 def validate_pool(pool_cfg: Any) -> None:
     """activations.pool (or SlabClasses): raises ConfigError naming the problem and the fix."""
+    cap = getattr(pool_cfg, "max_mb", None)
+    if cap is not None and cap <= 0:
+        raise ConfigError(f"activations.pool.max_mb={cap}; give the pinned MB the pool may hold (> 0) or null")
     if getattr(pool_cfg, "exact", False):
         if list(pool_cfg.class_sizes_mb) or list(pool_cfg.slabs_per_class):
             raise ConfigError("activations.pool.exact=true sizes the pool from the step itself; drop "
                               "class_sizes_mb and slabs_per_class, or set activations.pool.exact=false")
         return
     _check_classes(list(pool_cfg.class_sizes_mb), list(pool_cfg.slabs_per_class), "class_sizes_mb")
+    total = sum(s * n for s, n in zip(pool_cfg.class_sizes_mb, pool_cfg.slabs_per_class))
+    if cap is not None and total > cap:
+        raise ConfigError(f"activations.pool holds {total:.1f} MB of slabs, over activations.pool.max_mb={cap}; "
+                          "drop slabs or use activations.pool.exact=true (sized under the cap)")
 
 
 def validate_caps(act_cfg: Any) -> None:
