@@ -32,6 +32,12 @@ state) unless said otherwise:
     pool_misses        last step's spills into unpinned memory ("miss")
     spilled            saved tensors the policy spilled in the last step (hits + misses)
     kept               saved tensors never spilled in the last step
+    mean_step_ms       the mean duration of the warm steps: all but the first two (the cold
+                       one and the one after the warm-up barrier), or the last when fewer than
+                       three were simulated. Belady's decisions need not repeat from step to
+                       step; its long run is this mean, not the last step
+    step_ms_range      [shortest, longest] warm step
+    mean_h2d_bytes     the warm steps' mean host-to-device bytes
     hazards            every step's use-after-evict hazards below the floor, in order:
                        {step, kernel (the reader), weight, evicted_by, time_ns, time_ms
                        (when the launcher evicted it)}
@@ -133,9 +139,19 @@ def predict(launcher: Launcher, compute: ComputeStream, pool: DevicePool,
     copy_ns = sum(e - s for s, e in copying)
     hidden_ns = _intersection_ns(copying, _union(busy))
     counts = launcher.step_counters(last)
+    first_warm = 2 if steps >= 3 else last
+    warm = [(ends[i] - (ends[i - 1] if i else 0)) / NS_PER_MS for i in range(first_warm, steps)]
+    h2d = [0] * steps
+    for step, direction, c in launcher.copies:
+        if direction == H2D:
+            h2d[step] += c.nbytes
+    warm_h2d = h2d[first_warm:]
     return {
         "step_ms": (t1 - t0) / NS_PER_MS,
         "first_step_ms": ends[0] / NS_PER_MS,
+        "mean_step_ms": sum(warm) / len(warm),
+        "step_ms_range": [min(warm), max(warm)],
+        "mean_h2d_bytes": sum(warm_h2d) / len(warm_h2d),
         "compute_ms": compute_ns / NS_PER_MS,
         "stall_ms": stall_ns / NS_PER_MS,
         "overlap": hidden_ns / copy_ns if copy_ns else 1.0,

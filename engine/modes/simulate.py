@@ -49,8 +49,12 @@ def timeline_files(job: Job, result: Any, measured: list | None = None) -> None:
 def prediction_md(pred: dict, job: Job) -> str:
     """The prediction table of the job's run (its eviction policy, its activations' pinned pool)."""
     cfg = job.cfg
+    lo, hi = pred["step_ms_range"]
+    varies = hi - lo > 0.005 * pred["mean_step_ms"]  # the decisions do not repeat (belady): say the long run
     rows = [
         ["step time", f"{pred['step_ms']:.2f} ms (first step {pred['first_step_ms']:.2f} ms)"],
+        *([["warm steps vary (the long run: simulate more with workload.steps=16)",
+            f"mean {pred['mean_step_ms']:.2f} ms, {lo:.2f} to {hi:.2f} ms"]] if varies else []),
         ["compute", f"{pred['compute_ms']:.2f} ms"],
         ["stall (compute waiting on copies)", f"{pred['stall_ms']:.2f} ms"],
         ["overlap (copy time hidden)", f"{pred['overlap']:.1%}"],

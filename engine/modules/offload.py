@@ -36,7 +36,9 @@ from engine.units import MB, budget_bytes
 _OFFLOADED = "_offload_engine_handle"  # set in an offloaded module's __dict__
 NO_CUDA = "no CUDA device; use backend='cpu' to exercise the executor on the CPU"
 DEFAULT_HARDWARE = "h100_pcie5"
-SIMULATED_STEPS = 3
+# Steps simulated for a prediction; it reports the mean of all but the first (belady's
+# decisions need not repeat from step to step: its long run is the mean).
+SIMULATED_STEPS = 16
 LOOKAHEADS = (1, 2, 3, 4)  # lookahead="auto" tries these
 
 
@@ -214,15 +216,16 @@ def predict(trace: Trace, hardware: Any, budget: int | None, lookahead: int | st
             weights = OmegaConf.merge(template, {"eviction": name, "lookahead": la})
             results[name, la] = simulate(trace, weights, act, hardware,
                                          budget_bytes=budget, steps=SIMULATED_STEPS, allow_below_floor=False)
-    chosen = min(results, key=lambda c: results[c].prediction["step_ms"])
+    chosen = min(results, key=lambda c: results[c].prediction["mean_step_ms"])
     p = results[chosen].prediction
-    return {"eviction": chosen[0], "lookahead": chosen[1], "step_ms": p["step_ms"], "h2d_bytes": p["h2d_bytes"],
+    return {"eviction": chosen[0], "lookahead": chosen[1], "step_ms": p["mean_step_ms"],
+            "step_ms_range": p["step_ms_range"], "h2d_bytes": p["mean_h2d_bytes"],
             "d2h_bytes": p["d2h_bytes"], "stall_ms": p["stall_ms"], "overlap": p["overlap"],
             "peak_device_bytes": p["peak_device_bytes"], "peak_process_bytes": p["peak_process_bytes"],
             # the process peak less the context: the pool and torch's allocations, as execute measures them
             "peak_pool_torch_bytes": p["peak_process_bytes"] - context_bytes(trace, hardware),
             "hardware": hardware.name,
-            "candidates": {f"{n}/{la}": round(r.prediction["step_ms"], 3) for (n, la), r in results.items()}}
+            "candidates": {f"{n}/{la}": round(r.prediction["mean_step_ms"], 3) for (n, la), r in results.items()}}
 
 
 def _wrap_forward(module: nn.Module, streamed: StreamedModule, executor: WeightExecutor) -> None:
