@@ -230,25 +230,3 @@ def test_the_cli_records_then_simulates_a_transformers_model(tmp_path):
     assert measured == [r.name for r in by_block.records]  # the last step's kernels, beside the prediction
 
 
-
-def test_a_recordings_own_copies_set_its_sources_link_rate():
-    """engine.offload's prediction uses the rate the recording's fetches reached (copies of
-    64 MiB or more) for the trace's weight source; without timed copies, the profile's."""
-    from dataclasses import replace
-
-    from engine.config import load_hardware
-    from engine.modules.offload import predict
-    from engine.modules.record import recorded_link
-
-    trace = read_trace(Path(__file__).resolve().parents[1] / "data/traces/llama_decode.jsonl.gz")
-    hw = load_hardware("h100_calibrated")
-    assert recorded_link(trace, hw) is hw
-    half = sum(trace.weight_sizes.values()) * 4 // 5  # above the floor (lm_head, embeddings, lookahead)
-    copies = ({"dir": "h2d", "nbytes": 2**27, "ns": 2**27 // 60},  # 60 GB/s
-              {"dir": "h2d", "nbytes": 2**20, "ns": 10**6})  # a small copy: not the link's rate
-    timed = replace(trace, header={**trace.header, "weight_source": "mmap_registered"},
-                    records=tuple(replace(r, copies=copies) for r in trace.records))
-    fast = recorded_link(timed, hw)
-    assert fast.mmap_registered_gbps == pytest.approx(60.0, abs=0.01) and fast.h2d_gbps == hw.h2d_gbps
-    slow, quick = predict(trace, hw, half, 2, "priority"), predict(timed, hw, half, 2, "priority")
-    assert quick["step_ms"] < slow["step_ms"] and quick["h2d_bytes"] == slow["h2d_bytes"]

@@ -25,7 +25,7 @@ from engine.config import ActivationsConfig, WeightsConfig, load_hardware
 from engine.errors import ConfigError, ExecutorError, WeightFileError
 from engine.executor.runtime import WeightExecutor
 from engine.executor.setup import compute_device
-from engine.modules.record import record_module, recorded_link
+from engine.modules.record import record_module
 from engine.modules.streamed import StreamedModule
 from engine.modules.training import TrainingHandle, activations_config, sized_for
 from engine.policy.placement import place
@@ -196,10 +196,8 @@ def predict(trace: Trace, hardware: Any, budget: int | None, lookahead: int | st
     """The simulator on `trace`: every candidate's step (ms, keyed "eviction/lookahead") and
     the fastest one's prediction. "auto" makes every policy (every lookahead of LOOKAHEADS
     whose floor the budget clears) a candidate, as weights=auto does for the policy.
-    `activations` (an ActivationsConfig; default off) spills a training trace's saved tensors.
-    A recording's own timed weight copies set its source's link rate (`recorded_link`)."""
+    `activations` (an ActivationsConfig; default off) spills a training trace's saved tensors."""
     act = activations if activations is not None else OmegaConf.structured(ActivationsConfig)
-    hardware = recorded_link(trace, hardware)
     from sim import simulate
     from sim.prediction import context_bytes
     from sim.simulator import backend_granule

@@ -35,7 +35,6 @@ from datetime import datetime, timezone
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
-from omegaconf import OmegaConf
 
 from engine.executor.runtime import WeightExecutor
 from engine.executor.setup import fits_resident
@@ -289,25 +288,6 @@ def _records(streamed: StreamedModule, times: KernelTimes, training: bool) -> tu
         io_bytes=forward[i].io_bytes, host_ns=times.host_ns[2 * n - 1 - i], needs=tuple(needs.get(i, ())))
         for i in reversed(range(n))]
     return tuple(forward + backward)
-
-
-SOURCE_RATE = {"pinned": "h2d_gbps", "mmap_registered": "mmap_registered_gbps", "mmap": "mmap_gbps",
-               "pageable": "pageable_gbps"}  # the profile's large-copy rate of each weight source
-LARGE_COPY = 64 * 2**20  # copies this large run at the link's rate, not a small copy's
-
-
-def recorded_link(trace: Trace, hardware: Any) -> Any:
-    """`hardware` with its weight source's large-copy rate replaced by the rate the
-    recording's own timed fetches reached (copies of LARGE_COPY bytes or more), when the
-    trace has them: engine.offload records on the machine it runs on, and a model's
-    packed blocks copy at their own rate, not at that of the copies a profile was
-    fitted to."""
-    field_ = SOURCE_RATE.get(trace.header.get("weight_source", ""))
-    large = [c for r in trace.records for c in r.copies if c.get("nbytes", 0) >= LARGE_COPY and c.get("ns", 0) > 0]
-    if field_ is None or not large:
-        return hardware
-    gbps = sum(c["nbytes"] for c in large) / sum(c["ns"] for c in large)
-    return OmegaConf.merge(hardware, {field_: round(gbps, 3), "name": f"{hardware.name} (+ the recording's copies)"})
 
 
 def record_module(streamed: StreamedModule, *, name: str, backend: str, workload: Mapping[str, Any] | None = None,
