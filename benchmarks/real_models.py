@@ -179,8 +179,9 @@ def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
     gc.collect()
     torch.cuda.empty_cache()
 
-    for budget, eviction, backend in [(b, e, k) for b in args.budgets for e in args.evictions for k in args.backends]:
-        pred = predict(trace, hw, round(budget * 1e6), args.lookahead, eviction, backend=backend)
+    for budget, eviction, backend, ahead in [(b, e, k, la) for b in args.budgets for e in args.evictions
+                                             for k in args.backends for la in args.lookahead]:
+        pred = predict(trace, hw, round(budget * 1e6), ahead, eviction, backend=backend)
         torch.cuda.reset_peak_memory_stats()
         rss0 = host_rss()
         t0 = time.perf_counter()
@@ -289,7 +290,8 @@ def main() -> None:
     ap.add_argument("--dir", default="/dev/shm", help="where the checkpoints are written (deleted after)")
     ap.add_argument("--keep", action="store_true", help="keep the checkpoints")
     ap.add_argument("--hardware", default="h100_calibrated")
-    ap.add_argument("--lookahead", default="2", help="kernels prefetched ahead, or auto (the simulator picks)")
+    ap.add_argument("--lookahead", default="2",
+                    help="kernels prefetched ahead (a comma list runs each), or auto (the simulator picks)")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--peer", action="store_true")
@@ -302,7 +304,7 @@ def main() -> None:
     args.budgets = [float(b) for b in args.budgets.split(",")]
     args.backends = args.backends.split(",")
     args.evictions = args.evictions.split(",")
-    args.lookahead = args.lookahead if args.lookahead == "auto" else int(args.lookahead)
+    args.lookahead = ["auto"] if args.lookahead == "auto" else [int(la) for la in args.lookahead.split(",")]
     Path(args.out).mkdir(parents=True, exist_ok=True)
     hw = load_hardware(args.hardware)
     results = []
@@ -316,6 +318,28 @@ def main() -> None:
             {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%F"),
              "hardware_profile": args.hardware, "results": results}, indent=1, default=str))
     print(table_md(results))
+    for line in ranking_md(results):
+        print(line)
+
+
+def ranking_md(results: list[dict]) -> list[str]:
+    """Per model and budget with several configurations: the simulator's pick against the best measured."""
+    lines = []
+    for r in results:
+        for budget in sorted({row["budget_mb"] for row in r["rows"]}):
+            rows = [row for row in r["rows"] if row["budget_mb"] == budget]
+            if len(rows) < 2:
+                continue
+            pick = min(rows, key=lambda row: row["predicted_ms"])
+            best = min(rows, key=lambda row: row["mean_ms"])
+            lines.append(f"{r['model']} at {budget:.0f}: {len(rows)} configurations; the simulator ranks {name(pick)} "
+                         f"first ({pick['mean_ms']:.1f} ms measured), the best measured is {name(best)} "
+                         f"({best['mean_ms']:.1f} ms): the pick is {100 * (pick['mean_ms'] / best['mean_ms'] - 1):+.1f}%")
+    return lines
+
+
+def name(row: dict) -> str:
+    return f"{row['eviction']}/{row['lookahead']}/{row['backend']}"
 
 
 if __name__ == "__main__":
