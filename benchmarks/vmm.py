@@ -14,8 +14,10 @@ bitwise check (the model does not fit twice), --steps steps each.
 Each row: median step (CUDA events, the steps after the first), relocations
 (the pool's answer to fragmentation: a stall each), the peak of live block
 bytes, the memory the backend held at most (pool reserve / chunks created),
-and for vmm the granules mapped a step and the map time they cost the host
-at the probed rate. The table is printed last.
+and for vmm the driver calls a step, the map time they cost at the probed rate,
+and the host time of the chunk books a step: all of it, of it waiting for a free,
+and of it in the driver's calls (the rest is the books' Python). The table is
+printed last.
 """
 from __future__ import annotations
 
@@ -94,6 +96,7 @@ def run(spec, order, wf, inputs, reference, backend: str, budget: int, eviction:
                 row[f"{k}_per_step"] = statistics.median(m[k] for m in steady)
             row["books_ms_per_step"] = statistics.median(m["host_ms"] for m in steady)
             row["wait_ms_per_step"] = statistics.median(m["wait_ms"] for m in steady)
+            row["driver_ms_per_step"] = statistics.median(m["driver_ms"] for m in steady)
             row["map_ms_per_step"] = (row["maps_per_step"] * map_ns[0] + row["unmaps_per_step"] * map_ns[1]) / 1e6
     log(f"{backend} {eviction} {budget / MB:.0f} MB: {row['steps']} steps, {row['step_ms']:.1f} ms, "
         f"{relocations} relocations, bitwise {row['bitwise']}")
@@ -154,7 +157,8 @@ def main() -> None:
           f"granules, [map, unmap, create, release] ns: {probed['by_class']})")
     cols = ("eviction", "budget_mb", "backend", "steps", "step_ms", "relocations", "bitwise", "peak_live_mb",
             "held_mb", "h2d_gb", "maps_per_step", "unmaps_per_step", "creates_per_step", "releases_per_step", "waits_per_step",
-            "reused_per_step", "map_ms_per_step", "books_ms_per_step", "wait_ms_per_step", "stopped")
+            "reused_per_step", "map_ms_per_step", "books_ms_per_step", "wait_ms_per_step", "driver_ms_per_step",
+            "stopped")
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
     for r in rows:
