@@ -60,9 +60,8 @@ class CudaVmm:
     """The CUDA driver's virtual memory management calls for one device; `call_ns` is
     the host time they took."""
 
-    call_ns = 0
-
     def __init__(self, device: torch.device):
+        self.call_ns = 0
         if cudadrv is None:
             raise ExecutorError("weights.backend=vmm needs cuda-python's driver bindings (cuda.bindings.driver); "
                                 "pip install 'offload-engine[cuda]'")
