@@ -68,7 +68,7 @@ def capped(sizes: Sequence[int], slabs: Sequence[int], cap_bytes: int) -> list[i
     out = [n * cap_bytes // total for n in slabs]
     room = cap_bytes - sum(s * n for s, n in zip(sizes, out))
     for i in sorted(range(len(sizes)), key=lambda i: sizes[i]):
-        extra = min(slabs[i] - out[i], room // sizes[i])
+        extra = slabs[i] - out[i] if not sizes[i] else min(slabs[i] - out[i], room // sizes[i])
         out[i] += extra
         room -= extra * sizes[i]
     return out
