@@ -36,8 +36,8 @@ from engine.units import MB, budget_bytes
 _OFFLOADED = "_offload_engine_handle"  # set in an offloaded module's __dict__
 NO_CUDA = "no CUDA device; use backend='cpu' to exercise the executor on the CPU"
 DEFAULT_HARDWARE = "h100_pcie5"
-# Steps simulated for a prediction; it reports the mean of all but the first (belady's
-# decisions need not repeat from step to step: its long run is the mean).
+# Steps simulated for a prediction, which reports the mean of all but the first two (the
+# prediction's mean_step_ms): belady's decisions need not repeat from step to step.
 SIMULATED_STEPS = 16
 LOOKAHEADS = (1, 2, 3, 4)  # lookahead="auto" tries these
 
