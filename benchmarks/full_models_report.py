@@ -22,6 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MEASURED = ROOT / "data" / "traces" / "full" / "measured.json"
+MEASURED_STEPS = 5  # full_models.py's workload.steps in the runs measured.json holds
 RECORDINGS = {"ltx": "ltx2-full", "flux": "flux-full", "llama8b": "llama8b-decode-full", "wan14b": "wan14b-full"}
 
 
@@ -37,13 +38,14 @@ def predictions(model: str, workload: str, rows: list[dict], overrides: list[str
     sweep = tmp / model
     subprocess.run([sys.executable, "-m", "engine", "-m", f"model={model}", f"workload={workload}",
                     f"budget={','.join(budgets)}", f"weights.eviction={','.join(evictions)}", "sim.timeline=false",
+                    f"workload.steps={MEASURED_STEPS}",
                     *trace, *overrides, f"hydra.sweep.dir={sweep}"], check=True, cwd=ROOT, capture_output=True)
     out = {}
     for path in sweep.glob("*/report.json"):
         r = json.loads(path.read_text())
         b = r["config"]["budget_mb"]
         key = (None, "resident") if b is None else (int(b), r["config"]["eviction"])
-        out[key] = r["prediction"]["step_ms"]
+        out[key] = r["prediction"]["mean_step_ms"]  # the warm steps, as execute's median of them
     return out
 
 
