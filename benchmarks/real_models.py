@@ -4,14 +4,15 @@
     python benchmarks/real_models.py --models flux,wan14b --budgets 8000,16000 --out DIR
     python benchmarks/real_models.py --models llama8b --budgets 4000,8000,12000 --out DIR
     python benchmarks/real_models.py --models ltx2 --budgets 16000 --backends cuda,vmm --out DIR
-    python benchmarks/real_models.py --models tiny --device cpu --budgets 1      # smoke, timings meaningless
+    python benchmarks/real_models.py --models llama8b --budgets 0,8000          # 0: all resident, our hooks
 
 Per model (conf/model/<name>_diffusers.yaml / llama8b_hf.yaml, built on the meta device):
   checkpoint  random bf16 weights written once to --dir (a single .safetensors, mode=materialize's writer)
   resident    every weight loaded to the device from the checkpoint: the reference output and the
               compute floor; again beside a stream of H2D copies (the slowdown under copies)
   record      engine.record: each block timed on the device -> the trace the predictions replay
-  ours        per budget: engine.offload(checkpoint=..., eviction = the simulator's pick on that trace):
+  ours        per budget (0: every weight resident through the same hooks, budget_mb=None):
+              engine.offload(checkpoint=..., eviction = the simulator's pick on that trace):
               set-up time (map + register + record order + warm), step time (median of --steps after
               --warmup, CUDA events, the host waiting for each step's end), the same steps launched
               back to back (free-running: a loop that never reads its output), H2D bytes,
@@ -168,7 +169,8 @@ def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
     t0 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        h = engine.offload(module, budget_mb=args.budgets[0], example_inputs=inputs, checkpoint=path, hardware=hw)
+        h = engine.offload(module, budget_mb=args.budgets[0] or None, example_inputs=inputs, checkpoint=path,
+                           hardware=hw)
     result["auto_setup_s"] = round(time.perf_counter() - t0, 1)
     with torch.no_grad():
         result["auto_bitwise"] = all(bitwise_equal(first_output(module(**inputs)), ref) for _ in range(3))
@@ -181,13 +183,13 @@ def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
 
     for budget, eviction, backend, ahead in [(b, e, k, la) for b in args.budgets for e in args.evictions
                                              for k in args.backends for la in args.lookahead]:
-        pred = predict(trace, hw, round(budget * 1e6), ahead, eviction, backend=backend)
+        pred = predict(trace, hw, round(budget * 1e6) if budget else None, ahead, eviction, backend=backend)
         torch.cuda.reset_peak_memory_stats()
         rss0 = host_rss()
         t0 = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            h = engine.offload(module, budget_mb=budget, example_inputs=inputs, eviction=pred["eviction"],
+            h = engine.offload(module, budget_mb=budget or None, example_inputs=inputs, eviction=pred["eviction"],
                                lookahead=pred["lookahead"], checkpoint=path, backend=backend)
         setup_s = time.perf_counter() - t0
         copied = h.streamed.copied_bytes
@@ -270,7 +272,8 @@ def table_md(results: list[dict]) -> str:
                      f"{r['predicted_resident_ms']:.1f} | {100 * (r['predicted_resident_ms'] / r['resident_ms'] - 1):+.1f}% "
                      f"| - | - | ref | - | - |")
         for row in r["rows"]:
-            lines.append(f"| {r['model']} | {row['budget_mb']} | {row['backend']} | {row['eviction']} | "
+            lines.append(f"| {r['model']} | {row['budget_mb'] or 'resident (engine.offload)'} | {row['backend']} | "
+                         f"{row['eviction']} | "
                          f"{row['step_ms']:.1f} / {row['mean_ms']:.1f} | "
                          f"{row['limit_ms']:.1f} | {row['over_limit']:.3f} | {row['predicted_ms']:.1f} | "
                          f"{100 * row['prediction_error']:+.1f}% | {row['mean_h2d_bytes'] / 1e9:.2f} / "
