@@ -134,8 +134,9 @@ def claimed(out_dir: Path) -> Iterator[None]:
         out_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
     except FileExistsError:
+        replicas = " (under torchrun, end it with ${replica:}: one directory a replica)" if "RANK" in os.environ else ""
         raise ConfigError(f"another run is writing to {out_dir} ({lock.name} is there); pick another "
-                          "hydra.run.dir, or delete the lock if no run is") from None
+                          f"hydra.run.dir{replicas}, or delete the lock if no run is") from None
     except OSError as e:
         raise ConfigError(f"cannot write to {out_dir}: {e.strerror or e}; pick a writable hydra.run.dir") from None
     os.close(fd)

@@ -9,6 +9,7 @@ express (low watermark above high, overlapping size classes) live in
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Optional
@@ -168,6 +169,9 @@ def register() -> None:
 
     # Outside the groups (a group file extends one with `- /NAME_schema@_here_`), so
     # --help and tab completion offer only the options a user can pick.
+    if not OmegaConf.has_resolver("replica"):
+        # hydra.run.dir's suffix under torchrun: one directory a replica, /rank<RANK>
+        OmegaConf.register_new_resolver("replica", lambda: f"/rank{os.environ['RANK']}" if "RANK" in os.environ else "")
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
     cs.store(name="hardware_schema", node=HardwareConfig)

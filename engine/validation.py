@@ -246,7 +246,7 @@ def measure(cfg: Any, spec: Any, trace: Trace, rows: Sequence[dict]) -> dict:
     from engine.models import make_inputs
     from engine.measure.clocks import clock_for
 
-    device = compute_device(cfg.weights.backend, no_cuda=NO_CUDA)
+    device = compute_device(cfg.weights.backend, no_cuda=NO_CUDA, replica=True)
     clock = clock_for(device)
     out = []
     with ExitStack() as stack:

@@ -3,12 +3,18 @@ links, the node's host memory, the check that refuses a node over its limits,
 and a sweep over node shapes."""
 import csv
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
 from engine.config import NodeConfig, load_hardware
 from engine.node import node_failures, node_prediction, replica_hardware
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _cfg(**node):
@@ -92,3 +98,17 @@ def test_each_replicas_pool_is_cut_to_its_share_of_the_nodes_pinned_budget(run_c
     bad = run_cli("+model=tiny", "workload=train_lora", "activations=sync", "activations.num_offload_layers=2",
                   "budget=2", "node=h200x2", "node.pinned_budget_mb=3", "sim.timeline=false")
     assert bad.returncode == 2 and "leaves no pinned memory for the activation pools" in bad.stderr
+
+
+def test_torchrun_runs_a_replica_a_process_each_in_its_own_directory(tmp_path):
+    """`torchrun --nproc-per-node 2 -m engine ... mode=execute`: two replicas at once, each
+    with its report (the node's prediction beside its own measurement) under /rank<RANK>."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "engine",
+                        "+model=tiny", "mode=execute", "budget=2", "weights.backend=cpu", "node=h200x2",
+                        "workload.video_tokens=64", "workload.audio_tokens=16", "workload.text_tokens=8",
+                        f"hydra.run.dir={tmp_path}/run${{replica:}}"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    reports = [json.loads((tmp_path / "run" / f"rank{k}" / "report.json").read_text()) for k in range(2)]
+    assert all(rep["node"]["gpus"] == 2 and rep["measurement"]["steps"] >= 1 for rep in reports)

@@ -41,14 +41,22 @@ TEMP_FILE_MAX_BYTES = 2_000_000_000  # models up to this size get a temporary we
 REFERENCE_FRACTION = 0.6
 
 
-def compute_device(backend: str, no_cuda: str = NO_CUDA) -> torch.device:
-    """The current CUDA device for backend "cuda" (ExecutorError `no_cuda` without one), the CPU for "cpu"."""
+def compute_device(backend: str, no_cuda: str = NO_CUDA, replica: bool = False) -> torch.device:
+    """The current CUDA device for backend "cuda" (ExecutorError `no_cuda` without one), the CPU for "cpu".
+    `replica` (the CLI's runs): under torchrun, one process per GPU, the process's GPU is
+    its LOCAL_RANK, made current here."""
     if backend == "cpu":
         return torch.device("cpu")
     if backend not in ("cuda", "vmm"):
         raise ExecutorError(f"backend={backend!r} is not one of cuda, vmm, cpu; pick one of those")
     if not torch.cuda.is_available():
         raise ExecutorError(no_cuda)
+    if replica and "LOCAL_RANK" in os.environ:
+        rank = int(os.environ["LOCAL_RANK"])
+        if rank >= torch.cuda.device_count():
+            raise ExecutorError(f"LOCAL_RANK={rank} but this host shows {torch.cuda.device_count()} GPU(s); start "
+                                "at most one replica per GPU (torchrun --nproc-per-node)")
+        torch.cuda.set_device(rank)
     return torch.device("cuda", torch.cuda.current_device())
 
 

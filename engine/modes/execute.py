@@ -269,7 +269,7 @@ def _reference(spec: ModelSpec, host: dict, inputs: dict, device: torch.device) 
 def run_execute(cfg: Any, spec: ModelSpec, trace: Any, out_dir: str | Path) -> dict:
     """Run cfg.workload.steps forwards through the executor; write telemetry.jsonl; return the measurement."""
     w = cfg.weights
-    device = compute_device(w.backend)
+    device = compute_device(w.backend, replica=True)
     order = trace.access_order()
     _check_order(order, spec)
     budget, floor_bytes, out_dir = _start_run(cfg, order, out_dir)
@@ -328,7 +328,7 @@ def run_train_execute(cfg: Any, spec: ModelSpec, trace: Any, out_dir: str | Path
     if cfg.workload.kind != "train_lora" or cfg.workload.lora_rank < 1:
         raise ExecutorError(f"training execute needs workload.kind=train_lora with lora_rank >= 1 (got "
                             f"{cfg.workload.kind}, rank {cfg.workload.lora_rank}); use workload=train_lora")
-    device = compute_device(w.backend)
+    device = compute_device(w.backend, replica=True)
     order = trace.access_order()
     check_train_order(order, spec)
     budget, floor_bytes, out_dir = _start_run(cfg, order, out_dir)

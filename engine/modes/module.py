@@ -68,7 +68,7 @@ def _setup(job: Job) -> tuple[Any, dict, torch.device]:
     device = compute_device(cfg.weights.backend, no_cuda=(
         f"mode={cfg.mode} runs model {cfg.model.name} on a CUDA GPU and none is visible; record its trace "
         "on a GPU machine and simulate it here with trace=PATH (weights.backend=cpu runs it on the CPU, "
-        "timings not a GPU's)"))
+        "timings not a GPU's)"), replica=True)
     module = build_module(cfg.model)
     if _training(cfg):
         targets = cfg.model.get("lora_targets", ALL_LINEAR)

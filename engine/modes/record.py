@@ -59,7 +59,7 @@ def _plain(node: Any) -> Any:
 
 def record(cfg: Any, spec: ModelSpec, out_dir: str | Path) -> tuple[Path, Trace]:
     """Record one step of `spec` under cfg.workload; writes out_dir/trace.jsonl."""
-    device = compute_device(cfg.weights.backend, no_cuda=NO_CUDA)
+    device = compute_device(cfg.weights.backend, no_cuda=NO_CUDA, replica=True)
     clock = clock_for(device)
     training = cfg.workload.kind == "train_lora"
     out_dir = Path(out_dir)
