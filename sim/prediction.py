@@ -102,6 +102,16 @@ def context_bytes(trace: Trace, hardware: Any) -> int:
     return int(recorded) if recorded is not None else round(hardware.context_mb * 1e6)
 
 
+VARY = 0.005  # warm steps further apart than this share of their mean do not repeat
+
+
+def steps_vary(prediction: dict) -> bool:
+    """Whether the warm steps differ (belady's may): their mean is then the long run, and
+    more steps make it a better one."""
+    lo, hi = prediction["step_ms_range"]
+    return hi - lo > VARY * prediction["mean_step_ms"]
+
+
 def step_ends(compute: ComputeStream, kernels_per_step: int, steps: int) -> list[int]:
     """When each step's last kernel completed; a step runs from the previous step's end to its own."""
     return [compute.end_ns[(s + 1) * kernels_per_step - 1] for s in range(steps)]

@@ -43,6 +43,19 @@ class SimResult:
     device_bytes: list[tuple[int, int]]  # (time ns, weights + activations on the device)
     step_ends_ns: list[int]
 
+    def settled(self) -> bool:
+        """Whether the last two steps' decisions are the same: the policies have settled,
+        and later steps repeat them (priority and lru do from the second step; belady's
+        band of streamed weights may move a little every step)."""
+        last = len(self.step_ends_ns) - 1
+        if last < 1:
+            return False
+        by_step: dict[int, list[tuple]] = {last - 1: [], last: []}
+        for d in self.decisions:
+            if d.step in by_step:
+                by_step[d.step].append((d.position, d.action, d.target, d.detail))
+        return by_step[last - 1] == by_step[last]
+
 
 def simulate(trace: Trace, weights_cfg: Any, activations_cfg: Any, hardware: Any,
              budget_bytes: int | None, steps: int, allow_below_floor: bool) -> SimResult:

@@ -288,3 +288,31 @@ def test_a_host_bound_step_is_predicted_at_its_host_time_after_a_cold_first_step
     result = simulate(trace, weights, OmegaConf.structured(ActivationsConfig), load_hardware("h100_calibrated"),
                       budget_bytes=None, steps=3, allow_below_floor=False)
     assert host <= result.prediction["step_ms"] <= host * 1.01
+
+
+def test_priority_settles_and_belady_drifts_on_a_recorded_decode():
+    """The recorded Llama-3.1-8B decode at 8000 MB: priority decides the same every step
+    from the second on; belady's band of streamed blocks moves, so engine.offload's
+    prediction runs it long (16 steps) and reports the warm steps' mean and range."""
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    from engine.config import load_hardware
+    from engine.modules.offload import LONG_RUN_STEPS, predict
+    from engine.trace import read_trace
+
+    trace = read_trace(Path(__file__).resolve().parents[1]
+                       / "benchmarks/results/traces/llama8b-hf-decode-h100-2026-11-25.jsonl.gz")
+    hw = load_hardware("h100_calibrated")
+    runs = {ev: simulate(trace, OmegaConf.merge(OmegaConf.structured(WeightsConfig), {"eviction": ev}),
+                         OmegaConf.structured(ActivationsConfig), hw, 8_000_000_000, 4, False)
+            for ev in ("priority", "belady")}
+    assert runs["priority"].settled() and not runs["belady"].settled()
+    belady = predict(trace, hw, 8_000_000_000, 2, "belady")
+    lo, hi = belady["step_ms_range"]
+    assert hi - lo > 0.1 * belady["step_ms"] and lo < belady["step_ms"] < hi
+    long = simulate(trace, OmegaConf.merge(OmegaConf.structured(WeightsConfig), {"eviction": "belady"}),
+                    OmegaConf.structured(ActivationsConfig), hw, 8_000_000_000, LONG_RUN_STEPS, False)
+    assert belady["step_ms"] == long.prediction["mean_step_ms"]
+    assert predict(trace, hw, 8_000_000_000, 2, "priority")["step_ms"] == runs["priority"].prediction["mean_step_ms"]

@@ -49,8 +49,10 @@ def timeline_files(job: Job, result: Any, measured: list | None = None) -> None:
 def prediction_md(pred: dict, job: Job) -> str:
     """The prediction table of the job's run (its eviction policy, its activations' pinned pool)."""
     cfg = job.cfg
+    from sim.prediction import steps_vary
+
     lo, hi = pred["step_ms_range"]
-    varies = hi - lo > 0.005 * pred["mean_step_ms"]  # the decisions do not repeat (belady): say the long run
+    varies = steps_vary(pred)  # the decisions do not repeat (belady): say the long run
     rows = [
         ["step time", f"{pred['step_ms']:.2f} ms (first step {pred['first_step_ms']:.2f} ms)"],
         *([["warm steps vary (the long run: simulate more with workload.steps=16)",

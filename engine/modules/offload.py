@@ -37,8 +37,10 @@ _OFFLOADED = "_offload_engine_handle"  # set in an offloaded module's __dict__
 NO_CUDA = "no CUDA device; use backend='cpu' to exercise the executor on the CPU"
 DEFAULT_HARDWARE = "h100_pcie5"
 # Steps simulated for a prediction, which reports the mean of all but the first two (the
-# prediction's mean_step_ms): belady's decisions need not repeat from step to step.
-SIMULATED_STEPS = 16
+# prediction's mean_step_ms): SHORT_RUN_STEPS, and LONG_RUN_STEPS when the short run's last two
+# steps decided differently (belady's decisions need not repeat from step to step).
+SHORT_RUN_STEPS = 4
+LONG_RUN_STEPS = 16
 LOOKAHEADS = (1, 2, 3, 4)  # lookahead="auto" tries these
 
 
@@ -198,7 +200,6 @@ def predict(trace: Trace, hardware: Any, budget: int | None, lookahead: int | st
     whose floor the budget clears) a candidate, as weights=auto does for the policy.
     `activations` (an ActivationsConfig; default off) spills a training trace's saved tensors."""
     act = activations if activations is not None else OmegaConf.structured(ActivationsConfig)
-    from sim import simulate
     from sim.prediction import context_bytes
     from sim.simulator import backend_granule
 
@@ -214,8 +215,7 @@ def predict(trace: Trace, hardware: Any, budget: int | None, lookahead: int | st
     for la in ahead:
         for name in policies:
             weights = OmegaConf.merge(template, {"eviction": name, "lookahead": la})
-            results[name, la] = simulate(trace, weights, act, hardware,
-                                         budget_bytes=budget, steps=SIMULATED_STEPS, allow_below_floor=False)
+            results[name, la] = _long_run(trace, weights, act, hardware, budget)
     chosen = min(results, key=lambda c: results[c].prediction["mean_step_ms"])
     p = results[chosen].prediction
     return {"eviction": chosen[0], "lookahead": chosen[1], "step_ms": p["mean_step_ms"],
@@ -226,6 +226,18 @@ def predict(trace: Trace, hardware: Any, budget: int | None, lookahead: int | st
             "peak_pool_torch_bytes": p["peak_process_bytes"] - context_bytes(trace, hardware),
             "hardware": hardware.name,
             "candidates": {f"{n}/{la}": round(r.prediction["mean_step_ms"], 3) for (n, la), r in results.items()}}
+
+
+def _long_run(trace: Trace, weights: Any, activations: Any, hardware: Any, budget: int | None) -> Any:
+    """The simulation of `weights` on `trace` over enough steps for its long-run mean."""
+    from sim import simulate
+
+    result = simulate(trace, weights, activations, hardware, budget_bytes=budget, steps=SHORT_RUN_STEPS,
+                      allow_below_floor=False)
+    if result.settled():  # later steps repeat the last: the short run's mean is the long run's
+        return result
+    return simulate(trace, weights, activations, hardware, budget_bytes=budget, steps=LONG_RUN_STEPS,
+                    allow_below_floor=False)
 
 
 def _wrap_forward(module: nn.Module, streamed: StreamedModule, executor: WeightExecutor) -> None:
