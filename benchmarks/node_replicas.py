@@ -49,6 +49,27 @@ def used_ram() -> int:
     return m["MemTotal"] - m["MemAvailable"]
 
 
+def gather(procs: list, results: Any, what: str) -> list[dict]:
+    """Start `procs`, take one result row from each off `results` (a process that dies
+    ends the run: SystemExit naming it), join them; the rows by rank."""
+    for p in procs:
+        p.start()
+    rows: list[dict] = []
+    while len(rows) < len(procs):
+        try:
+            rows.append(results.get(timeout=5))
+        except queue.Empty:
+            dead = [p for p in procs if p.exitcode not in (None, 0)]
+            if dead:
+                for p in procs:
+                    p.terminate()
+                raise SystemExit(f"{what} {procs.index(dead[0])} of {len(procs)} exited with code "
+                                 f"{dead[0].exitcode}; its traceback is above")
+    for p in procs:
+        p.join()
+    return sorted(rows, key=lambda r: r["rank"])
+
+
 def replica(rank: int, args: argparse.Namespace, path: str, barrier: Any, results: Any) -> None:
     """One replica: offload, then time its steps alone (in rank order) and with every other replica."""
     warnings.simplefilter("ignore")
@@ -130,22 +151,7 @@ def main() -> None:
         barrier, results = ctx.Barrier(args.replicas), ctx.Queue()
         procs = [ctx.Process(target=replica, args=(r, args, str(path), barrier, results))
                  for r in range(args.replicas)]
-        for p in procs:
-            p.start()
-        rows = []
-        while len(rows) < len(procs):
-            try:
-                rows.append(results.get(timeout=5))
-            except queue.Empty:
-                dead = [p for p in procs if p.exitcode not in (None, 0)]
-                if dead:
-                    for p in procs:
-                        p.terminate()
-                    raise SystemExit(f"replica process {procs.index(dead[0])} exited with code {dead[0].exitcode}; "
-                                     "its traceback is above")
-        rows.sort(key=lambda r: r["rank"])
-        for p in procs:
-            p.join()
+        rows = gather(procs, results, "replica process")
     finally:
         path.unlink(missing_ok=True)
     model = table.model_bytes

@@ -23,7 +23,6 @@ import argparse
 import gc
 import json
 import os
-import queue
 import statistics
 import sys
 import time
@@ -42,7 +41,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from real_models import log  # noqa: E402
 from real_train import TARGETS, loss_of  # noqa: E402
-from node_replicas import used_ram  # noqa: E402
+from node_replicas import gather, used_ram  # noqa: E402
 
 
 def build(blocks: int, rank: int, device: torch.device) -> nn.Module:
@@ -135,23 +134,9 @@ def run(world: int, args: argparse.Namespace, path: str) -> list[dict]:
     init = f"file://{path}.rendezvous-{world}"
     Path(init[len("file://"):]).unlink(missing_ok=True)
     procs = [ctx.Process(target=worker, args=(r, world, args, path, init, results)) for r in range(world)]
-    for p in procs:
-        p.start()
-    rows: list[dict] = []
-    while len(rows) < world:
-        try:
-            rows.append(results.get(timeout=5))
-        except queue.Empty:
-            dead = [p for p in procs if p.exitcode not in (None, 0)]
-            if dead:
-                for p in procs:
-                    p.terminate()
-                raise SystemExit(f"training process {procs.index(dead[0])} of {world} exited with code "
-                                 f"{dead[0].exitcode}; its traceback is above")
-    for p in procs:
-        p.join()
+    rows = gather(procs, results, "training process")
     Path(init[len("file://"):]).unlink(missing_ok=True)
-    return sorted(rows, key=lambda r: r["rank"])
+    return rows
 
 
 def main() -> None:
