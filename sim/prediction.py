@@ -28,6 +28,8 @@ state) unless said otherwise:
                        together) + the context: the CUDA context and workspaces, as a
                        recording measured them (header "context_bytes"), else
                        hardware.context_mb
+    peak_pool_torch_bytes  the same less the context: what `execute` measures (the pool's
+                       peak plus torch's allocator's)
     pool_hits          last step's spills that got a pinned slab ("spill")
     pool_misses        last step's spills into unpinned memory ("miss")
     spilled            saved tensors the policy spilled in the last step (hits + misses)
@@ -168,6 +170,7 @@ def predict(launcher: Launcher, compute: ComputeStream, pool: DevicePool,
         "h2d_bytes": h2d[last],
         "d2h_bytes": sum(c.nbytes for s, d, c in launcher.copies if s == last and d == D2H),
         "peak_device_bytes": pool.peak,
+        "peak_pool_torch_bytes": pool.peak + transient_bytes(launcher.trace),
         "peak_process_bytes": pool.peak + transient_bytes(launcher.trace) + context_bytes(launcher.trace,
                                                                                          launcher.hardware),
         "pool_hits": counts.pool_hits,

@@ -32,7 +32,7 @@ from engine.executor.setup import (bitwise_equal, compute_device, fits_resident,
 from engine.executor.training import (AsManaged, StreamedWeights, check_train_order, deterministic,
                                       match_reference, max_abs_diff, reference_steps, telemetry_row, train_step)
 from engine.job import Job, Outcome, plan_report
-from engine.node import node_failures, replica_hardware
+from engine.node import node_failures
 from engine.models import forward, make_inputs
 from engine.models.lora import init_lora
 from engine.models.run import DictSource
@@ -44,7 +44,6 @@ from engine.report import fmt_bytes, plan_md, table
 from engine.models.spec import ModelSpec
 from engine.units import budget_bytes
 from engine.weightfile import materialize
-from sim.prediction import context_bytes
 
 log = logging.getLogger(__name__)
 
@@ -165,8 +164,7 @@ def execute_mode(job: Job) -> Outcome:
     run = run_train_execute if training else run_execute
     meas = run(cfg, job.spec, job.trace, job.out_dir)
     timeline_files(job, result, measured=meas.pop("timeline", None))
-    whole = pred["peak_process_bytes"] - context_bytes(job.trace, replica_hardware(cfg))
-    rows = comparison({**pred, **predicted_counts(result), "peak_pool_torch_bytes": whole}, meas, training)
+    rows = comparison({**pred, **predicted_counts(result)}, meas, training)
     report.update(measurement=meas, comparison=rows)
     md = (plan_md(job.plan.as_dict()) + "\n\n" + prediction_md(pred, job) + "\n\n"
           + comparison_md(rows, meas) + f"\n\ntelemetry: {job.out_dir / 'telemetry.jsonl'}")

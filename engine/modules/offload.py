@@ -200,7 +200,6 @@ def predict(trace: Trace, hardware: Any, budget: int | None, lookahead: int | st
     whose floor the budget clears) a candidate, as weights=auto does for the policy.
     `activations` (an ActivationsConfig; default off) spills a training trace's saved tensors."""
     act = activations if activations is not None else OmegaConf.structured(ActivationsConfig)
-    from sim.prediction import context_bytes
     from sim.simulator import backend_granule
 
     policies = EVICTIONS if eviction == "auto" and budget is not None else (
@@ -222,8 +221,7 @@ def predict(trace: Trace, hardware: Any, budget: int | None, lookahead: int | st
             "step_ms_range": p["step_ms_range"], "h2d_bytes": p["mean_h2d_bytes"],
             "d2h_bytes": p["d2h_bytes"], "stall_ms": p["stall_ms"], "overlap": p["overlap"],
             "peak_device_bytes": p["peak_device_bytes"], "peak_process_bytes": p["peak_process_bytes"],
-            # the process peak less the context: the pool and torch's allocations, as execute measures them
-            "peak_pool_torch_bytes": p["peak_process_bytes"] - context_bytes(trace, hardware),
+            "peak_pool_torch_bytes": p["peak_pool_torch_bytes"],
             "hardware": hardware.name,
             "candidates": {f"{n}/{la}": round(r.prediction["mean_step_ms"], 3) for (n, la), r in results.items()}}
 
