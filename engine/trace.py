@@ -38,10 +38,7 @@ Lines 2.., one JSON object per kernel, in launch order:
                        first); each name at most once in the trace
     copies      [{...}] optional: copies observed around the kernel (recorded
                        traces: {dir, nbytes, ns} of each weight copy its fetch issued
-                       in a spec recording's streamed forward, or a module recording's
-                       free-running one, whose fetches are synchronous; header
-                       "weight_source" says where a module's weights came from); the
-                       simulator ignores them, `mode=calibrate` fits link rates to them
+                       in a streamed forward; the simulator ignores them)
     host_ns     int    optional: host time to launch the kernel's work, measured
                        (recorded module traces, where a kernel is a whole block);
                        absent or 0: the hardware profile's kernel_launch_us

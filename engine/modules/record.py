@@ -57,9 +57,7 @@ HOST_BOUND = 0.9  # host time over the pipelined step above which the host, not 
 
 class _Bring:
     """fetch(position): the position's weights copied to the device now (the host waits),
-    then, for a hold above 0, the compute stream held while the host launches the kernel.
-    On CUDA each copy is timed (`copies`: position -> [{dir, nbytes, ns}]), as the spec
-    recorder's streamed forward times its copies."""
+    then, for a hold above 0, the compute stream held while the host launches the kernel."""
 
     def __init__(self, order: AccessOrder, host: Mapping[str, torch.Tensor], device: torch.device, clock: Clock,
                  hold_ns: list[int]):
@@ -68,7 +66,6 @@ class _Bring:
         self.device = device
         self.clock = clock
         self.hold_ns = hold_ns
-        self.copies: dict[int, list[dict]] = {}
 
     def close(self) -> None:
         """Drop the host weights: a graph autograd keeps alive (a branch backward never
@@ -76,17 +73,8 @@ class _Bring:
         self.host = {}
 
     def fetch(self, position: int) -> dict[str, torch.Tensor]:
-        if self.device.type != "cuda":
-            out = {w: self.host[w].to(self.device, copy=True) for w in self.order.reads[position]}
-        else:
-            out, stamps = {}, []
-            for w in self.order.reads[position]:
-                a = self.clock.stamp()
-                out[w] = self.host[w].to(self.device, copy=True)
-                stamps.append((self.order.sizes[w], a, self.clock.stamp()))
+        out = {w: self.host[w].to(self.device, copy=True) for w in self.order.reads[position]}
         self.clock.synchronize()
-        if self.device.type == "cuda":
-            self.copies[position] = [{"dir": "h2d", "nbytes": n, "ns": self.clock.ns(a, b)} for n, a, b in stamps]
         if self.hold_ns[position]:
             self.clock.hold(self.hold_ns[position])
         return out
@@ -131,7 +119,6 @@ class KernelTimes:
 
     compute_ns: list[int]
     host_ns: list[int]
-    copies: dict[int, list[dict]] = field(default_factory=dict)  # the last free-running step's, on CUDA
     saved: dict[int, list[int]] = field(default_factory=dict)
     last_saver: dict[tuple[int, int], int] = field(default_factory=dict)
 
@@ -157,7 +144,6 @@ def time_kernels(streamed: StreamedModule, clock: Clock, loss_fn: LossFn | None 
     free = [0] * len(order)
     hold = free
     compute_rows, host_rows = [], []
-    copies: dict[int, list[dict]] = {}
     log = None
     for f in range(warmup + 2 * forwards):
         timing_host = f < warmup + forwards
@@ -190,13 +176,12 @@ def time_kernels(streamed: StreamedModule, clock: Clock, loss_fn: LossFn | None 
             continue
         if timing_host:
             host_rows.append([max(0, h - fetch) for h, fetch in zip(stamps.host_ns(), stamps.host_fetch)])
-            copies = bring.copies
         else:
             compute = stamps.compute_ns()
             compute[0] += clock.ns(start, stamps.before[0])  # the parent's work before the first kernel
             compute_rows.append(compute)
     streamed.hooks.recompute = None
-    times = KernelTimes(_median(compute_rows), _median(host_rows), copies)
+    times = KernelTimes(_median(compute_rows), _median(host_rows))
     if log is not None:
         times.saved, times.last_saver = log.saved, log.last_saver
     return times
@@ -272,7 +257,6 @@ def _records(streamed: StreamedModule, times: KernelTimes, training: bool) -> tu
         name=order.kernels[i], layer=rec.layers[i], phase="fwd", weights=order.reads[i],
         compute_ns=times.compute_ns[i], flops=rec.flops[i],
         io_bytes=sum(order.sizes[w] for w in order.reads[i]), host_ns=times.host_ns[i],
-        copies=tuple(times.copies.get(i, ())),
         saved=tuple(SavedTensor(f"{order.kernels[i]}/t{k}", nbytes, layer)
                     for k, nbytes in enumerate(times.saved.get(i, ()))))
         for i, layer in enumerate(saving_layers(rec.layers))]
@@ -330,7 +314,6 @@ def record_module(streamed: StreamedModule, *, name: str, backend: str, workload
         **({"activation_peak_bytes": max(0, memory[0] - saved_bytes), "context_bytes": memory[1]}
            if memory is not None else {}),
         "resident_bytes": streamed.resident_bytes, "record_s": round(time.perf_counter() - t0, 3),
-        **({"weight_source": streamed.source} if times.copies else {}),
         **(extra_header or {}),
     }
     trace = Trace(header=header, weight_sizes=dict(streamed.order.sizes), records=records)

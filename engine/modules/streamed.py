@@ -107,7 +107,6 @@ class StreamedModule:
     def _setup(self, grouping: str, blocks: Sequence[str] | None, checkpoint: str | Path | None,
                source: str, training: bool) -> None:
         module, device = self.module, self.device
-        self.source = source  # where the streamed weights' host copies live (executor/sources.py)
         files = None
         if checkpoint is not None:
             self._checkpoint = Checkpoint(checkpoint, module_weights(module, frozen_only=training))
