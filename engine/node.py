@@ -69,15 +69,20 @@ def pool_share_mb(cfg: Any, model_bytes: int) -> float | None:
     node = cfg.node
     if node.pinned_budget_mb is None:
         return None
-    weights = {"mmap_registered": model_bytes, "pinned": node.gpus * model_bytes}.get(cfg.weights.source, 0)
-    return replica_pool_mb(node.pinned_budget_mb, weights, node.gpus)
+    return replica_pool_mb(node.pinned_budget_mb, pinned_weight_bytes(cfg, model_bytes), node.gpus)
+
+
+def pinned_weight_bytes(cfg: Any, model_bytes: int) -> int:
+    """Host bytes the node's weights pin: a registered mapping once (the page cache's pages
+    serve every replica), a pinned copy once per replica, nothing for unpinned sources."""
+    return {"mmap_registered": model_bytes, "pinned": cfg.node.gpus * model_bytes}.get(cfg.weights.source, 0)
 
 
 def node_prediction(cfg: Any, pred: dict, model_bytes: int) -> dict:
     """The node's figures from one replica's prediction `pred`."""
     node, source, gpus = cfg.node, cfg.weights.source, cfg.node.gpus
     weights_host = model_bytes if source in SHARED_SOURCES else gpus * model_bytes
-    pinned = gpus * pool_bytes(cfg) + {"mmap_registered": model_bytes, "pinned": gpus * model_bytes}.get(source, 0)
+    pinned = gpus * pool_bytes(cfg) + pinned_weight_bytes(cfg, model_bytes)
     host = weights_host + gpus * pool_bytes(cfg)
     return {
         "node": node.name, "gpus": gpus, "replica_step_ms": pred["step_ms"],
