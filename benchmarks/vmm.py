@@ -15,13 +15,15 @@ Each row: median step (CUDA events, the steps after the first), relocations
 (the pool's answer to fragmentation: a stall each), the peak of live block
 bytes, the memory the backend held at most (pool reserve / chunks created),
 and for vmm the driver calls a step, the map time they cost at the probed rate,
-and the host time of the chunk books a step: all of it, of it waiting for a free,
-and of it in the driver's calls (the rest is the books' Python). The table is
-printed last.
+and the host time of the chunk books a step: all of it, and of it in the
+driver's calls (the rest is the books' Python). The table is printed last.
 """
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
+import pstats
 import statistics
 import sys
 import time
@@ -55,7 +57,7 @@ def probe() -> dict:
 
 
 def run(spec, order, wf, inputs, reference, backend: str, budget: int, eviction: str, steps: int,
-        map_ns: tuple[int, int]) -> dict:
+        map_ns: tuple[int, int], profile: bool = False) -> dict:
     row = {"backend": backend, "budget_mb": round(budget / MB), "eviction": eviction, "bitwise": None,
            "stopped": None}
     marks = {c for c in CHECKPOINTS if c <= steps} | {steps}
@@ -66,8 +68,11 @@ def run(spec, order, wf, inputs, reference, backend: str, budget: int, eviction:
         counts = getattr(ex.backend, "map_counts", None)
         before = counts() if counts else None
         ran = 0
+        profiler = cProfile.Profile() if profile else None
         with torch.no_grad():
             for step in range(1, steps + 1):
+                if profiler is not None and step == 3:
+                    profiler.enable()
                 try:
                     with ex.step():
                         out = forward(spec, ex, inputs)
@@ -85,6 +90,11 @@ def run(spec, order, wf, inputs, reference, backend: str, budget: int, eviction:
                     now = counts()
                     maps.append({k: now[k] - before[k] for k in now})
                     before = now
+        if profiler is not None:
+            profiler.disable()
+            stats = io.StringIO()
+            pstats.Stats(profiler, stream=stats).sort_stats("tottime").print_stats(18)
+            log(f"{backend} {eviction} {budget / MB:.0f} MB: host profile of steps 3-{ran}\n{stats.getvalue()}")
         tele = ex.telemetry()
         row.update(steps=ran, step_ms=statistics.median(r["step_ms"] for r in tele[1:] or tele),
                    relocations=relocations, peak_live_mb=max(r["peak_device_bytes"] for r in tele) / MB,
@@ -92,10 +102,9 @@ def run(spec, order, wf, inputs, reference, backend: str, budget: int, eviction:
                    h2d_gb=tele[-1]["h2d_bytes"] / 1e9)
         if maps:
             steady = maps[1:] or maps
-            for k in ("maps", "unmaps", "creates", "releases", "waits", "reused"):
+            for k in ("maps", "unmaps", "creates", "releases", "reused"):
                 row[f"{k}_per_step"] = statistics.median(m[k] for m in steady)
             row["books_ms_per_step"] = statistics.median(m["host_ms"] for m in steady)
-            row["wait_ms_per_step"] = statistics.median(m["wait_ms"] for m in steady)
             row["driver_ms_per_step"] = statistics.median(m["driver_ms"] for m in steady)
             row["map_ms_per_step"] = (row["maps_per_step"] * map_ns[0] + row["unmaps_per_step"] * map_ns[1]) / 1e6
     log(f"{backend} {eviction} {budget / MB:.0f} MB: {row['steps']} steps, {row['step_ms']:.1f} ms, "
@@ -113,6 +122,7 @@ def main() -> None:
     ap.add_argument("--budgets", default="16000", help="full: budgets in MB")
     ap.add_argument("--dir", type=Path, default=Path("/dev/shm"))
     ap.add_argument("--keep-file", action="store_true", help="leave the weight file in --dir")
+    ap.add_argument("--profile", action="store_true", help="print each row's host profile (cProfile, steps 3 on)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("vmm.py needs a CUDA device; tests/test_vmm.py runs the backend's bookkeeping on the CPU")
@@ -142,7 +152,7 @@ def main() -> None:
             for budget in budgets:
                 for backend in BACKENDS:
                     rows.append(run(spec, order, wf, inputs, reference, backend, budget, eviction, steps,
-                                    (probed["map_ns"], probed["unmap_ns"])))
+                                    (probed["map_ns"], probed["unmap_ns"]), args.profile))
     finally:
         wf.close()
         if not args.keep_file:
@@ -154,10 +164,10 @@ def main() -> None:
           f"{len(order.sizes)} weights, lookahead 2; granule {probed['granule']} B, map "
           f"{probed['map_ns'] / 1e3:.2f} us, unmap {probed['unmap_ns'] / 1e3:.2f} us, create "
           f"{probed['create_ns'] / 1e3:.2f} us, release {probed['release_ns'] / 1e3:.2f} us a chunk (by size in "
-          f"granules, [map, unmap, create, release] ns: {probed['by_class']})")
+          f"granules a piece, [map, unmap, create, release] ns: {probed['by_class']})")
     cols = ("eviction", "budget_mb", "backend", "steps", "step_ms", "relocations", "bitwise", "peak_live_mb",
-            "held_mb", "h2d_gb", "maps_per_step", "unmaps_per_step", "creates_per_step", "releases_per_step", "waits_per_step",
-            "reused_per_step", "map_ms_per_step", "books_ms_per_step", "wait_ms_per_step", "driver_ms_per_step",
+            "held_mb", "h2d_gb", "maps_per_step", "unmaps_per_step", "creates_per_step", "releases_per_step",
+            "reused_per_step", "map_ms_per_step", "books_ms_per_step", "driver_ms_per_step",
             "stopped")
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
