@@ -15,8 +15,9 @@ Each row: median step (CUDA events, the steps after the first), relocations
 (the pool's answer to fragmentation: a stall each), the peak of live block
 bytes, the memory the backend held at most (pool reserve / chunks created),
 and for vmm the driver calls a step, the map time they cost at the probed rate,
-and the host time of the chunk books a step: all of it, and of it in the
-driver's calls (the rest is the books' Python). The table is printed last.
+and the host time of the chunk books a step: all of it, of it waiting for a free,
+and of it in the driver's calls (the rest is the books' Python). The table is
+printed last.
 """
 from __future__ import annotations
 
@@ -102,9 +103,10 @@ def run(spec, order, wf, inputs, reference, backend: str, budget: int, eviction:
                    h2d_gb=tele[-1]["h2d_bytes"] / 1e9)
         if maps:
             steady = maps[1:] or maps
-            for k in ("maps", "unmaps", "creates", "releases", "reused"):
+            for k in ("maps", "unmaps", "creates", "releases", "waits", "reused"):
                 row[f"{k}_per_step"] = statistics.median(m[k] for m in steady)
             row["books_ms_per_step"] = statistics.median(m["host_ms"] for m in steady)
+            row["wait_ms_per_step"] = statistics.median(m["wait_ms"] for m in steady)
             row["driver_ms_per_step"] = statistics.median(m["driver_ms"] for m in steady)
             row["map_ms_per_step"] = (row["maps_per_step"] * map_ns[0] + row["unmaps_per_step"] * map_ns[1]) / 1e6
     log(f"{backend} {eviction} {budget / MB:.0f} MB: {row['steps']} steps, {row['step_ms']:.1f} ms, "
@@ -163,11 +165,11 @@ def main() -> None:
     print(f"{spec.name}, {spec.num_layers} blocks, {spec.model_bytes / 1e9:.2f} GB bf16, {len(order)} kernels, "
           f"{len(order.sizes)} weights, lookahead 2; granule {probed['granule']} B, map "
           f"{probed['map_ns'] / 1e3:.2f} us, unmap {probed['unmap_ns'] / 1e3:.2f} us, create "
-          f"{probed['create_ns'] / 1e3:.2f} us, release {probed['release_ns'] / 1e3:.2f} us a chunk (by size in "
-          f"granules a piece, [map, unmap, create, release] ns: {probed['by_class']})")
+          f"{probed['create_ns'] / 1e3:.2f} us, release {probed['release_ns'] / 1e3:.2f} us a one-granule chunk")
     cols = ("eviction", "budget_mb", "backend", "steps", "step_ms", "relocations", "bitwise", "peak_live_mb",
             "held_mb", "h2d_gb", "maps_per_step", "unmaps_per_step", "creates_per_step", "releases_per_step",
-            "reused_per_step", "map_ms_per_step", "books_ms_per_step", "driver_ms_per_step",
+            "waits_per_step", "reused_per_step", "map_ms_per_step", "books_ms_per_step", "wait_ms_per_step",
+            "driver_ms_per_step",
             "stopped")
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))

@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterable, Iterator
 import simpy
 
 from engine.policy import ActivationPolicy, Decision, StepCounters, WeightPolicy
-from engine.policy.chunks import ChunkBooks, CountingDriver
+from engine.policy.chunks import ChunkBooks, CountingDriver, conversion_slack
 from engine.policy.placement import Placement
 from engine.policy.schedule import Question, StepSchedule, ask
 from engine.trace import Trace
@@ -48,13 +48,18 @@ US = 1000  # ns
 class SimFree:
     """A freed range's `freed` for the chunk books: passed once the free's last reader
     completed (or, never read, once its copy landed), which is what the executor's
-    copy stream waits for."""
+    copy stream waits for. A wait (`synchronize`) is queued for the launcher, which
+    blocks on it after the placement, as the executor's host does."""
 
-    def __init__(self, done: simpy.Event | None):
-        self.done = done
+    def __init__(self, done: simpy.Event | None, waits: list[simpy.Event]):
+        self.done, self.waits = done, waits
 
     def query(self) -> bool:
         return self.done is None or self.done.triggered
+
+    def synchronize(self) -> None:
+        if not self.query():
+            self.waits.append(self.done)
 
 
 @dataclass(frozen=True)
@@ -97,15 +102,18 @@ class Launcher:
     def __post_init__(self) -> None:
         hw = self.hardware
         self.fetch_ns = round((hw.fetch_host_us + hw.alloc_us) * US)
-        # The pool's bytes per weight: whole granules on the vmm backend.
+        # The pool's bytes per weight: whole granules on the vmm backend, each
+        # granule mapped (and later unmapped) by the host: vmm_map_us.
         p = self.placement
         self.placed = self.trace.weight_sizes if p is None else p.order.sizes
         # A backend of granules keeps the executor's chunk books; the host pays for
-        # the pieces they map and unmap (vmm_map_us, vmm_unmap_us).
+        # the granules they map and unmap (vmm_map_us, vmm_unmap_us).
         self.chunks = self.addresses = None
+        self.waits: list[simpy.Event] = []  # frees the chunk books wait for before the launcher goes on
         if p is not None and p.granule > 1:
             self.chunks = ChunkBooks(CountingDriver(p.granule), self.pool.cap or sum(self.placed.values())
-                                     + p.resident_bytes, 0)
+                                     + p.resident_bytes, 0, conversion_slack(max(self.placed.values(), default=0),
+                                                                             p.granule))
             self.addresses: dict[str, int] = {}
             self.chunks.grow([*self.placed.values()] + ([p.resident_bytes] if p.resident else []))  # as warmed
             if p.resident:
@@ -204,6 +212,8 @@ class Launcher:
             return
         if a in ("fetch", "prefetch"):
             yield self.env.timeout(self.fetch_ns + self._place(w))
+            while self.waits:  # the chunk books waited for a free to pass
+                yield from self._blocked_on(self.waits.pop(0))
             nbytes = self.trace.weight_sizes[w]
             # Stream-ordered allocation: the executor gets the block at once
             # (cudaMallocFromPoolAsync on the copy stream) and the copy waits on the
@@ -253,7 +263,7 @@ class Launcher:
         reader = self.last_reader.pop(w, None)
         if self.chunks is not None:
             done = self.compute.done_event(reader) if reader is not None else c.done
-            self.chunks.free(self.addresses.pop(w), SimFree(done))
+            self.chunks.free(self.addresses.pop(w), SimFree(done, self.waits))
         if reader is not None:
             self.evicted_reader = max(self.evicted_reader, reader)
             self.compute.after(reader, lambda: self.pool.free(nbytes))

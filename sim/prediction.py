@@ -159,6 +159,8 @@ def predict(launcher: Launcher, compute: ComputeStream, pool: DevicePool,
             h2d[step] += c.nbytes
     warm_h2d = h2d[first_warm:]
     transient = transient_bytes(launcher.trace)
+    # The device bytes the weights hold: on the vmm backend, its chunks (the conversion slack included).
+    held = pool.peak if launcher.chunks is None else max(pool.peak, launcher.chunks.peak_held * launcher.chunks.granule)
     return {
         "step_ms": (t1 - t0) / NS_PER_MS,
         "first_step_ms": ends[0] / NS_PER_MS,
@@ -171,8 +173,8 @@ def predict(launcher: Launcher, compute: ComputeStream, pool: DevicePool,
         "h2d_bytes": h2d[last],
         "d2h_bytes": sum(c.nbytes for s, d, c in launcher.copies if s == last and d == D2H),
         "peak_device_bytes": pool.peak,
-        "peak_pool_torch_bytes": pool.peak + transient,
-        "peak_process_bytes": pool.peak + transient + context_bytes(launcher.trace, launcher.hardware),
+        "peak_pool_torch_bytes": held + transient,
+        "peak_process_bytes": held + transient + context_bytes(launcher.trace, launcher.hardware),
         "pool_hits": counts.pool_hits,
         "pool_misses": counts.pool_misses,
         "spilled": counts.spilled,

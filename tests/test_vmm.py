@@ -17,7 +17,7 @@ from engine.executor import WeightExecutor
 from engine.executor.cpu import CpuBackend
 from engine.models import forward
 from engine.policy import AccessOrder
-from engine.policy.chunks import ChunkBooks
+from engine.policy.chunks import ChunkBooks, layout
 from engine.policy.placement import RESIDENT_ALIGN, place
 from engine.policy.weights import WeightResidency, floor
 from sim.simulator import simulate
@@ -60,15 +60,13 @@ def test_placement_rounds_streamed_weights_and_packs_the_small_ones(order, granu
 
 
 class FakeDriver:
-    """Checks every call a real driver would refuse: a map over a mapping or past its
-    chunk, an unmap of anything but a whole mapping, a chunk released while mapped,
-    address space freed while mapped."""
+    """Checks every call a real driver would refuse: a map over a mapping, an unmap of
+    nothing, a chunk used after release, address space freed while mapped."""
 
     granule = 64
 
     def __init__(self, fail_map_at: int | None = None):
-        self.mapped: dict[int, tuple[int, int]] = {}  # granule address -> (chunk, granule of the chunk)
-        self.mappings: dict[int, int] = {}  # address -> bytes, as mapped
+        self.mapped: dict[int, int] = {}  # granule address -> chunk
         self.chunks: dict[int, int] = {}  # chunk -> bytes
         self.ranges: list[tuple[int, int]] = []
         self.next_address, self.next_chunk, self.maps = 1 << 20, 0, 0
@@ -92,28 +90,28 @@ class FakeDriver:
         return self.next_chunk
 
     def release(self, chunk):
-        assert chunk not in {c for c, _ in self.mapped.values()}, "released while mapped"
+        assert chunk not in self.mapped.values(), "released while mapped"
         del self.chunks[chunk]
 
-    def map(self, address, chunk, offset, nbytes):
+    def map(self, address, chunk, nbytes):
         self.maps += 1
         if self.maps == self.fail_map_at:
             raise ExecutorError("cuMemMap failed: CUDA_ERROR_OUT_OF_MEMORY")
-        g = self.granule
-        assert offset % g == 0 and nbytes % g == 0 and 0 < nbytes and offset + nbytes <= self.chunks[chunk]
+        assert self.chunks[chunk] == nbytes  # a chunk may be mapped twice: a stale mapping and its new one
         assert any(a <= address and address + nbytes <= a + n for a, n in self.ranges)
-        for i in range(0, nbytes, g):
+        for i in range(0, nbytes, self.granule):
             assert address + i not in self.mapped
-            self.mapped[address + i] = (chunk, (offset + i) // g)
-        self.mappings[address] = nbytes
+            self.mapped[address + i] = chunk
+        self.access_pending = set(range(address, address + nbytes, self.granule))
 
     def set_access(self, address, nbytes):
         assert all(address + i in self.mapped for i in range(0, nbytes, self.granule))
 
     def unmap(self, address, nbytes):
-        assert self.mappings.pop(address) == nbytes  # a whole mapping, as mapped
+        chunk = self.mapped[address]
+        assert self.chunks[chunk] == nbytes
         for i in range(0, nbytes, self.granule):
-            del self.mapped[address + i]
+            assert self.mapped.pop(address + i) == chunk
 
     def held(self):
         return sum(self.chunks.values())
@@ -125,6 +123,9 @@ class Done:
 
     def query(self):
         return self.done
+
+    def synchronize(self):
+        self.done = True
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -155,54 +156,53 @@ def test_chunk_books_never_refuse_a_block_the_cap_allows_and_leave_nothing_behin
             if rng.random() < 0.3:
                 freed.done = True
         assert driver.held() <= cap and cm.held * g == driver.held() and cm.live_bytes == sum(live.values())
-        backing = [driver.mapped[a + i] for a, n in live.items() for i in range(0, n, g)]
-        assert len(backing) == len(set(backing))  # no granule of a chunk backs two live blocks
-    assert cm.reused > 0 and cm.releases == 0  # chunks live until the end
+        per_chunk = {}
+        for a_base, n in live.items():
+            for ch in {driver.mapped[a] for a in range(a_base, a_base + n, g)}:
+                per_chunk[ch] = per_chunk.get(ch, 0) + 1
+        assert all(v == 1 for v in per_chunk.values())  # no chunk backs two live blocks
+    assert cm.reused > 0
     cm.close()
     assert not driver.mapped and not driver.chunks and not driver.ranges
+
+
+def test_a_block_is_the_fewest_chunks_largest_first():
+    assert layout(16 + 8 + 2 + 1) == [16, 8, 2, 1]
+    assert layout(50) == [16, 16, 16, 2] and layout(1) == [1] and layout(0) == []
 
 
 def test_a_failed_map_leaves_nothing_of_the_block_mapped():
-    driver = FakeDriver(fail_map_at=5)
+    driver = FakeDriver(fail_map_at=3)
     g = driver.granule
     cm = ChunkBooks(driver, 40 * g, 80 * g)
-    a, b, c = (cm.place(10 * g) for _ in range(3))  # maps 1-3
-    cm.free(b, Done(True))
-    before = dict(driver.mapped)
     with pytest.raises(ExecutorError, match="cuMemMap failed"):
-        cm.place(20 * g)  # b's granules and the last 10: two pieces, the second map fails
-    assert driver.mapped == {k: v for k, v in before.items() if not b <= k < b + 10 * g}
-    assert cm.live_bytes == 20 * g
-    d = cm.place(20 * g)  # the same two pieces, once the failure is behind
-    assert cm.live_bytes == 40 * g and len({driver.mapped[d + i][0] for i in range(0, 20 * g, g)}) == 1
+        cm.place(19 * g)  # 16 + 2 + 1: the third map fails
+    assert not driver.mapped and cm.live_bytes == 0
+    address = cm.place(40 * g)  # the whole cap, once the failure is behind
+    assert cm.live_bytes == 40 * g and len(set(driver.mapped.values())) == 3  # 16 + 16 + 8
     with pytest.raises(ExecutorError, match="past its budget"):
         cm.place(1)
-    cm.free(d, Done())
+    cm.free(address, Done())
     with pytest.raises(ExecutorError, match="freed twice"):
-        cm.free(d, Done())
+        cm.free(address, Done())
     cm.close()
     assert not driver.mapped and not driver.chunks and not driver.ranges
 
 
-def test_a_block_takes_a_free_range_of_its_size_as_it_is_else_the_fewest_loose_pieces():
+def test_a_block_takes_the_free_range_nearest_its_layout():
     driver = FakeDriver()
     g = driver.granule
     cm = ChunkBooks(driver, 64 * g, 128 * g)
-    cm.grow([64 * g])
-    assert cm.creates == 1 and cm.held == 64
-    a = cm.place(19 * g - 5)  # one piece of 19 granules
+    cm.grow([24 * g])
+    a = cm.place(19 * g - 5)  # 16 + 2 + 1
     b = cm.place(16 * g)
-    assert cm.maps == 2
+    assert cm.maps == 4
     cm.free(a, Done())
-    assert cm.place(19 * g) == a and cm.maps == 2 and cm.reused == 1  # as it was: no call
+    assert cm.place(19 * g) == a and cm.maps == 4 and cm.reused == 1  # as it was: no call
     cm.free(b, Done(True))
-    c = cm.place(29 * g)  # 29 of the 29 granules still loose: one piece; b stays mapped for a later 16
-    assert cm.maps == 3 and cm.unmaps == 0
-    assert cm.place(16 * g) == b and cm.reused == 2
-    cm.free(c, Done(True))
+    assert cm.place(24 * g) == b and cm.maps == 5 and cm.unmaps == 0  # b's 16, and an 8 mapped after it
     cm.free(b, Done(True))
-    cm.place(40 * g)  # nothing loose: the oldest free ranges (c, then b) come loose, merged into one piece
-    assert cm.unmaps == 2 and cm.maps == 4
+    assert cm.place(17 * g) == b and cm.unmaps == 1 and cm.maps == 6  # the 8 unmapped, a 1 mapped
     cm.close()
     assert not driver.mapped and not driver.chunks and not driver.ranges
 
@@ -210,19 +210,20 @@ def test_a_block_takes_a_free_range_of_its_size_as_it_is_else_the_fewest_loose_p
 def test_a_range_still_read_is_never_unmapped_until_its_free_passed():
     driver = FakeDriver()
     g = driver.granule
-    cm = ChunkBooks(driver, 32 * g, 64 * g)
+    cm = ChunkBooks(driver, 33 * g, 64 * g)
     a, b = cm.place(16 * g), cm.place(16 * g)
     reading = Done()
     cm.free(a, reading)
-    c = cm.place(8 * g)  # a's granules move to c and stay mapped in a: no wait, no unmap
-    assert c not in (a, b) and cm.unmaps == 0 and not reading.done
+    c = cm.place(16 * g + g)  # a's chunk moves to c and stays mapped in a: no wait, no unmap
+    assert c not in (a, b) and cm.unmaps == 0 and cm.waits == 0 and not reading.done
     assert driver.mapped[a] == driver.mapped[c]  # the stale mapping and its new one
-    d = cm.place(8 * g)  # the rest of a's granules, loose already
-    assert d not in (a, b, c) and cm.unmaps == 0
+    cm.free(b, Done(True))
+    cm.place(g)  # needs a 1-granule chunk: b's 16 is unmapped (its free passed) and made into one
+    assert cm.releases == 1 and driver.mapped[a] == driver.mapped[c]  # a's stale mapping stays: still read
     reading.done = True
-    cm.free(d, Done(True))
-    cm.place(8 * g)  # d as it was; the sweep unmaps a's stale mapping now that its free passed
-    assert cm.unmaps == 1 and a not in driver.mapped
+    stale_chunk = driver.mapped[c]
+    cm.place(2 * g)  # the sweep unmaps a's stale mapping now that its free passed
+    assert driver.mapped.get(a) != stale_chunk and cm.waits == 0
     cm.close()
     assert not driver.mapped and not driver.chunks and not driver.ranges
 

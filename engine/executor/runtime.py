@@ -67,7 +67,7 @@ class StepStats:
 
 def make_backend(name: str, capacity_bytes: int, largest_weight_bytes: int) -> Backend:
     """A backend whose pool holds `capacity_bytes` of weights (the CUDA pool adds
-    a fragmentation slack; the vmm backend's chunks and the cpu backend's arena are exact)."""
+    a fragmentation slack, the vmm backend a conversion slack; the cpu backend's arena is exact)."""
     if name == "cpu":
         from engine.executor.cpu import CpuBackend
 
@@ -79,7 +79,7 @@ def make_backend(name: str, capacity_bytes: int, largest_weight_bytes: int) -> B
     if name == "vmm":
         from engine.executor.vmm import VmmBackend
 
-        return VmmBackend(capacity_bytes)
+        return VmmBackend(capacity_bytes, largest_weight_bytes)
     raise ExecutorError(f"weights.backend={name!r} is not one of cuda, vmm, cpu; pick one of those")
 
 

@@ -1,19 +1,18 @@
 """The vmm backend: weights in physical chunks of whole granules, mapped on demand.
 
-Device memory is a few large physical chunks (cuMemCreate) of whole granules
-of the device's allocation granularity (2 MiB on an H100), at most the
-budget's worth; each block maps pieces of them into a virtual range of its own
-(cuMemMap, cuMemSetAccess). Which pieces and ranges a block gets, and when a
-range is mapped or unmapped, is engine/policy/chunks.py's ChunkBooks; this
-module makes the driver calls and keeps the stream order. Internal waste is under one granule a block;
+Device memory is a set of physical chunks of 1 to 16 granules of the device's
+allocation granularity (cuMemCreate; 2 MiB on an H100), at most the budget's
+worth, mapped into a virtual range per block (cuMemMap, cuMemSetAccess). Which chunks
+and ranges a block gets, and when a range is mapped or unmapped, is
+engine/policy/chunks.py's ChunkBooks; this module makes the driver calls and
+keeps the stream order. Internal waste is under one granule a block;
 placement.py has the policy plan with the rounded sizes, so the chunks in use
 never exceed the budget, and a block the budget allows is never refused.
 
 Stream order, as in the pool backend: `free_after` makes the copy stream wait
 for the block's last reader and records `freed` there; the block's chunks may
 then serve the next block at once, whose copy runs on the copy stream after
-that wait. A range is unmapped only once `freed` has completed; the host never
-waits for it.
+that wait. A range is unmapped only once `freed` has completed.
 """
 from __future__ import annotations
 
@@ -26,7 +25,7 @@ import torch
 from engine.errors import ExecutorError
 from engine.executor.backend import Block, LiveBlocks
 from engine.executor.cuda import CudaStreams
-from engine.policy.chunks import ChunkBooks
+from engine.policy.chunks import ChunkBooks, conversion_slack
 from engine.policy.placement import round_up
 
 try:
@@ -106,8 +105,8 @@ class CudaVmm:
         _check(cudadrv.cuMemRelease(chunk), "cuMemRelease")
 
     @_timed
-    def map(self, address: int, chunk: Any, offset: int, nbytes: int) -> None:
-        _check(cudadrv.cuMemMap(address, nbytes, offset, chunk, 0), "cuMemMap")
+    def map(self, address: int, chunk: Any, nbytes: int) -> None:
+        _check(cudadrv.cuMemMap(address, nbytes, 0, chunk, 0), "cuMemMap")
 
     @_timed
     def set_access(self, address: int, nbytes: int) -> None:
@@ -125,12 +124,27 @@ def vmm_granule(device: torch.device | None = None) -> int:
     return CudaVmm(device or torch.device("cuda", torch.cuda.current_device())).granule
 
 
+class _TimedEvent:
+    """A free's event whose host waits (the chunk books' `synchronize`) are timed."""
+
+    def __init__(self, event: torch.cuda.Event, backend: "VmmBackend"):
+        self.event, self.backend = event, backend
+
+    def query(self) -> bool:
+        return self.event.query()
+
+    def synchronize(self) -> None:
+        start = time.perf_counter_ns()
+        self.event.synchronize()
+        self.backend.wait_ns += time.perf_counter_ns() - start
+
+
 class VmmBackend(CudaStreams):
     """Budget-capped physical chunks mapped into per-block virtual ranges (module docstring)."""
 
     name = "vmm"
 
-    def __init__(self, budget_bytes: int):
+    def __init__(self, budget_bytes: int, largest_block_bytes: int = 0):
         super().__init__()
         driver = CudaVmm(self.device)
         self.granule = driver.granule
@@ -139,10 +153,12 @@ class VmmBackend(CudaStreams):
                                 f"({self.granule} bytes); raise the budget")
         self.budget_bytes = budget_bytes
         self.cap_bytes = budget_bytes // self.granule * self.granule
-        self.chunks = ChunkBooks(driver, self.cap_bytes, RESERVE_FACTOR * self.cap_bytes)
+        self.chunks = ChunkBooks(driver, self.cap_bytes, RESERVE_FACTOR * self.cap_bytes,
+                                 conversion_slack(largest_block_bytes, self.granule))
         self._live = LiveBlocks("vmm backend")  # placed bytes (whole granules)
         self._closed = False
         self.host_ns = 0  # host time in the chunk books and their driver calls
+        self.wait_ns = 0  # of it, waiting for a free to pass
 
     def alloc(self, nbytes: int) -> Block:
         start = time.perf_counter_ns()
@@ -158,7 +174,7 @@ class VmmBackend(CudaStreams):
         start = time.perf_counter_ns()
         freed = torch.cuda.Event()
         freed.record(self.copy)
-        self.chunks.free(block.address, freed)
+        self.chunks.free(block.address, _TimedEvent(freed, self))
         self.host_ns += time.perf_counter_ns() - start
 
     def warm(self, sizes: Sequence[int]) -> None:
@@ -194,12 +210,13 @@ class VmmBackend(CudaStreams):
         self._live.reset_peak()
 
     def map_counts(self) -> dict:
-        """Pieces mapped and unmapped since creation, chunks created and released, blocks
-        placed with no driver call, and the host ms spent placing and freeing blocks (of
-        it, in the driver's calls; the rest is the books' own Python)."""
+        """Chunks mapped and unmapped since creation, blocks placed with no driver call,
+        and the host ms spent placing and freeing blocks (of it, waiting for frees, and in
+        the driver's calls; the rest is the books' own Python)."""
         b = self.chunks
         return {"maps": b.maps, "unmaps": b.unmaps, "creates": b.creates, "releases": b.releases,
-                "reused": b.reused, "host_ms": self.host_ns / 1e6, "driver_ms": b.driver.call_ns / 1e6}
+                "waits": b.waits, "reused": b.reused, "host_ms": self.host_ns / 1e6, "wait_ms": self.wait_ns / 1e6,
+                "driver_ms": b.driver.call_ns / 1e6}
 
     def close(self) -> None:
         if self._closed:

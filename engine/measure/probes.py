@@ -11,6 +11,7 @@ import torch
 
 from engine.executor.setup import forward_order, streamed_executor
 from engine.executor.vmm import CudaVmm
+from engine.policy.chunks import CLASSES
 from engine.models import forward
 from engine.measure.clocks import Clock
 from engine.measure.timing import KernelStamps
@@ -153,24 +154,22 @@ def probe_copies(device: torch.device) -> tuple[list[dict], list[dict]]:
 
 
 VMM_REPEATS = 40
-VMM_PIECES = (1, 4, 16, 64)  # granules a piece
 
 
 def probe_vmm(device: torch.device) -> dict:
-    """The vmm backend's driver calls: host ns to map a piece of a chunk at an offset
-    into it, as the chunk books do (cuMemMap, then cuMemSetAccess over it), to unmap
-    it, to create a chunk and to release one, for pieces of VMM_PIECES granules, and
-    their means over the sizes."""
+    """The vmm backend's driver calls: host ns to map one chunk (cuMemMap, then
+    cuMemSetAccess over it), to unmap it, to create it and to release it, for
+    each chunk size of the chunk books, and their means over the sizes."""
     driver = CudaVmm(device)
     g = driver.granule
-    address = driver.reserve(max(VMM_PIECES) * g)
+    address = driver.reserve(max(CLASSES) * g)
     by_class = {}
     try:
-        for c in VMM_PIECES:
+        for c in CLASSES:
             made = []
             for _ in range(VMM_REPEATS // 4):
                 t0 = time.perf_counter_ns()
-                made.append(driver.create((c + 1) * g))
+                made.append(driver.create(c * g))
                 t1 = time.perf_counter_ns()
                 made[-1] = (made[-1], t1 - t0)
             creates, releases = [t for _, t in made], []
@@ -182,7 +181,7 @@ def probe_vmm(device: torch.device) -> dict:
             maps, unmaps = [], []
             for _ in range(VMM_REPEATS):
                 t0 = time.perf_counter_ns()
-                driver.map(address, chunk, g, c * g)
+                driver.map(address, chunk, c * g)
                 driver.set_access(address, c * g)
                 t1 = time.perf_counter_ns()
                 driver.unmap(address, c * g)
@@ -191,7 +190,7 @@ def probe_vmm(device: torch.device) -> dict:
             driver.release(chunk)
             by_class[c] = [round(statistics.median(v)) for v in (maps, unmaps, creates, releases)]
     finally:
-        driver.free_range(address, max(VMM_PIECES) * g)
+        driver.free_range(address, max(CLASSES) * g)
     mean = [round(statistics.mean(v[i] for v in by_class.values())) for i in range(4)]
     return {"granule": g, "map_ns": mean[0], "unmap_ns": mean[1], "create_ns": mean[2], "release_ns": mean[3],
             "by_class": by_class}

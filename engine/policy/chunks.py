@@ -1,32 +1,37 @@
 """The chunk books of a backend that maps device memory in granules (the vmm backend).
 
-Device memory is a few large physical chunks, at most the cap's worth,
-created once and never released before the end. A block of n bytes takes
-ceil(n / granule) granules: one or more pieces (runs of granules inside a
-chunk) mapped one after another at the start of a virtual range of its own.
-No block needs physical contiguity, so a block the cap allows is never
-refused, and no free ever waits.
+Device memory is a set of physical chunks, at most the cap's worth. A block
+of n bytes takes ceil(n / granule) granules, mapped one chunk after another
+at the start of a virtual range of its own: no block needs physical
+contiguity, so a block the budget allows is never refused.
 
-Each piece is one driver call to map and one to unmap, and a call costs about
-the same whatever its size (the record mode's probe measures it), so the
-books move as few pieces as they can:
+Chunks come in sizes of 16, 8, 4, 2 and 1 granules (CLASSES), and a block is
+made of the fewest that add up to it, largest first: each chunk is one driver
+call to map and one to unmap, and a call costs about the same whatever its
+size (the record mode's probe measures it), so a 100 MiB block on a 2 MiB
+granule takes 5 calls instead of 50. Chunks of a size the books lack are
+made from unmapped chunks of another size (released, created again).
 
-- a freed range keeps its pieces mapped, and a block of the same number of
-  granules takes it as it is: no call at all (a transformer streams the same
-  few sizes block after block);
-- otherwise the block gets an empty range and the fewest loose pieces that
-  add up to it (the smallest loose run that holds it, split; else the
-  largest runs); adjacent loose pieces merge;
-- when too few granules are loose, the oldest free ranges give up their
-  pieces. A range whose free the copy stream has passed is unmapped then; one
-  still read keeps its mappings (stale: nothing reads them any more) until its
-  free has passed, and its address space is not reused before.
+The books also move as few chunks as they can. Every range reserves address
+space for the largest block (`grow`); a freed range keeps its chunks mapped,
+and a new block takes the free range whose chunks need the fewest calls to
+become its own: it keeps the longest run of chunks its own layout starts
+with and unmaps the rest. A block of a freed size costs no call at all, and a
+transformer streams the same few sizes block after block. A chunk is unmapped
+only once the copy stream has passed its range's free (`freed`): a range still
+read may be reused only as it is or grown. A chunk taken from a free range
+still read stays mapped there too (stale: nothing reads it there any more)
+and is unmapped from it once the free has passed. A chunk with a stale
+mapping is never released (its memory would outlive the release), so a size
+missing while every chunk left is still read is created in a slack beyond the
+cap (`conversion_slack`: two of the largest block), given back once those
+frees have passed; only past the slack does the host wait for a free.
 
-The same physical piece may be mapped at a stale range and at its new block's
-range at once: writes to it are the new block's copy, which the backend
-orders after the free's last reader (the copy stream waits for it). Both
-drivers keep these books: the vmm backend with the CUDA driver, the simulator
-with a driver that counts, so the calls it charges for are the executor's.
+Stream order is the caller's: a chunk may be written by its next block as
+soon as it is freed, because the backend orders every write after the free's
+last reader (the copy stream waits for it). Both drivers keep these books:
+the vmm backend with the CUDA driver, the simulator with a driver that counts,
+so the calls it charges for are the executor's.
 """
 from __future__ import annotations
 
@@ -36,11 +41,19 @@ from typing import Any, Protocol
 
 from engine.errors import ExecutorError
 
-CHUNK_BYTES = 1 << 30  # physical chunks are created this large (the last one up to the cap)
+CLASSES = (16, 8, 4, 2, 1)  # chunk sizes, in granules, largest first
+SLACK_LARGEST = 2  # the conversion slack, in units of the largest block
+
+
+def conversion_slack(largest_block_bytes: int, granule: int) -> int:
+    """Bytes of chunks the books may hold beyond the cap while the chunks a size
+    would be made from are still read (module docstring), in whole granules."""
+    return -(-SLACK_LARGEST * largest_block_bytes // granule) * granule
 
 
 class Event(Protocol):
     def query(self) -> bool: ...
+    def synchronize(self) -> None: ...
 
 
 class Driver(Protocol):
@@ -52,93 +65,105 @@ class Driver(Protocol):
     def free_range(self, address: int, nbytes: int) -> None: ...
     def create(self, nbytes: int) -> Any: ...  # one chunk
     def release(self, chunk: Any) -> None: ...
-    def map(self, address: int, chunk: Any, offset: int, nbytes: int) -> None: ...  # bytes of the chunk from offset
+    def map(self, address: int, chunk: Any, nbytes: int) -> None: ...
     def set_access(self, address: int, nbytes: int) -> None: ...
     def unmap(self, address: int, nbytes: int) -> None: ...
 
 
-Piece = tuple[int, int, int]  # (chunk index, first granule, granules)
+def layout(granules: int) -> list[int]:
+    """The chunk sizes (granules) of a block of `granules`: the fewest, largest first."""
+    out = []
+    for c in CLASSES:
+        out += [c] * (granules // c)
+        granules %= c
+    return out
 
 
 @dataclass(eq=False)
 class _Range:
     address: int
     extent: int  # address space reserved for it
-    pieces: list[Piece] = field(default_factory=list)  # mapped in order from `address`
+    chunks: list = field(default_factory=list)  # (chunk, granules), mapped in order from `address`
     freed: Event | None = None  # the copy stream passed the free
+    stale: list = field(default_factory=list)  # (chunk, granules, offset, freed) taken while still read
 
-    @property
-    def granules(self) -> int:
-        return sum(p[2] for p in self.pieces)
+    def ready(self) -> bool:
+        return self.freed is None or self.freed.query()
 
 
 @dataclass
 class ChunkBooks:
-    """Chunks, the ranges that map their pieces, and counts of the driver calls made.
+    """Chunks, the ranges that map them, and counts of the driver calls made.
 
-    `cap_bytes` caps the chunks held; `reserve_bytes` is the address space
+    `cap_bytes` caps the chunks held at once, but for `slack_bytes` more while
+    the chunks beyond it are still read; `reserve_bytes` is the address space
     reserved at a time (more when a range needs it)."""
 
     driver: Driver
     cap_bytes: int
     reserve_bytes: int
-    maps: int = 0  # map calls (one a piece)
+    slack_bytes: int = 0
+    maps: int = 0  # map calls (one a chunk)
     unmaps: int = 0
     creates: int = 0
     releases: int = 0
+    waits: int = 0  # times the host waited for a free to pass before unmapping its range
     reused: int = 0  # blocks placed in a free range as it was: no call at all
 
     def __post_init__(self) -> None:
         self.granule = self.driver.granule
-        self.cap = self.cap_bytes // self.granule  # granules
         self.extent = self.granule
-        self.held = 0  # granules in chunks created
+        self.held = 0  # granules in chunks created and not released
         self.peak_held = 0
-        self._chunks: list[Any] = []
-        self._loose: dict[tuple[int, int], int] = {}  # (chunk, first granule) -> granules, unmapped by any block
-        self._loose_ends: dict[tuple[int, int], int] = {}  # (chunk, granule after the run) -> its first granule
-        self.loose = 0  # granules loose
+        self._loose: dict[int, list] = {c: [] for c in CLASSES}  # unmapped chunks by size
         self._live: dict[int, _Range] = {}
         self._free: dict[int, _Range] = {}  # address -> free range, oldest free first
-        self._by_size: dict[int, dict[int, _Range]] = {}  # granules -> free ranges of that many
-        self._empty: list[_Range] = []  # ranges with nothing mapped
-        self._stale: deque[_Range] = deque()  # ranges whose pieces moved on before their free passed
+        self._by_layout: dict[tuple, dict[int, _Range]] = {}  # chunk sizes -> free ranges of that layout
+        self._dirty: dict[Any, int] = {}  # chunk -> its stale mappings
+        self._staled: deque[_Range] = deque()  # ranges with stale mappings, in the order they got them
         self._reserved: list[tuple[int, int]] = []
         self._cursor = self._end = 0  # the unused rest of the newest reservation
 
     @property
     def live_bytes(self) -> int:
-        return sum(r.granules for r in self._live.values()) * self.granule
+        return sum(g for r in self._live.values() for _, g in r.chunks) * self.granule
 
     def grow(self, sizes: list[int]) -> None:
-        """Create chunks for blocks of `sizes` (bytes) up to the cap; new ranges reserve room
-        for the largest."""
+        """Create the chunks of blocks of `sizes` (bytes), in turn and over again, until
+        the cap is held, so the chunks' sizes are the blocks' mix; new ranges reserve
+        room for the largest."""
         if not sizes:
             return
         self.extent = max(self.extent, self._round(max(sizes)))
-        self._create_up_to(min(self.cap, sum(self._round(n) for n in sizes) // self.granule))
+        cap = self.cap_bytes // self.granule
+        units = [c for n in sizes for c in layout(self._round(n) // self.granule)]
+        while True:
+            for c in units:
+                if self.held + c > cap:
+                    return
+                self._create(c)
 
     def place(self, nbytes: int) -> int:
         """A range holding `nbytes` in whole granules, mapped; its address."""
         size = self._round(nbytes)
-        n = size // self.granule
+        want = layout(size // self.granule)
         self._sweep()
-        same = self._by_size.get(n)
-        if same:
-            r = next(iter(same.values()))
+        r, keep = self._nearest(want, size)
+        if r is None:
+            r, keep = self._new_range(size), 0
+        else:
             self._unfree(r)
             r.freed = None
+            if len(want) > keep:
+                self._unstale(r, wait=True)  # chunks will be mapped where stale ones may sit
+        if keep == len(r.chunks) == len(want):
             self.reused += 1
-        else:
-            pieces = self._take(n)
-            r = self._empty_range(size)
-            try:
-                self._map(r, pieces)
-            except BaseException:
-                for p in pieces:
-                    self._loosen(p)
-                self._empty.append(r)
-                raise
+        self._unmap_from(r, keep)
+        try:
+            self._map_tail(r, want[keep:])
+        except BaseException:
+            self._refree(r)  # as far as it got: it serves a later block
+            raise
         self._live[r.address] = r
         return r.address
 
@@ -150,26 +175,22 @@ class ChunkBooks:
             raise ExecutorError(f"vmm backend: block {address:#x} freed twice or never allocated "
                                 "(a bug in the runtime; nothing was freed)")
         r.freed = freed
-        self._free[r.address] = r
-        self._by_size.setdefault(r.granules, {})[r.address] = r
+        self._refree(r)
 
     def close(self) -> None:
-        """Unmap every range, release every chunk and the address space (nothing may
-        still read them)."""
-        for r in [*self._live.values(), *self._free.values(), *self._stale]:
-            self._unmap(r)
+        """Unmap every range, release every chunk and the address space."""
+        for r in list(self._live.values()) + list(self._free.values()):
+            self._unmap_from(r, 0)
+            self._unstale(r, wait=True)
+        self._staled.clear()
         self._live.clear()
         self._free.clear()
-        self._by_size.clear()
-        self._stale.clear()
-        self._empty.clear()
-        for chunk in self._chunks:
-            self.driver.release(chunk)
-            self.releases += 1
-        self._chunks.clear()
-        self._loose.clear()
-        self._loose_ends.clear()
-        self.held = self.loose = 0
+        self._by_layout.clear()
+        for c, chunks in self._loose.items():
+            for chunk in chunks:
+                self.driver.release(chunk)
+            self.held -= c * len(chunks)
+            chunks.clear()
         for address, nbytes in self._reserved:
             self.driver.free_range(address, nbytes)
         self._reserved.clear()
@@ -178,76 +199,50 @@ class ChunkBooks:
     def _round(self, nbytes: int) -> int:
         return -(-nbytes // self.granule) * self.granule
 
-    def _create_up_to(self, granules: int) -> None:
-        per_chunk = max(1, CHUNK_BYTES // self.granule)
-        while self.held < granules:
-            n = min(per_chunk, self.cap - self.held)
-            self._chunks.append(self.driver.create(n * self.granule))
-            self.creates += 1
-            self.held += n
-            self.peak_held = max(self.peak_held, self.held)
-            self._loosen((len(self._chunks) - 1, 0, n))
+    def _create(self, c: int) -> None:
+        self._loose[c].append(self.driver.create(c * self.granule))
+        self.creates += 1
+        self.held += c
+        self.peak_held = max(self.peak_held, self.held)
+
+    def _refree(self, r: _Range) -> None:
+        self._free[r.address] = r
+        self._by_layout.setdefault(tuple(g for _, g in r.chunks), {})[r.address] = r
 
     def _unfree(self, r: _Range) -> None:
         del self._free[r.address]
-        same = self._by_size[r.granules]
-        del same[r.address]
-        if not same:
-            del self._by_size[r.granules]
+        del self._by_layout[tuple(g for _, g in r.chunks)][r.address]
 
-    def _take(self, n: int) -> list[Piece]:
-        """The fewest loose pieces adding up to `n` granules, made loose first by
-        creating chunks under the cap or by taking the oldest free ranges' pieces."""
-        while self.loose < n:
-            if self.held < self.cap:
-                self._create_up_to(self.held + 1)  # one more chunk
+    def _nearest(self, want: list[int], size: int) -> tuple[_Range | None, int]:
+        """The free range that takes the fewest calls to become `want`, and how many
+        of its chunks it keeps. A range whose free the copy stream has not passed
+        may still be read: it qualifies only if it keeps every chunk it has."""
+        same = self._by_layout.get(tuple(want))
+        if same:
+            for r in same.values():
+                if r.extent >= size:
+                    return r, len(want)
+        best, best_keep, best_cost = None, 0, None
+        for r in self._free.values():
+            if r.extent < size:
                 continue
-            if not self._free:
-                raise ExecutorError(
-                    f"vmm backend: a block of {n * self.granule} bytes does not fit: "
-                    f"{(self.held - self.loose) * self.granule} bytes of the cap's {self.cap_bytes} are held by "
-                    "live blocks; the executor allocated past its budget (a bug in the runtime)")
-            r = next(iter(self._free.values()))
-            self._unfree(r)
-            self._release_range(r)
-        fit = None
-        for key, m in self._loose.items():
-            if m >= n and (fit is None or m < fit[1]):
-                fit = key, m
-                if m == n:
+            keep = 0
+            for (_, g), w in zip(r.chunks, want):
+                if g != w:
                     break
-        if fit is not None:
-            return [self._unloose(fit[0], n)]
-        pieces = []
-        for key, m in sorted(self._loose.items(), key=lambda kv: -kv[1]):
-            pieces.append(self._unloose(key, min(m, n)))
-            n -= pieces[-1][2]
-            if not n:
-                return pieces
-        raise AssertionError("loose granules miscounted")  # self.loose >= n above
+                keep += 1
+            if keep < len(r.chunks) and not r.ready():
+                continue
+            if r.stale and len(want) > keep and not self._unstale(r, wait=False):
+                continue
+            cost = (len(r.chunks) - keep) + (len(want) - keep)
+            if best_cost is None or cost < best_cost:
+                best, best_keep, best_cost = r, keep, cost
+                if cost == 0:
+                    break
+        return best, best_keep
 
-    def _release_range(self, r: _Range) -> None:
-        """A free range's pieces come loose: unmapped now if its free has passed, else
-        later (`_sweep`), its address space unused until then."""
-        for p in r.pieces:
-            self._loosen(p)
-        if r.freed is None or r.freed.query():
-            self._unmap(r)
-            self._empty.append(r)
-        else:
-            self._stale.append(r)
-
-    def _sweep(self) -> None:
-        """Unmap the stale ranges whose frees have passed, oldest first."""
-        while self._stale and self._stale[0].freed.query():
-            r = self._stale.popleft()
-            self._unmap(r)
-            self._empty.append(r)
-
-    def _empty_range(self, size: int) -> _Range:
-        for i in range(len(self._empty) - 1, -1, -1):
-            if self._empty[i].extent >= size:
-                return self._empty.pop(i)
+    def _new_range(self, size: int) -> _Range:
         extent = max(size, self.extent)
         if self._end - self._cursor < extent:
             nbytes = max(extent, self.reserve_bytes)
@@ -258,55 +253,133 @@ class ChunkBooks:
         self._cursor += extent
         return r
 
-    def _map(self, r: _Range, pieces: list[Piece]) -> None:
-        g = self.granule
-        offset = 0
+    def _take(self, c: int) -> Any:
+        """A chunk of `c` granules: a loose one, a new one under the cap, one made
+        from clean loose chunks of other sizes, or a free range's last chunk."""
+        while True:
+            if self._loose[c]:
+                return self._loose[c].pop()
+            cap = self.cap_bytes // self.granule
+            if self.held + c <= cap:
+                self._create(c)
+                continue
+            clean = sum(k for k, v in self._loose.items() for chunk in v if chunk not in self._dirty)
+            if self.held - clean + c <= cap:
+                self._release_loose(c)
+                continue
+            r = self._victim(c)
+            if r is None:
+                if (self.held + c) * self.granule <= self.cap_bytes + self.slack_bytes:
+                    self._create(c)  # every chunk left is still read: in the slack, until they are not
+                    continue
+                if self._staled:  # every chunk left has a stale mapping: wait for the oldest free
+                    self._unstale(self._staled.popleft(), wait=True)
+                    continue
+                raise ExecutorError(
+                    f"vmm backend: a chunk of {c * self.granule} bytes does not fit: {self.held * self.granule} "
+                    f"bytes of the cap's {self.cap_bytes} are held by live blocks; the executor allocated past "
+                    "its budget (a bug in the runtime)")
+            self._unfree(r)
+            chunk, k = r.chunks[-1]
+            if r.ready():
+                self._unmap_from(r, len(r.chunks) - 1)  # its last chunk comes loose
+            else:  # still read: the chunk stays mapped there until the free passed
+                r.chunks.pop()
+                offset = sum(g for _, g in r.chunks) * self.granule
+                r.stale.append((chunk, k, offset, r.freed))
+                self._dirty[chunk] = self._dirty.get(chunk, 0) + 1
+                self._staled.append(r)
+                self._loose[k].append(chunk)
+            self._refree(r)
+
+    def _victim(self, c: int) -> _Range | None:
+        """The free range to take a chunk from: the oldest whose free has passed and
+        whose last chunk is of size `c`, else the oldest passed, else the oldest."""
+        passed = oldest = None
+        for r in self._free.values():
+            if not r.chunks:
+                continue
+            if oldest is None:
+                oldest = r
+            if r.ready():
+                if r.chunks[-1][1] == c:
+                    return r
+                passed = passed or r
+        return passed or oldest
+
+    def _sweep(self) -> None:
+        """Unmap the stale mappings whose frees have passed, oldest first; chunks held
+        in the slack beyond the cap go back once clean."""
+        while self._staled and self._unstale(self._staled[0], wait=False):
+            self._staled.popleft()
+        if self.held * self.granule > self.cap_bytes:
+            self._release_loose(0)
+
+    def _unstale(self, r: _Range, wait: bool) -> bool:
+        """Unmap `r`'s stale mappings whose frees have passed (`wait`: all, waiting
+        for the frees); whether none is left."""
+        left = []
+        for chunk, k, offset, freed in r.stale:
+            if not freed.query():
+                if not wait:
+                    left.append((chunk, k, offset, freed))
+                    continue
+                freed.synchronize()
+                self.waits += 1
+            self.driver.unmap(r.address + offset, k * self.granule)
+            self.unmaps += 1
+            self._dirty[chunk] -= 1
+            if not self._dirty[chunk]:
+                del self._dirty[chunk]
+        r.stale = left
+        return not left
+
+    def _release_loose(self, c: int) -> None:
+        """Release clean loose chunks of other sizes, smallest first, until `c` granules more fit the cap."""
+        for k in reversed(CLASSES):
+            if k == c:
+                continue
+            keep = []
+            while self._loose[k] and self.held + c > self.cap_bytes // self.granule:
+                chunk = self._loose[k].pop()
+                if chunk in self._dirty:
+                    keep.append(chunk)
+                    continue
+                self.driver.release(chunk)
+                self.releases += 1
+                self.held -= k
+            self._loose[k].extend(keep)
+
+    def _map_tail(self, r: _Range, sizes: list[int]) -> None:
+        if not sizes:
+            return
+        kept = len(r.chunks)
+        start = offset = sum(g for _, g in r.chunks) * self.granule
         try:
-            for p in pieces:
-                chunk, first, n = p
-                self.driver.map(r.address + offset, self._chunks[chunk], first * g, n * g)
-                r.pieces.append(p)
+            for c in sizes:
+                chunk = self._take(c)
+                try:
+                    self.driver.map(r.address + offset, chunk, c * self.granule)
+                except BaseException:
+                    self._loose[c].append(chunk)
+                    raise
+                r.chunks.append((chunk, c))
                 self.maps += 1
-                offset += n * g
-            self.driver.set_access(r.address, offset)
+                offset += c * self.granule
+            self.driver.set_access(r.address + start, offset - start)
         except BaseException:
-            self._unmap(r)  # nothing of this block stays mapped
+            self._unmap_from(r, kept)  # nothing of this block stays mapped
             raise
 
-    def _unmap(self, r: _Range) -> None:
-        offset = 0
-        for _, _, n in r.pieces:
-            self.driver.unmap(r.address + offset, n * self.granule)
+    def _unmap_from(self, r: _Range, keep: int) -> None:
+        """Unmap `r`'s chunks after its first `keep`; they come loose."""
+        offset = sum(g for _, g in r.chunks[:keep]) * self.granule
+        for chunk, c in r.chunks[keep:]:
+            self.driver.unmap(r.address + offset, c * self.granule)
+            self._loose[c].append(chunk)
             self.unmaps += 1
-            offset += n * self.granule
-        r.pieces = []
-        r.freed = None
-
-    def _loosen(self, p: Piece) -> None:
-        """`p` is loose: merged with the loose runs either side of it in its chunk."""
-        chunk, first, n = p
-        before = self._loose_ends.pop((chunk, first), None)
-        if before is not None:
-            n += self._loose.pop((chunk, before))
-            first = before
-        after = self._loose.pop((chunk, first + n), None)
-        if after is not None:
-            del self._loose_ends[(chunk, first + n + after)]
-            n += after
-        self._loose[(chunk, first)] = n
-        self._loose_ends[(chunk, first + n)] = first
-        self.loose += p[2]
-
-    def _unloose(self, key: tuple[int, int], n: int) -> Piece:
-        """The first `n` granules of the loose run at `key`; the rest stays loose."""
-        chunk, first = key
-        m = self._loose.pop(key)
-        del self._loose_ends[(chunk, first + m)]
-        if m > n:
-            self._loose[(chunk, first + n)] = m - n
-            self._loose_ends[(chunk, first + m)] = first + n
-        self.loose -= n
-        return chunk, first, n
+            offset += c * self.granule
+        del r.chunks[keep:]
 
 
 class CountingDriver:
@@ -332,7 +405,7 @@ class CountingDriver:
     def release(self, chunk: Any) -> None:
         pass
 
-    def map(self, address: int, chunk: Any, offset: int, nbytes: int) -> None:
+    def map(self, address: int, chunk: Any, nbytes: int) -> None:
         pass
 
     def set_access(self, address: int, nbytes: int) -> None:
