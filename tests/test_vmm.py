@@ -17,7 +17,7 @@ from engine.executor import WeightExecutor
 from engine.executor.cpu import CpuBackend
 from engine.models import forward
 from engine.policy import AccessOrder
-from engine.policy.chunks import ChunkBooks, layout
+from engine.policy.chunks import ChunkBooks, conversion_slack, layout
 from engine.policy.placement import RESIDENT_ALIGN, place
 from engine.policy.weights import WeightResidency, floor
 from sim.simulator import simulate
@@ -224,6 +224,26 @@ def test_a_range_still_read_is_never_unmapped_until_its_free_passed():
     stale_chunk = driver.mapped[c]
     cm.place(2 * g)  # the sweep unmaps a's stale mapping now that its free passed
     assert driver.mapped.get(a) != stale_chunk and cm.waits == 0
+    cm.close()
+    assert not driver.mapped and not driver.chunks and not driver.ranges
+
+
+def test_a_missing_size_comes_from_the_slack_while_every_chunk_is_still_read_and_goes_back_after():
+    driver = FakeDriver()
+    g = driver.granule
+    cm = ChunkBooks(driver, 16 * g, 32 * g, slack_bytes=conversion_slack(2 * g, g))
+    assert cm.slack_bytes == 4 * g
+    a = cm.place(16 * g)
+    reading = Done()
+    cm.free(a, reading)
+    b = cm.place(2 * g)  # a's 16 is still read: a 2 is made in the slack, no wait
+    assert cm.waits == 0 and not reading.done and cm.held == 18 and driver.held() == 18 * g
+    c = cm.place(4 * g)  # past the slack: the host waits for a's free, then makes a 4 from clean chunks
+    assert cm.waits == 1 and reading.done and cm.held <= 16 + 4
+    cm.free(b, Done(True))
+    cm.free(c, Done(True))
+    cm.place(g)  # the sweep gives the slack back: the chunks held are within the cap again
+    assert cm.held <= 16
     cm.close()
     assert not driver.mapped and not driver.chunks and not driver.ranges
 
