@@ -206,12 +206,20 @@ def reference_steps(spec: ModelSpec, host: Mapping[str, Tensor], inputs: Mapping
     out = []
     for _ in range(steps):
         loss = lora_step(spec, DictSource(spec, weights), inputs, lora)
-        out.append((loss.detach(), lora_sgd(lora, LEARNING_RATE)))
+        out.append(to_host((loss.detach(), lora_sgd(lora, LEARNING_RATE))))
     del weights
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()  # the weight pool is not torch's: give the reference's memory back
     return out
+
+
+def to_host(result: tuple[Tensor, dict]) -> tuple[Tensor, dict]:
+    """A step's (loss, grads) copied to host memory (from CUDA: pinned, the host not
+    waiting; read them after a synchronize), so a run that keeps every step's result
+    to compare holds none of them on the device and its peak is the steps' own."""
+    loss, grads = result
+    return loss.to("cpu", non_blocking=True), {k: g.to("cpu", non_blocking=True) for k, g in grads.items()}
 
 
 @contextmanager

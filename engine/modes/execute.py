@@ -30,7 +30,8 @@ from engine.executor.offloader import ActivationOffloader
 from engine.executor.setup import (bitwise_equal, compute_device, fits_resident, open_weight_file, run_settings,
                                    step_times, streamed_executor, weight_counts)
 from engine.executor.training import (AsManaged, StreamedWeights, check_train_order, deterministic,
-                                      match_reference, max_abs_diff, reference_steps, telemetry_row, train_step)
+                                      match_reference, max_abs_diff, reference_steps, telemetry_row, to_host,
+                                      train_step)
 from engine.job import Job, Outcome, plan_report
 from engine.node import node_failures
 from engine.models import forward, make_inputs
@@ -358,11 +359,13 @@ def run_train_execute(cfg: Any, spec: ModelSpec, trace: Any, out_dir: str | Path
         for i in range(steps):
             wf.check_intact()
             executor.time_steps = i == steps - 1  # the steady state, on the timeline
-            results.append(train_step(spec, executor, streamed, offloader, inputs, lora, device))
+            results.append(to_host(train_step(spec, executor, streamed, offloader, inputs, lora, device)))
             peaks.append(torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None)
         weight_rows = executor.telemetry()  # waits for the last step
         timeline = executor.step_timeline()
         act_rows = offloader.telemetry() if offloader is not None else [None] * steps
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # the results' copies to the host have landed
     rows = [telemetry_row(wr, ar, peak) for wr, ar, peak in zip(weight_rows, act_rows, peaks)]
     _write_telemetry(out_dir, rows)
     losses = grads = None
