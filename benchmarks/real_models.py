@@ -93,7 +93,7 @@ def timed(fn: Callable[[], Any], warmup: int, steps: int) -> tuple[list[float], 
 
 
 # The recording's all-resident step this far from the plain module's is flagged: the hooks
-# cost host-bound decode up to about 20% (Llama: 29.8 against 25.2 ms, 2026-11-25).
+# alone cost host-bound decode less (benchmarks/results/real-models-h100-2026-11-25.md).
 DISTURBED = 0.25
 
 
