@@ -216,7 +216,8 @@ def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
                 h.executor.time_steps = False
         rows = h.telemetry()
         free, total = torch.cuda.mem_get_info()
-        outside = total - free - torch.cuda.memory_reserved() - h.executor.backend.reserved_peak_bytes()
+        # What the process holds beside torch's allocator and the pool, both as they are now.
+        outside = total - free - torch.cuda.memory_reserved() - h.executor.backend.reserved_bytes()
         h2d = rows[-1]["h2d_bytes"]
         limit_ms = max(resident_ms * (1 + slowdown), h2d / (h2d_gbps * 1e6))
         step = statistics.median(times)

@@ -215,6 +215,10 @@ class Backend(Protocol):
         reserve no live block uses, so the next allocations are placed afresh."""
         ...
 
+    def reserved_bytes(self) -> int:
+        """Memory the pool holds now (used or not)."""
+        ...
+
     def reserved_peak_bytes(self) -> int:
         """High-water of memory the pool held (used or not) since it was created."""
         ...

@@ -134,6 +134,9 @@ class CpuBackend:
     def defragment(self) -> None:
         self.trim()  # a byte counter never fragments: nothing else to release
 
+    def reserved_bytes(self) -> int:
+        return self.used_bytes()
+
     def reserved_peak_bytes(self) -> int:
         return self._reserved_peak
 

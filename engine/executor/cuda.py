@@ -270,6 +270,9 @@ class CudaBackend(CudaStreams):
         self.copy.synchronize()  # frees are stream-ordered: the pool can release them once they ran
         _check(cudart.cudaMemPoolTrimTo(self.pool, 0), "cudaMemPoolTrimTo", "report this with the CUDA version")
 
+    def reserved_bytes(self) -> int:
+        return self._attribute(cudart.cudaMemPoolAttr.cudaMemPoolAttrReservedMemCurrent)
+
     def reserved_peak_bytes(self) -> int:
         """High-water of memory the pool reserved from the device since creation."""
         return self._attribute(cudart.cudaMemPoolAttr.cudaMemPoolAttrReservedMemHigh)

@@ -199,6 +199,10 @@ class VmmBackend(CudaStreams):
     def defragment(self) -> None:
         pass
 
+    def reserved_bytes(self) -> int:
+        """Device memory the chunks hold now (created, mapped or not)."""
+        return self.chunks.held * self.granule
+
     def reserved_peak_bytes(self) -> int:
         """Device memory the chunks hold (created, mapped or not)."""
         return self.chunks.peak_held * self.granule

@@ -229,7 +229,7 @@ def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss
             free, total = torch.cuda.mem_get_info(streamed.device)
             # What this process holds outside torch's allocator and the pool: the context, library
             # workspaces, the registration's bookkeeping (hardware.context_mb's measured stand-in).
-            outside = total - free - torch.cuda.memory_reserved(streamed.device) - executor.backend.reserved_peak_bytes()
+            outside = total - free - torch.cuda.memory_reserved(streamed.device) - executor.backend.reserved_bytes()
             peak = (torch.cuda.max_memory_allocated(streamed.device), max(0, outside))
         return round(statistics.median(times)), peak
     finally:
