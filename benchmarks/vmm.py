@@ -165,7 +165,8 @@ def main() -> None:
     print(f"{spec.name}, {spec.num_layers} blocks, {spec.model_bytes / 1e9:.2f} GB bf16, {len(order)} kernels, "
           f"{len(order.sizes)} weights, lookahead 2; granule {probed['granule']} B, map "
           f"{probed['map_ns'] / 1e3:.2f} us, unmap {probed['unmap_ns'] / 1e3:.2f} us, create "
-          f"{probed['create_ns'] / 1e3:.2f} us, release {probed['release_ns'] / 1e3:.2f} us a one-granule chunk")
+          f"{probed['create_ns'] / 1e3:.2f} us, release {probed['release_ns'] / 1e3:.2f} us a chunk (by size in "
+          f"granules, [map, unmap, create, release] ns: {probed['by_class']})")
     cols = ("eviction", "budget_mb", "backend", "steps", "step_ms", "relocations", "bitwise", "peak_live_mb",
             "held_mb", "h2d_gb", "maps_per_step", "unmaps_per_step", "creates_per_step", "releases_per_step",
             "waits_per_step", "reused_per_step", "map_ms_per_step", "books_ms_per_step", "wait_ms_per_step",

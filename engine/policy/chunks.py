@@ -48,7 +48,7 @@ SLACK_LARGEST = 2  # the conversion slack, in units of the largest block
 def conversion_slack(largest_block_bytes: int, granule: int) -> int:
     """Bytes of chunks the books may hold beyond the cap while the chunks a size
     would be made from are still read (module docstring), in whole granules."""
-    return -(-SLACK_LARGEST * largest_block_bytes // granule) * granule
+    return SLACK_LARGEST * (-(-largest_block_bytes // granule) * granule)
 
 
 class Event(Protocol):
