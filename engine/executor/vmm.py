@@ -204,7 +204,7 @@ class VmmBackend(CudaStreams):
         return self.chunks.held * self.granule
 
     def reserved_peak_bytes(self) -> int:
-        """Device memory the chunks hold (created, mapped or not)."""
+        """High-water of the device memory the chunks held (the conversion slack included)."""
         return self.chunks.peak_held * self.granule
 
     def peak_bytes(self) -> int:
