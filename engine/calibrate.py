@@ -38,7 +38,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from engine.compute import BACKWARD, KernelTable, features, table_from_measurements, tables_dir, work
+from engine.compute import BACKWARD, KernelTable, features, host_key, table_from_measurements, tables_dir, work
 from engine.config import HardwareConfig
 from engine.errors import ConfigError, TraceError
 from engine.trace import Trace, read_trace
@@ -129,13 +129,16 @@ def fit_kernel_table(traces: Sequence[Trace], source: str) -> KernelTable:
     """Kernel rates by op and shape: each recorded spec kernel (records with an op and,
     for matmul ops, a shape; backward records under op + BACKWARD) and each trace's
     probe grid (header probes "compute": ops "linear", "attention", "memory"); the host
-    time of each forward record in the resident step (probes "host" "kernel_ns") by op."""
+    time of each record in the resident step by op and phase (compute.host_key; probes
+    "host" "kernel_ns" and, training, "backward_kernel_ns")."""
     rows, host = [], []
     for t in traces:
-        kernel_ns = t.header.get("probes", {}).get("host", {}).get("kernel_ns", ())
+        probed = t.header.get("probes", {}).get("host", {})
+        training = (t.header.get("workload") or {}).get("kind") == "train_lora"
         forward = [r for r in t.records if r.phase == "fwd"]
-        if len(kernel_ns) == len(forward):
-            host += [(r.op, ns) for r, ns in zip(forward, kernel_ns) if r.op]
+        for phase, kernel_ns in (("fwd", probed.get("kernel_ns", ())), ("bwd", probed.get("backward_kernel_ns", ()))):
+            if len(kernel_ns) == len(forward):
+                host += [(host_key(r.op, phase, training), ns) for r, ns in zip(forward, kernel_ns) if r.op]
         for r in t.records:
             feats = features(r.op, r.shape, r.io_bytes) if r.op else None
             if feats is not None:

@@ -36,6 +36,7 @@ from engine.errors import ConfigError, TraceError
 MATMUL_OPS = ("linear", "attention")
 MEMORY_OPS = ("norm", "elementwise", "embed")
 BACKWARD = "_bwd"
+TRAINING = "_train"  # the kernel table's host time of a training forward's kernel
 GRID_OPS = {"linear": "linear", "attention": "attention", "norm": "memory", "elementwise": "memory",
             "embed": "memory"}
 NEIGHBOURS = 6
@@ -52,6 +53,13 @@ def features(op: str, shape: Sequence[int], io_bytes: int) -> tuple[float, ...] 
     return (math.log2(max(1, io_bytes)),)
 
 
+def host_key(op: str, phase: str, training: bool) -> str:
+    """The kernel table's host-time key of a kernel: its op in an inference forward, op +
+    TRAINING in a training forward (adapters, autograd's graph, saved-tensor hooks),
+    op + BACKWARD in the backward."""
+    return op + (BACKWARD if phase == "bwd" else TRAINING if training else "")
+
+
 def work(op: str, flops: int, io_bytes: int) -> int:
     return flops if op.removesuffix(BACKWARD) in MATMUL_OPS else io_bytes
 
@@ -64,8 +72,8 @@ class Point:
 
 class KernelTable:
     """Measured rates by op: `rate(op, features)` interpolates them (module docstring);
-    `host_ns[op]` is the median host time of launching one forward kernel of that op,
-    measured in resident recorded steps (its torch calls and the fetch)."""
+    `host_ns[host_key(...)]` is the median host time of launching one kernel of that op
+    and phase, measured in resident recorded steps (its torch calls and the fetch)."""
 
     def __init__(self, points: Mapping[str, Sequence[Point]], source: str = "",
                  host_ns: Mapping[str, int] | None = None):
@@ -181,7 +189,7 @@ class ExecutionTimePredictor:
         # Integer nanoseconds, at least 1: a launched kernel always takes time.
         return max(1, round(ns))
 
-    def host_ns(self, op: str) -> int:
-        """Host time to launch one forward kernel of `op`, from the table; 0 (the
-        profile's kernel_launch_us applies) without one."""
-        return self.table.host_ns.get(op, 0) if self.table is not None else 0
+    def host_ns(self, op: str, phase: str = "fwd", training: bool = False) -> int:
+        """Host time to launch one kernel of `op` in `phase`, from the table; 0 (the
+        profile's kernel_launch_us applies) where the table has none."""
+        return self.table.host_ns.get(host_key(op, phase, training), 0) if self.table is not None else 0

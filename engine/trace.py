@@ -40,8 +40,10 @@ Lines 2.., one JSON object per kernel, in launch order:
                        traces: {dir, nbytes, ns} of each weight copy its fetch issued
                        in a streamed forward; the simulator ignores them)
     host_ns     int    optional: host time to launch the kernel's work, measured
-                       (recorded module traces, where a kernel is a whole block);
-                       absent or 0: the hardware profile's kernel_launch_us
+                       (recorded module traces, where a kernel is a whole block;
+                       recorded spec traces, the median of its op and phase) or from
+                       the kernel table (synthesized); absent or 0: the hardware
+                       profile's kernel_launch_us
     op          str    optional: the spec kernel's op ("linear", "attention", "norm",
                        "elementwise", "embed"); absent for module kernels
     shape       [int]  optional: the spec kernel's shape (engine/models/spec.py Kernel),
@@ -157,7 +159,7 @@ def synthesize(spec: ModelSpec, workload: Any, hardware: Any) -> Trace:
         forward.append(KernelRecord(
             name=k.name, layer=k.layer, phase="fwd", weights=tuple(k.weights),
             compute_ns=predictor.kernel_ns(k.op, k.flops, k.io_bytes, k.shape),
-            flops=k.flops, io_bytes=k.io_bytes, saved=saved, host_ns=predictor.host_ns(k.op), op=k.op,
+            flops=k.flops, io_bytes=k.io_bytes, saved=saved, host_ns=predictor.host_ns(k.op, "fwd", training), op=k.op,
             shape=k.shape))
     backward = []
     if training:
@@ -167,7 +169,8 @@ def synthesize(spec: ModelSpec, workload: Any, hardware: Any) -> Trace:
             backward.append(KernelRecord(
                 name=k.name + BACKWARD_SUFFIX, layer=k.layer, phase="bwd", weights=tuple(k.weights),
                 compute_ns=predictor.kernel_ns(k.op, flops, io_bytes, k.shape, backward=True),
-                flops=flops, io_bytes=io_bytes, needs=tuple(s.name for s in f.saved), op=k.op, shape=k.shape))
+                flops=flops, io_bytes=io_bytes, needs=tuple(s.name for s in f.saved),
+                host_ns=predictor.host_ns(k.op, "bwd", training), op=k.op, shape=k.shape))
     records = tuple(forward + backward)
     header = {
         "format": FORMAT, "version": VERSION, "records": len(records), "source": "synthesized",

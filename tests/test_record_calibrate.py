@@ -1,11 +1,14 @@
 """engine/measure/, engine/calibrate.py, engine/validation.py on the CPU (perf_counter clocks, shipped data)."""
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import simpy
+from omegaconf import OmegaConf
 
 from engine.calibrate import copy_rates, fit_fetch_cost, fit_profile, launch_mean, load_hardware
 from engine.config import HardwareConfig
@@ -52,6 +55,39 @@ def test_record_on_host_clock_writes_a_readable_training_trace(tmp_path: Path) -
     assert sum(s.nbytes for r in back.records for s in r.saved) > 0
     needs = {x for r in back.records for x in r.needs}
     assert needs == {s.name for r in back.records for s in r.saved}
+    # the host's backward, timed at its first unpacks: every backward record has its op's host time
+    assert len(timing.backward_host_ns) == n and all(r.host_ns > 0 for r in back.records)
+
+
+def test_the_kernel_table_keeps_host_time_by_phase_and_synthesized_training_takes_it(tmp_path: Path) -> None:
+    """A training recording's forward and backward host times go under their own keys: an
+    inference forward's are not a training forward's (adapters, autograd), nor a backward's."""
+    from engine.calibrate import fit_kernel_table
+    from engine.compute import BACKWARD, TRAINING, ExecutionTimePredictor
+    from engine.trace import synthesize
+
+    wl = SimpleNamespace(name="t", kind="train_lora", batch=1, video_tokens=16, audio_tokens=8, text_tokens=8,
+                         context_tokens=0, lora_rank=2)
+    spec = load_spec("tiny", wl)
+    timing = time_steps(spec, DictSource(spec, random_weights(spec)), make_inputs(spec, wl), CpuClock(),
+                        lora=init_lora(spec, 2, seed=1), warmup=0, steps=1)
+    n = len(spec.kernels)
+    timing.host_ns = [1000] * n
+    timing.backward_host_ns = [3000] * n
+    trace = build_trace(spec, timing, {"model": spec.name, "workload": {"kind": "train_lora"},
+                                       "probes": {"host": {"kernel_ns": timing.host_ns,
+                                                           "backward_kernel_ns": timing.backward_host_ns}}})
+    table = fit_kernel_table([trace], "unit")
+    ops = {k.op for k in spec.kernels}
+    assert set(table.host_ns) == {op + TRAINING for op in ops} | {op + BACKWARD for op in ops}
+    assert {table.host_ns[op + BACKWARD] for op in ops} == {3000}
+    path = tmp_path / "t.kernels.json"
+    path.write_text(json.dumps(table.to_json()))
+    hw = dataclasses.replace(KNOWN, kernel_table=str(path))
+    assert ExecutionTimePredictor(hw).host_ns("linear") == 0  # no inference recording: kernel_launch_us
+    syn = synthesize(spec, OmegaConf.create(vars(wl)), hw)
+    assert [r.host_ns for r in syn.records if r.phase == "bwd"] == [3000] * n
+    assert [r.host_ns for r in syn.records if r.phase == "fwd"] == [1000] * n
 
 
 def test_a_recorded_trace_needs_each_tensor_where_the_executor_first_unpacks_it() -> None:
@@ -213,3 +249,18 @@ def test_training_report_from_shipped_measurements_on_cpu() -> None:
     assert len(rep["rows"]) == 5 and rep["held_out"]["configs"] == 2
     assert rep["held_out"]["peak_device_bytes"]["max"] < 0.03
     assert rep["held_out"]["step_ms"]["mean"] < 0.05 and rep["held_out"]["step_ms"]["max"] < 0.08
+
+
+def test_record_on_the_cpu_backend_probes_a_cold_then_a_warm_streamed_forward(run_cli, tmp_path) -> None:
+    """The recorder runs end to end on the CPU backend; its streamed probe times every kernel's
+    fetch in a cold forward and in the warm one after it, whose copies are the policy's
+    steady state (fewer than the cold one's, which copies every weight in)."""
+    r = run_cli("+model=tiny", "mode=record", "weights.backend=cpu", "budget=2")
+    assert r.returncode == 0, r.stderr
+    trace = read_trace(tmp_path / "run" / "trace.jsonl")
+    host = trace.header["probes"]["host"]
+    n = sum(1 for rec in trace.records if rec.phase == "fwd")
+    assert len(host["fetch"]) == len(host["warm_fetch"]) == len(host["kernel_ns"]) == n
+    cold, warm = (sum(c for c, _ in host[k]) for k in ("fetch", "warm_fetch"))
+    assert cold >= len(trace.weight_sizes) and 0 < warm < cold
+    assert any(c == 0 for c, _ in host["warm_fetch"]) and all(ns > 0 for _, ns in host["warm_fetch"])

@@ -80,6 +80,7 @@ class SavedTensorLog:
     # text context: block 0 saves it, every later block again); backward unpacks it first there.
     last_saver: dict[tuple[int, int], int] = field(default_factory=dict)
     first_unpack: dict[int, Any] = field(default_factory=dict)  # kernel -> stamp
+    first_unpack_host: dict[int, int] = field(default_factory=dict)  # kernel -> perf_counter_ns
     _seen: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     def note(self, t: torch.Tensor) -> None:
@@ -106,6 +107,7 @@ class SavedTensorLog:
     def unpack(self, packed: tuple[int, torch.Tensor]) -> torch.Tensor:
         i, t = packed
         if i not in self.first_unpack:
+            self.first_unpack_host[i] = time.perf_counter_ns()
             self.first_unpack[i] = self.stamps.clock.stamp()
         return t
 
@@ -155,6 +157,7 @@ class StepTiming:
     forward_ns: list[int]
     backward_ns: list[int] | None
     host_ns: list[int]
+    backward_host_ns: list[int] | None  # host time of each forward kernel's backward (training)
     saved: dict[int, list[int]]
     last_saver: dict[tuple[int, int], int]  # SavedTensorLog.last_saver
     step_ns: int
@@ -175,7 +178,7 @@ def time_steps(spec: ModelSpec, source: Any, inputs: Mapping[str, torch.Tensor],
     if training:
         weight_ptrs = {t.untyped_storage().data_ptr() for t in lora.values()}
         weight_ptrs |= {t.untyped_storage().data_ptr() for t in getattr(source, "weights", {}).values()}
-    fwd_rows, bwd_rows, host_rows, step_rows, fetch_rows = [], [], [], [], []
+    fwd_rows, bwd_rows, host_rows, bwd_host_rows, step_rows, fetch_rows = [], [], [], [], [], []
     saved: dict[int, list[int]] = {}
     last_saver: dict[tuple[int, int], int] = {}
     for s in range(warmup + steps):
@@ -195,7 +198,9 @@ def time_steps(spec: ModelSpec, source: Any, inputs: Mapping[str, torch.Tensor],
                 stamps.close()
                 loss = lora_loss(out)
                 bwd_start = clock.stamp()
+                bwd_host0 = time.perf_counter_ns()
                 loss.backward()
+                bwd_host = time.perf_counter_ns() - bwd_host0
             end = clock.stamp()
         else:
             with torch.no_grad():
@@ -217,9 +222,14 @@ def time_steps(spec: ModelSpec, source: Any, inputs: Mapping[str, torch.Tensor],
             bwd = split_backward(marks, clock.ns(bwd_start, end), len(spec.kernels), predictor_weights)
             bwd[-1] += loss_ns
             bwd_rows.append(bwd)
+            # The host's backward, split the same way at its own first-unpack times: the
+            # launches autograd queues behind the held stream, kernel by kernel.
+            host_marks = {k: t - bwd_host0 for k, t in hooks.first_unpack_host.items()}
+            bwd_host_rows.append(split_backward(host_marks, bwd_host, len(spec.kernels), predictor_weights))
             saved, last_saver = hooks.saved, hooks.last_saver
     return StepTiming(forward_ns=_median(fwd_rows), backward_ns=_median(bwd_rows) if training else None,
-                      host_ns=_median(host_rows), saved=saved, last_saver=last_saver,
+                      host_ns=_median(host_rows), backward_host_ns=_median(bwd_host_rows) if training else None,
+                      saved=saved, last_saver=last_saver,
                       step_ns=_median(step_rows)[0],
                       fetch_ns=round(statistics.median(fetch_rows)))
 
@@ -232,9 +242,10 @@ def _backward_weights(spec: ModelSpec) -> list[float]:
 
 
 def op_host_ns(spec: ModelSpec, kernel_host_ns: Sequence[int]) -> dict[str, int]:
-    """The median host time of each op's kernels in the resident step: what a forward
-    record of that op costs the host. Medians, because the recorder's host sat blocked
-    behind its held stream at some kernels (times far over the rest)."""
+    """The median host time of each op's kernels in the resident step (forward, or given
+    the backward's host times, backward): what a record of that op costs the host.
+    Medians, because the recorder's host sat blocked behind its held stream at some
+    kernels (times far over the rest)."""
     return medians_by_op((k.op, ns) for k, ns in zip(spec.kernels, kernel_host_ns))
 
 
@@ -245,6 +256,7 @@ def build_trace(spec: ModelSpec, timing: StepTiming, header: dict,
     training = timing.backward_ns is not None
     forward, backward = [], []
     host = op_host_ns(spec, timing.host_ns)
+    backward_host = op_host_ns(spec, timing.backward_host_ns) if training else {}
     for i, k in enumerate(spec.kernels):
         saved = tuple(SavedTensor(f"{k.name}/t{n}", nbytes, k.layer)
                       for n, nbytes in enumerate(timing.saved.get(i, ()))) if training else ()
@@ -263,7 +275,8 @@ def build_trace(spec: ModelSpec, timing: StepTiming, header: dict,
             backward.append(KernelRecord(
                 name=k.name + BACKWARD_SUFFIX, layer=k.layer, phase="bwd", weights=tuple(k.weights),
                 compute_ns=timing.backward_ns[i], flops=BACKWARD_FLOPS_FACTOR * k.flops,
-                io_bytes=BACKWARD_FLOPS_FACTOR * k.io_bytes, needs=tuple(needs.get(i, ())), op=k.op, shape=k.shape))
+                io_bytes=BACKWARD_FLOPS_FACTOR * k.io_bytes, needs=tuple(needs.get(i, ())),
+                host_ns=backward_host.get(k.op, 0), op=k.op, shape=k.shape))
     records = tuple(forward + backward)
     trace = Trace(header={**header, "format": FORMAT, "version": VERSION, "records": len(records),
                           "source": "recorded"},

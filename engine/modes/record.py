@@ -74,6 +74,8 @@ def record(cfg: Any, spec: ModelSpec, out_dir: str | Path) -> tuple[Path, Trace]
         log.info("recorded %s: step %.3f ms", spec.name, timing.step_ns / 1e6)
         probes: dict[str, Any] = {"host": {"kernel_ns": timing.host_ns,
                                            "resident_fetch_ns": timing.fetch_ns}}
+        if timing.backward_host_ns is not None:
+            probes["host"]["backward_kernel_ns"] = timing.backward_host_ns
         if device.type == "cuda":
             beside = time_steps(spec, source, inputs, clock, lora=lora, warmup=1, steps=3,
                                 beside=copy_stream_beside(timing.step_ns, device))
@@ -82,8 +84,9 @@ def record(cfg: Any, spec: ModelSpec, out_dir: str | Path) -> tuple[Path, Trace]
         if device.type == "cuda":
             torch.cuda.empty_cache()
         budget = budget_bytes(cfg.budget)
-        copies, fetch, alloc_ns = streamed_forward(spec, wf, inputs, cfg, clock, budget)
+        copies, fetch, alloc_ns, warm_fetch = streamed_forward(spec, wf, inputs, cfg, clock, budget)
         probes["host"]["fetch"] = fetch
+        probes["host"]["warm_fetch"] = warm_fetch
         probes["alloc_ns"] = alloc_ns
         probes["weight_source"] = cfg.weights.source
         copied = [c for cs in copies.values() for c in cs]
