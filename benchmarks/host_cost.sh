@@ -25,11 +25,12 @@ run() {  # run NAME ARGS...: one engine run, its report kept, its time printed
   local t0=$SECONDS
   $E "$@" hydra.run.dir="$OUT/runs/$name" >"$OUT/runs/$name.log" 2>&1 || { tail -5 "$OUT/runs/$name.log"; return 1; }
   echo "$name: $((SECONDS - t0)) s"
+  cp "$OUT/runs/$name/report.json" "$OUT/runs/$name.report.json" 2>/dev/null || true
 }
 run materialize-ltx $LTX mode=materialize out="$LTX_FILE"
 run record-ltx-train $LTX workload=train_lora weights.file="$LTX_FILE" budget=2500 weights=priority mode=record
 gzip -9 -c "$OUT/runs/record-ltx-train/trace.jsonl" >"$OUT/traces/ltx2_train_lora_6144.jsonl.gz"
-for cfg in "none belady" "500 belady" "2000 priority" "2000 belady"; do
+for cfg in "none belady" "500 belady" "2000 priority"; do
   set -- $cfg
   run "train-$1-$2" $LTX workload=train_lora weights.file="$LTX_FILE" budget=$([ "$1" = none ] && echo null || echo "$1") \
     weights=$2 mode=execute workload.steps=8

@@ -38,7 +38,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from engine.compute import BACKWARD, KernelTable, features, host_key, table_from_measurements, tables_dir, work
+from engine.compute import BACKWARD, BLOCKED, KernelTable, features, host_key, table_from_measurements, tables_dir, work
 from engine.config import HardwareConfig
 from engine.errors import ConfigError, TraceError
 from engine.trace import Trace, read_trace
@@ -46,7 +46,6 @@ from engine.units import MIB
 
 RIDGE = 100.0  # FLOP per byte above which a kernel counts as compute-bound
 LARGE_COPY = 64 * MIB
-BLOCKED = 10
 FITTED = ("h2d_gbps", "d2h_gbps", "duplex_gbps", "small_copy_mib", "small_copy_gbps", "mmap_registered_gbps",
           "alloc_us", "fetch_host_us", "kernel_launch_us", "compute_slowdown_under_copy", "matmul_tflops",
           "hbm_gbps", "kernel_table", "vmm_granule_bytes", "vmm_map_us", "vmm_unmap_us", "vmm_create_us", "vmm_release_us")

@@ -40,6 +40,7 @@ TRAINING = "_train"  # the kernel table's host time of a training forward's kern
 GRID_OPS = {"linear": "linear", "attention": "attention", "norm": "memory", "elementwise": "memory",
             "embed": "memory"}
 NEIGHBOURS = 6
+BLOCKED = 10  # a kernel's host time over BLOCKED x the median: the host sat on a full launch queue
 TABLE_FORMAT = "offload-engine-kernel-table"
 
 
@@ -123,6 +124,15 @@ def table_from_measurements(rows: Iterable[tuple[str, tuple[float, ...], int, fl
     for (op, feats), rates in sorted(grouped.items()):
         points.setdefault(op, []).append(Point(feats, statistics.median(rates)))
     return KernelTable(points, source, medians_by_op(host))
+
+
+def unblocked_sum(host_ns: Sequence[int]) -> int:
+    """The host's own work in `host_ns` (one time per kernel): each time over BLOCKED x
+    the median, where the host sat blocked on a full launch queue, counted as the median."""
+    if not host_ns:
+        return 0
+    median = statistics.median(host_ns)
+    return round(sum(ns if ns <= BLOCKED * median else median for ns in host_ns))
 
 
 def medians_by_op(rows: Iterable[tuple[str, int]]) -> dict[str, int]:

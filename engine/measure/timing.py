@@ -14,7 +14,7 @@ from engine.models.lora import lora_loss
 from engine.models import forward
 from engine.measure.clocks import Clock
 from engine.models.spec import ModelSpec, SavedTensor
-from engine.compute import ExecutionTimePredictor, medians_by_op
+from engine.compute import ExecutionTimePredictor, medians_by_op, unblocked_sum
 from engine.trace import (BACKWARD_FLOPS_FACTOR, BACKWARD_SUFFIX, FORMAT, VERSION,
                           KernelRecord, Trace, check_trace)
 
@@ -202,12 +202,19 @@ def time_steps(spec: ModelSpec, source: Any, inputs: Mapping[str, torch.Tensor],
                 loss.backward()
                 bwd_host = time.perf_counter_ns() - bwd_host0
             end = clock.stamp()
+            # The host's backward, split as the GPU's is below but at the host times of the
+            # first unpacks: the launches autograd queues behind the held stream, kernel by kernel.
+            host_marks = {k: t - bwd_host0 for k, t in hooks.first_unpack_host.items()}
+            bwd_host_split = split_backward(host_marks, bwd_host, len(spec.kernels), predictor_weights)
         else:
             with torch.no_grad():
                 forward(spec, stamps, inputs)
             stamps.close()
             end = stamps.end
-        hold_ns = round(HOLD_FACTOR * (time.perf_counter_ns() - host0))
+        # The next hold covers this step's host work, not the time it sat blocked on a full
+        # launch queue behind this hold (counting that would grow the hold every step).
+        host_work = unblocked_sum(stamps.host_ns()) + (unblocked_sum(bwd_host_split) if training else 0)
+        hold_ns = round(HOLD_FACTOR * host_work)
         clock.synchronize()
         if s < warmup:
             continue
@@ -222,10 +229,7 @@ def time_steps(spec: ModelSpec, source: Any, inputs: Mapping[str, torch.Tensor],
             bwd = split_backward(marks, clock.ns(bwd_start, end), len(spec.kernels), predictor_weights)
             bwd[-1] += loss_ns
             bwd_rows.append(bwd)
-            # The host's backward, split the same way at its own first-unpack times: the
-            # launches autograd queues behind the held stream, kernel by kernel.
-            host_marks = {k: t - bwd_host0 for k, t in hooks.first_unpack_host.items()}
-            bwd_host_rows.append(split_backward(host_marks, bwd_host, len(spec.kernels), predictor_weights))
+            bwd_host_rows.append(bwd_host_split)
             saved, last_saver = hooks.saved, hooks.last_saver
     return StepTiming(forward_ns=_median(fwd_rows), backward_ns=_median(bwd_rows) if training else None,
                       host_ns=_median(host_rows), backward_host_ns=_median(bwd_host_rows) if training else None,

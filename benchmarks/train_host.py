@@ -1,0 +1,129 @@
+"""Where a host-bound LoRA step's time goes: the same step plain and through the executor,
+with and without the deterministic kernels mode=execute compares bitwise under.
+
+    python benchmarks/train_host.py                       # LTX-2, 8 blocks, 6144 video tokens
+    python benchmarks/train_host.py --profile 3           # + cProfile's top over 3 executor steps
+
+Weights: random bf16, every one resident on the device. Rows:
+  plain           lora_step over a dict of the weights (what mode=record times)
+  executor        the same step through a WeightExecutor with no budget (every fetch a hit),
+                  as mode=execute's budget=null runs it
+each with torch's default kernels and with mode=execute's deterministic ones
+(CUBLAS_WORKSPACE_CONFIG=:4096:8, torch.use_deterministic_algorithms). Step: CUDA events,
+median of --steps after a warm-up, the stream running free; host: perf_counter of the Python
+call alone; held: the GPU time with the stream held behind a spin kernel while the host
+queues the step (what the recorder's step_ns is). Table last.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import dataclasses
+import os
+import pstats
+import statistics
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # set before cuBLAS starts; used in both modes
+import torch  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from engine.executor.runtime import WeightExecutor  # noqa: E402
+from engine.measure.clocks import CudaClock  # noqa: E402
+from engine.executor.setup import forward_order  # noqa: E402
+from engine.executor.training import StreamedWeights, deterministic, lora_step, train_order  # noqa: E402
+from engine.models import build_spec, load_model_config, make_inputs  # noqa: E402
+from engine.models.lora import init_lora  # noqa: E402
+from engine.models.run import DictSource  # noqa: E402
+from engine.models.seeded import random_weights  # noqa: E402
+
+
+
+def measure(fn, steps: int) -> tuple[float, float, float]:
+    """(median step ms free-running, median host ms, median GPU ms with the stream held)."""
+    for _ in range(2):
+        fn()
+    free, host, held = [], [], []
+    for _ in range(steps):
+        torch.cuda.synchronize()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t0 = time.perf_counter()
+        a.record()
+        fn()
+        b.record()
+        host.append((time.perf_counter() - t0) * 1e3)
+        b.synchronize()
+        free.append(a.elapsed_time(b))
+    for _ in range(steps):
+        torch.cuda.synchronize()
+        CudaClock(torch.device("cuda")).hold(round(1.5 * statistics.median(host) * 1e6))
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        held.append(a.elapsed_time(b))
+    return statistics.median(free), statistics.median(host), statistics.median(held)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="ltx")
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--video-tokens", type=int, default=6144)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--profile", type=int, default=0)
+    args = ap.parse_args()
+    device = torch.device("cuda")
+    wl = SimpleNamespace(name="train_lora", kind="train_lora", batch=1, video_tokens=args.video_tokens,
+                         audio_tokens=128, text_tokens=256, context_tokens=0, lora_rank=32)
+    spec = build_spec(dataclasses.replace(load_model_config(args.model), num_layers=args.layers), wl)
+    weights = random_weights(spec, device=device, draw_on_device=True)
+    inputs = make_inputs(spec, wl, device)
+    lora = init_lora(spec, 32, device=device, seed=1)
+    executor = WeightExecutor(train_order(forward_order(spec)), {n: t.cpu() for n, t in weights.items()},
+                              budget_bytes=None, eviction="priority", backend="cuda")
+    streamed = StreamedWeights(executor, len(spec.kernels))
+
+    def plain() -> None:
+        lora_step(spec, DictSource(spec, weights), inputs, lora)
+
+    def through_executor() -> None:
+        with executor.step():
+            streamed.start_step()
+            lora_step(spec, streamed, inputs, lora)
+            streamed.finish()
+
+    rows = []
+    for det in (False, True):
+        with deterministic(det):
+            for name, fn in (("plain", plain), ("executor", through_executor)):
+                free, host, held = measure(fn, args.steps)
+                rows.append((name, det, free, host, held))
+                print(f"{name} deterministic={det}: step {free:.1f} ms, host {host:.1f} ms, held GPU {held:.1f} ms",
+                      flush=True)
+    if args.profile:
+        with deterministic(True):
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(args.profile):
+                through_executor()
+            torch.cuda.synchronize()
+            prof.disable()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+    executor.close()
+    print(f"\n{args.model}, {args.layers} blocks, {args.video_tokens} video tokens, LoRA rank 32; "
+          f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}; {len(spec.kernels)} spec kernels")
+    print("| path | deterministic | step ms (free) | host ms | GPU ms (held) |")
+    print("|---|---|---|---|---|")
+    for name, det, free, host, held in rows:
+        print(f"| {name} | {det} | {free:.1f} | {host:.1f} | {held:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
