@@ -13,7 +13,8 @@ set -euo pipefail
 OUT=${1:?usage: host_cost.sh OUT}
 WEIGHTS=${WEIGHTS:-/dev/shm}
 E="python3 -m engine"
-mkdir -p "$OUT/traces" "$OUT/runs"
+RUNS=${RUNS:-/tmp/host-cost-runs}  # the engine's run folders; OUT keeps each run's log and report
+mkdir -p "$OUT/traces" "$OUT/runs" "$RUNS"
 LTX="+model=ltx model.num_layers=8"
 LLAMA="+model=llama8b model.num_layers=8 workload=decode"
 LTX_FILE=$WEIGHTS/host-cost-ltx8.ptd
@@ -23,13 +24,13 @@ trap 'rm -f "$LTX_FILE" "$LLAMA_FILE"' EXIT
 run() {  # run NAME ARGS...: one engine run, its report kept, its time printed
   local name=$1; shift
   local t0=$SECONDS
-  $E "$@" hydra.run.dir="$OUT/runs/$name" >"$OUT/runs/$name.log" 2>&1 || { tail -5 "$OUT/runs/$name.log"; return 1; }
+  $E "$@" hydra.run.dir="$RUNS/$name" >"$OUT/runs/$name.log" 2>&1 || { tail -5 "$OUT/runs/$name.log"; return 1; }
   echo "$name: $((SECONDS - t0)) s"
-  cp "$OUT/runs/$name/report.json" "$OUT/runs/$name.report.json" 2>/dev/null || true
+  cp "$RUNS/$name/report.json" "$OUT/runs/$name.report.json" 2>/dev/null || true
 }
 run materialize-ltx $LTX mode=materialize out="$LTX_FILE"
 run record-ltx-train $LTX workload=train_lora weights.file="$LTX_FILE" budget=2500 weights=priority mode=record
-gzip -9 -c "$OUT/runs/record-ltx-train/trace.jsonl" >"$OUT/traces/ltx2_train_lora_6144.jsonl.gz"
+gzip -9 -c "$RUNS/record-ltx-train/trace.jsonl" >"$OUT/traces/ltx2_train_lora_6144.jsonl.gz"
 for cfg in "none belady" "500 belady" "2000 priority"; do
   set -- $cfg
   run "train-$1-$2" $LTX workload=train_lora weights.file="$LTX_FILE" budget=$([ "$1" = none ] && echo null || echo "$1") \
@@ -37,9 +38,9 @@ for cfg in "none belady" "500 belady" "2000 priority"; do
 done
 rm -f "$LTX_FILE"
 run materialize-llama $LLAMA mode=materialize out="$LLAMA_FILE"
-run record-llama $LLAMA weights.file="$LLAMA_FILE" budget=2000 weights=priority mode=record
-gzip -9 -c "$OUT/runs/record-llama/trace.jsonl" >"$OUT/traces/llama_decode_8.jsonl.gz"
-for cfg in "none priority" "2000 belady" "3000 priority"; do
+run record-llama $LLAMA weights.file="$LLAMA_FILE" budget=3500 weights=priority mode=record
+gzip -9 -c "$RUNS/record-llama/trace.jsonl" >"$OUT/traces/llama_decode_8.jsonl.gz"
+for cfg in "none priority" "3500 belady" "5000 priority"; do
   set -- $cfg
   run "decode-$1-$2" $LLAMA weights.file="$LLAMA_FILE" budget=$([ "$1" = none ] && echo null || echo "$1") \
     weights=$2 mode=execute workload.steps=30

@@ -8,8 +8,8 @@ Weights: random bf16, every one resident on the device. Rows:
   plain           lora_step over a dict of the weights (what mode=record times)
   executor        the same step through a WeightExecutor with no budget (every fetch a hit),
                   as mode=execute's budget=null runs it
-each with torch's default kernels and with mode=execute's deterministic ones
-(CUBLAS_WORKSPACE_CONFIG=:4096:8, torch.use_deterministic_algorithms). Step: CUDA events,
+each with torch's default kernels and with deterministic ones (torch.use_deterministic_algorithms,
+what a bitwise comparison of the backward needs). Step: CUDA events,
 median of --steps after a warm-up, the stream running free; host: perf_counter of the Python
 call alone; held: the GPU time with the stream held behind a spin kernel while the host
 queues the step (what the recorder's step_ns is). Table last.
@@ -17,6 +17,8 @@ queues the step (what the recorder's step_ns is). Table last.
 from __future__ import annotations
 
 import argparse
+from contextlib import contextmanager
+from typing import Iterator
 import cProfile
 import dataclasses
 import os
@@ -27,7 +29,6 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # set before cuBLAS starts; used in both modes
 import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,12 +37,28 @@ sys.path.insert(0, str(ROOT))
 from engine.executor.runtime import WeightExecutor  # noqa: E402
 from engine.measure.clocks import CudaClock  # noqa: E402
 from engine.executor.setup import forward_order  # noqa: E402
-from engine.executor.training import StreamedWeights, deterministic, lora_step, train_order  # noqa: E402
+from engine.executor.training import StreamedWeights, lora_step, train_order  # noqa: E402
 from engine.models import build_spec, load_model_config, make_inputs  # noqa: E402
 from engine.models.lora import init_lora  # noqa: E402
 from engine.models.run import DictSource  # noqa: E402
 from engine.models.seeded import random_weights  # noqa: E402
 
+
+
+@contextmanager
+def deterministic(on: bool) -> Iterator[None]:
+    """A bitwise comparison needs kernels that sum in a fixed order (cuBLAS
+    workspaces, attention backward); the timed steps then run those kernels too."""
+    if not on:
+        yield
+        return
+    before, warn = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before, warn_only=warn)
 
 
 def measure(fn, steps: int) -> tuple[float, float, float]:

@@ -134,10 +134,12 @@ def fit_kernel_table(traces: Sequence[Trace], source: str) -> KernelTable:
     for t in traces:
         probed = t.header.get("probes", {}).get("host", {})
         training = (t.header.get("workload") or {}).get("kind") == "train_lora"
+        scale = float(t.header.get("host_scale") or 1.0)  # to the pipelined step (timing.host_scale)
         forward = [r for r in t.records if r.phase == "fwd"]
         for phase, kernel_ns in (("fwd", probed.get("kernel_ns", ())), ("bwd", probed.get("backward_kernel_ns", ()))):
             if len(kernel_ns) == len(forward):
-                host += [(host_key(r.op, phase, training), ns) for r, ns in zip(forward, kernel_ns) if r.op]
+                host += [(host_key(r.op, phase, training), round(ns * scale)) for r, ns in zip(forward, kernel_ns)
+                         if r.op]
         for r in t.records:
             feats = features(r.op, r.shape, r.io_bytes) if r.op else None
             if feats is not None:

@@ -264,3 +264,23 @@ def test_record_on_the_cpu_backend_probes_a_cold_then_a_warm_streamed_forward(ru
     cold, warm = (sum(c for c, _ in host[k]) for k in ("fetch", "warm_fetch"))
     assert cold >= len(trace.weight_sizes) and 0 < warm < cold
     assert any(c == 0 for c, _ in host["warm_fetch"]) and all(ns > 0 for _, ns in host["warm_fetch"])
+    assert trace.header["pipelined_step_ns"] > 0 and trace.header["host_scale"] == 1.0  # the cpu clock times the host
+
+
+def test_host_times_scale_to_the_pipelined_step_only_where_the_host_bounds_it() -> None:
+    from engine.measure.timing import HOST_BOUND, host_scale
+
+    wl = SimpleNamespace(name="t", kind="train_lora", batch=1, video_tokens=16, audio_tokens=8, text_tokens=8,
+                         context_tokens=0, lora_rank=2)
+    spec = load_spec("tiny", wl)
+    timing = time_steps(spec, DictSource(spec, random_weights(spec)), make_inputs(spec, wl), CpuClock(),
+                        lora=init_lora(spec, 2, seed=1), warmup=0, steps=1)
+    n = len(spec.kernels)
+    timing.host_ns, timing.backward_host_ns, timing.step_ns = [1000] * n, [3000] * n, 10 * n * 1000
+    assert host_scale(spec, timing, None) == 1.0
+    assert host_scale(spec, timing, round(HOST_BOUND * timing.step_ns)) == 1.0  # the GPU sets the step
+    scale = host_scale(spec, timing, 20 * n * 1000)  # the host does: its 4 us a kernel become 20
+    assert scale == pytest.approx(5.0)
+    trace = build_trace(spec, timing, {"model": spec.name}, scale=scale)
+    assert {r.host_ns for r in trace.records if r.phase == "fwd"} == {5000}
+    assert {r.host_ns for r in trace.records if r.phase == "bwd"} == {15000}

@@ -22,7 +22,6 @@ weight resident and no hooks, for a bitwise comparison.
 """
 from __future__ import annotations
 
-import os
 from contextlib import contextmanager, nullcontext
 from typing import Any, Callable, ContextManager, Hashable, Iterator, Mapping
 
@@ -220,22 +219,6 @@ def to_host(result: tuple[Tensor, dict]) -> tuple[Tensor, dict]:
     to compare holds none of them on the device and its peak is the steps' own."""
     loss, grads = result
     return loss.to("cpu", non_blocking=True), {k: g.to("cpu", non_blocking=True) for k, g in grads.items()}
-
-
-@contextmanager
-def deterministic(on: bool) -> Iterator[None]:
-    """A bitwise comparison needs kernels that sum in a fixed order (cuBLAS
-    workspaces, attention backward); the timed steps then run those kernels too."""
-    if not on:
-        yield
-        return
-    before, warn = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(before, warn_only=warn)
 
 
 def match_reference(run: list[tuple[Tensor, dict]], reference: list[tuple[Tensor, dict]],

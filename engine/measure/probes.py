@@ -10,6 +10,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from engine.executor.setup import forward_order, streamed_executor
+from engine.executor.training import StreamedWeights, train_order, train_step
 from engine.executor.vmm import CudaVmm
 from engine.policy.chunks import CLASSES
 from engine.models import forward
@@ -121,6 +122,36 @@ def streamed_forward(spec: ModelSpec, wf: Any, inputs: Mapping[str, torch.Tensor
                     issued[d.position] += 1
             fetch.append([[issued[i], ns] for i, ns in enumerate(stamps.host_fetch)])
         return copies, fetch[0], alloc_ns, fetch[1]
+
+
+def pipelined_step_ns(spec: ModelSpec, wf: Any, inputs: Mapping[str, torch.Tensor], cfg: Any, clock: Clock,
+                      lora: Mapping[str, torch.Tensor] | None = None, warmup: int = 1, steps: int = 3) -> int:
+    """The median step through the executor with every weight resident (no budget, every
+    fetch a hit) and the stream running free, as mode=execute runs it (`lora`: a training
+    step, its adapters updated as there): where the host bounds the step, its length is
+    the host's work, the executor's included."""
+    training = lora is not None
+    order = forward_order(spec)
+    w = cfg.weights
+    with ExitStack() as stack:
+        executor = streamed_executor(stack, wf, train_order(order) if training else order, backend=w.backend,
+                                     source=w.source, budget_bytes=None, eviction="priority",
+                                     lookahead=w.lookahead, relocate=not training)
+        streamed = StreamedWeights(executor, len(spec.kernels)) if training else None
+        times = []
+        for s in range(warmup + steps):
+            clock.synchronize()
+            start = clock.stamp()
+            if training:
+                train_step(spec, executor, streamed, None, inputs, lora, clock.device)
+            else:
+                with torch.no_grad(), executor.step():
+                    forward(spec, executor, inputs)
+            end = clock.stamp()
+            clock.synchronize()
+            if s >= warmup:
+                times.append(clock.ns(start, end))
+        return round(statistics.median(times))
 
 
 def _events_ns(fn: Callable[[], None], stream: torch.cuda.Stream) -> int:

@@ -24,6 +24,7 @@ TIMED_STEPS = 5
 # the previous step's host time (the first step: FIRST_HOLD_NS).
 HOLD_FACTOR = 1.5
 FIRST_HOLD_NS = 50_000_000
+HOST_BOUND = 1.05  # a pipelined step this far over the held GPU step: the host sets its length
 
 
 class KernelStamps:
@@ -253,14 +254,32 @@ def op_host_ns(spec: ModelSpec, kernel_host_ns: Sequence[int]) -> dict[str, int]
     return medians_by_op((k.op, ns) for k, ns in zip(spec.kernels, kernel_host_ns))
 
 
+def host_scale(spec: ModelSpec, timing: StepTiming, pipelined_ns: int | None) -> float:
+    """The factor on the recorded host times that makes them sum to the pipelined step
+    (`probes.pipelined_step_ns`) where the host bounds it: the executor's work per kernel
+    and a host running unhindered by a held stream are in that step, not in the times
+    taken kernel by kernel. 1 where the GPU bounds it, or nothing was pipelined."""
+    if pipelined_ns is None or pipelined_ns <= HOST_BOUND * timing.step_ns:
+        return 1.0
+    total = sum(_op_host_sum(spec, t) for t in (timing.host_ns, timing.backward_host_ns) if t is not None)
+    return pipelined_ns / total if total else 1.0
+
+
+def _op_host_sum(spec: ModelSpec, kernel_host_ns: Sequence[int]) -> int:
+    host = op_host_ns(spec, kernel_host_ns)
+    return sum(host[k.op] for k in spec.kernels)
+
+
 def build_trace(spec: ModelSpec, timing: StepTiming, header: dict,
-                copies: Mapping[int, list[dict]] | None = None) -> Trace:
-    """The trace of a recorded step: forward records, then (training) the backward mirror."""
+                copies: Mapping[int, list[dict]] | None = None, scale: float = 1.0) -> Trace:
+    """The trace of a recorded step: forward records, then (training) the backward mirror;
+    each record's host time its op's median in its phase, times `scale` (host_scale)."""
     copies = copies or {}
     training = timing.backward_ns is not None
     forward, backward = [], []
-    host = op_host_ns(spec, timing.host_ns)
-    backward_host = op_host_ns(spec, timing.backward_host_ns) if training else {}
+    host = {op: round(ns * scale) for op, ns in op_host_ns(spec, timing.host_ns).items()}
+    backward_host = ({op: round(ns * scale) for op, ns in op_host_ns(spec, timing.backward_host_ns).items()}
+                     if training else {})
     for i, k in enumerate(spec.kernels):
         saved = tuple(SavedTensor(f"{k.name}/t{n}", nbytes, k.layer)
                       for n, nbytes in enumerate(timing.saved.get(i, ()))) if training else ()
