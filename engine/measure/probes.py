@@ -22,6 +22,7 @@ from engine.units import MIB
 PROBE_SIZES = (4096, 65536, MIB, 4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB)
 PROBE_BYTES = 1 << 30  # per size and direction: enough repeats to average out event resolution
 PROBE_REPEATS = 5
+PIPELINED_WARMUP, PIPELINED_STEPS, PIPELINED_NS = 2, 5, 200_000_000
 
 PROBES_DOC = """header["probes"] (recorded traces; all times in ns):
     copies      [{dir: "h2d"|"d2h", nbytes, ns}]  pinned copies of one size back to back, ns per copy
@@ -125,11 +126,12 @@ def streamed_forward(spec: ModelSpec, wf: Any, inputs: Mapping[str, torch.Tensor
 
 
 def pipelined_step_ns(spec: ModelSpec, wf: Any, inputs: Mapping[str, torch.Tensor], cfg: Any, clock: Clock,
-                      lora: Mapping[str, torch.Tensor] | None = None, warmup: int = 1, steps: int = 3) -> int:
+                      lora: Mapping[str, torch.Tensor] | None = None) -> int:
     """The median step through the executor with every weight resident (no budget, every
     fetch a hit) and the stream running free, as mode=execute runs it (`lora`: a training
     step, its adapters updated as there): where the host bounds the step, its length is
-    the host's work, the executor's included."""
+    the host's work, the executor's included. PIPELINED_WARMUP steps, then at least
+    PIPELINED_STEPS and until PIPELINED_NS have passed (a decode step is a few ms)."""
     training = lora is not None
     order = forward_order(spec)
     w = cfg.weights
@@ -138,8 +140,11 @@ def pipelined_step_ns(spec: ModelSpec, wf: Any, inputs: Mapping[str, torch.Tenso
                                      source=w.source, budget_bytes=None, eviction="priority",
                                      lookahead=w.lookahead, relocate=not training)
         streamed = StreamedWeights(executor, len(spec.kernels)) if training else None
-        times = []
-        for s in range(warmup + steps):
+        times: list[int] = []
+        s = 0
+        while s < PIPELINED_WARMUP + PIPELINED_STEPS or (sum(times) < PIPELINED_NS
+                                                         and len(times) < 10 * PIPELINED_STEPS):
+            s += 1
             clock.synchronize()
             start = clock.stamp()
             if training:
@@ -149,7 +154,7 @@ def pipelined_step_ns(spec: ModelSpec, wf: Any, inputs: Mapping[str, torch.Tenso
                     forward(spec, executor, inputs)
             end = clock.stamp()
             clock.synchronize()
-            if s >= warmup:
+            if s > PIPELINED_WARMUP:
                 times.append(clock.ns(start, end))
         return round(statistics.median(times))
 
