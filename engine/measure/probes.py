@@ -22,7 +22,7 @@ from engine.units import MIB
 PROBE_SIZES = (4096, 65536, MIB, 4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB)
 PROBE_BYTES = 1 << 30  # per size and direction: enough repeats to average out event resolution
 PROBE_REPEATS = 5
-PIPELINED_WARMUP, PIPELINED_STEPS, PIPELINED_NS = 2, 5, 200_000_000
+PIPELINED_WARMUP, PIPELINED_STEPS, PIPELINED_NS = 5, 5, 500_000_000
 
 PROBES_DOC = """header["probes"] (recorded traces; all times in ns):
     copies      [{dir: "h2d"|"d2h", nbytes, ns}]  pinned copies of one size back to back, ns per copy
@@ -131,7 +131,7 @@ def pipelined_step_ns(spec: ModelSpec, wf: Any, inputs: Mapping[str, torch.Tenso
     fetch a hit) and the stream running free, as mode=execute runs it (`lora`: a training
     step, its adapters updated as there): where the host bounds the step, its length is
     the host's work, the executor's included. PIPELINED_WARMUP steps, then at least
-    PIPELINED_STEPS and until PIPELINED_NS have passed (a decode step is a few ms)."""
+    PIPELINED_STEPS and until PIPELINED_NS have passed (a decode step is a few ms, and its first steps run slower)."""
     training = lora is not None
     order = forward_order(spec)
     w = cfg.weights
