@@ -157,3 +157,19 @@ def test_a_pool_sized_from_the_executors_own_questions_misses_nothing(tiny, tmp_
     m = run_train_execute(c, tiny.spec, tiny.trace, tmp_path)
     assert m["spill_bytes"] > 0 and m["pool_misses"] == 0
     assert m["loss_match_reference"] is True and m["grads_match_reference"] is True
+
+
+def test_a_run_matches_the_reference_bitwise_or_within_the_spread_or_its_noise() -> None:
+    from engine.executor.training import NOISE_RTOL, match_reference
+
+    ref = [(torch.tensor(2.0), {"a": torch.tensor([1.0, -4.0])})]
+    same = [(torch.tensor(2.0), {"a": torch.tensor([1.0, -4.0])})]
+    assert match_reference(same, ref, None) == (True, True)
+    nudged = [(torch.tensor(2.0 + 1e-6), {"a": torch.tensor([1.0, -4.0 + 1e-6])})]
+    assert match_reference(nudged, ref, None) == (False, False)  # no spread measured: bitwise
+    assert match_reference(nudged, ref, 1e-6) == (True, True)  # within twice the spread
+    # A scalar loss past twice the pair's spread, yet within its noise: 2^-7 of its magnitude.
+    noisy = [(torch.tensor(2.0 + NOISE_RTOL), {"a": torch.tensor([1.0, -4.0])})]
+    assert match_reference(noisy, ref, 1e-6) == (True, True)
+    wrong = [(torch.tensor(2.0), {"a": torch.tensor([1.0, -3.0])})]  # a wrong weight: off by its size
+    assert match_reference(wrong, ref, 1e-6) == (True, False)

@@ -132,7 +132,7 @@ def comparison_md(rows: list[dict], meas: dict) -> str:
     if meas.get("reference_spread"):
         md.append(f"- the all-resident run itself differs between two runs by up to {meas['reference_spread']:.3g} "
                   "(a non-deterministic CUDA kernel, e.g. cuDNN's attention backward), so training is "
-                  "compared within twice that spread, not bitwise")
+                  "compared within twice that spread or 2^-7 of each tensor's magnitude, not bitwise")
     md.append(f"- backend {meas['backend']}, {meas['steps']} steps (the first fills the pool; "
               "the table shows the median of the rest)")
     if meas.get("relocations"):

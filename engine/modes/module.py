@@ -324,7 +324,8 @@ def _execute_training(job: Job, module: Any, inputs: dict, device: torch.device,
         table_rows.append(["step, every weight resident and activations kept", "", f"{resident_ms:.2f} ms"])
     compared = ("not compared (the weights and saved tensors do not fit all resident)" if reference is None else
                 f"losses {losses}, gradients {grads}" + (f" (within twice the resident runs' own spread, "
-                                                         f"{spread:.3g})" if spread else " (bitwise)"))
+                                                         f"{spread:.3g}, or 2^-7 of each tensor's magnitude)"
+                                                         if spread else " (bitwise)"))
     md = (f"## Trained {cfg.model.name} at budget {cfg.budget} MB ({pred['eviction']}, activations "
           f"{cfg.activations.mode})\n\n" + table(["", "predicted", "measured"], table_rows)
           + f"\n\nagainst the same steps all resident: {compared}\n\ntelemetry: {job.out_dir / 'telemetry.jsonl'}")
