@@ -128,10 +128,12 @@ def streamed_forward(spec: ModelSpec, wf: Any, inputs: Mapping[str, torch.Tensor
 def pipelined_step_ns(spec: ModelSpec, wf: Any, inputs: Mapping[str, torch.Tensor], cfg: Any, clock: Clock,
                       lora: Mapping[str, torch.Tensor] | None = None) -> int:
     """The median step through the executor with every weight resident (no budget, every
-    fetch a hit) and the stream running free, as mode=execute runs it (`lora`: a training
-    step, its adapters updated as there): where the host bounds the step, its length is
-    the host's work, the executor's included. PIPELINED_WARMUP steps, then at least
-    PIPELINED_STEPS and until PIPELINED_NS have passed (a decode step is a few ms, and its first steps run slower)."""
+    fetch a hit), steps back to back with the stream running free, as mode=execute runs
+    and times them (`lora`: a training step, its adapters updated as there): where the
+    host bounds the step, its length is the host's work, the executor's included.
+    PIPELINED_WARMUP steps (the first copies the weights in, and the host's lead banked
+    there carries a few steps), then at least PIPELINED_STEPS and until PIPELINED_NS of
+    host time have passed (a decode step is a few ms)."""
     training = lora is not None
     order = forward_order(spec)
     w = cfg.weights
@@ -140,23 +142,21 @@ def pipelined_step_ns(spec: ModelSpec, wf: Any, inputs: Mapping[str, torch.Tenso
                                      source=w.source, budget_bytes=None, eviction="priority",
                                      lookahead=w.lookahead, relocate=not training)
         streamed = StreamedWeights(executor, len(spec.kernels)) if training else None
-        times: list[int] = []
-        s = 0
-        while s < PIPELINED_WARMUP + PIPELINED_STEPS or (sum(times) < PIPELINED_NS
-                                                         and len(times) < 10 * PIPELINED_STEPS):
-            s += 1
-            clock.synchronize()
+        stamps = []
+        timed_from = time.perf_counter_ns()
+        while len(stamps) < PIPELINED_WARMUP + PIPELINED_STEPS or (
+                time.perf_counter_ns() - timed_from < PIPELINED_NS and len(stamps) < 10 * PIPELINED_STEPS):
+            if len(stamps) == PIPELINED_WARMUP:
+                timed_from = time.perf_counter_ns()
             start = clock.stamp()
             if training:
                 train_step(spec, executor, streamed, None, inputs, lora, clock.device)
             else:
                 with torch.no_grad(), executor.step():
                     forward(spec, executor, inputs)
-            end = clock.stamp()
-            clock.synchronize()
-            if s > PIPELINED_WARMUP:
-                times.append(clock.ns(start, end))
-        return round(statistics.median(times))
+            stamps.append((start, clock.stamp()))
+        clock.synchronize()
+        return round(statistics.median(clock.ns(a, b) for a, b in stamps[PIPELINED_WARMUP:]))
 
 
 def _events_ns(fn: Callable[[], None], stream: torch.cuda.Stream) -> int:
