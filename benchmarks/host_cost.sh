@@ -32,10 +32,10 @@ run() {  # run NAME ARGS...: one engine run, its report kept, its time printed
 run materialize-ltx $LTX mode=materialize out="$LTX_FILE"
 run record-ltx-train $LTX workload=train_lora weights.file="$LTX_FILE" budget=2500 weights=priority mode=record
 gzip -9 -c "$RUNS/record-ltx-train/trace.jsonl" >"$OUT/traces/ltx2_train_lora_6144.jsonl.gz"
-for cfg in "none belady" "500 belady" "2000 priority"; do
+for cfg in "none belady cuda" "500 belady cuda" "500 belady vmm" "2000 priority cuda"; do
   set -- $cfg
-  run "train-$1-$2" $LTX workload=train_lora weights.file="$LTX_FILE" budget=$([ "$1" = none ] && echo null || echo "$1") \
-    weights=$2 mode=execute workload.steps=8
+  run "train-$1-$2-$3" $LTX workload=train_lora weights.file="$LTX_FILE" \
+    budget=$([ "$1" = none ] && echo null || echo "$1") weights=$2 weights.backend=$3 mode=execute workload.steps=12
 done
 rm -f "$LTX_FILE"
 run materialize-llama $LLAMA mode=materialize out="$LLAMA_FILE"
