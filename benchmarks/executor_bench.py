@@ -58,11 +58,11 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def ltx_spec(model: str, blocks: int | None):
+def ltx_spec(model: str, blocks: int | None, workload: SimpleNamespace = WORKLOAD):
     cfg = load_model_config(model)
     if blocks is not None and blocks != cfg.num_layers:
         cfg = dataclasses.replace(cfg, num_layers=blocks)
-    return build_spec(cfg, WORKLOAD)
+    return build_spec(cfg, workload)
 
 
 def resident_outputs(spec, wf: WeightFile, inputs: dict) -> dict:

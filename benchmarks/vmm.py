@@ -3,13 +3,16 @@
     python benchmarks/vmm.py probe                         # granule, map cost, chunk creation
     python benchmarks/vmm.py soak --steps 200 --blocks 8   # LTX-2 8 blocks, belady/lru/priority at 40%/60%
     python benchmarks/vmm.py full --budgets 16000          # all 48 blocks (a 37.75 GB file)
+    python benchmarks/vmm.py train --blocks 8 --budgets 500 --evictions belady --steps 12   # LoRA steps
 
 soak: for every eviction and budget fraction, each backend in turn gets a new
 executor and runs --steps forwards of the spec LTX-2 through it (weight file
 in --dir, registered); outputs are compared bitwise with the all-resident
 forward at steps 1, 50, 100, 200 and the last. A pool refusal that relocation
 cannot answer ends the run and is printed. full: the same without the
-bitwise check (the model does not fit twice), --steps steps each.
+bitwise check (the model does not fit twice), --steps steps each. train: LoRA
+rank 32 steps at 6144 video tokens through the executor as mode=execute runs
+them (relocation only between steps), no bitwise check.
 
 Each row: median step (CUDA events, the steps after the first), relocations
 (the pool's answer to fragmentation: a stall each), the peak of live block
@@ -30,6 +33,7 @@ import sys
 import time
 from contextlib import ExitStack
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -40,12 +44,15 @@ from executor_bench import WORKLOAD, ltx_spec, resident_outputs  # noqa: E402
 
 from engine.errors import ExecutorError  # noqa: E402
 from engine.executor.setup import bitwise_equal, forward_order, streamed_executor  # noqa: E402
+from engine.executor.training import StreamedWeights, train_order, train_step  # noqa: E402
+from engine.models.lora import init_lora  # noqa: E402
 from engine.measure.probes import probe_vmm  # noqa: E402
 from engine.models import forward, make_inputs  # noqa: E402
 from engine.units import MB  # noqa: E402
 from engine.weightfile import WeightFile, materialize  # noqa: E402
 
 CHECKPOINTS = (1, 50, 100, 200)
+TRAIN_WORKLOAD = SimpleNamespace(**{**vars(WORKLOAD), "name": "train_lora", "kind": "train_lora", "lora_rank": 32})
 BACKENDS = ("cuda", "vmm")
 
 
@@ -58,14 +65,15 @@ def probe() -> dict:
 
 
 def run(spec, order, wf, inputs, reference, backend: str, budget: int, eviction: str, steps: int,
-        map_ns: tuple[int, int], profile: bool = False) -> dict:
+        map_ns: tuple[int, int], profile: bool = False, lora: dict | None = None) -> dict:
     row = {"backend": backend, "budget_mb": round(budget / MB), "eviction": eviction, "bitwise": None,
            "stopped": None}
     marks = {c for c in CHECKPOINTS if c <= steps} | {steps}
     relocations, maps = 0, []
     with ExitStack() as stack:
         ex = streamed_executor(stack, wf, order, backend=backend, source="mmap_registered", budget_bytes=budget,
-                               eviction=eviction, lookahead=2)
+                               eviction=eviction, lookahead=2, relocate=lora is None)
+        streamed = StreamedWeights(ex, len(spec.kernels)) if lora is not None else None
         counts = getattr(ex.backend, "map_counts", None)
         before = counts() if counts else None
         ran = 0
@@ -75,13 +83,17 @@ def run(spec, order, wf, inputs, reference, backend: str, budget: int, eviction:
                 if profiler is not None and step == 3:
                     profiler.enable()
                 try:
-                    with ex.step():
-                        out = forward(spec, ex, inputs)
+                    if lora is not None:
+                        with torch.enable_grad():
+                            out = train_step(spec, ex, streamed, None, inputs, lora, torch.device("cuda"))
+                    else:
+                        with ex.step():
+                            out = forward(spec, ex, inputs)
                 except ExecutorError as err:
                     row["stopped"] = f"step {step}: {err}"
                     log(f"{backend} {eviction} {budget / MB:.0f} MB stopped in {row['stopped']}")
                     break
-                if step in marks and reference is not None:
+                if lora is None and step in marks and reference is not None:
                     same = all(bitwise_equal(out[k], reference[k]) for k in reference)
                     row["bitwise"] = same if row["bitwise"] is None else row["bitwise"] and same
                 del out
@@ -116,7 +128,7 @@ def run(spec, order, wf, inputs, reference, backend: str, budget: int, eviction:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=("probe", "soak", "full"))
+    ap.add_argument("what", choices=("probe", "soak", "full", "train"))
     ap.add_argument("--steps", type=int, default=None, help="default: 200 (soak), 10 (full)")
     ap.add_argument("--blocks", type=int, default=None)
     ap.add_argument("--evictions", default="belady,lru,priority")
@@ -132,13 +144,16 @@ def main() -> None:
     log(f"probe: {probed}")
     if args.what == "probe":
         return
-    spec = ltx_spec("ltx", args.blocks if args.what == "soak" else None)
-    order = forward_order(spec)
+    training = args.what == "train"
+    workload = TRAIN_WORKLOAD if training else WORKLOAD
+    spec = ltx_spec("ltx", args.blocks if args.what in ("soak", "train") else None, workload)
+    order = train_order(forward_order(spec)) if training else forward_order(spec)
     path = args.dir / f"{spec.name}-{spec.num_layers}blocks-seed0.ptd"
     if not path.exists():
         log(f"materializing {spec.model_bytes / 1e9:.2f} GB into {path}")
         materialize(spec, path, seed=0, device="cuda")
-    inputs = make_inputs(spec, WORKLOAD, device="cuda", seed=1)
+    inputs = make_inputs(spec, workload, device="cuda", seed=1)
+    lora = init_lora(spec, workload.lora_rank, device="cuda", seed=2) if training else None
     wf = WeightFile(path, spec)
     reference = None
     if args.what == "soak":
@@ -147,14 +162,14 @@ def main() -> None:
         steps = args.steps or 200
     else:
         budgets = [int(float(b) * MB) for b in args.budgets.split(",")]
-        steps = args.steps or 10
+        steps = args.steps or (12 if training else 10)
     rows = []
     try:
         for eviction in args.evictions.split(","):
             for budget in budgets:
                 for backend in BACKENDS:
                     rows.append(run(spec, order, wf, inputs, reference, backend, budget, eviction, steps,
-                                    (probed["map_ns"], probed["unmap_ns"]), args.profile))
+                                    (probed["map_ns"], probed["unmap_ns"]), args.profile, lora))
     finally:
         wf.close()
         if not args.keep_file:
