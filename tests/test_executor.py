@@ -295,3 +295,18 @@ def test_a_timed_step_marks_every_kernel_and_copy(tiny):
     with pytest.raises(ExecutorError, match="was not timed"):
         ex.step_timeline(0)
     ex.close()
+
+
+def test_a_step_matches_when_it_equals_any_outcome_of_a_non_deterministic_resident_forward(monkeypatch) -> None:
+    """The all-resident forward is run again only while a step's outputs match no outcome seen:
+    a model whose own kernels have two outcomes is not called different, a wrong output is."""
+    import engine.modes.execute as execute
+
+    a, b = {"y": torch.tensor([1.0, 2.0])}, {"y": torch.tensor([1.0, 2.5])}
+    runs = iter([a, a, b, a, a, a, a, a])
+    monkeypatch.setattr(execute, "forward", lambda *args: next(runs))
+    spec = SimpleNamespace(weights={})
+    assert execute.resident_outcomes(spec, {}, {}, torch.device("cpu"), a, [a, a], 4) == (True, 1)  # no rerun
+    assert execute.resident_outcomes(spec, {}, {}, torch.device("cpu"), a, [a, b, a], 4) == (True, 2)
+    wrong = {"y": torch.tensor([9.0, 2.0])}
+    assert execute.resident_outcomes(spec, {}, {}, torch.device("cpu"), a, [wrong], 4) == (False, 1)

@@ -76,6 +76,9 @@ _TRAIN_ROWS = (
 # The prediction's name for a measured quantity where they differ: the measured step is
 # the median of the warm steps, so it meets the warm steps' mean (belady's steps differ);
 # what spills is what the simulator copies device to host.
+# All-resident forwards run again at most, to find the outcome a streamed step's outputs
+# match when the first differs (resident_outcomes).
+REFERENCE_RETRIES = 32
 _PREDICTED_AS = {"step_ms": "mean_step_ms", "spill_bytes": "d2h_bytes"}
 
 
@@ -128,6 +131,11 @@ def comparison_md(rows: list[dict], meas: dict) -> str:
             verdict = {True: "bitwise equal to", False: "DIFFER from", None: "not compared with (no room for)"}
             if meas.get("reference_spread") and meas[key] is not None:
                 verdict = {True: "within the run-to-run spread of", False: "DIFFER beyond the run-to-run spread of"}
+            if meas.get("reference_outcomes", 1) > 1 and meas[key] is not None:
+                md.append(f"- {what} " + ("bitwise equal, step by step, to one of" if meas[key] else "DIFFER from each of")
+                          + f" the all-resident forward's {meas['reference_outcomes']} different outputs (its own "
+                          "kernels are not deterministic)")
+                continue
             md.append(f"- {what} {verdict[meas[key]]} the all-resident run")
     if meas.get("reference_spread"):
         md.append(f"- the all-resident run itself differs between two runs by up to {meas['reference_spread']:.3g} "
@@ -265,6 +273,32 @@ def _reference(spec: ModelSpec, host: dict, inputs: dict, device: torch.device) 
     return out
 
 
+def resident_outcomes(spec: ModelSpec, host: dict, inputs: dict, device: torch.device, reference: dict,
+                      outputs: list[dict], tries: int) -> tuple[bool, int]:
+    """Whether every one of `outputs` is bitwise some all-resident forward's outputs, and how
+    many different ones the all-resident forward gave. A forward whose own kernels are not
+    deterministic (spec Llama decode's logits: two outcomes) is run again, up to `tries`
+    times, only while some output matches none seen yet."""
+    outcomes = [reference]
+
+    def seen(out: dict) -> bool:
+        return any(all(bitwise_equal(out[k], ref[k]) for k in ref) for ref in outcomes)
+
+    pending = [o for o in outputs if not seen(o)]
+    if pending:
+        weights = {n: t.to(device, copy=True) for n, t in host.items()}
+        with torch.no_grad():
+            for _ in range(tries):
+                out = forward(spec, DictSource(spec, weights), inputs)
+                if not seen(out):
+                    outcomes.append(out)
+                    pending = [o for o in pending if not seen(o)]
+                if not pending:
+                    break
+        del weights
+    return not pending, len(outcomes)
+
+
 def run_execute(cfg: Any, spec: ModelSpec, trace: Any, out_dir: str | Path) -> dict:
     """Run cfg.workload.steps forwards through the executor; write telemetry.jsonl; return the measurement."""
     w = cfg.weights
@@ -276,23 +310,24 @@ def run_execute(cfg: Any, spec: ModelSpec, trace: Any, out_dir: str | Path) -> d
         wf = open_weight_file(cfg, spec, stack)
         inputs = make_inputs(spec, cfg.workload, device, seed=cfg.seed)
         reference = _reference(spec, wf.tensors(), inputs, device)
-        executor = streamed_executor(stack, wf, order, backend=w.backend, source=w.source, budget_bytes=budget,
-                                     eviction=w.eviction, lookahead=w.lookahead, keep_steps=None)
-        outputs = []
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        with torch.no_grad():
-            for i in range(cfg.workload.steps):
-                wf.check_intact()
-                with executor.step(timed=i == cfg.workload.steps - 1):  # the steady state, on the timeline
-                    outputs.append(forward(spec, executor, inputs))
-        telemetry = executor.telemetry()  # waits for the last step
-        torch_peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-        timeline = executor.step_timeline()
-        match = None if reference is None else all(
-            bitwise_equal(out[k], reference[k]) for out in outputs for k in reference)
-        pool_cap = executor.backend.cap_bytes
-        reserved_peak = executor.backend.reserved_peak_bytes()
+        with ExitStack() as run:  # the executor and its pool, given back before any rerun of the reference
+            executor = streamed_executor(run, wf, order, backend=w.backend, source=w.source, budget_bytes=budget,
+                                         eviction=w.eviction, lookahead=w.lookahead, keep_steps=None)
+            outputs = []
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            with torch.no_grad():
+                for i in range(cfg.workload.steps):
+                    wf.check_intact()
+                    with executor.step(timed=i == cfg.workload.steps - 1):  # the steady state, on the timeline
+                        outputs.append(forward(spec, executor, inputs))
+            telemetry = executor.telemetry()  # waits for the last step
+            torch_peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+            timeline = executor.step_timeline()
+            pool_cap = executor.backend.cap_bytes
+            reserved_peak = executor.backend.reserved_peak_bytes()
+        match, outcomes = (None, 0) if reference is None else resident_outcomes(
+            spec, wf.tensors(), inputs, device, reference, outputs, REFERENCE_RETRIES)
     _write_telemetry(out_dir, telemetry)
     last = telemetry[-1]
     return {
@@ -312,6 +347,7 @@ def run_execute(cfg: Any, spec: ModelSpec, trace: Any, out_dir: str | Path) -> d
         max(row["peak_device_bytes"] for row in telemetry) + torch_peak,
         "peak_resident_bytes": max(row["peak_resident_bytes"] for row in telemetry),
         "outputs_match_reference": match,
+        "reference_outcomes": outcomes,
         "weights_file": w.file,  # None: a temporary file, gone now
         "timeline": timeline,
     }
