@@ -169,11 +169,13 @@ class VmmBackend(CudaStreams):
 
     def free_after(self, block: Block, mark: torch.cuda.Event | None) -> None:
         self._live.remove(block.address)  # a second free raises here
+        start = time.perf_counter_ns()
         if mark is not None:
             self.copy.wait_event(mark)  # every later write to the chunks is on the copy stream
-        start = time.perf_counter_ns()
-        freed = torch.cuda.Event()
-        freed.record(self.copy)
+            freed = mark  # its copy landed before its reader ran: the reader's end frees the chunks
+        else:  # never read: its copy's landing, on the copy stream
+            freed = torch.cuda.Event()
+            freed.record(self.copy)
         self.chunks.free(block.address, _TimedEvent(freed, self))
         self.host_ns += time.perf_counter_ns() - start
 
