@@ -18,8 +18,9 @@ and a new block takes the free range whose chunks need the fewest calls to
 become its own: it keeps the longest run of chunks its own layout starts
 with and unmaps the rest. A block of a freed size costs no call at all, and a
 transformer streams the same few sizes block after block. A chunk is unmapped
-only once the copy stream has passed its range's free (`freed`): a range still
-read may be reused only as it is or grown. A chunk taken from a free range
+only once its range's free has passed (`freed`: the block's last reader ran, or,
+never read, its copy landed): a range still read may be reused only as it is or
+grown. A chunk taken from a free range
 still read stays mapped there too (stale: nothing reads it there any more)
 and is unmapped from it once the free has passed. A chunk with a stale
 mapping is never released (its memory would outlive the release), so a size
@@ -84,7 +85,7 @@ class _Range:
     address: int
     extent: int  # address space reserved for it
     chunks: list = field(default_factory=list)  # (chunk, granules), mapped in order from `address`
-    freed: Event | None = None  # the copy stream passed the free
+    freed: Event | None = None  # passes once the freed block's last reader ran (never read: its copy landed)
     stale: list = field(default_factory=list)  # (chunk, granules, offset, freed) taken while still read
 
     def ready(self) -> bool:
