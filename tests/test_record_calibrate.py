@@ -251,20 +251,18 @@ def test_training_report_from_shipped_measurements_on_cpu() -> None:
     assert rep["held_out"]["step_ms"]["mean"] < 0.05 and rep["held_out"]["step_ms"]["max"] < 0.08
 
 
-def test_record_on_the_cpu_backend_probes_a_cold_then_a_warm_streamed_forward(run_cli, tmp_path) -> None:
-    """The recorder runs end to end on the CPU backend; its streamed probe times every kernel's
-    fetch in a cold forward and in the warm one after it, whose copies are the policy's
-    steady state (fewer than the cold one's, which copies every weight in)."""
+def test_record_on_the_cpu_backend_probes_the_streamed_and_the_pipelined_step(run_cli, tmp_path) -> None:
+    """The recorder runs end to end on the CPU backend: a cold streamed forward copies every
+    weight in, timed fetch by fetch, and a pipelined step is timed; the cpu clock times the
+    host itself, so the host times are not scaled."""
     r = run_cli("+model=tiny", "mode=record", "weights.backend=cpu", "budget=2")
     assert r.returncode == 0, r.stderr
     trace = read_trace(tmp_path / "run" / "trace.jsonl")
     host = trace.header["probes"]["host"]
     n = sum(1 for rec in trace.records if rec.phase == "fwd")
-    assert len(host["fetch"]) == len(host["warm_fetch"]) == len(host["kernel_ns"]) == n
-    cold, warm = (sum(c for c, _ in host[k]) for k in ("fetch", "warm_fetch"))
-    assert cold >= len(trace.weight_sizes) and 0 < warm < cold
-    assert any(c == 0 for c, _ in host["warm_fetch"]) and all(ns > 0 for _, ns in host["warm_fetch"])
-    assert trace.header["pipelined_step_ns"] > 0 and trace.header["host_scale"] == 1.0  # the cpu clock times the host
+    assert len(host["fetch"]) == len(host["kernel_ns"]) == n
+    assert sum(c for c, _ in host["fetch"]) >= len(trace.weight_sizes)
+    assert trace.header["pipelined_step_ns"] > 0 and trace.header["host_scale"] == 1.0
 
 
 def test_host_times_scale_to_the_pipelined_step_only_where_the_host_bounds_it() -> None:

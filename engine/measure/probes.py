@@ -15,7 +15,7 @@ from engine.executor.vmm import CudaVmm
 from engine.policy.chunks import CLASSES
 from engine.models import forward
 from engine.measure.clocks import Clock
-from engine.measure.timing import HOLD_FACTOR, KernelStamps
+from engine.measure.timing import KernelStamps
 from engine.models.spec import ModelSpec
 from engine.units import MIB
 
@@ -31,9 +31,7 @@ PROBES_DOC = """header["probes"] (recorded traces; all times in ns):
     compute_under_copy  {alone_ns, with_copy_ns} the recorded step alone and beside a stream of H2D copies
     host        {kernel_ns: [host ns per forward record, resident], backward_kernel_ns: [host ns of each
                  forward record's backward] (training), resident_fetch_ns: median host ns of one
-                 resident fetch, fetch: [[copies issued, host ns] per fetch of a streamed forward],
-                 warm_fetch: the same of the next forward, the compute stream held: what the
-                 executor's fetch costs the host, hit (no copies) or not}
+                 resident fetch, fetch: [[copies issued, host ns] per fetch of a streamed forward]}
     weight_source, weight_gbps                   where the streamed forward's weights came from, and
                                                  its copies' bytes over their copy-engine time
     vmm         {granule, map_ns, unmap_ns, create_ns, release_ns, by_class}  the vmm backend's
@@ -57,22 +55,17 @@ class TimedCopies:
         self.stream = getattr(backend, "copy", None)
         self.copies: list[tuple[int, int, Any, Any]] = []  # (kernel, nbytes, start, end)
         self.alloc_ns: list[int] = []
-        self.on = True  # off: everything passes through untimed
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.backend, name)
 
     def alloc(self, nbytes: int) -> Any:
-        if not self.on:
-            return self.backend.alloc(nbytes)
         t0 = time.perf_counter_ns()
         block = self.backend.alloc(nbytes)
         self.alloc_ns.append(time.perf_counter_ns() - t0)
         return block
 
     def copy_in(self, block: Any, src: torch.Tensor) -> Any:
-        if not self.on:
-            return self.backend.copy_in(block, src)
         start = self.clock.stamp(self.stream)
         ready = self.backend.copy_in(block, src)
         self.copies.append((self.position() + 1, block.nbytes, start, self.clock.stamp(self.stream)))
@@ -86,11 +79,9 @@ class TimedCopies:
 
 
 def streamed_forward(spec: ModelSpec, wf: Any, inputs: Mapping[str, torch.Tensor], cfg: Any, clock: Clock,
-                     budget_bytes: int | None) -> tuple[dict[int, list[dict]], list[list[int]], list[int], list[list[int]]]:
-    """One cold forward through the executor (every weight copied at least once), then
-    a warm one with the compute stream held, so its host times are the host's own: the
-    cold forward's copies by kernel, [copies issued, host ns] per fetch of each forward,
-    and the cold forward's allocation times."""
+                     budget_bytes: int | None) -> tuple[dict[int, list[dict]], list[list[int]], list[int]]:
+    """One cold forward through the executor (every weight copied at least once):
+    the copies by kernel, [copies issued, host ns] per fetch, and allocation times."""
     order = forward_order(spec)
     w = cfg.weights
     with ExitStack() as stack:
@@ -104,25 +95,18 @@ def streamed_forward(spec: ModelSpec, wf: Any, inputs: Mapping[str, torch.Tensor
         executor = streamed_executor(stack, wf, order, backend=w.backend, source=w.source,
                                      budget_bytes=budget_bytes, eviction=w.eviction, lookahead=w.lookahead,
                                      keep_steps=None, wrap=wrap)
-        fetch, alloc_ns, copies = [], [], {}
-        for step in range(2):
-            stamps = KernelStamps(executor, clock)
-            stamps_box[:] = [stamps]
-            host0 = time.perf_counter_ns()
-            with torch.no_grad(), executor.step():
-                forward(spec, stamps, inputs)
-            stamps.close()
-            clock.synchronize()
-            if step == 0:
-                copies, alloc_ns = timed[0].by_kernel(), timed[0].alloc_ns
-                timed[0].on = False
-                clock.hold(round(HOLD_FACTOR * (time.perf_counter_ns() - host0)))
-            issued = [0] * len(spec.kernels)
-            for d in executor.log:
-                if d.step == step and d.action in ("fetch", "prefetch"):
-                    issued[d.position] += 1
-            fetch.append([[issued[i], ns] for i, ns in enumerate(stamps.host_fetch)])
-        return copies, fetch[0], alloc_ns, fetch[1]
+        stamps = KernelStamps(executor, clock)
+        stamps_box.append(stamps)
+        with torch.no_grad(), executor.step():
+            forward(spec, stamps, inputs)
+        stamps.close()
+        clock.synchronize()
+        issued = [0] * len(spec.kernels)
+        for d in executor.log:
+            if d.action in ("fetch", "prefetch"):
+                issued[d.position] += 1
+        fetch = [[issued[i], ns] for i, ns in enumerate(stamps.host_fetch)]
+        return timed[0].by_kernel(), fetch, timed[0].alloc_ns
 
 
 def pipelined_step_ns(spec: ModelSpec, wf: Any, inputs: Mapping[str, torch.Tensor], cfg: Any, clock: Clock,

@@ -90,9 +90,8 @@ def record(cfg: Any, spec: ModelSpec, out_dir: str | Path) -> tuple[Path, Trace]
         # The cpu backend's clock times the host itself: its kernel times already hold it.
         scale = host_scale(spec, timing, pipelined) if device.type == "cuda" else 1.0
         budget = budget_bytes(cfg.budget)
-        copies, fetch, alloc_ns, warm_fetch = streamed_forward(spec, wf, inputs, cfg, clock, budget)
+        copies, fetch, alloc_ns = streamed_forward(spec, wf, inputs, cfg, clock, budget)
         probes["host"]["fetch"] = fetch
-        probes["host"]["warm_fetch"] = warm_fetch
         probes["alloc_ns"] = alloc_ns
         probes["weight_source"] = cfg.weights.source
         copied = [c for cs in copies.values() for c in cs]
