@@ -2,8 +2,8 @@
 # The host's share of a step, recorded and measured: LTX-2 (8 blocks) LoRA training at the
 # default 6144 video tokens, where the lent H100's host bounds the step, and Llama-3.1-8B
 # (8 layers) decode, where the host bounds it all resident. Records each (mode=record: the
-# host per kernel of the forward and the backward, and the pipelined step through the executor), then runs
-# mode=execute at a few budgets beside it. Writes OUT/{traces,runs}/.
+# host per kernel of the forward and the backward, and the pipelined step through the
+# executor), then runs mode=execute at a few budgets beside it. Writes OUT/{traces,runs}/.
 #
 #     bash benchmarks/host_cost.sh OUT          # on a CUDA GPU; weight files go to /dev/shm
 #
