@@ -38,7 +38,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from engine.compute import BACKWARD, BLOCKED, KernelTable, features, host_key, table_from_measurements, tables_dir, work
+from engine.compute import (BACKWARD, BLOCKED, KernelTable, features, host_key, table_from_measurements,
+                            tables_dir, work)
 from engine.config import HardwareConfig
 from engine.errors import ConfigError, TraceError
 from engine.trace import Trace, read_trace

@@ -132,9 +132,9 @@ def comparison_md(rows: list[dict], meas: dict) -> str:
             if meas.get("reference_spread") and meas[key] is not None:
                 verdict = {True: "within the run-to-run spread of", False: "DIFFER beyond the run-to-run spread of"}
             if meas.get("reference_outcomes", 1) > 1 and meas[key] is not None:
-                md.append(f"- {what} " + ("bitwise equal, step by step, to one of" if meas[key] else "DIFFER from each of")
-                          + f" the all-resident forward's {meas['reference_outcomes']} different outputs (its own "
-                          "kernels are not deterministic)")
+                verdict = {True: "bitwise equal, step by step, to one of", False: "DIFFER from each of"}
+                md.append(f"- {what} {verdict[meas[key]]} the all-resident forward's {meas['reference_outcomes']} "
+                          "different outputs (its own kernels are not deterministic)")
                 continue
             md.append(f"- {what} {verdict[meas[key]]} the all-resident run")
     if meas.get("reference_spread"):
