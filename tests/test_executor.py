@@ -310,3 +310,6 @@ def test_a_step_matches_when_it_equals_any_outcome_of_a_non_deterministic_reside
     assert execute.resident_outcomes(spec, {}, {}, torch.device("cpu"), a, [a, b, a], 4) == (True, 2)
     wrong = {"y": torch.tensor([9.0, 2.0])}
     assert execute.resident_outcomes(spec, {}, {}, torch.device("cpu"), a, [wrong], 4) == (False, 1)
+    md = execute.comparison_md([], {"outputs_match_reference": True, "reference_outcomes": 2, "backend": "cuda",
+                                    "steps": 3})
+    assert "outputs bitwise equal, step by step, to one of the all-resident forward's 2 different outputs" in md
