@@ -25,7 +25,8 @@ each trace; with several traces, the median over them):
                             weightless memory-bound ones (the roofline, for kernels without a shape)
     kernel_table            kernel times by op and shape (engine/compute.py): every recorded
                             spec kernel with its op and shape, and the header's probe grid of
-                            bare ops; written beside the profile as NAME.kernels.json
+                            bare ops; host time per kernel by op and phase, times each
+                            trace's host_scale; written beside the profile as NAME.kernels.json
 
 Fields nothing measures (pageable and unregistered-mmap rates, device memory,
 launch queue depth) are the base profile's, and the `source` line says so.
