@@ -228,7 +228,7 @@ def test_a_range_still_read_is_never_unmapped_until_its_free_passed():
     assert not driver.mapped and not driver.chunks and not driver.ranges
 
 
-def test_a_missing_size_comes_from_the_slack_while_every_chunk_is_still_read_and_goes_back_after():
+def test_a_missing_size_is_made_in_the_slack_before_anything_is_converted_and_the_slack_is_the_bound():
     driver = FakeDriver()
     g = driver.granule
     cm = ChunkBooks(driver, 16 * g, 32 * g, slack_bytes=conversion_slack(2 * g, g))
@@ -236,14 +236,18 @@ def test_a_missing_size_comes_from_the_slack_while_every_chunk_is_still_read_and
     a = cm.place(16 * g)
     reading = Done()
     cm.free(a, reading)
-    b = cm.place(2 * g)  # a's 16 is still read: a 2 is made in the slack, no wait
+    b = cm.place(2 * g)  # a 2 is made in the slack: a's 16 is neither converted nor taken, no wait
     assert cm.waits == 0 and not reading.done and cm.held == 18 and driver.held() == 18 * g
-    c = cm.place(4 * g)  # past the slack: the host waits for a's free, then makes a 4 from clean chunks
-    assert cm.waits == 1 and reading.done and cm.held <= 16 + 4
     cm.free(b, Done(True))
-    cm.free(c, Done(True))
-    cm.place(g)  # the sweep gives the slack back: the chunks held are within the cap again
-    assert cm.held <= 16
+    reading.done = True
+    a2 = cm.place(16 * g)  # a's range as it is: no driver call
+    b2 = cm.place(2 * g)  # b's range as it is: the slack's chunk stayed to serve it
+    assert (cm.reused, cm.creates, cm.releases, cm.held) == (2, 2, 0, 18)
+    cm.free(a2, Done(True))
+    cm.free(b2, Done(True))
+    cm.place(4 * g)  # past the slack (18 + 4 > 20): a free range's 16 comes loose and is made a 4
+    assert (cm.creates, cm.releases, cm.held, driver.held()) == (3, 1, 6, 6 * g)
+    assert cm.peak_held == 18  # never past the cap and its slack
     cm.close()
     assert not driver.mapped and not driver.chunks and not driver.ranges
 

@@ -23,10 +23,16 @@ never read, its copy landed): a range still read may be reused only as it is or
 grown. A chunk taken from a free range
 still read stays mapped there too (stale: nothing reads it there any more)
 and is unmapped from it once the free has passed. A chunk with a stale
-mapping is never released (its memory would outlive the release), so a size
-missing while every chunk left is still read is created in a slack beyond the
-cap (`conversion_slack`: two of the largest block), given back once those
-frees have passed; only past the slack does the host wait for a free.
+mapping is never released (its memory would outlive the release).
+
+A chunk size the books lack is created in a slack beyond the cap
+(`conversion_slack`: two of the largest block) before anything else: converting
+chunks of other sizes costs a release and a create each, and taking a free
+range's chunks unmaps what a later block of that range's layout would have
+reused as it is. The slack's chunks stay (the chunks held exceed the cap by at
+most the slack; live blocks never do). Only past the slack are clean loose
+chunks converted, free ranges' chunks taken, and, when every chunk left is
+still read, the host waits for a free.
 
 Stream order is the caller's: a chunk may be written by its next block as
 soon as it is freed, because the backend orders every write after the free's
@@ -47,8 +53,8 @@ SLACK_LARGEST = 2  # the conversion slack, in units of the largest block
 
 
 def conversion_slack(largest_block_bytes: int, granule: int) -> int:
-    """Bytes of chunks the books may hold beyond the cap while the chunks a size
-    would be made from are still read (module docstring), in whole granules."""
+    """Bytes of chunks the books may hold beyond the cap, where a chunk size they lack
+    is created (module docstring), in whole granules."""
     return SLACK_LARGEST * (-(-largest_block_bytes // granule) * granule)
 
 
@@ -96,9 +102,9 @@ class _Range:
 class ChunkBooks:
     """Chunks, the ranges that map them, and counts of the driver calls made.
 
-    `cap_bytes` caps the chunks held at once, but for `slack_bytes` more while
-    the chunks beyond it are still read; `reserve_bytes` is the address space
-    reserved at a time (more when a range needs it)."""
+    `cap_bytes` caps the live blocks' chunks; the chunks held may exceed it by
+    `slack_bytes`; `reserve_bytes` is the address space reserved at a time (more
+    when a range needs it)."""
 
     driver: Driver
     cap_bytes: int
@@ -255,24 +261,22 @@ class ChunkBooks:
         return r
 
     def _take(self, c: int) -> Any:
-        """A chunk of `c` granules: a loose one, a new one under the cap, one made
-        from clean loose chunks of other sizes, or a free range's last chunk."""
+        """A chunk of `c` granules: a loose one, a new one within the cap and its
+        slack, one made from clean loose chunks of other sizes, or a free range's
+        last chunk."""
+        limit = (self.cap_bytes + self.slack_bytes) // self.granule
         while True:
             if self._loose[c]:
                 return self._loose[c].pop()
-            cap = self.cap_bytes // self.granule
-            if self.held + c <= cap:
+            if self.held + c <= limit:
                 self._create(c)
                 continue
             clean = sum(k for k, v in self._loose.items() for chunk in v if chunk not in self._dirty)
-            if self.held - clean + c <= cap:
-                self._release_loose(c)
+            if self.held - clean + c <= limit:
+                self._release_loose(c, limit)
                 continue
             r = self._victim(c)
             if r is None:
-                if (self.held + c) * self.granule <= self.cap_bytes + self.slack_bytes:
-                    self._create(c)  # every chunk left is still read: in the slack, until they are not
-                    continue
                 if self._staled:  # every chunk left has a stale mapping: wait for the oldest free
                     self._unstale(self._staled.popleft(), wait=True)
                     continue
@@ -309,12 +313,9 @@ class ChunkBooks:
         return passed or oldest
 
     def _sweep(self) -> None:
-        """Unmap the stale mappings whose frees have passed, oldest first; chunks held
-        in the slack beyond the cap go back once clean."""
+        """Unmap the stale mappings whose frees have passed, oldest first."""
         while self._staled and self._unstale(self._staled[0], wait=False):
             self._staled.popleft()
-        if self.held * self.granule > self.cap_bytes:
-            self._release_loose(0)
 
     def _unstale(self, r: _Range, wait: bool) -> bool:
         """Unmap `r`'s stale mappings whose frees have passed (`wait`: all, waiting
@@ -335,13 +336,13 @@ class ChunkBooks:
         r.stale = left
         return not left
 
-    def _release_loose(self, c: int) -> None:
-        """Release clean loose chunks of other sizes, smallest first, until `c` granules more fit the cap."""
+    def _release_loose(self, c: int, limit: int) -> None:
+        """Release clean loose chunks of other sizes, smallest first, until `c` granules more fit `limit`."""
         for k in reversed(CLASSES):
             if k == c:
                 continue
             keep = []
-            while self._loose[k] and self.held + c > self.cap_bytes // self.granule:
+            while self._loose[k] and self.held + c > limit:
                 chunk = self._loose[k].pop()
                 if chunk in self._dirty:
                     keep.append(chunk)
