@@ -2,7 +2,7 @@
 
 Device memory is a set of physical chunks of 1 to 16 granules of the device's
 allocation granularity (cuMemCreate; 2 MiB on an H100), at most the budget's
-worth, mapped into a virtual range per block (cuMemMap, cuMemSetAccess). Which chunks
+worth and the books' slack (chunks.conversion_slack), mapped into a virtual range per block (cuMemMap, cuMemSetAccess). Which chunks
 and ranges a block gets, and when a range is mapped or unmapped, is
 engine/policy/chunks.py's ChunkBooks; this module makes the driver calls and
 keeps the stream order. Internal waste is under one granule a block;
@@ -10,9 +10,10 @@ placement.py has the policy plan with the rounded sizes, so the chunks in use
 never exceed the budget, and a block the budget allows is never refused.
 
 Stream order, as in the pool backend: `free_after` makes the copy stream wait
-for the block's last reader and records `freed` there; the block's chunks may
-then serve the next block at once, whose copy runs on the copy stream after
-that wait. A range is unmapped only once `freed` has completed.
+for the block's last reader; the block's chunks may then serve the next block
+at once, whose copy runs on the copy stream after that wait. `freed` is the
+reader's mark (a block never read: an event after its copy on the copy stream),
+and a range is unmapped only once it has completed.
 """
 from __future__ import annotations
 
