@@ -17,31 +17,32 @@ queues the step (what the recorder's step_ns is). Table last.
 from __future__ import annotations
 
 import argparse
-from contextlib import contextmanager
-from typing import Iterator
 import cProfile
-import dataclasses
 import os
 import pstats
 import statistics
 import sys
-import time
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Iterator
 
 import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from engine.executor.runtime import WeightExecutor  # noqa: E402
 from engine.measure.clocks import CudaClock  # noqa: E402
 from engine.executor.setup import forward_order  # noqa: E402
 from engine.executor.training import StreamedWeights, lora_step, train_order  # noqa: E402
-from engine.models import build_spec, load_model_config, make_inputs  # noqa: E402
+from engine.models import make_inputs  # noqa: E402
 from engine.models.lora import init_lora  # noqa: E402
 from engine.models.run import DictSource  # noqa: E402
 from engine.models.seeded import random_weights  # noqa: E402
+from executor_bench import ltx_spec  # noqa: E402
+from module_host_cost import measure as free_running  # noqa: E402
 
 
 
@@ -63,29 +64,18 @@ def deterministic(on: bool) -> Iterator[None]:
 
 def measure(fn, steps: int) -> tuple[float, float, float]:
     """(median step ms free-running, median host ms, median GPU ms with the stream held)."""
-    for _ in range(2):
-        fn()
-    free, host, held = [], [], []
+    free, host = free_running(fn, steps)
+    held = []
     for _ in range(steps):
         torch.cuda.synchronize()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        t0 = time.perf_counter()
-        a.record()
-        fn()
-        b.record()
-        host.append((time.perf_counter() - t0) * 1e3)
-        b.synchronize()
-        free.append(a.elapsed_time(b))
-    for _ in range(steps):
-        torch.cuda.synchronize()
-        CudaClock(torch.device("cuda")).hold(round(1.5 * statistics.median(host) * 1e6))
+        CudaClock(torch.device("cuda")).hold(round(1.5 * host * 1e6))
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         fn()
         b.record()
         b.synchronize()
         held.append(a.elapsed_time(b))
-    return statistics.median(free), statistics.median(host), statistics.median(held)
+    return free, host, statistics.median(held)
 
 
 def main() -> None:
@@ -99,7 +89,7 @@ def main() -> None:
     device = torch.device("cuda")
     wl = SimpleNamespace(name="train_lora", kind="train_lora", batch=1, video_tokens=args.video_tokens,
                          audio_tokens=128, text_tokens=256, context_tokens=0, lora_rank=32)
-    spec = build_spec(dataclasses.replace(load_model_config(args.model), num_layers=args.layers), wl)
+    spec = ltx_spec(args.model, args.layers, wl)
     weights = random_weights(spec, device=device, draw_on_device=True)
     inputs = make_inputs(spec, wl, device)
     lora = init_lora(spec, 32, device=device, seed=1)

@@ -31,6 +31,16 @@ KNOWN = HardwareConfig(
     small_copy_gbps=[5.0, 40.0, 50.0], matmul_tflops=500.0, hbm_gbps=2000.0)
 
 
+def _tiny_training_step():
+    """A LoRA step of the tiny model timed on the host clock: (workload, spec, timing)."""
+    wl = SimpleNamespace(name="t", kind="train_lora", batch=1, video_tokens=16, audio_tokens=8, text_tokens=8,
+                         context_tokens=0, lora_rank=2)
+    spec = load_spec("tiny", wl)
+    timing = time_steps(spec, DictSource(spec, random_weights(spec)), make_inputs(spec, wl), CpuClock(),
+                        lora=init_lora(spec, 2, seed=1), warmup=0, steps=1)
+    return wl, spec, timing
+
+
 def test_split_backward_covers_the_span_in_proportion() -> None:
     # Kernels 0..3; backward first unpacks kernel 2 at 10 ns and kernel 0 at 40 ns, ends at 100.
     out = split_backward({2: 10, 0: 40}, 100, 4, [1.0, 1.0, 1.0, 3.0])
@@ -66,11 +76,7 @@ def test_the_kernel_table_keeps_host_time_by_phase_and_synthesized_training_take
     from engine.compute import BACKWARD, TRAINING, ExecutionTimePredictor
     from engine.trace import synthesize
 
-    wl = SimpleNamespace(name="t", kind="train_lora", batch=1, video_tokens=16, audio_tokens=8, text_tokens=8,
-                         context_tokens=0, lora_rank=2)
-    spec = load_spec("tiny", wl)
-    timing = time_steps(spec, DictSource(spec, random_weights(spec)), make_inputs(spec, wl), CpuClock(),
-                        lora=init_lora(spec, 2, seed=1), warmup=0, steps=1)
+    wl, spec, timing = _tiny_training_step()
     n = len(spec.kernels)
     timing.host_ns = [1000] * n
     timing.backward_host_ns = [3000] * n
@@ -266,17 +272,13 @@ def test_record_on_the_cpu_backend_probes_the_streamed_and_the_pipelined_step(ru
 
 
 def test_host_times_scale_to_the_pipelined_step_only_where_the_host_bounds_it() -> None:
-    from engine.measure.timing import HOST_BOUND, host_scale
+    from engine.measure.timing import HOST_BOUND_STEP, host_scale
 
-    wl = SimpleNamespace(name="t", kind="train_lora", batch=1, video_tokens=16, audio_tokens=8, text_tokens=8,
-                         context_tokens=0, lora_rank=2)
-    spec = load_spec("tiny", wl)
-    timing = time_steps(spec, DictSource(spec, random_weights(spec)), make_inputs(spec, wl), CpuClock(),
-                        lora=init_lora(spec, 2, seed=1), warmup=0, steps=1)
+    _, spec, timing = _tiny_training_step()
     n = len(spec.kernels)
     timing.host_ns, timing.backward_host_ns, timing.step_ns = [1000] * n, [3000] * n, 10 * n * 1000
     assert host_scale(spec, timing, None) == 1.0
-    assert host_scale(spec, timing, round(HOST_BOUND * timing.step_ns)) == 1.0  # the GPU sets the step
+    assert host_scale(spec, timing, round(HOST_BOUND_STEP * timing.step_ns)) == 1.0  # the GPU sets the step
     scale = host_scale(spec, timing, 20 * n * 1000)  # the host does: its 4 us a kernel become 20
     assert scale == pytest.approx(5.0)
     trace = build_trace(spec, timing, {"model": spec.name}, scale=scale)

@@ -24,7 +24,7 @@ TIMED_STEPS = 5
 # the previous step's host time (the first step: FIRST_HOLD_NS).
 HOLD_FACTOR = 1.5
 FIRST_HOLD_NS = 50_000_000
-HOST_BOUND = 1.05  # a pipelined step this far over the held GPU step: the host sets its length
+HOST_BOUND_STEP = 1.05  # a pipelined step this far over the held GPU step: the host sets its length
 
 
 class KernelStamps:
@@ -259,7 +259,7 @@ def host_scale(spec: ModelSpec, timing: StepTiming, pipelined_ns: int | None) ->
     (`probes.pipelined_step_ns`) where the host bounds it: the executor's work per kernel
     and a host running unhindered by a held stream are in that step, not in the times
     taken kernel by kernel. 1 where the GPU bounds it, or nothing was pipelined."""
-    if pipelined_ns is None or pipelined_ns <= HOST_BOUND * timing.step_ns:
+    if pipelined_ns is None or pipelined_ns <= HOST_BOUND_STEP * timing.step_ns:
         return 1.0
     total = sum(_op_host_sum(spec, t) for t in (timing.host_ns, timing.backward_host_ns) if t is not None)
     return pipelined_ns / total if total else 1.0
