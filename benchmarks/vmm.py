@@ -4,6 +4,7 @@
     python benchmarks/vmm.py soak --steps 200 --blocks 8   # LTX-2 8 blocks, belady/lru/priority at 40%/60%
     python benchmarks/vmm.py full --budgets 16000          # all 48 blocks (a 37.75 GB file)
     python benchmarks/vmm.py train --blocks 8 --budgets 500 --evictions belady --steps 12   # LoRA steps
+    python benchmarks/vmm.py interference                  # what maps and unmaps cost kernels running meanwhile
 
 soak: for every eviction and budget fraction, each backend in turn gets a new
 executor and runs --steps forwards of the spec LTX-2 through it (weight file
@@ -21,6 +22,12 @@ and for vmm the driver calls a step, the map time they cost at the probed rate,
 and the host time of the chunk books a step: all of it, of it waiting for a free,
 and of it in the driver's calls (the rest is the books' Python). The table is
 printed last.
+
+interference: each backend's memory under the same work, timed with CUDA
+events: a queue of bf16 matmuls reading a 128 MiB weight placed by it, H2D
+copies into that weight, and the matmuls again with the host mapping and
+unmapping chunks of another range between launches (the host stays ahead;
+the difference over the calls is the device time each call takes from them).
 """
 from __future__ import annotations
 
@@ -34,6 +41,7 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Callable
 
 import torch
 
@@ -44,6 +52,8 @@ from executor_bench import WORKLOAD, ltx_spec, resident_outputs  # noqa: E402
 
 from engine.errors import ExecutorError  # noqa: E402
 from engine.executor.setup import bitwise_equal, forward_order, streamed_executor  # noqa: E402
+from engine.executor.runtime import make_backend  # noqa: E402
+from engine.executor.vmm import CudaVmm  # noqa: E402
 from engine.executor.training import StreamedWeights, train_order, train_step  # noqa: E402
 from engine.models.lora import init_lora  # noqa: E402
 from engine.measure.probes import probe_vmm  # noqa: E402
@@ -62,6 +72,83 @@ def log(msg: str) -> None:
 
 def probe() -> dict:
     return probe_vmm(torch.device("cuda", torch.cuda.current_device()))
+
+
+def _timed_ms(launch: Callable[[], None], repeats: int = 5) -> float:
+    """Median device ms of `launch` (CUDA events), after one untimed run."""
+    times = []
+    for r in range(repeats + 1):
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        launch()
+        end.record()
+        end.synchronize()
+        if r:
+            times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def interference(budget: int = 1024 * MB, launches: int = 100, every: int = 5) -> list[dict]:
+    """Each backend's memory under the same work (module docstring): matmuls reading a
+    weight placed there, H2D copies into it, and the matmuls again with the host mapping
+    and unmapping chunks of another range between launches."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    x = torch.randn(6144, 4096, dtype=torch.bfloat16, device=device)
+    out = torch.empty(6144, 16384, dtype=torch.bfloat16, device=device)
+    nbytes = 16384 * 4096 * 2
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    driver = CudaVmm(device)
+    g = driver.granule
+    chunks = [driver.create(g) for _ in range(2)]
+    address = driver.reserve(2 * g)
+    mapped = [False, False]
+
+    def toggle(i: int) -> None:  # map chunk i % 2 at its slot, or unmap it
+        slot = address + (i % 2) * g
+        if mapped[i % 2]:
+            driver.unmap(slot, g)
+        else:
+            driver.map(slot, chunks[i % 2], g)
+            driver.set_access(slot, g)
+        mapped[i % 2] = not mapped[i % 2]
+
+    rows = []
+    try:
+        for name in BACKENDS:
+            backend = make_backend(name, budget, nbytes)
+            block = backend.alloc(nbytes)
+            w = block.data.view(torch.bfloat16).view(16384, 4096)
+            w.normal_()
+
+            def matmuls(action: Callable[[int], None] | None = None) -> None:
+                for i in range(launches):
+                    torch.matmul(x, w.t(), out=out)
+                    if action is not None and i % every == every - 1:
+                        action(i // every)
+
+            def copies() -> None:
+                for _ in range(4):
+                    backend.copy_in(block, host)
+                torch.cuda.current_stream().wait_stream(backend.copy)
+
+            alone = _timed_ms(matmuls)
+            busy = _timed_ms(lambda: matmuls(toggle))
+            rows.append({"backend": name, "matmul us": alone * 1e3 / launches,
+                         "h2d GB/s": 4 * nbytes / _timed_ms(copies) / 1e6,
+                         "us a map or unmap": (busy - alone) * 1e3 / (launches // every)})
+            torch.cuda.synchronize()
+            backend.free_after(block, None)
+            backend.close()
+    finally:
+        torch.cuda.synchronize()
+        for i, on in enumerate(mapped):
+            if on:
+                driver.unmap(address + i * g, g)
+        for c in chunks:
+            driver.release(c)
+        driver.free_range(address, 2 * g)
+    return rows
 
 
 def run(spec, order, wf, inputs, reference, backend: str, budget: int, eviction: str, steps: int,
@@ -128,7 +215,7 @@ def run(spec, order, wf, inputs, reference, backend: str, budget: int, eviction:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=("probe", "soak", "full", "train"))
+    ap.add_argument("what", choices=("probe", "soak", "full", "train", "interference"))
     ap.add_argument("--steps", type=int, default=None, help="default: 200 (soak), 10 (full)")
     ap.add_argument("--blocks", type=int, default=None)
     ap.add_argument("--evictions", default="belady,lru,priority")
@@ -143,6 +230,10 @@ def main() -> None:
     probed = probe()
     log(f"probe: {probed}")
     if args.what == "probe":
+        return
+    if args.what == "interference":
+        for row in interference():
+            log(str(row))
         return
     training = args.what == "train"
     workload = TRAIN_WORKLOAD if training else WORKLOAD

@@ -18,8 +18,8 @@ from engine.executor.cpu import CpuBackend
 from engine.models import forward
 from engine.policy import AccessOrder
 from engine.policy.chunks import ChunkBooks, conversion_slack, layout
-from engine.policy.placement import RESIDENT_ALIGN, place
-from engine.policy.weights import WeightResidency, floor
+from engine.policy.placement import RESIDENT_ALIGN, place, residency
+from engine.policy.weights import floor
 from sim.simulator import simulate
 
 GRANULE = 4096  # the tiny model's weights are 32 B to 192 KiB: some under, most over a granule
@@ -57,6 +57,21 @@ def test_placement_rounds_streamed_weights_and_packs_the_small_ones(order, granu
     assert p.resident_bytes % granule == 0 and (not spans or spans[-1][1] <= p.resident_bytes)
     assert p.budget_bytes == budget - p.resident_bytes
     assert p.order.reads == tuple(tuple(w for w in r if w in p.order.sizes) for r in order.reads)
+    assert p.resident_kernels == {i for i, (a, b) in enumerate(zip(order.reads, p.order.reads)) if a and not b}
+
+
+def test_a_kernel_of_resident_weights_does_not_use_up_the_lookahead():
+    # k2 reads only a weight under a granule (resident for the run): it needs no copy, so
+    # the window of k1 (lookahead 1) passes over it to k3 and d's copy starts under k1,
+    # not under k2. k4, which reads nothing at all, counts as a kernel, as on the pool.
+    g = GRANULE
+    order = AccessOrder(("k0", "k1", "k2", "k3", "k4"), (("a",), ("b",), ("small",), ("d",), ()),
+                        {"a": 2 * g, "b": 2 * g, "small": 100, "d": 2 * g})
+    placement = place(order, 12 * g, g)
+    assert placement.resident_kernels == {2}
+    policy = residency(placement, "lru", 1)
+    first = [[(d.action, d.target) for d in policy.issue(i)] for i in range(5)]
+    assert first == [[("fetch", "a"), ("prefetch", "b")], [("hit", "b"), ("prefetch", "d")], [], [("hit", "d")], []]
 
 
 class FakeDriver:
@@ -268,7 +283,7 @@ def test_the_executor_on_granules_is_bitwise_under_the_budget_with_the_simulator
     rows = ex.telemetry()
     assert all(r["peak_device_bytes"] <= budget for r in rows)  # whole granules, within the budget
     assert rows[-1]["evictions"] > 0
-    bare = WeightResidency(placement.order, placement.budget_bytes, eviction, 2)
+    bare = residency(placement, eviction, 2)
     for _ in range(3):
         for i in range(len(tiny.order)):
             bare.issue(i)

@@ -9,8 +9,10 @@ each weight's bytes rounded up to the granule: the granules mapped never
 exceed the budget. Weights smaller than one granule would waste most of
 theirs, so they are packed together (at RESIDENT_ALIGN) into one block that
 stays resident for the run, and the policy plans the rest with what that
-block leaves of the budget. Both drivers build the same Placement, so they
-ask the policy the same questions.
+block leaves of the budget. A kernel whose weights are all in that block
+needs no copy: the policy's prefetch window passes over it as over a kernel
+of pinned weights. Both drivers build the same Placement, so they ask the
+policy the same questions.
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ class Placement:
     resident: Mapping[str, int]  # weights resident for the run -> offset in the resident block
     resident_bytes: int  # the resident block, in whole granules
     budget_bytes: int | None  # the budget left to the policy
+    resident_kernels: frozenset[int] = frozenset()  # positions whose weights are all in the resident block
 
 
 def round_up(nbytes: int, granule: int) -> int:
@@ -58,15 +61,17 @@ def place(order: AccessOrder, budget_bytes: int | None, granule: int) -> Placeme
             "the budget or use weights.backend=cuda")
     streamed = {w: round_up(n, granule) for w, n in order.sizes.items() if w not in resident}
     reads = tuple(tuple(w for w in r if w not in resident) for r in order.reads)
+    emptied = frozenset(p for p, (was, now) in enumerate(zip(order.reads, reads)) if was and not now)
     left = None if budget_bytes is None else budget_bytes - resident_bytes
-    return Placement(granule, AccessOrder(order.kernels, reads, streamed), resident, resident_bytes, left)
+    return Placement(granule, AccessOrder(order.kernels, reads, streamed), resident, resident_bytes, left, emptied)
 
 
 def residency(placement: Placement, eviction: str, lookahead: int, allow_below_floor: bool = False) -> WeightResidency:
     """The residency policy over `placement`'s streamed weights; under the floor, the
     error counts the resident block in, so its figures are the user's budget's."""
     try:
-        return WeightResidency(placement.order, placement.budget_bytes, eviction, lookahead, allow_below_floor)
+        return WeightResidency(placement.order, placement.budget_bytes, eviction, lookahead, allow_below_floor,
+                               placement.resident_kernels)
     except BelowFloorError as err:
         extra = placement.resident_bytes
         raise BelowFloorError(err.budget_bytes + extra, err.floor_bytes + extra, err.pair_bytes + extra,

@@ -42,7 +42,9 @@ Issuing a kernel
 
 The window of i is j = i+1 .. i+L (cyclic), and beyond that the kernels up to
 the L-th *streamed* kernel after i: one that reads a weight outside the pinned
-set, or none at all. Without a pinned set (lru, belady) every kernel is
+set, or none at all. A kernel whose weights the placement keeps resident
+outside the policy (`resident_kernels`) needs no copy and is passed over as a
+pinned-only one. Without a pinned set (lru, belady) every kernel is
 streamed and the window is the next L kernels. With one (priority), a run of
 pinned-only kernels would otherwise hide the next streamed weights from the
 copy stream until the host nears them: at a step's end, say, where the model's
@@ -340,7 +342,8 @@ class WeightResidency:
     """
 
     def __init__(self, order: AccessOrder, budget_bytes: int | None, eviction: str,
-                 lookahead: int, allow_below_floor: bool = False):
+                 lookahead: int, allow_below_floor: bool = False,
+                 resident_kernels: frozenset[int] = frozenset()):
         if eviction not in EVICTIONS:
             raise ConfigError(
                 f"weights.eviction={eviction!r} is not one of {', '.join(EVICTIONS)}; pick one of those")
@@ -366,7 +369,7 @@ class WeightResidency:
         # Built once: the policy answers every kernel of every step with them.
         n = len(order)
         self._guard = [self._read_sets[(i - 1) % n] | self._read_sets[i] for i in range(n)]
-        self._window = _windows(self._read_sets, self._pinned, lookahead)
+        self._window = _windows(self._read_sets, self._pinned, lookahead, resident_kernels)
         self._guard_ahead: list[list[frozenset[str]]] = []
         for i in range(n):
             window, ahead = self._guard[i], []
@@ -484,11 +487,13 @@ class WeightResidency:
         out.append(Decision(self.step, position, "evict", weight, serves))
 
 
-def _windows(read_sets: list[frozenset[str]], pinned: frozenset[str], lookahead: int) -> list[tuple[int, ...]]:
+def _windows(read_sets: list[frozenset[str]], pinned: frozenset[str], lookahead: int,
+             resident_kernels: frozenset[int]) -> list[tuple[int, ...]]:
     """Each position's prefetch window (module docstring): the next `lookahead` kernels,
     then on to the `lookahead`-th streamed one; never the position itself (n - 1 ahead at most)."""
     n = len(read_sets)
-    streamed = [not (r and r <= pinned) for r in read_sets]  # a kernel with no weights counts as before
+    # A kernel with no weights counts as streamed, unless the placement emptied it.
+    streamed = [p not in resident_kernels and not (r and r <= pinned) for p, r in enumerate(read_sets)]
     stream = [p for p in range(n) if streamed[p]]
     out = []
     for i in range(n):
