@@ -19,6 +19,9 @@ Line 1, the header, one JSON object:
     probes        recorded traces: copy, allocation, host and compute-under-copy
                   measurements that mode=calibrate fits (engine/measure/probes.py PROBES_DOC);
                   other extra header keys are provenance and kept as they are
+    host_syncs    optional: record positions the step's host reaches only once every
+                  kernel launched before has run (a recorded module that synchronizes;
+                  the simulator's host waits there)
 
 Lines 2.., one JSON object per kernel, in launch order:
 
@@ -352,6 +355,10 @@ def check_trace(trace: Trace) -> None:
     saved_names: set[str] = set()
     saver: dict[str, int] = {}  # saved name -> index of its forward record
     needed: set[str] = set()
+    syncs = trace.header.get("host_syncs", [])
+    if not (isinstance(syncs, list) and all(_is_int(p) and 0 <= p < len(trace.records) for p in syncs)):
+        raise TraceError('line 1: header "host_syncs" must list record positions (integers from 0 to '
+                         f'{len(trace.records) - 1}); fix it or remove the key')
     for i, r in enumerate(trace.records):
         where = f"line {i + 2} ({r.name})"
         for w in r.weights:

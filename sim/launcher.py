@@ -23,7 +23,10 @@ waits in the copy engine's queue (gated) until the free, and behind every
 eviction's last reader (the executor's copy stream waits for it to free). The
 launcher blocks when an in-flight copy cap forces an inline finalize, and when
 launch_queue_depth kernels are launched but unfinished, and once after the first
-step, until it has run: the warm-up barrier every run has.
+step, until it has run: the warm-up barrier every run has. A recorded module
+whose forward synchronizes the host (header "host_syncs": the positions its host
+reached only once every kernel launched before had run, e.g. a tensor made from a
+Python list on the device) blocks there the same way, every step.
 """
 from __future__ import annotations
 
@@ -127,6 +130,7 @@ class Launcher:
         self.last_reader: dict[str, int] = {}
         self.evicted_reader = -1  # the latest last reader of an evicted weight (_copy_gate)
         self._barrier: tuple[int, simpy.Event | None] | None = None  # (that reader, its completion)
+        self.syncs = frozenset(self.trace.header.get("host_syncs") or ())
 
     def issued(self, direction: str, c: Copy) -> None:
         self.copies.append((self.step, direction, c))
@@ -149,6 +153,10 @@ class Launcher:
                 seq = step * n + pos
                 if seq - self.compute.completed >= self.depth:
                     yield self.compute.slot(self.depth)
+                if pos in self.syncs and seq > 0:
+                    done = self.compute.done_event(seq - 1)
+                    if done is not None:
+                        yield done
                 self.log(env.now, "host", "start " + rec.name)
                 deps: list[simpy.Event] = []
                 boundary, unpacks, saves, held = schedule.kernel(rec)

@@ -70,6 +70,20 @@ def test_launch_bound_when_kernels_are_shorter_than_a_launch() -> None:
     assert p["step_ms"] == pytest.approx(50 * H100.kernel_launch_us / 1e3, rel=0.01)
 
 
+def test_a_host_sync_starts_each_step_behind_the_last_one() -> None:
+    # All resident, the host far ahead: steps run back to back at their compute. A module
+    # whose host synchronizes before kernel 0 (header host_syncs) issues it only once the
+    # previous step has run: each step then adds kernel 0's launch, on an idle GPU.
+    t = cyclic(4, MB, 1 * MS)
+    free = run(t, None, steps=4)
+    synced = run(replace(t, header={**t.header, "host_syncs": [0]}), None, steps=4)
+    assert free.prediction["step_ms"] == pytest.approx(4.0, rel=1e-9)
+    assert synced.prediction["step_ms"] == pytest.approx(4.0 + H100.kernel_launch_us / 1e3, rel=1e-9)
+    starts = [t for t, track, what in synced.events if track == "host" and what == "start k0"]
+    ends = [t for t, track, what in synced.events if track == "compute" and what == "end k3"]
+    assert all(start >= end for start, end in zip(starts[1:], ends))
+
+
 def test_copy_bound_everything_streamed() -> None:
     # LRU on a cyclic order re-copies every weight every step; 300 MB copies run at
     # the full pinned rate (above the largest small-copy point, 256 MiB).

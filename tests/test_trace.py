@@ -104,6 +104,11 @@ def test_wrong_format_and_version(tmp_path: Path) -> None:
     assert "line 1" in msg and "version 2 is not supported" in msg
 
 
+def test_host_syncs_must_name_record_positions(tmp_path: Path) -> None:
+    msg = _error(tmp_path, lambda o: o[0].update(host_syncs=[0, 6]))
+    assert msg.startswith('line 1: header "host_syncs" must list record positions (integers from 0 to 5)')
+
+
 def test_truncated_file(tmp_path: Path) -> None:
     msg = _error(tmp_path, lambda o: o[:-2])
     assert "line 6:" in msg and "header says 6 records, file has 4" in msg

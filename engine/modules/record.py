@@ -13,6 +13,9 @@ Kernels timed one at a time run a few percent faster than in a pipelined step
 a pipelined all-resident step is timed too and, unless the host bounds it, every
 kernel's compute is scaled so the kernels sum to it (header "compute_scale"); where
 the host's times sum past it, they are scaled down to it (header "host_scale").
+One more forward runs under torch's sync debug mode: the kernels before which its
+host synchronized with the device (header "host_syncs"; the simulator's host waits
+there for every kernel launched before, each step).
 
 A training step (`loss_fn` given: the module made streamable with training=True,
 its adapters trainable) is recorded the same way over the training order (the
@@ -25,11 +28,13 @@ backward record the saved tensors it unpacks first.
 
     record_module      timed steps of a StreamedModule -> Trace (source "recorded")
     pipelined_step_ns  an all-resident step, timed whole
+    host_syncs         where a forward's host waits for the device
 """
 from __future__ import annotations
 
 import statistics
 import time
+import warnings
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, Mapping, Sequence
@@ -237,6 +242,45 @@ def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss
         executor.close()
 
 
+class _Counted:
+    """A kernel source that counts the kernels fetched through it."""
+
+    def __init__(self, source: WeightExecutor):
+        self.source, self.fetched = source, 0
+
+    def fetch(self, position: int) -> Any:
+        self.fetched = position + 1
+        return self.source.fetch(position)
+
+
+def host_syncs(streamed: StreamedModule, backend: str) -> tuple[int, ...]:
+    """The positions before which one all-resident forward of `streamed` synchronized the
+    host with the device (torch's sync debug mode: a `.item()`, a tensor made on the device
+    from a Python list): the host gets there only once every kernel launched before has run.
+    A sync after the last kernel counts at position 0 (the next step's start)."""
+    if streamed.device.type != "cuda":
+        return ()
+    executor = WeightExecutor(streamed.order, streamed.host, budget_bytes=None, eviction="priority", backend=backend)
+    counted = _Counted(executor)
+    found: list[int] = []
+    mode = torch.cuda.get_sync_debug_mode()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = lambda message, *rest, **kw: (
+                found.append(counted.fetched % len(streamed.order)) if "synchroniz" in str(message) else None)
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                with torch.no_grad(), executor.step(), streamed.hooks.forward(counted):
+                    streamed.run()
+            finally:
+                torch.cuda.set_sync_debug_mode(mode)
+        torch.cuda.synchronize(streamed.device)
+    finally:
+        executor.close()
+    return tuple(sorted(set(found)))
+
+
 def saving_layers(layers: Sequence[int]) -> list[int]:
     """The layer each kernel's saved tensors belong to, as the activation offloader counts
     them: the block entered last (its layer hooks enter blocks only), layer 0 before the
@@ -284,9 +328,11 @@ def record_module(streamed: StreamedModule, *, name: str, backend: str, workload
     t0 = time.perf_counter()
     times = time_kernels(streamed, clock, loss_fn)
     saved_bytes = sum(sum(v) for v in times.saved.values())
-    scale, host_scale, pipelined, memory = 1.0, 1.0, None, None
+    scale, host_scale, pipelined, memory, syncs = 1.0, 1.0, None, None, None
     if fits_resident(sum(streamed.order.sizes.values()) + saved_bytes, device):
         pipelined, memory = pipelined_step_ns(streamed, clock, backend, loss_fn)
+        if not training:
+            syncs = host_syncs(streamed, backend)
         host = sum(times.host_ns)
         if host < HOST_BOUND * pipelined:
             scale = pipelined / max(1, sum(times.compute_ns))
@@ -313,6 +359,7 @@ def record_module(streamed: StreamedModule, *, name: str, backend: str, workload
         # The saved tensors are the simulator's to count (kept or spilled): the rest of torch's peak is transient.
         **({"activation_peak_bytes": max(0, memory[0] - saved_bytes), "context_bytes": memory[1]}
            if memory is not None else {}),
+        **({"host_syncs": list(syncs)} if syncs is not None else {}),
         "resident_bytes": streamed.resident_bytes, "record_s": round(time.perf_counter() - t0, 3),
         **(extra_header or {}),
     }
