@@ -58,6 +58,7 @@ WARMUP_FORWARDS = 1
 TIMED_FORWARDS = 2  # of each kind (host, compute); each copies every weight in synchronously
 HOLD_MARGIN_NS = 50_000
 HOST_BOUND = 0.9  # host time over the pipelined step above which the host, not the kernels, sets it
+SYNC_WARNING = "called a synchronizing CUDA operation"  # torch's sync debug mode, per synchronizing call
 
 
 class _Bring:
@@ -193,11 +194,13 @@ def time_kernels(streamed: StreamedModule, clock: Clock, loss_fn: LossFn | None 
 
 
 def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss_fn: LossFn | None = None,
-                      warmup: int = 1, steps: int = TIMED_FORWARDS) -> tuple[int, tuple[int, int] | None]:
+                      warmup: int = 1, steps: int = TIMED_FORWARDS
+                      ) -> tuple[int, tuple[int, int] | None, tuple[int, ...] | None]:
     """The median step of the module with every weight resident (an executor with no
     budget; `loss_fn`: a training step), and on CUDA (the peak of torch's allocations in
     it: activations, inputs, resident parameters and buffers, as the streamed weights
-    live in the executor's pool; the device bytes the process holds outside both)."""
+    live in the executor's pool; the device bytes the process holds outside both) and,
+    for inference, `host_syncs` over one more forward."""
     training = loss_fn is not None
     order = train_order(streamed.order) if training else streamed.order
     executor = WeightExecutor(order, streamed.host, budget_bytes=None, eviction="priority", backend=backend)
@@ -236,7 +239,8 @@ def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss
             # workspaces, the registration's bookkeeping (hardware.context_mb's measured stand-in).
             outside = total - free - torch.cuda.memory_reserved(streamed.device) - executor.backend.reserved_bytes()
             peak = (torch.cuda.max_memory_allocated(streamed.device), max(0, outside))
-        return round(statistics.median(times)), peak
+        syncs = host_syncs(streamed, executor) if cuda and not training else None
+        return round(statistics.median(times)), peak, syncs
     finally:
         streamed.hooks.recompute = None
         executor.close()
@@ -253,31 +257,26 @@ class _Counted:
         return self.source.fetch(position)
 
 
-def host_syncs(streamed: StreamedModule, backend: str) -> tuple[int, ...]:
-    """The positions before which one all-resident forward of `streamed` synchronized the
-    host with the device (torch's sync debug mode: a `.item()`, a tensor made on the device
-    from a Python list): the host gets there only once every kernel launched before has run.
-    A sync after the last kernel counts at position 0 (the next step's start)."""
-    if streamed.device.type != "cuda":
-        return ()
-    executor = WeightExecutor(streamed.order, streamed.host, budget_bytes=None, eviction="priority", backend=backend)
+def host_syncs(streamed: StreamedModule, executor: WeightExecutor) -> tuple[int, ...]:
+    """The positions before which one forward of `streamed` through `executor` (every weight
+    resident) synchronized the host with the device (torch's sync debug mode: a `.item()`, a
+    tensor made on the device from a Python list): the host gets there only once every kernel
+    launched before has run. A sync after the last kernel counts at position 0 (the next step's
+    start)."""
     counted = _Counted(executor)
     found: list[int] = []
     mode = torch.cuda.get_sync_debug_mode()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("always")
-            warnings.showwarning = lambda message, *rest, **kw: (
-                found.append(counted.fetched % len(streamed.order)) if "synchroniz" in str(message) else None)
-            torch.cuda.set_sync_debug_mode("warn")
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = lambda message, *rest, **kw: (
+            found.append(counted.fetched % len(streamed.order)) if SYNC_WARNING in str(message) else None)
+        with torch.no_grad(), executor.step(), streamed.hooks.forward(counted):
+            torch.cuda.set_sync_debug_mode("warn")  # the module's forward only: not the step's own work
             try:
-                with torch.no_grad(), executor.step(), streamed.hooks.forward(counted):
-                    streamed.run()
+                streamed.run()
             finally:
                 torch.cuda.set_sync_debug_mode(mode)
-        torch.cuda.synchronize(streamed.device)
-    finally:
-        executor.close()
+    torch.cuda.synchronize(streamed.device)
     return tuple(sorted(set(found)))
 
 
@@ -330,9 +329,7 @@ def record_module(streamed: StreamedModule, *, name: str, backend: str, workload
     saved_bytes = sum(sum(v) for v in times.saved.values())
     scale, host_scale, pipelined, memory, syncs = 1.0, 1.0, None, None, None
     if fits_resident(sum(streamed.order.sizes.values()) + saved_bytes, device):
-        pipelined, memory = pipelined_step_ns(streamed, clock, backend, loss_fn)
-        if not training:
-            syncs = host_syncs(streamed, backend)
+        pipelined, memory, syncs = pipelined_step_ns(streamed, clock, backend, loss_fn)
         host = sum(times.host_ns)
         if host < HOST_BOUND * pipelined:
             scale = pipelined / max(1, sum(times.compute_ns))
