@@ -22,6 +22,8 @@ Line 1, the header, one JSON object:
     host_syncs    optional: record positions the step's host reaches only once every
                   kernel launched before has run (a recorded module that synchronizes;
                   the simulator's host waits there)
+    block_records optional: true where each record is a block of many launches (a
+                  recorded module); its GPU work starts with its first launch
 
 Lines 2.., one JSON object per kernel, in launch order:
 

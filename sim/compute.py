@@ -2,8 +2,10 @@
 
 A kernel starts when the host has launched it, the previous kernel is done,
 and its dependencies (weight copies, activation restores, offloads it must
-wait for) have landed. Start and end times are kept per kernel so every
-metric (compute, stall, overlap) is derived after the run, off the hot path.
+wait for) have landed. A block of a recorded module is launched with its first
+kernel and ends no sooner than its host has issued the rest (`not_before`).
+Start and end times are kept per kernel so every metric (compute, stall,
+overlap) is derived after the run, off the hot path.
 """
 from __future__ import annotations
 
@@ -23,20 +25,22 @@ class ComputeStream:
         self.link = link
         self.slowdown = slowdown_under_copy
         self.log = log
-        self.queue: deque[tuple[int, KernelRecord, list[simpy.Event]]] = deque()
+        self.queue: deque[tuple[int, KernelRecord, list[simpy.Event], int]] = deque()
         self.completed = 0  # kernels done; kernel `seq` is done iff seq < completed
         self.launched_ns: list[int] = []  # per kernel seq: when the host launched it
         self.start_ns: list[int] = []
         self.end_ns: list[int] = []
+        self.run_ns: list[int] = []  # per kernel seq: its own run time (end - start less any wait for its host)
         self._after: dict[int, list[Callable[[], None]]] = {}
         self._wake: simpy.Event | None = None
         self._slot: simpy.Event | None = None
         self._slot_limit = 0
         env.process(self._run())
 
-    def launch(self, seq: int, record: KernelRecord, deps: list[simpy.Event]) -> None:
+    def launch(self, seq: int, record: KernelRecord, deps: list[simpy.Event], not_before: int = 0) -> None:
+        """Queue kernel `seq`; it ends no sooner than `not_before` (ns: its host's last launch)."""
         self.launched_ns.append(self.env.now)
-        self.queue.append((seq, record, deps))
+        self.queue.append((seq, record, deps, not_before))
         if self._wake is not None:
             self._wake.succeed()
             self._wake = None
@@ -68,7 +72,7 @@ class ComputeStream:
             if not self.queue:
                 self._wake = env.event()
                 yield self._wake
-            seq, record, deps = self.queue.popleft()
+            seq, record, deps, not_before = self.queue.popleft()
             for ev in deps:
                 if ev.callbacks is not None:  # not yet processed: wait for it
                     yield ev
@@ -79,7 +83,8 @@ class ComputeStream:
             if self.slowdown and self.link.busy:
                 # Kept simple: the slowdown is fixed by whether a copy runs at the start.
                 duration = round(duration * (1.0 + self.slowdown))
-            yield env.timeout(duration)
+            self.run_ns.append(duration)
+            yield env.timeout(max(duration, not_before - now))
             now = env.now
             self.end_ns.append(now)
             self.log(now, "compute", "end " + record.name)

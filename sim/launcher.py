@@ -26,7 +26,10 @@ launch_queue_depth kernels are launched but unfinished, and once after the first
 step, until it has run: the warm-up barrier every run has. A recorded module
 whose forward synchronizes the host (header "host_syncs": the positions its host
 reached only once every kernel launched before had run, e.g. a tensor made from a
-Python list on the device) blocks there the same way, every step.
+Python list on the device) blocks there the same way, every step. A recorded
+module's record is a block of many launches (header "block_records"): its GPU
+work starts once the host has made the first launch (kernel_launch_us) and ends
+no sooner than the host has issued the rest of it.
 """
 from __future__ import annotations
 
@@ -131,6 +134,7 @@ class Launcher:
         self.evicted_reader = -1  # the latest last reader of an evicted weight (_copy_gate)
         self._barrier: tuple[int, simpy.Event | None] | None = None  # (that reader, its completion)
         self.syncs = frozenset(self.trace.header.get("host_syncs") or ())
+        self.blocks = bool(self.trace.header.get("block_records"))
 
     def issued(self, direction: str, c: Copy) -> None:
         self.copies.append((self.step, direction, c))
@@ -180,9 +184,17 @@ class Launcher:
                         self.saved.unpacking = None
                 for name in held:  # under min_tensor_bytes: held on the device, never asked about
                     self.saved.release(name, seq, deps)
-                yield env.timeout(rec.host_ns or self.launch_ns)
-                self.log(env.now, "host", "end " + rec.name)
-                self.compute.launch(seq, rec, deps)
+                host_ns = rec.host_ns or self.launch_ns
+                if self.blocks:  # the block's first launch, then the rest of its host work
+                    first = min(self.launch_ns, host_ns)
+                    yield env.timeout(first)
+                    self.compute.launch(seq, rec, deps, env.now + host_ns - first)
+                    yield env.timeout(host_ns - first)
+                    self.log(env.now, "host", "end " + rec.name)
+                else:
+                    yield env.timeout(host_ns)
+                    self.log(env.now, "host", "end " + rec.name)
+                    self.compute.launch(seq, rec, deps)
                 asked = iter(saves)
                 for s in rec.saved:
                     self.saved.saved(s, seq)

@@ -6,7 +6,8 @@ state) unless said otherwise:
 
     step_ms            the last step's duration
     first_step_ms      the first step's duration (cold: the pool starts empty)
-    compute_ms         sum of the last step's kernel run times (slowdown under copies included)
+    compute_ms         sum of the last step's kernel run times (slowdown under copies included;
+                       a block's wait for its own host's launches is not among them)
     stall_ms           compute-stream idle time waiting on copies: a launched kernel
                        waiting for its weights, restores or offloads, plus idle time
                        for want of a launch while the launcher sat blocked on copies
@@ -132,7 +133,7 @@ def predict(launcher: Launcher, compute: ComputeStream, pool: DevicePool,
     b = 0
     for i in first:
         s, e = compute.start_ns[i], compute.end_ns[i]
-        compute_ns += e - s
+        compute_ns += compute.run_ns[i]
         prev_end = compute.end_ns[i - 1] if i else 0
         launched = compute.launched_ns[i]
         stall_ns += s - max(prev_end, launched)  # a launched kernel waits only for copies

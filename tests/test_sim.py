@@ -84,6 +84,24 @@ def test_a_host_sync_starts_each_step_behind_the_last_one() -> None:
     assert all(start >= end for start, end in zip(starts[1:], ends))
 
 
+def test_a_block_record_runs_as_its_host_issues_it() -> None:
+    # A recorded module's record is a block of many launches (header block_records): after the
+    # host sync, the GPU starts it once the host has made its first launch, not after the
+    # block's whole host time; it still ends no sooner than the host has issued all of it.
+    records = tuple(KernelRecord(f"k{i}", i, "fwd", (f"w{i}",), 1 * MS, 0, 0, host_ns=500 * US) for i in range(4))
+    header = {"source": "test", "host_syncs": [0]}
+    sizes = {f"w{i}": MB for i in range(4)}
+    launch_ms = H100.kernel_launch_us / 1e3
+    whole = run(Trace(header, sizes, records), None, steps=4).prediction
+    blocks = run(Trace({**header, "block_records": True}, sizes, records), None, steps=4).prediction
+    assert whole["step_ms"] == pytest.approx(4.0 + 0.5, rel=1e-9)
+    assert blocks["step_ms"] == pytest.approx(4.0 + launch_ms, rel=1e-9)
+    assert blocks["compute_ms"] == pytest.approx(4.0, rel=1e-9)
+    slow = tuple(replace(r, host_ns=3 * MS) for r in records)  # the host bounds the step either way
+    bound = run(Trace({**header, "block_records": True}, sizes, slow), None, steps=4).prediction
+    assert bound["step_ms"] == pytest.approx(4 * 3.0, rel=1e-9) and bound["compute_ms"] == pytest.approx(4.0)
+
+
 def test_copy_bound_everything_streamed() -> None:
     # LRU on a cyclic order re-copies every weight every step; 300 MB copies run at
     # the full pinned rate (above the largest small-copy point, 256 MiB).

@@ -15,7 +15,9 @@ kernel's compute is scaled so the kernels sum to it (header "compute_scale"); wh
 the host's times sum past it, they are scaled down to it (header "host_scale").
 One more forward runs under torch's sync debug mode: the kernels before which its
 host synchronized with the device (header "host_syncs"; the simulator's host waits
-there for every kernel launched before, each step).
+there for every kernel launched before, each step). A record's host time is spread
+over its block's launches (header "block_records"): the simulator starts its GPU
+work with the first launch.
 
 A training step (`loss_fn` given: the module made streamable with training=True,
 its adapters trainable) is recorded the same way over the training order (the
@@ -357,6 +359,7 @@ def record_module(streamed: StreamedModule, *, name: str, backend: str, workload
         **({"activation_peak_bytes": max(0, memory[0] - saved_bytes), "context_bytes": memory[1]}
            if memory is not None else {}),
         **({"host_syncs": list(syncs)} if syncs is not None else {}),
+        "block_records": True,  # a record is a block of many launches: the simulator starts it with the first
         "resident_bytes": streamed.resident_bytes, "record_s": round(time.perf_counter() - t0, 3),
         **(extra_header or {}),
     }
