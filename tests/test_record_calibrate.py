@@ -19,7 +19,7 @@ from engine.models.run import DictSource
 from engine.models.seeded import random_weights
 from engine.measure.clocks import CpuClock
 from engine.measure.timing import build_trace, split_backward, time_steps
-from engine.trace import read_trace, write_trace
+from engine.trace import KernelRecord, read_trace, write_trace
 from engine.validation import measurements_path, read_measurements, report
 from sim.link import D2H, H2D, PcieLink
 
@@ -164,6 +164,16 @@ def test_calibration_recovers_a_known_profile_from_simulated_probes() -> None:
     assert p["kernel_launch_us"] == 20.0  # the blocked kernel (900 us) is dropped
     assert p["compute_slowdown_under_copy"] == pytest.approx(0.1)
     assert p["pageable_gbps"] == 7.0  # not measured: the base's
+    # No streamed copies from a registered file: it DMAs as pinned memory does.
+    assert p["mmap_registered_gbps"] == pytest.approx(50.0, rel=1e-3)
+    # Recorded weight copies (each waited on) count only where they ran faster than that.
+    copy = {"nbytes": 128 * MIB}
+    for gbps, expected in ((40.0, 50.0), (60.0, 60.0)):
+        streamed = SimpleNamespace(header={**trace.header, "probes": {**probes, "weight_source": "mmap_registered"}},
+                                   records=(KernelRecord("k", 0, "fwd", ("w",), 1000, 0, 0,
+                                                         copies=({**copy, "ns": round(128 * MIB / gbps)},)),))
+        fitted = fit_profile([streamed], KNOWN, "fitted", ["synthetic"])
+        assert fitted["mmap_registered_gbps"] == pytest.approx(expected, rel=1e-3)
 
 
 def test_fit_helpers() -> None:

@@ -1,0 +1,80 @@
+"""Real modules measured on the GPU, predicted again from their own recordings; runs on any CPU.
+
+    python benchmarks/real_models_report.py benchmarks/results/real-2026-11-26/run*
+    python benchmarks/real_models_report.py DIR... --hardware h100_pcie5
+    python benchmarks/real_models_report.py DIR... --set host_syncs=[0] --set block_records=true
+
+Each DIR holds what `benchmarks/real_models.py --out DIR` wrote: real_models.json (the
+measured rows) and each model's recording (KEY.trace.jsonl.gz). Every measured row is
+predicted as real_models.py predicts it (engine.modules.offload.predict, the row's budget,
+eviction, lookahead and backend) from the recording, its header edited by each --set
+KEY=JSON (to replay an older recording under a newer simulator, or the other way round).
+Prints measured against predicted (the mean of the measured steps), the mean, max and mean
+signed error, and at each run's budget whether the configuration the simulator ranks first
+is the one measured fastest.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine.config import load_hardware  # noqa: E402
+from engine.modules.offload import predict  # noqa: E402
+from engine.trace import Trace, read_trace  # noqa: E402
+
+
+def edited(trace: Trace, sets: list[str]) -> Trace:
+    header = dict(trace.header)
+    for s in sets:
+        key, _, value = s.partition("=")
+        header[key] = json.loads(value)
+    return Trace(header, trace.weight_sizes, trace.records)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("dirs", nargs="+", type=Path)
+    ap.add_argument("--hardware", default="h100_calibrated", help="as real_models.py's --hardware")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=JSON", help="edit each recording's header")
+    args = ap.parse_args()
+    hw = load_hardware(args.hardware)
+    print(f"hardware={args.hardware}{''.join(f' --set {s}' for s in args.set)}\n")
+    print("| run | model | budget MB | backend | eviction/lookahead | measured ms (mean) | predicted ms | error |")
+    print("|---|---|---|---|---|---|---|---|")
+    errors, picks = [], []
+    for d in args.dirs:
+        data = json.loads((d / "real_models.json").read_text())
+        for result in data["results"]:
+            key = result["model"].split("-")[0]  # real_models.py's model key: ltx2-diffusers -> ltx2
+            trace = edited(read_trace(d / f"{key}.trace.jsonl.gz"), args.set)
+            at: dict[float, list[tuple[float, float, str]]] = {}
+            for r in result["rows"]:
+                p = predict(trace, hw, round(r["budget_mb"] * 1e6), r["lookahead"], r["eviction"],
+                            backend=r["backend"])["step_ms"]
+                err = p / r["mean_ms"] - 1
+                errors.append(err)
+                config = f"{r['backend']} {r['eviction']}/{r['lookahead']}"
+                at.setdefault(r["budget_mb"], []).append((r["mean_ms"], p, config))
+                print(f"| {d.name} | {result['model']} | {r['budget_mb']:.0f} | {r['backend']} | "
+                      f"{r['eviction']}/{r['lookahead']} | {r['mean_ms']:.1f} | {p:.1f} | {err:+.1%} |")
+            for budget, rows in at.items():
+                if len(rows) > 1:
+                    best = min(rows)[0]
+                    pick = min(rows, key=lambda x: x[1])
+                    picks.append(pick[0] / best - 1)
+    print(f"\n{len(errors)} rows: mean |error| {statistics.mean(map(abs, errors)):.2%}, max "
+          f"{max(map(abs, errors)):.2%}, mean signed {statistics.mean(errors):+.2%}", end="")
+    if picks:
+        print(f"; at {len(picks)} budgets with several configurations the simulator's pick measured "
+              f"{', '.join(f'{p:+.1%}' for p in picks)} over the best")
+    else:
+        print()
+
+
+if __name__ == "__main__":
+    main()
