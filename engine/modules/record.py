@@ -58,6 +58,7 @@ LossFn = Callable[[Any], torch.Tensor]  # a forward's output -> the scalar loss 
 
 WARMUP_FORWARDS = 1
 TIMED_FORWARDS = 2  # of each kind (host, compute); each copies every weight in synchronously
+PIPELINED_STEPS = 3  # all-resident steps timed whole: odd, so one slow step does not move the median
 HOLD_MARGIN_NS = 50_000
 HOST_BOUND = 0.9  # host time over the pipelined step above which the host, not the kernels, sets it
 SYNC_WARNING = "called a synchronizing CUDA operation"  # torch's sync debug mode, per synchronizing call
@@ -196,7 +197,7 @@ def time_kernels(streamed: StreamedModule, clock: Clock, loss_fn: LossFn | None 
 
 
 def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss_fn: LossFn | None = None,
-                      warmup: int = 1, steps: int = TIMED_FORWARDS
+                      warmup: int = 1, steps: int = PIPELINED_STEPS
                       ) -> tuple[int, tuple[int, int] | None, tuple[int, ...] | None]:
     """The median step of the module with every weight resident (an executor with no
     budget; `loss_fn`: a training step), and on CUDA (the peak of torch's allocations in
