@@ -98,7 +98,9 @@ def drive(trace: Trace, weights: WeightPolicy, activations: ActivationPolicy | N
     pool = DevicePool(env, budget_bytes)
     if placement is not None and placement.resident:
         pool.allocate(placement.resident_bytes, "the weights resident for the run")
-    compute = ComputeStream(env, link, float(hardware.compute_slowdown_under_copy), log)
+    # A recording that measured its own slowdown under copies carries it (engine/modules/record.py).
+    slowdown = trace.header.get("compute_slowdown_under_copy", hardware.compute_slowdown_under_copy)
+    compute = ComputeStream(env, link, float(slowdown), log)
     launcher = Launcher(env, trace, weights, activations, link, pool, compute, hardware, weight_gbps, steps, log,
                         placement=placement)
     if any(r.saved for r in trace.records):

@@ -102,6 +102,18 @@ def test_a_block_record_runs_as_its_host_issues_it() -> None:
     assert bound["step_ms"] == pytest.approx(4 * 3.0, rel=1e-9) and bound["compute_ms"] == pytest.approx(4.0)
 
 
+def test_a_recordings_own_slowdown_under_copies_overrides_the_profiles() -> None:
+    # Copy-bound: the next weight's copy runs under every kernel, which so runs slowed.
+    t = cyclic(8, 300 * MB, 1 * MS)
+    budget = floor_bytes(t, 2)
+    own = run(replace(t, header={**t.header, "compute_slowdown_under_copy": 0.1}), budget, eviction="lru",
+              hardware=replace(H100, compute_slowdown_under_copy=0.5)).prediction
+    same = run(t, budget, eviction="lru", hardware=replace(H100, compute_slowdown_under_copy=0.1)).prediction
+    profile = run(t, budget, eviction="lru", hardware=replace(H100, compute_slowdown_under_copy=0.5)).prediction
+    assert own == same
+    assert own["compute_ms"] == pytest.approx(8 * 1.1) and profile["compute_ms"] == pytest.approx(8 * 1.5)
+
+
 def test_copy_bound_everything_streamed() -> None:
     # LRU on a cyclic order re-copies every weight every step; 300 MB copies run at
     # the full pinned rate (above the largest small-copy point, 256 MiB).

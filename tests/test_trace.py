@@ -109,6 +109,11 @@ def test_host_syncs_must_name_record_positions(tmp_path: Path) -> None:
     assert msg.startswith('line 1: header "host_syncs" must list record positions (integers from 0 to 5)')
 
 
+def test_a_slowdown_under_copies_must_be_a_fraction(tmp_path: Path) -> None:
+    msg = _error(tmp_path, lambda o: o[0].update(compute_slowdown_under_copy=-0.1))
+    assert msg.startswith('line 1: header "compute_slowdown_under_copy" must be a number from 0')
+
+
 def test_truncated_file(tmp_path: Path) -> None:
     msg = _error(tmp_path, lambda o: o[:-2])
     assert "line 6:" in msg and "header says 6 records, file has 4" in msg

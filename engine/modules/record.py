@@ -15,7 +15,9 @@ kernel's compute is scaled so the kernels sum to it (header "compute_scale"); wh
 the host's times sum past it, they are scaled down to it (header "host_scale").
 One more forward runs under torch's sync debug mode: the kernels before which its
 host synchronized with the device (header "host_syncs"; the simulator's host waits
-there for every kernel launched before, each step). A record's host time is spread
+there for every kernel launched before, each step), and as many beside a stream of H2D
+copies: the module's own slowdown under copies (header "compute_slowdown_under_copy",
+which the simulator takes over the profile's). A record's host time is spread
 over its block's launches (header "block_records"): the simulator starts its GPU
 work with the first launch.
 
@@ -48,6 +50,7 @@ from engine.executor.setup import fits_resident
 from engine.executor.training import RECOMPUTE, StreamedWeights, train_order, weight_handles
 from engine.gc_pause import paused_gc
 from engine.measure.clocks import Clock, clock_for
+from engine.measure.probes import copy_stream_beside
 from engine.measure.timing import HOLD_FACTOR, KernelStamps, SavedTensorLog
 from engine.models.spec import SavedTensor
 from engine.modules.streamed import StreamedModule
@@ -196,14 +199,23 @@ def time_kernels(streamed: StreamedModule, clock: Clock, loss_fn: LossFn | None 
     return times
 
 
+@dataclass
+class Pipelined:
+    """What the all-resident steps of `pipelined_step_ns` measured."""
+
+    step_ns: int  # the median step
+    # On CUDA: the peak of torch's allocations in a step (activations, inputs, resident
+    # parameters and buffers; the streamed weights live in the executor's pool) and the
+    # device bytes the process holds outside both.
+    memory: tuple[int, int] | None = None
+    syncs: tuple[int, ...] | None = None  # inference on CUDA: host_syncs
+    slowdown: float | None = None  # inference on CUDA: slowdown_under_copies
+
+
 def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss_fn: LossFn | None = None,
-                      warmup: int = 1, steps: int = PIPELINED_STEPS
-                      ) -> tuple[int, tuple[int, int] | None, tuple[int, ...] | None]:
+                      warmup: int = 1, steps: int = PIPELINED_STEPS) -> Pipelined:
     """The median step of the module with every weight resident (an executor with no
-    budget; `loss_fn`: a training step), and on CUDA (the peak of torch's allocations in
-    it: activations, inputs, resident parameters and buffers, as the streamed weights
-    live in the executor's pool; the device bytes the process holds outside both) and,
-    for inference, `host_syncs` over one more forward."""
+    budget; `loss_fn`: a training step), and what more these steps measure (`Pipelined`)."""
     training = loss_fn is not None
     order = train_order(streamed.order) if training else streamed.order
     executor = WeightExecutor(order, streamed.host, budget_bytes=None, eviction="priority", backend=backend)
@@ -242,8 +254,11 @@ def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss
             # workspaces, the registration's bookkeeping (hardware.context_mb's measured stand-in).
             outside = total - free - torch.cuda.memory_reserved(streamed.device) - executor.backend.reserved_bytes()
             peak = (torch.cuda.max_memory_allocated(streamed.device), max(0, outside))
-        syncs = host_syncs(streamed, executor) if cuda and not training else None
-        return round(statistics.median(times)), peak, syncs
+        step = round(statistics.median(times))
+        if not cuda or training:
+            return Pipelined(step, peak)
+        return Pipelined(step, peak, host_syncs(streamed, executor),
+                         slowdown_under_copies(streamed, executor, clock, step, steps))
     finally:
         streamed.hooks.recompute = None
         executor.close()
@@ -258,6 +273,25 @@ class _Counted:
     def fetch(self, position: int) -> Any:
         self.fetched = position + 1
         return self.source.fetch(position)
+
+
+def slowdown_under_copies(streamed: StreamedModule, executor: WeightExecutor, clock: Clock, alone_ns: int,
+                          steps: int) -> float:
+    """How much longer an all-resident forward runs beside a stream of H2D copies than its
+    `alone_ns` (the median of `steps`): the module's own figure, which the simulator takes
+    over the profile's (a model of large matmul blocks slows less than one of small kernels)."""
+    start_copies = copy_stream_beside(alone_ns, streamed.device)
+    times = []
+    for _ in range(steps):
+        clock.synchronize()
+        start_copies()
+        start = clock.stamp()
+        with torch.no_grad(), executor.step(), streamed.hooks.forward(executor):
+            streamed.run()
+        end = clock.stamp()
+        clock.synchronize()
+        times.append(clock.ns(start, end))
+    return max(0.0, statistics.median(times) / alone_ns - 1)
 
 
 def host_syncs(streamed: StreamedModule, executor: WeightExecutor) -> tuple[int, ...]:
@@ -330,9 +364,11 @@ def record_module(streamed: StreamedModule, *, name: str, backend: str, workload
     t0 = time.perf_counter()
     times = time_kernels(streamed, clock, loss_fn)
     saved_bytes = sum(sum(v) for v in times.saved.values())
-    scale, host_scale, pipelined, memory, syncs = 1.0, 1.0, None, None, None
+    scale, host_scale, run = 1.0, 1.0, Pipelined(0)
+    pipelined = None
     if fits_resident(sum(streamed.order.sizes.values()) + saved_bytes, device):
-        pipelined, memory, syncs = pipelined_step_ns(streamed, clock, backend, loss_fn)
+        run = pipelined_step_ns(streamed, clock, backend, loss_fn)
+        pipelined = run.step_ns
         host = sum(times.host_ns)
         if host < HOST_BOUND * pipelined:
             scale = pipelined / max(1, sum(times.compute_ns))
@@ -357,9 +393,10 @@ def record_module(streamed: StreamedModule, *, name: str, backend: str, workload
         "timed_steps": TIMED_FORWARDS, "step_ns": sum(times.compute_ns),
         "pipelined_step_ns": pipelined, "compute_scale": round(scale, 6), "host_scale": round(host_scale, 6),
         # The saved tensors are the simulator's to count (kept or spilled): the rest of torch's peak is transient.
-        **({"activation_peak_bytes": max(0, memory[0] - saved_bytes), "context_bytes": memory[1]}
-           if memory is not None else {}),
-        **({"host_syncs": list(syncs)} if syncs is not None else {}),
+        **({"activation_peak_bytes": max(0, run.memory[0] - saved_bytes), "context_bytes": run.memory[1]}
+           if run.memory is not None else {}),
+        **({"host_syncs": list(run.syncs)} if run.syncs is not None else {}),
+        **({"compute_slowdown_under_copy": round(run.slowdown, 4)} if run.slowdown is not None else {}),
         "block_records": True,  # a record is a block of many launches: the simulator starts it with the first
         "resident_bytes": streamed.resident_bytes, "record_s": round(time.perf_counter() - t0, 3),
         **(extra_header or {}),
