@@ -13,13 +13,14 @@ Kernels timed one at a time run a few percent faster than in a pipelined step
 a pipelined all-resident step is timed too and, unless the host bounds it, every
 kernel's compute is scaled so the kernels sum to it (header "compute_scale"); where
 the host's times sum past it, they are scaled down to it (header "host_scale").
-One more forward runs under torch's sync debug mode: the kernels before which its
-host synchronized with the device (header "host_syncs"; the simulator's host waits
-there for every kernel launched before, each step), and as many beside a stream of H2D
-copies: the module's own slowdown under copies (header "compute_slowdown_under_copy",
-which the simulator takes over the profile's). A record's host time is spread
-over its block's launches (header "block_records"): the simulator starts its GPU
-work with the first launch.
+With every weight still resident, one more forward runs under torch's sync debug
+mode: the kernels before which its host synchronized with the device (header
+"host_syncs"; the simulator's host waits there for every kernel launched before,
+each step). Then the timed steps run again beside a stream of H2D copies: the
+module's own slowdown under copies (header "compute_slowdown_under_copy", which
+the simulator takes over the profile's). A record's host time is spread over its
+block's launches (header "block_records"): the simulator starts its GPU work with
+the first launch.
 
 A training step (`loss_fn` given: the module made streamable with training=True,
 its adapters trainable) is recorded the same way over the training order (the
@@ -33,6 +34,7 @@ backward record the saved tensors it unpacks first.
     record_module      timed steps of a StreamedModule -> Trace (source "recorded")
     pipelined_step_ns  an all-resident step, timed whole
     host_syncs         where a forward's host waits for the device
+    slowdown_under_copies  how much a forward slows beside H2D copies
 """
 from __future__ import annotations
 
