@@ -25,15 +25,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.config import load_hardware  # noqa: E402
 from engine.modules.offload import predict  # noqa: E402
-from engine.trace import Trace, read_trace  # noqa: E402
+from engine.errors import ConfigError, TraceError  # noqa: E402
+from engine.trace import Trace, check_trace, read_trace  # noqa: E402
 
 
 def edited(trace: Trace, sets: list[str]) -> Trace:
+    """`trace` with each KEY=JSON of `sets` in its header, checked as a trace file is."""
     header = dict(trace.header)
     for s in sets:
         key, _, value = s.partition("=")
-        header[key] = json.loads(value)
-    return Trace(header, trace.weight_sizes, trace.records)
+        try:
+            header[key] = json.loads(value)
+        except json.JSONDecodeError:
+            raise TraceError(f"--set {s}: the value is not JSON; write e.g. --set host_syncs=[0]") from None
+    out = Trace(header, trace.weight_sizes, trace.records)
+    check_trace(out)
+    return out
 
 
 def main() -> None:
@@ -42,6 +49,9 @@ def main() -> None:
     ap.add_argument("--hardware", default="h100_calibrated", help="as real_models.py's --hardware")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=JSON", help="edit each recording's header")
     args = ap.parse_args()
+    for d in args.dirs:
+        if not (d / "real_models.json").is_file():
+            raise ConfigError(f"{d}: no real_models.json here; give directories benchmarks/real_models.py --out wrote")
     hw = load_hardware(args.hardware)
     print(f"hardware={args.hardware}{''.join(f' --set {s}' for s in args.set)}\n")
     print("| run | model | budget MB | backend | eviction/lookahead | measured ms (mean) | predicted ms | error |")
@@ -77,4 +87,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (TraceError, ConfigError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
