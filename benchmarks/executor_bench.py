@@ -89,11 +89,15 @@ def choose_dir(need: int, candidates: list[Path]) -> Path | None:
     return None
 
 
-def median_ms(fn, warmup: int, reps: int) -> tuple[float, list[float]]:
+def median_ms(fn, warmup: int, reps: int, before=None) -> tuple[float, list[float]]:
+    """The median device ms of `reps` calls of `fn` after `warmup` untimed ones (CUDA events),
+    and each; `before`, if given, runs ahead of each timed call, untimed (e.g. a hold)."""
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(reps):
+        if before is not None:
+            before()
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         fn()

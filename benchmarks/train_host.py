@@ -20,7 +20,6 @@ import argparse
 import cProfile
 import os
 import pstats
-import statistics
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -41,7 +40,7 @@ from engine.models import make_inputs  # noqa: E402
 from engine.models.lora import init_lora  # noqa: E402
 from engine.models.run import DictSource  # noqa: E402
 from engine.models.seeded import random_weights  # noqa: E402
-from executor_bench import ltx_spec  # noqa: E402
+from executor_bench import ltx_spec, median_ms  # noqa: E402
 from module_host_cost import measure as free_running  # noqa: E402
 
 
@@ -65,17 +64,13 @@ def deterministic(on: bool) -> Iterator[None]:
 def measure(fn, steps: int) -> tuple[float, float, float]:
     """(median step ms free-running, median host ms, median GPU ms with the stream held)."""
     free, host = free_running(fn, steps)
-    held = []
-    for _ in range(steps):
+    clock = CudaClock(torch.device("cuda"))
+
+    def hold() -> None:  # the host queues the step behind a spin longer than its host time
         torch.cuda.synchronize()
-        CudaClock(torch.device("cuda")).hold(round(1.5 * host * 1e6))
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        held.append(a.elapsed_time(b))
-    return free, host, statistics.median(held)
+        clock.hold(round(1.5 * host * 1e6))
+    held, _ = median_ms(fn, 0, steps, before=hold)
+    return free, host, held
 
 
 def main() -> None:

@@ -48,7 +48,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from executor_bench import WORKLOAD, ltx_spec, resident_outputs  # noqa: E402
+from executor_bench import WORKLOAD, ltx_spec, median_ms, resident_outputs  # noqa: E402
 
 from engine.errors import ExecutorError  # noqa: E402
 from engine.executor.setup import bitwise_equal, forward_order, streamed_executor  # noqa: E402
@@ -72,21 +72,6 @@ def log(msg: str) -> None:
 
 def probe() -> dict:
     return probe_vmm(torch.device("cuda", torch.cuda.current_device()))
-
-
-def _timed_ms(launch: Callable[[], None], repeats: int = 5) -> float:
-    """Median device ms of `launch` (CUDA events), after one untimed run."""
-    times = []
-    for r in range(repeats + 1):
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        launch()
-        end.record()
-        end.synchronize()
-        if r:
-            times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def interference(budget: int = 1024 * MB, launches: int = 100, every: int = 5) -> list[dict]:
@@ -132,10 +117,10 @@ def interference(budget: int = 1024 * MB, launches: int = 100, every: int = 5) -
                     backend.copy_in(block, host)
                 torch.cuda.current_stream().wait_stream(backend.copy)
 
-            alone = _timed_ms(matmuls)
-            busy = _timed_ms(lambda: matmuls(toggle))
+            alone = median_ms(matmuls, 1, 5)[0]
+            busy = median_ms(lambda: matmuls(toggle), 1, 5)[0]
             rows.append({"backend": name, "matmul us": alone * 1e3 / launches,
-                         "h2d GB/s": 4 * nbytes / _timed_ms(copies) / 1e6,
+                         "h2d GB/s": 4 * nbytes / median_ms(copies, 1, 5)[0] / 1e6,
                          "us a map or unmap": (busy - alone) * 1e3 / (launches // every)})
             torch.cuda.synchronize()
             backend.free_after(block, None)

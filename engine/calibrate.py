@@ -42,8 +42,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from engine.compute import (BACKWARD, BLOCKED, KernelTable, features, host_key, table_from_measurements,
-                            tables_dir, work)
+from engine.compute import (BACKWARD, BLOCKED, KernelTable, features, host_key, slowdown_under_copy,
+                            table_from_measurements, tables_dir, work)
 from engine.config import HardwareConfig
 from engine.errors import ConfigError, TraceError
 from engine.trace import Trace, read_trace
@@ -189,7 +189,7 @@ def fit_profile(traces: Sequence[Trace], base: Any, name: str, names: Sequence[s
     a, b = fit_fetch_cost([s for p in probes for s in p["host"]["fetch"]])
     resident_fetch = _med(p["host"]["resident_fetch_ns"] for p in probes)
     launch_ns = _med(launch_mean(p["host"]["kernel_ns"]) for p in probes) + max(0.0, a - resident_fetch)
-    slowdown = _med(max(0.0, p["compute_under_copy"]["with_copy_ns"] / p["compute_under_copy"]["alone_ns"] - 1)
+    slowdown = _med(slowdown_under_copy(p["compute_under_copy"]["alone_ns"], p["compute_under_copy"]["with_copy_ns"])
                     for p in probes)
     registered = [c for t, p in zip(traces, probes) if p.get("weight_source") == "mmap_registered"
                   for r in t.records for c in r.copies if c.get("nbytes", 0) >= LARGE_COPY and c.get("ns", 0) > 0]

@@ -126,6 +126,13 @@ def table_from_measurements(rows: Iterable[tuple[str, tuple[float, ...], int, fl
     return KernelTable(points, source, medians_by_op(host))
 
 
+def slowdown_under_copy(alone_ns: float, with_copy_ns: float) -> float:
+    """How much longer a step runs beside a stream of H2D copies than alone; 0 where it
+    did not run longer (the hardware profile's compute_slowdown_under_copy, or a
+    recording's own)."""
+    return max(0.0, with_copy_ns / alone_ns - 1)
+
+
 def unblocked_sum(host_ns: Sequence[int]) -> int:
     """The host's own work in `host_ns` (one time per kernel): each time over BLOCKED x
     the median, where the host sat blocked on a full launch queue, counted as the median."""

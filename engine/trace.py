@@ -24,8 +24,9 @@ Line 1, the header, one JSON object:
                   the simulator's host waits there)
     block_records optional: true where each record is a block of many launches (a
                   recorded module); its GPU work starts with its first launch
-    compute_slowdown_under_copy  optional: the recorded module's own slowdown beside
-                  H2D copies; the simulator takes it over the hardware profile's
+    compute_slowdown_under_copy  optional: the recorded step's own slowdown beside
+                  H2D copies (engine/compute.py slowdown_under_copy); the simulator
+                  takes it over the hardware profile's
 
 Lines 2.., one JSON object per kernel, in launch order:
 

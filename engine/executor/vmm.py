@@ -4,8 +4,8 @@ Device memory is a set of physical chunks of 1 to 16 granules of the device's
 allocation granularity (cuMemCreate; 2 MiB on an H100), at most the budget's
 worth and the books' slack (chunks.conversion_slack), mapped into a virtual
 range per block (cuMemMap, cuMemSetAccess). Which chunks and ranges a block
-gets, and when a range is mapped or unmapped, is engine/policy/chunks.py's ChunkBooks; this module makes the driver calls and
-keeps the stream order. Internal waste is under one granule a block;
+gets, and when a range is mapped or unmapped, is engine/policy/chunks.py's
+ChunkBooks; this module makes the driver calls and keeps the stream order. Internal waste is under one granule a block;
 placement.py has the policy plan with the rounded sizes, so the chunks in use
 never exceed the budget, and a block the budget allows is never refused.
 

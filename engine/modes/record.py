@@ -11,6 +11,7 @@ import torch
 from omegaconf import OmegaConf
 
 from engine.executor.setup import compute_device, device_name, fits_resident, open_weight_file
+from engine.compute import slowdown_under_copy
 from engine.job import Job, Outcome, config_summary
 from engine.models import make_inputs
 from engine.models.lora import init_lora
@@ -109,6 +110,8 @@ def record(cfg: Any, spec: ModelSpec, out_dir: str | Path) -> tuple[Path, Trace]
             "clock": "cuda events" if device.type == "cuda" else "perf_counter (cpu backend)",
             "timed_steps": TIMED_STEPS, "step_ns": timing.step_ns,
             "pipelined_step_ns": pipelined, "host_scale": round(scale, 6),
+            **({"compute_slowdown_under_copy": round(slowdown_under_copy(**probes["compute_under_copy"]), 4)}
+               if "compute_under_copy" in probes else {}),
             "streamed": {"budget_bytes": budget, "eviction": cfg.weights.eviction,
                          "lookahead": cfg.weights.lookahead, "source": cfg.weights.source},
             "probes": probes,

@@ -50,6 +50,7 @@ import torch
 from engine.executor.runtime import WeightExecutor
 from engine.executor.setup import fits_resident
 from engine.executor.training import RECOMPUTE, StreamedWeights, train_order, weight_handles
+from engine.compute import slowdown_under_copy
 from engine.gc_pause import paused_gc
 from engine.measure.clocks import Clock, clock_for
 from engine.measure.probes import copy_stream_beside
@@ -293,7 +294,7 @@ def slowdown_under_copies(streamed: StreamedModule, executor: WeightExecutor, cl
         end = clock.stamp()
         clock.synchronize()
         times.append(clock.ns(start, end))
-    return max(0.0, statistics.median(times) / alone_ns - 1)
+    return slowdown_under_copy(alone_ns, statistics.median(times))
 
 
 def host_syncs(streamed: StreamedModule, executor: WeightExecutor) -> tuple[int, ...]:

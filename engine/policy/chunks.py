@@ -20,9 +20,9 @@ with and unmaps the rest. A block of a freed size costs no call at all, and a
 transformer streams the same few sizes block after block. A chunk is unmapped
 only once its range's free has passed (`freed`: the block's last reader ran, or,
 never read, its copy landed): a range still read may be reused only as it is or
-grown. A chunk taken from a free range
-still read stays mapped there too (stale: nothing reads it there any more)
-and is unmapped from it once the free has passed. A chunk with a stale
+grown. A chunk taken from a free range still read stays mapped there too
+(stale: nothing reads it there any more) and is unmapped from it once the free
+has passed. A chunk with a stale
 mapping is never released (its memory would outlive the release).
 
 A chunk size the books lack is created in a slack beyond the cap
