@@ -6,12 +6,15 @@
     python benchmarks/vmm.py train --blocks 8 --budgets 500 --evictions belady --steps 12   # LoRA steps
     python benchmarks/vmm.py interference                  # what maps and unmaps cost kernels running meanwhile
 
-soak: for every eviction and budget fraction, each backend in turn gets a new
-executor and runs --steps forwards of the spec LTX-2 through it (weight file
-in --dir, registered); outputs are compared bitwise with the all-resident
-forward at steps 1, 50, 100, 200 and the last. A pool refusal that relocation
+soak: for every eviction and budget fraction, each backend gets a new executor
+and runs --steps forwards of the spec LTX-2 through it (weight file in --dir,
+registered); the two executors live side by side and take turns of --turn
+steps, so the machine's drift over the run falls on both rows alike. Outputs
+are compared bitwise with the all-resident forward at steps 1, 50, 100, 200
+and the last. A pool refusal that relocation
 cannot answer ends the run and is printed. full: the same without the
-bitwise check (the model does not fit twice), --steps steps each. train: LoRA
+bitwise check (the reference would not fit beside both executors), --steps
+steps each. train: LoRA
 rank 32 steps at 6144 video tokens through the executor as mode=execute runs
 them (relocation only between steps), no bitwise check.
 
@@ -51,8 +54,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from executor_bench import WORKLOAD, ltx_spec, median_ms, resident_outputs  # noqa: E402
 
 from engine.errors import ExecutorError  # noqa: E402
-from engine.executor.setup import bitwise_equal, forward_order, streamed_executor  # noqa: E402
-from engine.executor.runtime import make_backend  # noqa: E402
+from engine.executor.setup import bitwise_equal, forward_order, shared_host_weights  # noqa: E402
+from engine.executor.runtime import WeightExecutor, make_backend  # noqa: E402
 from engine.executor.vmm import CudaVmm  # noqa: E402
 from engine.executor.training import StreamedWeights, train_order, train_step  # noqa: E402
 from engine.models.lora import init_lora  # noqa: E402
@@ -136,66 +139,100 @@ def interference(budget: int = 1024 * MB, launches: int = 100, every: int = 5) -
     return rows
 
 
-def run(spec, order, wf, inputs, reference, backend: str, budget: int, eviction: str, steps: int,
-        map_ns: tuple[int, int], profile: bool = False, lora: dict | None = None) -> dict:
-    row = {"backend": backend, "budget_mb": round(budget / MB), "eviction": eviction, "bitwise": None,
-           "stopped": None}
-    marks = {c for c in CHECKPOINTS if c <= steps} | {steps}
-    relocations, maps = 0, []
-    with ExitStack() as stack:
-        ex = streamed_executor(stack, wf, order, backend=backend, source="mmap_registered", budget_bytes=budget,
-                               eviction=eviction, lookahead=2, relocate=lora is None)
-        streamed = StreamedWeights(ex, len(spec.kernels)) if lora is not None else None
-        counts = getattr(ex.backend, "map_counts", None)
-        before = counts() if counts else None
-        ran = 0
-        profiler = cProfile.Profile() if profile else None
-        with torch.no_grad():
-            for step in range(1, steps + 1):
-                if profiler is not None and step == 3:
-                    profiler.enable()
-                try:
-                    if lora is not None:
-                        with torch.enable_grad():
-                            out = train_step(spec, ex, streamed, None, inputs, lora, torch.device("cuda"))
-                    else:
-                        with ex.step():
-                            out = forward(spec, ex, inputs)
-                except ExecutorError as err:
-                    row["stopped"] = f"step {step}: {err}"
-                    log(f"{backend} {eviction} {budget / MB:.0f} MB stopped in {row['stopped']}")
-                    break
-                if lora is None and step in marks and reference is not None:
-                    same = all(bitwise_equal(out[k], reference[k]) for k in reference)
-                    row["bitwise"] = same if row["bitwise"] is None else row["bitwise"] and same
-                del out
-                ran = step
-                relocations += ex.steps[-1].relocations
-                if counts:
-                    now = counts()
-                    maps.append({k: now[k] - before[k] for k in now})
-                    before = now
-        if profiler is not None:
-            profiler.disable()
+class Run:
+    """One backend's executor over a row's steps; `step()` runs the next one, so the two
+    backends' rows can take turns (drift over the run then falls on both alike)."""
+
+    def __init__(self, stack: ExitStack, spec, order, host, inputs, reference, backend: str, budget: int,
+                 eviction: str, steps: int, map_ns: tuple[int, int], profile: bool = False,
+                 lora: dict | None = None):
+        self.spec, self.inputs, self.reference, self.lora = spec, inputs, reference, lora
+        self.map_ns = map_ns
+        self.row = {"backend": backend, "budget_mb": round(budget / MB), "eviction": eviction, "bitwise": None,
+                    "stopped": None}
+        self.marks = {c for c in CHECKPOINTS if c <= steps} | {steps}
+        self.steps = steps
+        self.relocations, self.maps, self.ran = 0, [], 0
+        self.ex = stack.enter_context(WeightExecutor(order, host, budget_bytes=budget, eviction=eviction,
+                                                     lookahead=2, backend=backend, relocate=lora is None))
+        self.streamed = StreamedWeights(self.ex, len(spec.kernels)) if lora is not None else None
+        self.counts = getattr(self.ex.backend, "map_counts", None)
+        self.before = self.counts() if self.counts else None
+        self.profiler = cProfile.Profile() if profile else None
+
+    @property
+    def done(self) -> bool:
+        return self.ran == self.steps or self.row["stopped"] is not None
+
+    def step(self) -> None:
+        """The next step (a forward, or a LoRA training step)."""
+        step, ex = self.ran + 1, self.ex
+        profiling = self.profiler is not None and step >= 3
+        if profiling:
+            self.profiler.enable()
+        try:
+            with torch.no_grad():
+                if self.lora is not None:
+                    with torch.enable_grad():
+                        out = train_step(self.spec, ex, self.streamed, None, self.inputs, self.lora,
+                                         torch.device("cuda"))
+                else:
+                    with ex.step():
+                        out = forward(self.spec, ex, self.inputs)
+        except ExecutorError as err:
+            self.row["stopped"] = f"step {step}: {err}"
+            log(f"{self.row['backend']} {self.row['eviction']} {self.row['budget_mb']} MB stopped in "
+                f"{self.row['stopped']}")
+            return
+        finally:
+            if profiling:
+                self.profiler.disable()
+        if self.lora is None and step in self.marks and self.reference is not None:
+            same = all(bitwise_equal(out[k], self.reference[k]) for k in self.reference)
+            self.row["bitwise"] = same if self.row["bitwise"] is None else self.row["bitwise"] and same
+        del out
+        self.ran = step
+        self.relocations += ex.steps[-1].relocations
+        if self.counts:
+            now = self.counts()
+            self.maps.append({k: now[k] - self.before[k] for k in now})
+            self.before = now
+
+    def finish(self) -> dict:
+        """The row: what the steps run measured."""
+        row, ex = self.row, self.ex
+        if self.profiler is not None:
             stats = io.StringIO()
-            pstats.Stats(profiler, stream=stats).sort_stats("tottime").print_stats(18)
-            log(f"{backend} {eviction} {budget / MB:.0f} MB: host profile of steps 3-{ran}\n{stats.getvalue()}")
+            pstats.Stats(self.profiler, stream=stats).sort_stats("tottime").print_stats(18)
+            log(f"{row['backend']} {row['eviction']} {row['budget_mb']} MB: host profile of steps 3-{self.ran}\n"
+                f"{stats.getvalue()}")
         tele = ex.telemetry()
-        row.update(steps=ran, step_ms=statistics.median(r["step_ms"] for r in tele[1:] or tele),
-                   relocations=relocations, peak_live_mb=max(r["peak_device_bytes"] for r in tele) / MB,
+        row.update(steps=self.ran, step_ms=statistics.median(r["step_ms"] for r in tele[1:] or tele),
+                   relocations=self.relocations, peak_live_mb=max(r["peak_device_bytes"] for r in tele) / MB,
                    held_mb=ex.backend.reserved_peak_bytes() / MB,
                    h2d_gb=tele[-1]["h2d_bytes"] / 1e9)
-        if maps:
-            steady = maps[1:] or maps
+        if self.maps:
+            steady = self.maps[1:] or self.maps
             for k in ("maps", "unmaps", "creates", "releases", "waits", "reused"):
                 row[f"{k}_per_step"] = statistics.median(m[k] for m in steady)
             row["books_ms_per_step"] = statistics.median(m["host_ms"] for m in steady)
             row["wait_ms_per_step"] = statistics.median(m["wait_ms"] for m in steady)
             row["driver_ms_per_step"] = statistics.median(m["driver_ms"] for m in steady)
-            row["map_ms_per_step"] = (row["maps_per_step"] * map_ns[0] + row["unmaps_per_step"] * map_ns[1]) / 1e6
-    log(f"{backend} {eviction} {budget / MB:.0f} MB: {row['steps']} steps, {row['step_ms']:.1f} ms, "
-        f"{relocations} relocations, bitwise {row['bitwise']}")
-    return row
+            row["map_ms_per_step"] = (row["maps_per_step"] * self.map_ns[0]
+                                      + row["unmaps_per_step"] * self.map_ns[1]) / 1e6
+        log(f"{row['backend']} {row['eviction']} {row['budget_mb']} MB: {row['steps']} steps, "
+            f"{row['step_ms']:.1f} ms, {self.relocations} relocations, bitwise {row['bitwise']}")
+        return row
+
+
+def in_turns(runs: list[Run], turn: int) -> None:
+    """Step `runs` in turns of `turn` steps each until every one is done."""
+    while not all(r.done for r in runs):
+        for r in runs:
+            for _ in range(turn):
+                if r.done:
+                    break
+                r.step()
 
 
 def main() -> None:
@@ -209,6 +246,8 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=Path("/dev/shm"))
     ap.add_argument("--keep-file", action="store_true", help="leave the weight file in --dir")
     ap.add_argument("--profile", action="store_true", help="print each row's host profile (cProfile, steps 3 on)")
+    ap.add_argument("--turn", type=int, default=10,
+                    help="steps each backend runs before the other takes its turn (--steps: one after the other)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("vmm.py needs a CUDA device; tests/test_vmm.py runs the backend's bookkeeping on the CPU")
@@ -243,9 +282,12 @@ def main() -> None:
     try:
         for eviction in args.evictions.split(","):
             for budget in budgets:
-                for backend in BACKENDS:
-                    rows.append(run(spec, order, wf, inputs, reference, backend, budget, eviction, steps,
-                                    (probed["map_ns"], probed["unmap_ns"]), args.profile, lora))
+                with ExitStack() as stack:
+                    host = shared_host_weights(stack, wf, "mmap_registered", "cuda")  # registered once for both
+                    runs = [Run(stack, spec, order, host, inputs, reference, backend, budget, eviction, steps,
+                                (probed["map_ns"], probed["unmap_ns"]), args.profile, lora) for backend in BACKENDS]
+                    in_turns(runs, args.turn)
+                    rows.extend(r.finish() for r in runs)
     finally:
         wf.close()
         if not args.keep_file:

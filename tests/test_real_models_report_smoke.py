@@ -1,7 +1,7 @@
 """benchmarks/real_models_report.py on a kept GPU run, on the CPU.
 
-The run (benchmarks/results/real-2026-11-26/run9: the diffusers LTX-2 at 16000, pool and vmm,
-lookahead 2 and 4) was measured with its recording's header as it is; replayed unedited, each
+The run (benchmarks/results/real-2026-11-26/run12: the diffusers LTX-2 at 16000 and 12000, pool
+and vmm, lookahead 2) was measured with its recording's header as it is; replayed unedited, each
 row's prediction is the one real_models.py printed beside it on the GPU, to the 0.1 ms the
 table shows."""
 import json
@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RUN = ROOT / "benchmarks" / "results" / "real-2026-11-26" / "run9"
+RUN = ROOT / "benchmarks" / "results" / "real-2026-11-26" / "run12"
 
 
 def test_the_report_replays_a_run_as_it_was_predicted() -> None:
@@ -19,7 +19,7 @@ def test_the_report_replays_a_run_as_it_was_predicted() -> None:
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads((RUN / "real_models.json").read_text())["results"][0]["rows"]
-    printed = [float(m) for m in re.findall(r"^\| run9 \|.*\| ([\d.]+) \| [+-][\d.]+% \|$", done.stdout, re.M)]
+    printed = [float(m) for m in re.findall(r"^\| run12 \|.*\| ([\d.]+) \| [+-][\d.]+% \|$", done.stdout, re.M)]
     assert printed == [round(r["predicted_ms"], 1) for r in rows]
     assert "4 rows: mean |error|" in done.stdout
 

@@ -1,7 +1,9 @@
 """Recording a real module: each kernel's compute and host time -> a trace.
 
 Each timed forward fetches every kernel's weights itself, synchronously (the
-host waits for the copy, so no copy overlaps a kernel). Forwards with the stream
+host waits for the copy, so no copy overlaps a kernel); where an inference's
+weights fit on the device, they are copied in once, by the first forward, and
+every later one reads them there. Forwards with the stream
 running free time the host's launch work per kernel (the record's host_ns, which
 the simulator's launcher spends); then forwards that hold the compute stream
 behind a spin kernel while the host launches each kernel's work time the GPU
@@ -41,6 +43,7 @@ from __future__ import annotations
 import statistics
 import time
 import warnings
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, Mapping, Sequence
@@ -71,16 +74,19 @@ SYNC_WARNING = "called a synchronizing CUDA operation"  # torch's sync debug mod
 
 
 class _Bring:
-    """fetch(position): the position's weights copied to the device now (the host waits),
-    then, for a hold above 0, the compute stream held while the host launches the kernel."""
+    """fetch(position): the position's weights on the device now (the host waits): copied
+    in from `host`, or from `resident`, an executor with no budget that keeps them there
+    once copied; then, for a hold above 0, the compute stream held while the host
+    launches the kernel."""
 
     def __init__(self, order: AccessOrder, host: Mapping[str, torch.Tensor], device: torch.device, clock: Clock,
-                 hold_ns: list[int]):
+                 hold_ns: list[int], resident: WeightExecutor | None = None):
         self.order = order
         self.host = host
         self.device = device
         self.clock = clock
         self.hold_ns = hold_ns
+        self.resident = resident
 
     def close(self) -> None:
         """Drop the host weights: a graph autograd keeps alive (a branch backward never
@@ -88,7 +94,10 @@ class _Bring:
         self.host = {}
 
     def fetch(self, position: int) -> dict[str, torch.Tensor]:
-        out = {w: self.host[w].to(self.device, copy=True) for w in self.order.reads[position]}
+        if self.resident is not None:
+            out = self.resident.fetch(position)
+        else:
+            out = {w: self.host[w].to(self.device, copy=True) for w in self.order.reads[position]}
         self.clock.synchronize()
         if self.hold_ns[position]:
             self.clock.hold(self.hold_ns[position])
@@ -139,9 +148,11 @@ class KernelTimes:
 
 
 def time_kernels(streamed: StreamedModule, clock: Clock, loss_fn: LossFn | None = None,
-                 warmup: int = WARMUP_FORWARDS, forwards: int = TIMED_FORWARDS) -> KernelTimes:
+                 warmup: int = WARMUP_FORWARDS, forwards: int = TIMED_FORWARDS,
+                 resident: WeightExecutor | None = None) -> KernelTimes:
     """Each position's median compute and host time over `forwards` timed steps each:
-    forwards, or (`loss_fn`) training steps over the training order.
+    forwards, or (`loss_fn`) training steps over the training order. `resident` (inference):
+    an executor with no budget over the module's order, which the weights are read from.
 
     Host time comes from steps whose stream runs free: the host's own launch time, or the
     GPU's where the GPU is slower (the copies' synchronization bounds what can queue).
@@ -164,7 +175,7 @@ def time_kernels(streamed: StreamedModule, clock: Clock, loss_fn: LossFn | None 
         timing_host = f < warmup + forwards
         if f == warmup + forwards:
             hold = [round(HOLD_FACTOR * h) + HOLD_MARGIN_NS for h in _median(host_rows)]
-        bring = _Bring(order, streamed.host, streamed.device, clock, hold)
+        bring = _Bring(order, streamed.host, streamed.device, clock, hold, resident)
         stamps = _Stamped(bring, clock)
         clock.synchronize()
         with paused_gc():  # a collection inside a timed step would land in one kernel's time
@@ -182,7 +193,8 @@ def time_kernels(streamed: StreamedModule, clock: Clock, loss_fn: LossFn | None 
                     loss_fn(out).backward()
                 weights.finish()
             else:
-                with torch.no_grad(), streamed.hooks.forward(stamps):
+                with torch.no_grad(), resident.step() if resident else nullcontext(), \
+                        streamed.hooks.forward(stamps):
                     streamed.run()
             stamps.close()
         clock.synchronize()
@@ -215,13 +227,22 @@ class Pipelined:
     slowdown: float | None = None  # inference on CUDA: slowdown_under_copies
 
 
-def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss_fn: LossFn | None = None,
-                      warmup: int = 1, steps: int = PIPELINED_STEPS) -> Pipelined:
-    """The median step of the module with every weight resident (an executor with no
-    budget; `loss_fn`: a training step), and what more these steps measure (`Pipelined`)."""
-    training = loss_fn is not None
+def resident_executor(streamed: StreamedModule, backend: str, training: bool = False) -> WeightExecutor:
+    """An executor with no budget over the module's order (training: the training order):
+    each weight is copied in on first use and stays."""
     order = train_order(streamed.order) if training else streamed.order
-    executor = WeightExecutor(order, streamed.host, budget_bytes=None, eviction="priority", backend=backend)
+    return WeightExecutor(order, streamed.host, budget_bytes=None, eviction="priority", backend=backend)
+
+
+def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss_fn: LossFn | None = None,
+                      warmup: int = 1, steps: int = PIPELINED_STEPS,
+                      executor: WeightExecutor | None = None) -> Pipelined:
+    """The median step of the module with every weight resident (`executor`, or one made
+    here and closed after: `resident_executor`; `loss_fn`: a training step), and what more
+    these steps measure (`Pipelined`)."""
+    training = loss_fn is not None
+    own = executor is None
+    executor = resident_executor(streamed, backend, training) if own else executor
     weights = StreamedWeights(executor, len(streamed.order))
     if training:
         index = {name: i for i, name in enumerate(streamed.order.kernels)}
@@ -264,7 +285,8 @@ def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss
                          slowdown_under_copies(streamed, executor, clock, step, steps))
     finally:
         streamed.hooks.recompute = None
-        executor.close()
+        if own:
+            executor.close()
 
 
 class _Counted:
@@ -365,12 +387,22 @@ def record_module(streamed: StreamedModule, *, name: str, backend: str, workload
     clock = clock_for(device)
     training = loss_fn is not None
     t0 = time.perf_counter()
-    times = time_kernels(streamed, clock, loss_fn)
-    saved_bytes = sum(sum(v) for v in times.saved.values())
-    scale, host_scale, run = 1.0, 1.0, Pipelined(0)
+    model_bytes = sum(streamed.order.sizes.values())
+    # Inference that fits copies the weights in once; training's saved tensors are known
+    # only after a step, so it copies them in at every fetch until then.
+    resident = resident_executor(streamed, backend) if not training and fits_resident(model_bytes, device) else None
+    try:
+        times = time_kernels(streamed, clock, loss_fn, resident=resident)
+        saved_bytes = sum(sum(v) for v in times.saved.values())
+        run = Pipelined(0)
+        if resident is not None or fits_resident(model_bytes + saved_bytes, device):
+            run = pipelined_step_ns(streamed, clock, backend, loss_fn, executor=resident)
+    finally:
+        if resident is not None:
+            resident.close()
+    scale, host_scale = 1.0, 1.0
     pipelined = None
-    if fits_resident(sum(streamed.order.sizes.values()) + saved_bytes, device):
-        run = pipelined_step_ns(streamed, clock, backend, loss_fn)
+    if run.step_ns:
         pipelined = run.step_ns
         host = sum(times.host_ns)
         if host < HOST_BOUND * pipelined:

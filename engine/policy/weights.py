@@ -51,6 +51,12 @@ copy stream until the host nears them: at a step's end, say, where the model's
 tail is resident and the next step opens with streamed blocks, the link would
 idle through the tail.
 
+A streamed kernel that copies less than LIGHT_FRACTION of the median streamed
+kernel's bytes is in the window but does not count toward L: its copy keeps the
+link busy for a fraction of a kernel's time, so a window filled with such
+kernels (a model's head, mostly pinned, streaming a few small projections)
+would leave the next large kernel's copy unstarted and the link idle.
+
 Resident bytes (in-flight prefetches included) never exceed the budget. Answers
 depend only on the order of the questions: a logical clock, never time.
 """
@@ -58,6 +64,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import OrderedDict
+from statistics import median
 from dataclasses import dataclass
 from heapq import heapify, heappop, heappush
 from typing import Callable, Container, Iterable, Mapping, Protocol
@@ -66,6 +73,7 @@ from engine.errors import BelowFloorError, ConfigError
 from engine.policy import AccessOrder, Decision
 from engine.units import MB
 
+LIGHT_FRACTION = 0.25  # of the median streamed kernel's bytes: a lighter one does not count toward the lookahead
 
 
 def _reads(order: AccessOrder, position: int) -> tuple[str, ...]:
@@ -369,7 +377,7 @@ class WeightResidency:
         # Built once: the policy answers every kernel of every step with them.
         n = len(order)
         self._guard = [self._read_sets[(i - 1) % n] | self._read_sets[i] for i in range(n)]
-        self._window = _windows(self._read_sets, self._pinned, lookahead, resident_kernels)
+        self._window = _windows(self._read_sets, self._pinned, lookahead, resident_kernels, order.sizes)
         self._guard_ahead: list[list[frozenset[str]]] = []
         for i in range(n):
             window, ahead = self._guard[i], []
@@ -488,25 +496,29 @@ class WeightResidency:
 
 
 def _windows(read_sets: list[frozenset[str]], pinned: frozenset[str], lookahead: int,
-             resident_kernels: frozenset[int]) -> list[tuple[int, ...]]:
+             resident_kernels: frozenset[int], sizes: Mapping[str, int]) -> list[tuple[int, ...]]:
     """Each position's prefetch window (module docstring): the next `lookahead` kernels,
-    then on to the `lookahead`-th streamed one; never the position itself (n - 1 ahead at most)."""
+    then on to the `lookahead`-th streamed one that is not light; never the position itself
+    (n - 1 ahead at most)."""
     n = len(read_sets)
     # A kernel with no weights counts as streamed, unless the placement emptied it.
     streamed = [p not in resident_kernels and not (r and r <= pinned) for p, r in enumerate(read_sets)]
+    copied = [sum(sizes[w] for w in r if w not in pinned) if streamed[p] else 0 for p, r in enumerate(read_sets)]
+    typical = median([b for b in copied if b] or [0])
+    counts = [streamed[p] and not (read_sets[p] and copied[p] < LIGHT_FRACTION * typical) for p in range(n)]
     stream = [p for p in range(n) if streamed[p]]
     out = []
     for i in range(n):
         ahead = min(lookahead, n - 1)
         window = [(i + a) % n for a in range(1, ahead + 1)]
-        need = lookahead - sum(streamed[j] for j in window)
+        need = lookahead - sum(counts[j] for j in window)
         k = bisect_right(stream, (i + ahead) % n)  # the streamed positions after the window, cyclically
         for c in range(len(stream) if need > 0 else 0):
             q = stream[(k + c) % len(stream)]
             if not ahead < (q - i) % n:
                 break  # wrapped round to the window (or to i itself)
             window.append(q)
-            need -= 1
+            need -= counts[q]
             if not need:
                 break
         out.append(tuple(window))
