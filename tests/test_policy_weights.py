@@ -180,6 +180,24 @@ def test_priority_prefetch_reaches_past_a_run_of_pinned_kernels():
     assert [d.position for d in lru.log if d.step == 1 and d.action == "prefetch" and d.target == "w0"] == [8]
 
 
+def test_a_light_streamed_kernel_is_in_the_window_but_does_not_count():
+    """Kernels streaming under LIGHT_FRACTION of the median streamed kernel's bytes (l0, l1:
+    2 MB against 100) are prefetched in order, but the window runs on past them to the L-th
+    kernel that counts: h2 is prefetched while h1 is issued, not two kernels later."""
+    sizes = {"h0": 100 * MB, "h1": 100 * MB, "l0": 2 * MB, "l1": 2 * MB, "h2": 100 * MB, "h3": 100 * MB}
+    order = make_order([(w,) for w in sizes], sizes)
+    policy = WeightResidency(order, 1000 * MB, "lru", 1)
+    for i in range(len(order)):
+        policy.issue(i)
+    prefetched = [(d.position, d.target, d.detail) for d in policy.log if d.action == "prefetch"]
+    assert prefetched == [(0, "h1", 1), (1, "l0", 2), (1, "l1", 3), (1, "h2", 4), (4, "h3", 5)]
+    # Counting every streamed kernel, h2 would wait for l1's issue (the window of 1 kernel).
+    counted = WeightResidency(make_order([(w,) for w in sizes], {w: 100 * MB for w in sizes}), 1000 * MB, "lru", 1)
+    for i in range(len(order)):
+        counted.issue(i)
+    assert [d.position for d in counted.log if d.action == "prefetch" and d.target == "h2"] == [3]
+
+
 # --- summary: bytes copied per step --------------------------------------------
 
 def test_cyclic_lru_recopies_every_weight_while_belady_and_priority_copy_less():
