@@ -230,3 +230,18 @@ def test_the_cli_records_then_simulates_a_transformers_model(tmp_path):
     assert measured == [r.name for r in by_block.records]  # the last step's kernels, beside the prediction
 
 
+
+
+def test_the_pipelined_step_decides_which_times_are_scaled():
+    """Kernel-by-kernel times against the all-resident step (recorded H100 figures, ms): a
+    GPU-bound module scales its compute to the step, even 7% up (Wan 14B's clocks sag), and
+    a host summing past the step down to it (FLUX); a decode step three times its kernels'
+    time is the host's, whose times are scaled to it either way (Llama-3.1-8B)."""
+    from engine.modules.record import fit_to_pipelined
+
+    ms = 1_000_000
+    assert fit_to_pipelined(377_700_000, 90_400_000, 404_956_000) == pytest.approx((1.07217, 1.0), abs=1e-5)
+    assert fit_to_pipelined(177_600_000, 194_500_000, 186_871_000) == pytest.approx(
+        (186_871 / 177_600, 186_871 / 194_500))
+    assert fit_to_pipelined(11_800_000, 30_200_000, 34_359_000) == (1.0, pytest.approx(34_359 / 30_200))
+    assert fit_to_pipelined(11 * ms, 62 * ms, 33 * ms) == (1.0, pytest.approx(33 / 62))

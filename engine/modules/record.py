@@ -12,9 +12,12 @@ larger than the device records the same way.
 
 Kernels timed one at a time run a few percent faster than in a pipelined step
 (the GPU's clocks sag under sustained load). When the module fits on the device,
-a pipelined all-resident step is timed too and, unless the host bounds it, every
-kernel's compute is scaled so the kernels sum to it (header "compute_scale"); where
-the host's times sum past it, they are scaled down to it (header "host_scale").
+a pipelined all-resident step is timed too. Where the kernels' times, sagged by up
+to MAX_CLOCK_SAG, reach it, the GPU bounds the step: every kernel's compute is
+scaled so the kernels sum to it (header "compute_scale"), and host times that sum
+past it are scaled down to it (header "host_scale"), as a host cannot take longer
+than the step it ran in. Otherwise the host bounds it (a decode step of small
+kernels): the host times are scaled so they sum to it.
 With every weight still resident, one more forward runs under torch's sync debug
 mode: the kernels before which its host synchronized with the device (header
 "host_syncs"; the simulator's host waits there for every kernel launched before,
@@ -67,9 +70,11 @@ LossFn = Callable[[Any], torch.Tensor]  # a forward's output -> the scalar loss 
 
 WARMUP_FORWARDS = 1
 TIMED_FORWARDS = 2  # of each kind (host, compute); each copies every weight in synchronously
-PIPELINED_STEPS = 3  # all-resident steps timed whole: odd, so one slow step does not move the median
+PIPELINED_STEPS = 3  # all-resident steps timed whole, at least: odd, so one slow step does not move the median
+PIPELINED_NS = 500_000_000  # and until their time adds up to this: a host-bound decode step is a few ms
+WARMUP_NS = 250_000_000  # all-resident warm-up steps: at least one, and until this long
 HOLD_MARGIN_NS = 50_000
-HOST_BOUND = 0.9  # host time over the pipelined step above which the host, not the kernels, sets it
+MAX_CLOCK_SAG = 0.10  # kernels timed one by one run at most this much faster than pipelined; past it the host sets the step
 SYNC_WARNING = "called a synchronizing CUDA operation"  # torch's sync debug mode, per synchronizing call
 
 
@@ -235,11 +240,11 @@ def resident_executor(streamed: StreamedModule, backend: str, training: bool = F
 
 
 def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss_fn: LossFn | None = None,
-                      warmup: int = 1, steps: int = PIPELINED_STEPS,
                       executor: WeightExecutor | None = None) -> Pipelined:
     """The median step of the module with every weight resident (`executor`, or one made
     here and closed after: `resident_executor`; `loss_fn`: a training step), and what more
-    these steps measure (`Pipelined`)."""
+    these steps measure (`Pipelined`). Warm-up steps until WARMUP_NS, then at least
+    PIPELINED_STEPS and until PIPELINED_NS (each at most 10 x PIPELINED_STEPS steps)."""
     training = loss_fn is not None
     own = executor is None
     executor = resident_executor(streamed, backend, training) if own else executor
@@ -249,10 +254,12 @@ def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss
         streamed.hooks.recompute = lambda name: weights.mirror(index[name], f"{RECOMPUTE} {name}")
     cuda = streamed.device.type == "cuda"
     try:
-        times = []
-        for s in range(warmup + steps):
+        times: list[int] = []
+        warm, warm_ns = 0, 0
+        while len(times) < PIPELINED_STEPS or (sum(times) < PIPELINED_NS and len(times) < 10 * PIPELINED_STEPS):
+            warming = not times and (warm == 0 or (warm_ns < WARMUP_NS and warm < 10 * PIPELINED_STEPS))
             clock.synchronize()
-            if cuda and s == warmup:
+            if cuda and not warming and not times:
                 torch.cuda.reset_peak_memory_stats(streamed.device)
             start = clock.stamp()
             if training:
@@ -269,7 +276,9 @@ def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss
                     streamed.run()
             end = clock.stamp()
             clock.synchronize()
-            if s >= warmup:
+            if warming:
+                warm, warm_ns = warm + 1, warm_ns + clock.ns(start, end)
+            else:
                 times.append(clock.ns(start, end))
         peak = None
         if cuda:
@@ -282,7 +291,7 @@ def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss
         if not cuda or training:
             return Pipelined(step, peak)
         return Pipelined(step, peak, host_syncs(streamed, executor),
-                         slowdown_under_copies(streamed, executor, clock, step, steps))
+                         slowdown_under_copies(streamed, executor, clock, step, len(times)))
     finally:
         streamed.hooks.recompute = None
         if own:
@@ -340,6 +349,17 @@ def host_syncs(streamed: StreamedModule, executor: WeightExecutor) -> tuple[int,
                 torch.cuda.set_sync_debug_mode(mode)
     torch.cuda.synchronize(streamed.device)
     return tuple(sorted(set(found)))
+
+
+def fit_to_pipelined(compute_ns: int, host_ns: int, pipelined_ns: int) -> tuple[float, float]:
+    """The factors (compute, host) on the kernel-by-kernel times that make them agree with
+    the pipelined all-resident step (module docstring)."""
+    if compute_ns * (1 + MAX_CLOCK_SAG) >= pipelined_ns:  # the GPU bounds the step
+        # The host's work of a step fits in the step it ran in: a position that queues more
+        # launches than the device holds waits on the GPU even with the stream free.
+        return pipelined_ns / max(1, compute_ns), min(1.0, pipelined_ns / max(1, host_ns))
+    # The host bounds it: its work per kernel in a pipelined step, the executor's included.
+    return 1.0, pipelined_ns / max(1, host_ns)
 
 
 def saving_layers(layers: Sequence[int]) -> list[int]:
@@ -404,15 +424,9 @@ def record_module(streamed: StreamedModule, *, name: str, backend: str, workload
     pipelined = None
     if run.step_ns:
         pipelined = run.step_ns
-        host = sum(times.host_ns)
-        if host < HOST_BOUND * pipelined:
-            scale = pipelined / max(1, sum(times.compute_ns))
-            times.compute_ns = [round(c * scale) for c in times.compute_ns]
-        elif host > pipelined:
-            # The host's work of a step fits in the step it ran in: a position that queues more
-            # launches than the device holds waits on the GPU even with the stream free.
-            host_scale = pipelined / host
-            times.host_ns = [round(h * host_scale) for h in times.host_ns]
+        scale, host_scale = fit_to_pipelined(sum(times.compute_ns), sum(times.host_ns), pipelined)
+        times.compute_ns = [round(c * scale) for c in times.compute_ns]
+        times.host_ns = [round(h * host_scale) for h in times.host_ns]
     records = _records(streamed, times, training)
     module = type(streamed.module)
     rec = streamed.recording
