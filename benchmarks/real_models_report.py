@@ -59,12 +59,16 @@ def main() -> None:
     errors, picks = [], []
     for d in args.dirs:
         data = json.loads((d / "real_models.json").read_text())
+        traces = {t.header["model"]: t for t in map(read_trace, sorted(d.glob("*.trace.jsonl.gz")))}
         for result in data["results"]:
-            key = result["model"].split("-")[0]  # real_models.py's model key: ltx2-diffusers -> ltx2
-            trace = edited(read_trace(d / f"{key}.trace.jsonl.gz"), args.set)
+            if result["model"] not in traces:
+                raise ConfigError(f"{d} has no recording of {result['model']} (KEY.trace.jsonl.gz); "
+                                  "pass the --out directory of one real_models.py run")
+            trace = edited(traces[result["model"]], args.set)
             at: dict[float, list[tuple[float, float, str]]] = {}
             for r in result["rows"]:
-                p = predict(trace, hw, round(r["budget_mb"] * 1e6), r["lookahead"], r["eviction"],
+                budget = round(r["budget_mb"] * 1e6) if r["budget_mb"] else None  # 0: all resident
+                p = predict(trace, hw, budget, r["lookahead"], r["eviction"],
                             backend=r["backend"])["step_ms"]
                 err = p / r["mean_ms"] - 1
                 errors.append(err)
