@@ -18,8 +18,9 @@ steps each. train: LoRA
 rank 32 steps at 6144 video tokens through the executor as mode=execute runs
 them (relocation only between steps), no bitwise check.
 
-Each row: median step (CUDA events, the steps after the first), relocations
-(the pool's answer to fragmentation: a stall each), the peak of live block
+Each row: median and mean step (CUDA events, the steps after the first; a
+relocation's stall shows in the mean), relocations (the pool's answer to
+fragmentation: a stall each), the peak of live block
 bytes, the memory the backend held at most (pool reserve / chunks created),
 and for vmm the driver calls a step, the map time they cost at the probed rate,
 and the host time of the chunk books a step: all of it, of it waiting for a free,
@@ -153,6 +154,7 @@ class Run:
         self.marks = {c for c in CHECKPOINTS if c <= steps} | {steps}
         self.steps = steps
         self.relocations, self.maps, self.ran = 0, [], 0
+        self.timed: list = []  # every step's StepStats
         self.ex = stack.enter_context(WeightExecutor(order, host, budget_bytes=budget, eviction=eviction,
                                                      lookahead=2, backend=backend, relocate=lora is None))
         self.streamed = StreamedWeights(self.ex, len(spec.kernels)) if lora is not None else None
@@ -193,6 +195,7 @@ class Run:
         del out
         self.ran = step
         self.relocations += ex.steps[-1].relocations
+        self.timed.append(ex.steps[-1])  # the executor keeps only its last steps: time them all
         if self.counts:
             now = self.counts()
             self.maps.append({k: now[k] - self.before[k] for k in now})
@@ -206,11 +209,13 @@ class Run:
             pstats.Stats(self.profiler, stream=stats).sort_stats("tottime").print_stats(18)
             log(f"{row['backend']} {row['eviction']} {row['budget_mb']} MB: host profile of steps 3-{self.ran}\n"
                 f"{stats.getvalue()}")
-        tele = ex.telemetry()
-        row.update(steps=self.ran, step_ms=statistics.median(r["step_ms"] for r in tele[1:] or tele),
-                   relocations=self.relocations, peak_live_mb=max(r["peak_device_bytes"] for r in tele) / MB,
-                   held_mb=ex.backend.reserved_peak_bytes() / MB,
-                   h2d_gb=tele[-1]["h2d_bytes"] / 1e9)
+        row.update(steps=self.ran, relocations=self.relocations, held_mb=ex.backend.reserved_peak_bytes() / MB)
+        if self.timed:  # a run that stopped in its first step has none
+            ms = [ex.backend.elapsed_ms(s.start, s.end) for s in self.timed]
+            warm = ms[1:] or ms
+            row.update(step_ms=statistics.median(warm), mean_ms=statistics.mean(warm),
+                       peak_live_mb=max(s.peak_device_bytes for s in self.timed) / MB,
+                       h2d_gb=ex.telemetry()[-1]["h2d_bytes"] / 1e9)
         if self.maps:
             steady = self.maps[1:] or self.maps
             for k in ("maps", "unmaps", "creates", "releases", "waits", "reused"):
@@ -221,7 +226,7 @@ class Run:
             row["map_ms_per_step"] = (row["maps_per_step"] * self.map_ns[0]
                                       + row["unmaps_per_step"] * self.map_ns[1]) / 1e6
         log(f"{row['backend']} {row['eviction']} {row['budget_mb']} MB: {row['steps']} steps, "
-            f"{row['step_ms']:.1f} ms, {self.relocations} relocations, bitwise {row['bitwise']}")
+            f"{row.get('step_ms', float('nan')):.1f} ms, {self.relocations} relocations, bitwise {row['bitwise']}")
         return row
 
 
@@ -300,7 +305,7 @@ def main() -> None:
           f"{probed['map_ns'] / 1e3:.2f} us, unmap {probed['unmap_ns'] / 1e3:.2f} us, create "
           f"{probed['create_ns'] / 1e3:.2f} us, release {probed['release_ns'] / 1e3:.2f} us a chunk (by size in "
           f"granules, [map, unmap, create, release] ns: {probed['by_class']})")
-    cols = ("eviction", "budget_mb", "backend", "steps", "step_ms", "relocations", "bitwise", "peak_live_mb",
+    cols = ("eviction", "budget_mb", "backend", "steps", "step_ms", "mean_ms", "relocations", "bitwise", "peak_live_mb",
             "held_mb", "h2d_gb", "maps_per_step", "unmaps_per_step", "creates_per_step", "releases_per_step",
             "waits_per_step", "reused_per_step", "map_ms_per_step", "books_ms_per_step", "wait_ms_per_step",
             "driver_ms_per_step",
