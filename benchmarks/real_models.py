@@ -50,6 +50,7 @@ from engine.config import load_hardware  # noqa: E402
 from engine.modules.build import build_module, example_inputs, first_output  # noqa: E402
 from engine.modules.checkpoint import Checkpoint, module_weights  # noqa: E402
 from engine.modules.offload import predict  # noqa: E402
+from engine.policy import KEEP_STEPS  # noqa: E402
 from engine.trace import write_trace  # noqa: E402
 from engine.weightfile import materialize  # noqa: E402
 
@@ -209,6 +210,7 @@ def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
         torch.cuda.reset_peak_memory_stats()  # the steps' peak: set-up copies each kernel in once, on its own
         with torch.no_grad():
             times, out = timed(lambda: module(**inputs), args.warmup, args.steps)
+            timed_rows = h.telemetry()[-args.steps:]  # the executor keeps its last 16 steps
             free_ms = free_running(lambda: module(**inputs), args.steps)
             if args.timeline:  # one more step with its kernels and copies timed on the device
                 h.executor.time_steps = True
@@ -219,7 +221,7 @@ def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
         # What the process holds beside torch's allocator and the pool, both as they are now.
         outside = total - free - torch.cuda.memory_reserved() - h.executor.backend.reserved_bytes()
         h2d = rows[-1]["h2d_bytes"]
-        mean_h2d = statistics.mean(r["h2d_bytes"] for r in rows[args.warmup:])  # belady's bytes vary by step
+        mean_h2d = statistics.mean(r["h2d_bytes"] for r in timed_rows)  # belady's bytes vary by step
         limit_ms = max(resident_ms * (1 + slowdown), mean_h2d / (h2d_gbps * 1e6))
         step = statistics.median(times)
         mean = statistics.mean(times)  # belady's steps differ: the prediction is their long-run mean
@@ -319,6 +321,10 @@ def main() -> None:
                     help="time one more step's kernels and copies per row (measured_timeline in the json)")
     ap.add_argument("--out", default="outputs/real_models")
     args = ap.parse_args()
+    if not 1 <= args.steps <= KEEP_STEPS:
+        print(f"--steps {args.steps}: use 1 to {KEEP_STEPS} (the executor keeps the telemetry of its last "
+              f"{KEEP_STEPS} steps)", file=sys.stderr)
+        sys.exit(2)
     args.budgets = [float(b) for b in args.budgets.split(",")]
     args.backends = args.backends.split(",")
     args.evictions = args.evictions.split(",")
