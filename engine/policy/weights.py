@@ -64,9 +64,9 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import OrderedDict
-from statistics import median
 from dataclasses import dataclass
 from heapq import heapify, heappop, heappush
+from statistics import median
 from typing import Callable, Container, Iterable, Mapping, Protocol
 
 from engine.errors import BelowFloorError, ConfigError
