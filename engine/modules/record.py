@@ -17,13 +17,14 @@ to MAX_CLOCK_SAG, reach it, the GPU bounds the step: every kernel's compute is
 scaled so the kernels sum to it (header "compute_scale"), and host times that sum
 past it are scaled down to it (header "host_scale"), as a host cannot take longer
 than the step it ran in. Otherwise the host bounds it (a decode step of small
-kernels): the host times are scaled so they sum to it.
+kernels): the host times are scaled so they sum to it. Each timed all-resident
+step of an inference is followed by one beside a stream of H2D copies, in turns so
+the device's drift falls on both: the module's own slowdown under copies (header
+"compute_slowdown_under_copy", which the simulator takes over the profile's).
 With every weight still resident, one more forward runs under torch's sync debug
 mode: the kernels before which its host synchronized with the device (header
 "host_syncs"; the simulator's host waits there for every kernel launched before,
-each step). Then the timed steps run again beside a stream of H2D copies: the
-module's own slowdown under copies (header "compute_slowdown_under_copy", which
-the simulator takes over the profile's). A record's host time is spread over its
+each step). A record's host time is spread over its
 block's launches (header "block_records"): the simulator starts its GPU work with
 the first launch.
 
@@ -37,9 +38,8 @@ activation offloader would see: weights and adapters are not among them), and ea
 backward record the saved tensors it unpacks first.
 
     record_module      timed steps of a StreamedModule -> Trace (source "recorded")
-    pipelined_step_ns  an all-resident step, timed whole
+    pipelined_step_ns  an all-resident step, timed whole, alone and beside H2D copies
     host_syncs         where a forward's host waits for the device
-    slowdown_under_copies  how much a forward slows beside H2D copies
 """
 from __future__ import annotations
 
@@ -229,7 +229,7 @@ class Pipelined:
     # device bytes the process holds outside both.
     memory: tuple[int, int] | None = None
     syncs: tuple[int, ...] | None = None  # inference on CUDA: host_syncs
-    slowdown: float | None = None  # inference on CUDA: slowdown_under_copies
+    slowdown: float | None = None  # inference on CUDA: its slowdown beside H2D copies
 
 
 def resident_executor(streamed: StreamedModule, backend: str, training: bool = False) -> WeightExecutor:
@@ -253,45 +253,59 @@ def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss
         index = {name: i for i, name in enumerate(streamed.order.kernels)}
         streamed.hooks.recompute = lambda name: weights.mirror(index[name], f"{RECOMPUTE} {name}")
     cuda = streamed.device.type == "cuda"
+
+    def one_step(copies: Callable[[], None] | None = None) -> int:
+        clock.synchronize()  # the device's: a step beside copies ends with its copies
+        if copies is not None:
+            copies()
+        start = clock.stamp()
+        if training:
+            for p in _trainable(streamed.module):
+                p.grad = None
+            with executor.step():  # nothing is evicted: autograd may hold the weights themselves
+                weights.start_step()
+                with streamed.hooks.forward(weights):
+                    out = streamed.run()
+                loss_fn(out).backward()
+                weights.finish()
+        else:
+            with torch.no_grad(), executor.step(), streamed.hooks.forward(executor):
+                streamed.run()
+        end = clock.stamp()
+        clock.synchronize()
+        return clock.ns(start, end)
+
     try:
         times: list[int] = []
-        warm, warm_ns = 0, 0
+        beside: list[int] = []  # inference on CUDA: a step beside copies after each timed one
+        copies, copies_bytes = None, 0
+        warm, warm_ns, last_warm = 0, 0, 0
         while len(times) < PIPELINED_STEPS or (sum(times) < PIPELINED_NS and len(times) < 10 * PIPELINED_STEPS):
-            warming = not times and (warm == 0 or (warm_ns < WARMUP_NS and warm < 10 * PIPELINED_STEPS))
-            clock.synchronize()
-            if cuda and not warming and not times:
+            if not times and (warm == 0 or (warm_ns < WARMUP_NS and warm < 10 * PIPELINED_STEPS)):
+                last_warm = one_step()
+                warm, warm_ns = warm + 1, warm_ns + last_warm
+                continue
+            if cuda and not times:
+                if not training:
+                    held = torch.cuda.memory_allocated(streamed.device)
+                    copies = copy_stream_beside(last_warm, streamed.device)
+                    copies_bytes = torch.cuda.memory_allocated(streamed.device) - held
                 torch.cuda.reset_peak_memory_stats(streamed.device)
-            start = clock.stamp()
-            if training:
-                for p in _trainable(streamed.module):
-                    p.grad = None
-                with executor.step():  # nothing is evicted: autograd may hold the weights themselves
-                    weights.start_step()
-                    with streamed.hooks.forward(weights):
-                        out = streamed.run()
-                    loss_fn(out).backward()
-                    weights.finish()
-            else:
-                with torch.no_grad(), executor.step(), streamed.hooks.forward(executor):
-                    streamed.run()
-            end = clock.stamp()
-            clock.synchronize()
-            if warming:
-                warm, warm_ns = warm + 1, warm_ns + clock.ns(start, end)
-            else:
-                times.append(clock.ns(start, end))
+            times.append(one_step())
+            if copies is not None:  # in turns with the steps alone, so drift falls on both
+                beside.append(one_step(copies))
         peak = None
         if cuda:
             free, total = torch.cuda.mem_get_info(streamed.device)
             # What this process holds outside torch's allocator and the pool: the context, library
             # workspaces, the registration's bookkeeping (hardware.context_mb's measured stand-in).
             outside = total - free - torch.cuda.memory_reserved(streamed.device) - executor.backend.reserved_bytes()
-            peak = (torch.cuda.max_memory_allocated(streamed.device), max(0, outside))
+            peak = (torch.cuda.max_memory_allocated(streamed.device) - copies_bytes, max(0, outside))
         step = round(statistics.median(times))
         if not cuda or training:
             return Pipelined(step, peak)
         return Pipelined(step, peak, host_syncs(streamed, executor),
-                         slowdown_under_copies(streamed, executor, clock, step, len(times)))
+                         slowdown_under_copy(step, statistics.median(beside)))
     finally:
         streamed.hooks.recompute = None
         if own:
@@ -307,25 +321,6 @@ class _Counted:
     def fetch(self, position: int) -> Any:
         self.fetched = position + 1
         return self.source.fetch(position)
-
-
-def slowdown_under_copies(streamed: StreamedModule, executor: WeightExecutor, clock: Clock, alone_ns: int,
-                          steps: int) -> float:
-    """How much longer an all-resident forward runs beside a stream of H2D copies than its
-    `alone_ns` (the median of `steps`): the module's own figure, which the simulator takes
-    over the profile's (a model of large matmul blocks slows less than one of small kernels)."""
-    start_copies = copy_stream_beside(alone_ns, streamed.device)
-    times = []
-    for _ in range(steps):
-        clock.synchronize()
-        start_copies()
-        start = clock.stamp()
-        with torch.no_grad(), executor.step(), streamed.hooks.forward(executor):
-            streamed.run()
-        end = clock.stamp()
-        clock.synchronize()
-        times.append(clock.ns(start, end))
-    return slowdown_under_copy(alone_ns, statistics.median(times))
 
 
 def host_syncs(streamed: StreamedModule, executor: WeightExecutor) -> tuple[int, ...]:
