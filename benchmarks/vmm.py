@@ -31,7 +31,8 @@ interference: each backend's memory under the same work, timed with CUDA
 events: a queue of bf16 matmuls reading a 128 MiB weight placed by it, H2D
 copies into that weight, and the matmuls again with the host mapping and
 unmapping chunks of another range between launches (the host stays ahead;
-the difference over the calls is the device time each call takes from them).
+the difference over the calls is the device time each call takes from them),
+the two in turns, PAIRS times; the median difference and its spread.
 """
 from __future__ import annotations
 
@@ -68,6 +69,7 @@ from engine.weightfile import WeightFile, materialize  # noqa: E402
 CHECKPOINTS = (1, 50, 100, 200)
 TRAIN_WORKLOAD = SimpleNamespace(**{**vars(WORKLOAD), "name": "train_lora", "kind": "train_lora", "lora_rank": 32})
 BACKENDS = ("cuda", "vmm")
+PAIRS = 9  # interference: matmul runs without and with maps, in turns
 
 
 def log(msg: str) -> None:
@@ -121,11 +123,14 @@ def interference(budget: int = 1024 * MB, launches: int = 100, every: int = 5) -
                     backend.copy_in(block, host)
                 torch.cuda.current_stream().wait_stream(backend.copy)
 
-            alone = median_ms(matmuls, 1, 5)[0]
-            busy = median_ms(lambda: matmuls(toggle), 1, 5)[0]
-            rows.append({"backend": name, "matmul us": alone * 1e3 / launches,
+            matmuls()  # warm-up
+            pairs = [(median_ms(matmuls, 0, 1)[0], median_ms(lambda: matmuls(toggle), 0, 1)[0])
+                     for _ in range(PAIRS)]  # in turns, so drift falls on both
+            rows.append({"backend": name, "matmul us": statistics.median(a for a, _ in pairs) * 1e3 / launches,
                          "h2d GB/s": 4 * nbytes / median_ms(copies, 1, 5)[0] / 1e6,
-                         "us a map or unmap": (busy - alone) * 1e3 / (launches // every)})
+                         "us a map or unmap": statistics.median(b - a for a, b in pairs) * 1e3 / (launches // every),
+                         "spread us": (max(b - a for a, b in pairs) - min(b - a for a, b in pairs)) * 1e3
+                         / (launches // every)})
             torch.cuda.synchronize()
             backend.free_after(block, None)
             backend.close()
