@@ -226,7 +226,7 @@ def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
         step = statistics.median(times)
         mean = statistics.mean(times)  # belady's steps differ: the prediction is their long-run mean
         counts = getattr(h.executor.backend, "map_counts", None)
-        row = {"budget_mb": budget, "backend": backend, "relocations": sum(r["relocations"] for r in rows),
+        row = {"budget_mb": budget, "backend": backend, "relocations": sum(r["relocations"] for r in timed_rows),
                "vmm": counts() if counts else None, "eviction": pred["eviction"], "lookahead": pred["lookahead"], "step_ms": step,
                "free_running_ms": free_ms, "limit_ms": limit_ms,
                "over_limit": step / limit_ms, "predicted_ms": pred["step_ms"], "mean_ms": mean, "times": times,
