@@ -16,7 +16,8 @@ Per model (conf/model/<name>_diffusers.yaml / llama8b_hf.yaml, built on the meta
               set-up time (map + register + record order + warm), step time (median of --steps after
               --warmup, CUDA events, the host waiting for each step's end), the same steps launched
               back to back (free-running: a loop that never reads its output), H2D bytes,
-              outputs bitwise against resident, prediction beside it
+              outputs bitwise against one of the resident steps' (a forward whose own kernels are
+              not deterministic, Llama decode's on some inputs, has more than one), prediction beside it
   limit       max(resident x (1 + slowdown under copies), mean H2D bytes a step / pinned H2D bandwidth)
   timeline    (--timeline) one more step per row with each kernel and weight copy timed on the device
   peer        (--peer) diffusers enable_group_offload(block_level, 1 block per group, use_stream=True)
@@ -75,6 +76,21 @@ def host_rss() -> dict[str, int]:
         if key in ("VmRSS", "RssAnon", "RssFile", "RssShmem"):
             out[key] = int(value.split()[0]) * 1024
     return out
+
+
+def distinct(outputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The different outputs among `outputs`, in order: a forward whose own kernels are not
+    deterministic (Llama decode's logits on some inputs) has more than one."""
+    out: list[torch.Tensor] = []
+    for o in outputs:
+        if not one_of(o, out):
+            out.append(o)
+    return out
+
+
+def one_of(output: torch.Tensor, outcomes: list[torch.Tensor]) -> bool:
+    """Whether `output` is bitwise one of the resident run's `outcomes`."""
+    return any(bitwise_equal(output, o) for o in outcomes)
 
 
 def timed(fn: Callable[[], Any], warmup: int, steps: int) -> tuple[list[float], Any]:
@@ -138,26 +154,33 @@ def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
             owner._buffers[name.rpartition(".")[2]] = b.to(device)
         torch.cuda.synchronize()
         load_s = time.perf_counter() - t0
-        times, out = timed(lambda: ref_module(**inputs), args.warmup, args.steps)
-        ref = first_output(out).clone()
+        kept: list[torch.Tensor] = []  # every resident step's output: its outcomes, compared after
+
+        def resident_step() -> Any:
+            out = ref_module(**inputs)
+            kept.append(first_output(out).clone())
+            return out
+        times, out = timed(resident_step, args.warmup, args.steps)
         resident_ms = statistics.median(times)
         beside = copy_stream_beside(round(resident_ms * 1e6), device)
 
         def with_copies() -> Any:
             beside()
-            return ref_module(**inputs)
+            return resident_step()
         copy_times, _ = timed(with_copies, 1, args.steps)
         slowdown = statistics.median(copy_times) / resident_ms - 1
-        del ref_module, out
+        outcomes = distinct(kept)
+        del ref_module, out, kept
     gc.collect()
     torch.cuda.empty_cache()
-    finite = bool(ref.float().isfinite().all())
+    finite = all(bool(o.float().isfinite().all()) for o in outcomes)
     copies, _ = probe_copies(device)
     h2d_gbps = max(c["nbytes"] / c["ns"] for c in copies if c["dir"] == "h2d")
-    result.update(resident_ms=resident_ms, resident_load_s=round(load_s, 1), slowdown_under_copies=slowdown,
+    result.update(resident_ms=resident_ms, resident_outcomes=len(outcomes), resident_load_s=round(load_s, 1),
+                  slowdown_under_copies=slowdown,
                   h2d_gbps=h2d_gbps, reference_finite=finite, peak_resident_bytes=torch.cuda.max_memory_allocated())
     log(f"{key}: resident {resident_ms:.1f} ms, +{100 * slowdown:.1f}% beside copies, H2D {h2d_gbps:.1f} GB/s, "
-        f"finite={finite}")
+        f"finite={finite}, {len(outcomes)} different output(s) over {args.warmup + 2 * args.steps + 1} steps")
 
     t0 = time.perf_counter()
     trace = engine.record(module, inputs, checkpoint=path, name=cfg.name, workload=WORKLOADS[key])
@@ -187,7 +210,7 @@ def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
                            hardware=hw)
     result["auto_setup_s"] = round(time.perf_counter() - t0, 1)
     with torch.no_grad():
-        result["auto_bitwise"] = all(bitwise_equal(first_output(module(**inputs)), ref) for _ in range(3))
+        result["auto_bitwise"] = all(one_of(first_output(module(**inputs)), outcomes) for _ in range(3))
     result["auto_eviction"] = h.eviction
     h.remove()
     log(f"{key} @ {args.budgets[0]}: eviction=auto set-up {result['auto_setup_s']} s (chose {result['auto_eviction']}), "
@@ -232,8 +255,8 @@ def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
                "over_limit": step / limit_ms, "predicted_ms": pred["step_ms"], "mean_ms": mean, "times": times,
                "prediction_error": pred["step_ms"] / mean - 1, "candidates_ms": pred["candidates"],
                "h2d_bytes": h2d, "mean_h2d_bytes": mean_h2d, "host_copied_bytes": copied, "predicted_h2d_bytes": pred["h2d_bytes"], "setup_s": setup_s,
-               "bitwise": bitwise_equal(first_output(out), ref),
-               "max_abs_diff": (first_output(out).float() - ref.float()).abs().max().item(),
+               "bitwise": one_of(first_output(out), outcomes),
+               "max_abs_diff": min((first_output(out).float() - o.float()).abs().max().item() for o in outcomes),
                "peak_pool_bytes": max(r["peak_device_bytes"] for r in rows),
                "peak_torch_bytes": torch.cuda.max_memory_allocated(),
                "predicted_peak_bytes": pred["peak_device_bytes"], "rss": host_rss(), "rss_before": rss0,
@@ -253,11 +276,11 @@ def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
         torch.cuda.empty_cache()
 
     if args.peer and hasattr(module, "enable_group_offload"):
-        result["peer"] = peer_row(module, cfg, table, path, inputs, ref, args)
+        result["peer"] = peer_row(module, cfg, table, path, inputs, outcomes, args)
     return result
 
 
-def peer_row(module: Any, cfg: Any, table: Any, path: Path, inputs: dict, ref: torch.Tensor,
+def peer_row(module: Any, cfg: Any, table: Any, path: Path, inputs: dict, outcomes: list[torch.Tensor],
              args: argparse.Namespace) -> dict:
     """diffusers block-level group offloading with streams, CPU weights viewing the mapping."""
     with Checkpoint(path, table) as ckpt:
@@ -270,7 +293,7 @@ def peer_row(module: Any, cfg: Any, table: Any, path: Path, inputs: dict, ref: t
         with torch.no_grad():
             times, out = timed(lambda: peer(**inputs), 1, max(2, args.steps // 2))
         row = {"step_ms": statistics.median(times), "setup_s": setup_s,
-               "bitwise": bitwise_equal(first_output(out), ref), "rss": host_rss()}
+               "bitwise": one_of(first_output(out), outcomes), "rss": host_rss()}
         del peer, out
     gc.collect()
     torch.cuda.empty_cache()
