@@ -28,3 +28,17 @@ def test_a_bad_set_is_one_line() -> None:
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "real_models_report.py"), str(RUN),
                            "--set", "host_syncs=[99]"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and done.stderr.strip().count("\n") == 0, done.stderr
+
+
+def test_an_output_is_bitwise_one_of_the_resident_outcomes() -> None:
+    """real_models.py keeps each different output of the resident steps (a forward whose own
+    kernels are not deterministic has more than one) and calls a row right when it is one."""
+    import torch
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from real_models import distinct, one_of
+
+    a, b = torch.tensor([1.0, 2.0], dtype=torch.bfloat16), torch.tensor([1.0, 2.015625], dtype=torch.bfloat16)
+    outcomes = distinct([a, a.clone(), b, a, b.clone()])
+    assert len(outcomes) == 2 and outcomes[0] is a and outcomes[1] is b
+    assert one_of(b.clone(), outcomes) and not one_of(torch.tensor([1.0, 2.03125], dtype=torch.bfloat16), outcomes)
