@@ -46,7 +46,7 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Callable
+from typing import Callable, Mapping
 
 import torch
 
@@ -63,6 +63,8 @@ from engine.executor.training import StreamedWeights, train_order, train_step  #
 from engine.models.lora import init_lora  # noqa: E402
 from engine.measure.probes import probe_vmm  # noqa: E402
 from engine.models import forward, make_inputs  # noqa: E402
+from engine.models.spec import ModelSpec  # noqa: E402
+from engine.policy import AccessOrder  # noqa: E402
 from engine.units import MB  # noqa: E402
 from engine.weightfile import WeightFile, materialize  # noqa: E402
 
@@ -149,9 +151,9 @@ class Run:
     """One backend's executor over a row's steps; `step()` runs the next one, so the two
     backends' rows can take turns (drift over the run then falls on both alike)."""
 
-    def __init__(self, stack: ExitStack, spec, order, host, inputs, reference, backend: str, budget: int,
-                 eviction: str, steps: int, map_ns: tuple[int, int], profile: bool = False,
-                 lora: dict | None = None):
+    def __init__(self, stack: ExitStack, spec: ModelSpec, order: AccessOrder, host: Mapping[str, torch.Tensor],
+                 inputs: dict, reference: dict | None, backend: str, budget: int, eviction: str, steps: int,
+                 map_ns: tuple[int, int], profile: bool = False, lora: dict | None = None):
         self.spec, self.inputs, self.reference, self.lora = spec, inputs, reference, lora
         self.map_ns = map_ns
         self.row = {"backend": backend, "budget_mb": round(budget / MB), "eviction": eviction, "bitwise": None,
