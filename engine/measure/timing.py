@@ -24,7 +24,9 @@ TIMED_STEPS = 5
 # the previous step's host time (the first step: FIRST_HOLD_NS).
 HOLD_FACTOR = 1.5
 FIRST_HOLD_NS = 50_000_000
-HOST_BOUND_STEP = 1.05  # a pipelined step this far over the held GPU step: the host sets its length
+# A pipelined step this far over its kernels' own time (the held GPU step) is the host's: under it,
+# the GPU's clocks, sagging under sustained load (up to 7% measured), account for the difference.
+HOST_BOUND_STEP = 1.10
 
 
 class KernelStamps:
