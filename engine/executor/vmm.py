@@ -5,9 +5,10 @@ allocation granularity (cuMemCreate; 2 MiB on an H100), at most the budget's
 worth and the books' slack (chunks.conversion_slack), mapped into a virtual
 range per block (cuMemMap, cuMemSetAccess). Which chunks and ranges a block
 gets, and when a range is mapped or unmapped, is engine/policy/chunks.py's
-ChunkBooks; this module makes the driver calls and keeps the stream order. Internal waste is under one granule a block;
-placement.py has the policy plan with the rounded sizes, so the chunks in use
-never exceed the budget, and a block the budget allows is never refused.
+ChunkBooks; this module makes the driver calls and keeps the stream order.
+Internal waste is under one granule a block; placement.py has the policy plan
+with the rounded sizes, so the chunks in use never exceed the budget, and a
+block the budget allows is never refused.
 
 Stream order, as in the pool backend: `free_after` makes the copy stream wait
 for the block's last reader; the block's chunks may then serve the next block

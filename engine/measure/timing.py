@@ -256,12 +256,18 @@ def op_host_ns(spec: ModelSpec, kernel_host_ns: Sequence[int]) -> dict[str, int]
     return medians_by_op((k.op, ns) for k, ns in zip(spec.kernels, kernel_host_ns))
 
 
+def host_bound(kernels_ns: int, pipelined_ns: int) -> bool:
+    """Whether the host, not the GPU, sets a pipelined step's length: the step runs past its
+    kernels' own time by more than the GPU's clocks sag under sustained load."""
+    return pipelined_ns > HOST_BOUND_STEP * kernels_ns
+
+
 def host_scale(spec: ModelSpec, timing: StepTiming, pipelined_ns: int | None) -> float:
     """The factor on the recorded host times that makes them sum to the pipelined step
     (`probes.pipelined_step_ns`) where the host bounds it: the executor's work per kernel
     and a host running unhindered by a held stream are in that step, not in the times
     taken kernel by kernel. 1 where the GPU bounds it, or nothing was pipelined."""
-    if pipelined_ns is None or pipelined_ns <= HOST_BOUND_STEP * timing.step_ns:
+    if pipelined_ns is None or not host_bound(timing.step_ns, pipelined_ns):
         return 1.0
     total = sum(_op_host_sum(spec, t) for t in (timing.host_ns, timing.backward_host_ns) if t is not None)
     return pipelined_ns / total if total else 1.0

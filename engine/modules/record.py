@@ -12,9 +12,10 @@ larger than the device records the same way.
 
 Kernels timed one at a time run a few percent faster than in a pipelined step
 (the GPU's clocks sag under sustained load). When the module fits on the device,
-a pipelined all-resident step is timed too. Where the kernels' times, sagged by up
-to HOST_BOUND_STEP, reach it, the GPU bounds the step: every kernel's compute is
-scaled so the kernels sum to it (header "compute_scale"), and host times that sum
+a pipelined all-resident step is timed too. Where the kernels' times, sagged by
+up to HOST_BOUND_STEP (engine/measure/timing.py host_bound), reach it, the GPU
+bounds the step: every kernel's compute is scaled so the kernels sum to it
+(header "compute_scale"), and host times that sum
 past it are scaled down to it (header "host_scale"), as a host cannot take longer
 than the step it ran in. Otherwise the host bounds it (a decode step of small
 kernels): the host times are scaled so they sum to it. Each timed all-resident
@@ -60,7 +61,7 @@ from engine.compute import slowdown_under_copy
 from engine.gc_pause import paused_gc
 from engine.measure.clocks import Clock, clock_for
 from engine.measure.probes import copy_stream_beside
-from engine.measure.timing import HOLD_FACTOR, HOST_BOUND_STEP, KernelStamps, SavedTensorLog
+from engine.measure.timing import HOLD_FACTOR, KernelStamps, SavedTensorLog, host_bound
 from engine.models.spec import SavedTensor
 from engine.modules.streamed import StreamedModule
 from engine.policy import AccessOrder
@@ -348,7 +349,7 @@ def host_syncs(streamed: StreamedModule, executor: WeightExecutor) -> tuple[int,
 def fit_to_pipelined(compute_ns: int, host_ns: int, pipelined_ns: int) -> tuple[float, float]:
     """The factors (compute, host) on the kernel-by-kernel times that make them agree with
     the pipelined all-resident step (module docstring)."""
-    if compute_ns * HOST_BOUND_STEP >= pipelined_ns:  # the GPU bounds the step
+    if not host_bound(compute_ns, pipelined_ns):  # the GPU bounds the step
         # The host's work of a step fits in the step it ran in: a position that queues more
         # launches than the device holds waits on the GPU even with the stream free.
         return pipelined_ns / max(1, compute_ns), min(1.0, pipelined_ns / max(1, host_ns))

@@ -22,8 +22,8 @@ only once its range's free has passed (`freed`: the block's last reader ran, or,
 never read, its copy landed): a range still read may be reused only as it is or
 grown. A chunk taken from a free range still read stays mapped there too
 (stale: nothing reads it there any more) and is unmapped from it once the free
-has passed. A chunk with a stale
-mapping is never released (its memory would outlive the release).
+has passed. A chunk with a stale mapping is never released (its memory would
+outlive the release).
 
 A chunk size the books lack is created in a slack beyond the cap
 (`conversion_slack`: two of the largest block) before anything else: converting
