@@ -25,7 +25,7 @@ TIMED_STEPS = 5
 HOLD_FACTOR = 1.5
 FIRST_HOLD_NS = 50_000_000
 # A pipelined step this far over its kernels' own time (the held GPU step) is the host's: under it,
-# the GPU's clocks, sagging under sustained load (up to 7% measured), account for the difference.
+# the GPU's clocks, sagging under sustained load, account for the difference.
 HOST_BOUND_STEP = 1.10
 
 
