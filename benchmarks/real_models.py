@@ -189,7 +189,8 @@ def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
     result["recorded_compute_ms"] = sum(r.compute_ns for r in trace.records) / 1e6
     result["recorded_host_ms"] = sum(r.host_ns for r in trace.records) / 1e6
     result["kernels"] = len(trace.records)
-    log(f"{key}: recorded {len(trace.records)} kernels in {result['record_s']} s: compute "
+    log(f"{key}: recorded {len(trace.records)} kernels in {result['record_s']} s "
+        f"({', '.join(f'{k} {v:.1f}' for k, v in trace.header['record_stages_s'].items())}): compute "
         f"{result['recorded_compute_ms']:.1f} ms, host {result['recorded_host_ms']:.1f} ms")
     pred_all = predict(trace, hw, None, 2, "priority")
     result["predicted_resident_ms"] = pred_all["step_ms"]
@@ -209,12 +210,14 @@ def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
         h = engine.offload(module, budget_mb=args.budgets[0] or None, example_inputs=inputs, checkpoint=path,
                            hardware=hw)
     result["auto_setup_s"] = round(time.perf_counter() - t0, 1)
+    result["auto_setup_stages_s"] = h.setup_s
     with torch.no_grad():
         result["auto_bitwise"] = all(one_of(first_output(module(**inputs)), outcomes) for _ in range(3))
     result["auto_eviction"] = h.eviction
     h.remove()
-    log(f"{key} @ {args.budgets[0]}: eviction=auto set-up {result['auto_setup_s']} s (chose {result['auto_eviction']}), "
-        f"bitwise={result['auto_bitwise']}")
+    stages = ", ".join(f"{k} {v:.1f}" for k, v in h.setup_s.items())
+    log(f"{key} @ {args.budgets[0]}: eviction=auto set-up {result['auto_setup_s']} s ({stages}; chose "
+        f"{result['auto_eviction']}), bitwise={result['auto_bitwise']}")
     gc.collect()
     torch.cuda.empty_cache()
 

@@ -178,13 +178,15 @@ def test_auto_eviction_runs_the_policy_the_simulator_predicts_fastest(run_cli, t
 
 
 def test_auto_eviction_picks_belady_for_an_llm_decode_step_at_a_tight_budget(run_cli, tmp_path):
-    """Priority pins budget - floor, and a decode step's floor (lm_head, embedding, the
-    lookahead window) is most of a tight budget: belady is predicted 3x faster."""
+    """Priority keeps its streaming room (two layers and the lookahead's) free of pinned
+    weights, where belady caches in it too; at a tight budget that room is a large share
+    of what could stay: belady is predicted a third faster (priority pins the embedding
+    and the head, else 3x)."""
     r = run_cli("+model=llama8b", "model.num_layers=8", "workload=decode", "budget=4203")
     assert r.returncode == 0, r.stderr
     cfg = json.loads((tmp_path / "run" / "report.json").read_text())["config"]
     assert cfg["eviction"] == "belady"
-    assert cfg["eviction_predicted_ms"]["priority"] > 2 * cfg["eviction_predicted_ms"]["belady"]
+    assert cfg["eviction_predicted_ms"]["priority"] > 1.25 * cfg["eviction_predicted_ms"]["belady"]
 
 
 def test_model_is_chosen_with_or_without_a_plus(run_cli, tmp_path):

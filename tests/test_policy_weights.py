@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from engine.errors import BelowFloorError, ConfigError
 from engine.policy import AccessOrder, Decision
 from engine.policy.weights import (
-    EVICTIONS, BeladyEviction, Floor, WeightResidency, floor, residency_summary)
+    EVICTIONS, BeladyEviction, Floor, WeightResidency, anchors, floor, residency_summary)
 
 MB = 1_000_000
 
@@ -149,35 +149,57 @@ def test_priority_spreads_its_set_through_the_order():
     order = make_order([("a",), ("b",), ("c",), ("d",)],
                        {"a": 50 * MB, "b": 100 * MB, "c": 10 * MB, "d": 100 * MB})
     assert floor(order, 0).bytes == 150 * MB  # a+b and d+a; b+c and c+d are 110
-    # f = 150/260: a (50 > 28.8) and b (100 > 86.5) are streamed, c (10 <= 92.3)
-    # and d (110 <= 150) kept.
-    assert WeightResidency(order, 300 * MB, "priority", 0).pinned == frozenset({"c", "d"})
+    # Anchors first (test_priority_pins_the_weights_that_set_the_room): a (the rest's
+    # floor 150 -> 110), then c (-> 100). Then f = (300 - 100 - 60) / 200 over b, d:
+    # b (100 > 70) is streamed, d (100 <= 140) kept.
+    assert anchors(order, 300 * MB, 0) == (frozenset("ac"), 100 * MB)
+    assert WeightResidency(order, 300 * MB, "priority", 0).pinned == frozenset("acd")
     assert WeightResidency(order, 410 * MB, "priority", 0).pinned == frozenset("abcd")  # f = 1
-    # The walk keeps only b (f = 1/2); c is too big for the 50 MB left, so the
-    # fill pass gives that room to a.
+    # Like pairs (no anchors), f = 10/80: no prefix of the walk earns a weight, so the
+    # fill pass gives the 10 MB to the first that fits, a.
+    order = make_order([("a",), ("b",), ("c",), ("d",)], {"a": 10 * MB, "b": 30 * MB, "c": 10 * MB, "d": 30 * MB})
+    assert floor(order, 0).bytes == 40 * MB and anchors(order, 50 * MB, 0)[0] == frozenset()
+    assert WeightResidency(order, 50 * MB, "priority", 0).pinned == frozenset("a")
+    # A heavy weight that sets every widest pair is an anchor: pinned, all three fit.
     order = make_order([("a",), ("b",), ("c",)], {"a": 10 * MB, "b": 10 * MB, "c": 100 * MB})
-    assert floor(order, 0).bytes == 110 * MB
-    assert WeightResidency(order, 170 * MB, "priority", 0).pinned == frozenset("ab")
+    assert WeightResidency(order, 170 * MB, "priority", 0).pinned == frozenset("abc")
 
 
 def test_priority_prefetch_reaches_past_a_run_of_pinned_kernels():
     """The window runs on to the L-th streamed kernel: the next step's first streamed weight
     is prefetched as the pinned tail starts, not L kernels before it is needed."""
-    sizes = {f"w{i}": (100 if i < 3 else 10) * MB for i in range(9)}
+    # Four like heads: pinning one leaves another pair as wide, so there are no anchors.
+    sizes = {f"w{i}": (100 if i < 4 else 10) * MB for i in range(10)}
     order = make_order([(w,) for w in sizes], sizes)
     policy = WeightResidency(order, 260 * MB, "priority", 1)
-    assert policy.pinned == frozenset(f"w{i}" for i in range(3, 9))  # the tail w3..w8
+    assert policy.pinned == frozenset(f"w{i}" for i in range(4, 10))  # the tail w4..w9
     for _ in range(2):
         for i in range(len(order)):
             policy.issue(i)
     w0 = [d for d in policy.log if d.step == 1 and d.action == "prefetch" and d.target == "w0"]
-    assert [(d.position, d.detail) for d in w0] == [(3, 0)]  # at the tail's first kernel, for position 0
-    # Without a pinned set the window is the next L kernels, as before: lru prefetches w0 at w8.
+    assert [(d.position, d.detail) for d in w0] == [(4, 0)]  # at the tail's first kernel, for position 0
+    # Without a pinned set the window is the next L kernels, as before: lru prefetches w0 at w9.
     lru = WeightResidency(order, 260 * MB, "lru", 1)
     for _ in range(2):
         for i in range(len(order)):
             lru.issue(i)
-    assert [d.position for d in lru.log if d.step == 1 and d.action == "prefetch" and d.target == "w0"] == [8]
+    assert [d.position for d in lru.log if d.step == 1 and d.action == "prefetch" and d.target == "w0"] == [9]
+
+
+def test_priority_pins_the_weights_that_set_the_room():
+    """A decoder: embedding and head (100 MB each) around 8 layers of 20 MB. Their pair
+    across the step's boundary sets the floor (200 + 100 headroom at lookahead 2); pinned,
+    the layers need room for two and one more (60 MB), so 240 MB more is pinned."""
+    sizes = {"embed": 100 * MB, **{f"l{i}": 20 * MB for i in range(8)}, "head": 100 * MB}
+    order = make_order([(w,) for w in sizes], sizes)
+    assert floor(order, 2).bytes == 300 * MB
+    assert anchors(order, 330 * MB, 2) == (frozenset({"embed", "head"}), 60 * MB)
+    pinned = WeightResidency(order, 330 * MB, "priority", 2).pinned
+    assert {"embed", "head"} <= pinned and sum(sizes[w] for w in pinned) == 260 * MB  # 3 layers
+    # Either alone leaves the other in the widest pair (120 + 100 headroom: 320 MB with
+    # it), but the two together fit at the floor itself.
+    assert anchors(order, 300 * MB, 2) == (frozenset({"embed", "head"}), 60 * MB)
+    assert anchors(order, 259 * MB, 2) == (frozenset(), 300 * MB)  # allow_below_floor's budgets
 
 
 def test_a_light_streamed_kernel_is_in_the_window_but_does_not_count():
@@ -330,7 +352,7 @@ def test_every_victim_is_the_best_unprotected_candidate(order, eviction, lookahe
     recently used)."""
     n = len(order)
     policy = WeightResidency(order, floor(order, lookahead).bytes + extra, eviction, lookahead)
-    next_use = BeladyEviction(order, None, policy.floor).next_use
+    next_use = BeladyEviction(order, None, policy.lookahead).next_use
     resident: set[str] = set()
     last_use: dict[str, int] = {}
     tick = itertools.count()
@@ -360,7 +382,9 @@ def test_spread_priority_set_keeps_every_half_of_the_order_at_the_same_fraction(
     fl = floor(order, lookahead).bytes
     budget = data.draw(st.integers(fl, fl + model - 1))  # 0 <= f < 1
     pinned = WeightResidency(order, budget, "priority", lookahead).pinned
-    f = (budget - fl) / model
+    first, room = anchors(order, budget, lookahead)
+    rest = {w: s for w, s in sizes.items() if w not in first}
+    f = (budget - room - (model - sum(rest.values()))) / max(1, sum(rest.values()))
     n = len(weights)
     # Every prefix of the walk keeps within one weight's size under f x its
     # bytes and the fill pass adds less than one more, so a window (two
@@ -368,13 +392,29 @@ def test_spread_priority_set_keeps_every_half_of_the_order_at_the_same_fraction(
     # sizes of f x its bytes.
     tolerance = 2 * max(weights)
     for start in range(n):  # every contiguous half, wrapping too: steps repeat
-        half = [f"w{(start + k) % n}" for k in range(n // 2)]
+        half = [f"w{(start + k) % n}" for k in range(n // 2) if f"w{(start + k) % n}" in rest]
         kept = sum(sizes[w] for w in half if w in pinned)
         assert abs(kept - f * sum(sizes[w] for w in half)) <= tolerance
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(1, 50), min_size=2, max_size=40), st.integers(0, 3), st.data())
+def test_priority_set_leaves_its_streamed_part_the_room_of_its_floor(weights, lookahead, data):
+    """Pinned bytes plus the floor of what streams fit the budget (so a demand fetch always
+    finds room), and the anchors never pin less than pinning budget - floor would."""
+    sizes = {f"w{i}": s for i, s in enumerate(weights)}
+    order = make_order([(w,) for w in sizes], sizes)
+    fl = floor(order, lookahead).bytes
+    budget = data.draw(st.integers(fl, fl + sum(weights)))
+    pinned = WeightResidency(order, budget, "priority", lookahead).pinned
+    streamed = AccessOrder(order.kernels, order.reads, {w: 0 if w in pinned else s for w, s in sizes.items()})
+    kept = sum(sizes[w] for w in pinned)
+    assert kept + floor(streamed, lookahead).bytes <= budget
+    assert kept >= budget - fl - max(weights)
+
+
 def test_belady_next_use_is_cyclic():
-    b = BeladyEviction(cyclic(4), None, floor(cyclic(4), 0))
+    b = BeladyEviction(cyclic(4), None, 0)
     assert [b.next_use("w1", p) for p in range(4)] == [1, 4, 3, 2]
 
 

@@ -26,7 +26,7 @@ from engine.errors import ConfigError, ExecutorError, WeightFileError
 from engine.executor.runtime import WeightExecutor
 from engine.executor.setup import compute_device
 from engine.modules.record import record_module
-from engine.modules.streamed import StreamedModule
+from engine.modules.streamed import StreamedModule, stage
 from engine.modules.training import TrainingHandle, activations_config, sized_for
 from engine.policy.placement import place
 from engine.policy.weights import EVICTIONS, WeightResidency, floor
@@ -46,7 +46,7 @@ LOOKAHEADS = (1, 2, 3, 4)  # lookahead="auto" tries these
 
 class OffloadHandle:
     """What `offload` returns: the executor, the recorded order and trace, the
-    prediction, telemetry, and `remove()`."""
+    prediction, the set-up's seconds by stage, telemetry, and `remove()`."""
 
     def __init__(self, streamed: StreamedModule, executor: WeightExecutor, trace: Trace | None,
                  prediction: dict | None):
@@ -60,6 +60,7 @@ class OffloadHandle:
         self.trace = trace  # the recorded trace (eviction="auto" or hardware given), else None
         # eviction="auto": {"eviction", "step_ms", "candidates": {policy: step_ms}, ...} the simulator's
         self.prediction = prediction
+        self.setup_s = streamed.setup_s  # seconds per set-up stage (StreamedModule.setup_s)
 
     def telemetry(self) -> list[dict]:
         return self.executor.telemetry()
@@ -135,11 +136,14 @@ def offload(module: nn.Module, *, budget_mb: float | None, example_inputs: Any =
         WeightResidency(streamed.order, budget, "priority", min(LOOKAHEADS) if lookahead == "auto" else lookahead)
         trace = prediction = None
         if hw is not None:
-            trace = record_module(streamed, name=type(module).__name__, backend=backend)
-            prediction = predict(trace, hw, budget, lookahead, eviction, source, backend)
+            with stage(streamed.setup_s, "record"):
+                trace = record_module(streamed, name=type(module).__name__, backend=backend)
+            with stage(streamed.setup_s, "simulate"):
+                prediction = predict(trace, hw, budget, lookahead, eviction, source, backend)
             eviction, lookahead = prediction["eviction"], prediction["lookahead"]
-        executor = WeightExecutor(streamed.order, streamed.host, budget_bytes=budget,
-                                  eviction=eviction, lookahead=lookahead, backend=backend)
+        with stage(streamed.setup_s, "executor"):
+            executor = WeightExecutor(streamed.order, streamed.host, budget_bytes=budget,
+                                      eviction=eviction, lookahead=lookahead, backend=backend)
     except BaseException as err:
         traceback.clear_frames(err.__traceback__)  # its frames hold views of the checkpoint's mapping
         streamed.remove()

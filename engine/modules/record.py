@@ -63,7 +63,7 @@ from engine.measure.clocks import Clock, clock_for
 from engine.measure.probes import copy_stream_beside
 from engine.measure.timing import HOLD_FACTOR, KernelStamps, SavedTensorLog, host_bound
 from engine.models.spec import SavedTensor
-from engine.modules.streamed import StreamedModule
+from engine.modules.streamed import StreamedModule, stage
 from engine.policy import AccessOrder
 from engine.trace import BACKWARD_FLOPS_FACTOR, BACKWARD_SUFFIX, FORMAT, VERSION, KernelRecord, Trace, check_trace
 
@@ -406,12 +406,15 @@ def record_module(streamed: StreamedModule, *, name: str, backend: str, workload
     # Inference that fits copies the weights in once; training's saved tensors are known
     # only after a step, so it copies them in at every fetch until then.
     resident = resident_executor(streamed, backend) if not training and fits_resident(model_bytes, device) else None
+    stages: dict[str, float] = {}
     try:
-        times = time_kernels(streamed, clock, loss_fn, resident=resident)
+        with stage(stages, "kernels"):
+            times = time_kernels(streamed, clock, loss_fn, resident=resident)
         saved_bytes = sum(sum(v) for v in times.saved.values())
         run = Pipelined(0)
         if resident is not None or fits_resident(model_bytes + saved_bytes, device):
-            run = pipelined_step_ns(streamed, clock, backend, loss_fn, executor=resident)
+            with stage(stages, "resident_steps"):
+                run = pipelined_step_ns(streamed, clock, backend, loss_fn, executor=resident)
     finally:
         if resident is not None:
             resident.close()
@@ -443,6 +446,7 @@ def record_module(streamed: StreamedModule, *, name: str, backend: str, workload
         **({"compute_slowdown_under_copy": round(run.slowdown, 4)} if run.slowdown is not None else {}),
         "block_records": True,  # a record is a block of many launches: the simulator starts it with the first
         "resident_bytes": streamed.resident_bytes, "record_s": round(time.perf_counter() - t0, 3),
+        "record_stages_s": stages,  # timing kernel by kernel, then the all-resident steps
         **(extra_header or {}),
     }
     trace = Trace(header=header, weight_sizes=dict(streamed.order.sizes), records=records)

@@ -19,9 +19,11 @@
 from __future__ import annotations
 
 import logging
+import time
 import traceback
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -36,6 +38,16 @@ from engine.modules.packing import pack_kernels, weight_views
 from engine.units import MB
 
 log = logging.getLogger(__name__)
+
+
+@contextmanager
+def stage(times: dict[str, float], name: str) -> Iterator[None]:
+    """Adds the seconds the block takes to times[name] (a set-up's breakdown)."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        times[name] = round(times.get(name, 0.0) + time.perf_counter() - t0, 3)
 
 
 def call_args(example_inputs: Any) -> tuple[tuple, dict]:
@@ -96,6 +108,9 @@ class StreamedModule:
         self._registered: list[int] = []
         self._checkpoint: Checkpoint | None = None
         self.hooks: KernelHooks | None = None
+        # Seconds per set-up stage: map, register, order (the recording forward), pack, hooks;
+        # offload adds record, simulate and executor.
+        self.setup_s: dict[str, float] = {}
         try:
             self._setup(grouping, blocks, checkpoint, source, training)
         except BaseException as err:
@@ -109,8 +124,9 @@ class StreamedModule:
         module, device = self.module, self.device
         files = None
         if checkpoint is not None:
-            self._checkpoint = Checkpoint(checkpoint, module_weights(module, frozen_only=training))
-            files = self._checkpoint.tensors()
+            with stage(self.setup_s, "map"):
+                self._checkpoint = Checkpoint(checkpoint, module_weights(module, frozen_only=training))
+                files = self._checkpoint.tensors()
         unfilled = [n for n, p in module.named_parameters()
                     if p.is_meta and (files is None or state_dict_name(n) not in files)]
         if unfilled and files is None:
@@ -125,7 +141,8 @@ class StreamedModule:
         streamed = {id(p): p for k in kernels for p in k.params.values()}
         if files is not None:
             if source == "mmap_registered":
-                self._register()
+                with stage(self.setup_s, "register"):
+                    self._register()
             host = {names[k]: files[names[k]] for k in streamed}
         else:  # the module's own data, on the host until packed (device copies are freed now)
             host = {names[k]: p.data if p.device.type == "cpu" else p.data.cpu() for k, p in streamed.items()}
@@ -145,7 +162,7 @@ class StreamedModule:
         def release(w: str, p: nn.Parameter) -> None:
             p.data = self.placeholders[id(p)]
 
-        with torch.no_grad():
+        with torch.no_grad(), stage(self.setup_s, "order"):
             self.recording: Recording = record_order(module, self.run, kernels, bring, release)
         for p in self.recording.outside:  # read outside their kernel: resident from now on
             for k in kernels:
@@ -153,8 +170,9 @@ class StreamedModule:
             self.placeholders.pop(id(p), None)
         in_file = files is not None and source in ("mmap_registered", "mmap")
         pinned = device.type == "cuda" if files is None else source == "pinned"
-        packed = pack_kernels(self.recording.order, host, self._checkpoint.locate if in_file else None,
-                              self._holder.host_buffer if pinned else pageable_buffer)
+        with stage(self.setup_s, "pack"):
+            packed = pack_kernels(self.recording.order, host, self._checkpoint.locate if in_file else None,
+                                  self._holder.host_buffer if pinned else pageable_buffer)
         views = weight_views(packed)
         self._restore.stream({k: views[names[k]] for k in streamed
                               if k in self._restore.params and names[k] in views})
@@ -165,7 +183,8 @@ class StreamedModule:
         self.kernels = kernels
         self.resident_params = [names[id(p)] for p in [*kept, *self.recording.outside]]
         self.resident_bytes = sum(p.numel() * p.element_size() for p in [*kept, *self.recording.outside])
-        self.hooks = KernelHooks(module, kernels, self.order, self.placeholders, packed.parts)
+        with stage(self.setup_s, "hooks"):
+            self.hooks = KernelHooks(module, kernels, self.order, self.placeholders, packed.parts)
         log.info("%s: %d kernels (%s), %.1f MB streamed as %d weights (%.1f MB copied to host buffers), "
                  "%d kept resident (%.1f MB)", type(module).__name__, len(self.order), grouping,
                  sum(self.order.sizes.values()) / MB, len(self.order.sizes), self.copied_bytes / MB,

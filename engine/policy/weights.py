@@ -183,7 +183,7 @@ class LruEviction:
     OrderedDict in last-use order: a pick reads it from the oldest end.
     """
 
-    def __init__(self, order: AccessOrder, budget_bytes: int | None, floor_: Floor):
+    def __init__(self, order: AccessOrder, budget_bytes: int | None, lookahead: int):
         self.pinned: frozenset[str] = frozenset()
         self._sizes = order.sizes
         self._tick = 0
@@ -229,7 +229,7 @@ class BeladyEviction:
     to the smallest name, and ints cost the garbage collector nothing.
     """
 
-    def __init__(self, order: AccessOrder, budget_bytes: int | None, floor_: Floor):
+    def __init__(self, order: AccessOrder, budget_bytes: int | None, lookahead: int):
         self.pinned: frozenset[str] = frozenset()
         self._n = len(order)
         self._sizes = order.sizes
@@ -291,34 +291,35 @@ class PriorityEviction(LruEviction):
     weights are evicted LRU among themselves.
     """
 
-    def __init__(self, order: AccessOrder, budget_bytes: int | None, floor_: Floor):
-        super().__init__(order, budget_bytes, floor_)
-        self.pinned = _priority_set(order, budget_bytes, floor_.bytes)
+    def __init__(self, order: AccessOrder, budget_bytes: int | None, lookahead: int):
+        super().__init__(order, budget_bytes, lookahead)
+        self.pinned = _priority_set(order, budget_bytes, lookahead)
 
 
-def _priority_set(order: AccessOrder, budget_bytes: int | None, floor_bytes: int) -> frozenset[str]:
-    """The resident set: capacity = budget - floor (the floor stays free as the
-    streaming working space), spread evenly through the access order.
+def _priority_set(order: AccessOrder, budget_bytes: int | None, lookahead: int) -> frozenset[str]:
+    """The resident set: the anchors (`anchors`), then what the budget leaves beside
+    them and the streaming room they need, spread evenly through the access order.
 
     Why spread: a resident prefix (aimdo's choice) leaves only about the floor
     free while the prefix runs, so the copy engine idles under those kernels,
     and then every later kernel's weights are streamed back to back and the
-    tail is copy-bound. Keeping the same fraction f = capacity / model bytes of
-    every stretch of the order resident means every stretch streams the same
-    share of its bytes, so the copy stream has work under every kernel.
+    tail is copy-bound. Keeping the same fraction f = capacity / bytes of every
+    stretch of the order resident means every stretch streams the same share of
+    its bytes, so the copy stream has work under every kernel.
 
-    Walk the distinct weights in first-use order and keep one when the kept
-    bytes stay at or under f x the bytes walked so far (this one included).
-    The kept bytes of every prefix then lie within one weight's size under f x
-    the prefix's bytes. The walk can end with up to one weight's size of
-    capacity unused (llama8b: its 1 GB lm_head comes last), so a second pass
-    fills that room with the first unkept weights that fit; that moves any
-    stretch's share by less than one more weight's size.
+    Walk the distinct weights other than the anchors in first-use order and keep
+    one when the kept bytes stay at or under f x the bytes walked so far (this one
+    included). The kept bytes of every prefix then lie within one weight's size
+    under f x the prefix's bytes. The walk can end with up to one weight's size of
+    capacity unused, so a second pass fills that room with the first unkept
+    weights that fit; that moves any stretch's share by less than one more
+    weight's size.
     """
     if budget_bytes is None:  # unlimited: nothing is ever evicted anyway
         return frozenset()
-    capacity = budget_bytes - floor_bytes
-    first_use = dict.fromkeys(w for reads in order.reads for w in reads)
+    pinned_first, room = anchors(order, budget_bytes, lookahead)
+    capacity = budget_bytes - room - sum(order.sizes[w] for w in pinned_first)
+    first_use = [w for w in dict.fromkeys(w for reads in order.reads for w in reads) if w not in pinned_first]
     model = sum(order.sizes[w] for w in first_use)
     pinned: set[str] = set()
     walked = kept = 0
@@ -332,10 +333,59 @@ def _priority_set(order: AccessOrder, budget_bytes: int | None, floor_bytes: int
         if w not in pinned and kept + order.sizes[w] <= capacity:
             pinned.add(w)
             kept += order.sizes[w]
-    return frozenset(pinned)
+    return frozenset(pinned | pinned_first)
 
 
-EVICTIONS: dict[str, Callable[[AccessOrder, int | None, Floor], Eviction]] = {
+def _weightless(order: AccessOrder, weights: Container[str]) -> AccessOrder:
+    """`order` with `weights` weighing nothing: the part a streaming room serves."""
+    return AccessOrder(order.kernels, order.reads, {w: 0 if w in weights else s for w, s in order.sizes.items()})
+
+
+def anchors(order: AccessOrder, budget_bytes: int, lookahead: int) -> tuple[frozenset[str], int]:
+    """Weights pinned before the spread, and the streaming room the rest then needs.
+
+    The streamed weights need room for the floor of their own part of the order
+    (`floor` with the pinned weights weighing nothing), and every byte of room is a
+    byte of the budget not pinned: a step streams the model's bytes less the
+    budget's, plus the room. The room is set by the widest pair (and lookahead
+    window). Where a few large weights set it (a decoder's embedding and head, read
+    one after the other across a step's boundary), pinning one shrinks the room to
+    what the rest need. So, while some weight of the widest pair or window (the
+    largest such) lowers the room once pinned, pin it; then keep the longest run of
+    these choices whose pinned bytes and room fit the budget (one anchor alone may
+    not: a decoder's head leaves the embedding in the widest pair). Where like
+    blocks set the room, another pair is as wide: pinning one weight lowers
+    nothing, and none is chosen.
+    """
+    n = len(order)
+    chosen: set[str] = set()
+    kept = 0
+    room = floor(order, lookahead).bytes
+    best = frozenset(chosen), room
+    while kept <= budget_bytes:
+        rest = _weightless(order, chosen)
+        at = _widest_window(rest, 2)[1]
+        spots = [at, at + 1]
+        if lookahead >= 2:
+            at = _widest_window(rest, lookahead - 1)[1]
+            spots += range(at, at + min(lookahead - 1, n))  # a longer window holds every kernel
+        candidates = sorted({w for p in spots for w in order.reads[p % n] if w not in chosen},
+                            key=lambda w: (-order.sizes[w], w))
+        for w in candidates:
+            smaller = floor(_weightless(order, chosen | {w}), lookahead).bytes
+            if smaller < room:
+                chosen.add(w)
+                kept += order.sizes[w]
+                room = smaller
+                if kept + room <= budget_bytes:
+                    best = frozenset(chosen), room
+                break
+        else:
+            break
+    return best
+
+
+EVICTIONS: dict[str, Callable[[AccessOrder, int | None, int], Eviction]] = {
     "lru": LruEviction,
     "belady": BeladyEviction,
     "priority": PriorityEviction,
@@ -367,7 +417,7 @@ class WeightResidency:
             if budget_bytes < self.floor.bytes and not allow_below_floor:
                 raise BelowFloorError(budget_bytes, self.floor.bytes, self.floor.pair_bytes, self.floor.kernels)
             _check_every_kernel_fits(order, budget_bytes)
-        self._eviction = EVICTIONS[eviction](order, budget_bytes, self.floor)
+        self._eviction = EVICTIONS[eviction](order, budget_bytes, lookahead)
         self._pinned = self._eviction.pinned
         self._reads = [_reads(order, p) for p in range(len(order))]
         self._read_sets = [frozenset(r) for r in self._reads]
