@@ -12,8 +12,8 @@ forward runs in turns of --steps synced steps under each setting, so drift falls
     one core    the process pinned to the core it runs on (os.sched_setaffinity)
 
 Per turn: the median and max step (perf_counter around the synced call), the CPU time
-the container was throttled meanwhile (cgroup cpu.stat), the load average and the
-clock of the core the process ran on. A table per setting last.
+the container was throttled meanwhile (cgroup cpu.stat) and the hypervisor gave to others
+(steal, /proc/stat), the load average and the clock of the core the process ran on. A table per setting last.
 """
 from __future__ import annotations
 
@@ -48,6 +48,15 @@ def throttled_us() -> int:
     return -1
 
 
+def steal_ms() -> float:
+    """Milliseconds of CPU time the hypervisor gave to others (all cores, /proc/stat), or -1."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()
+        return int(fields[8]) * 1e3 / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return -1.0
+
+
 def core_mhz(core: int) -> float:
     """The current clock of `core` (cpufreq, else /proc/cpuinfo), or 0."""
     try:
@@ -69,7 +78,7 @@ def current_core() -> int:
 
 
 def turn(fn: Callable[[], None], steps: int) -> dict:
-    throttle0 = throttled_us()
+    throttle0, steal0 = throttled_us(), steal_ms()
     core = current_core()
     times = []
     for _ in range(steps):
@@ -81,6 +90,7 @@ def turn(fn: Callable[[], None], steps: int) -> dict:
     throttle = throttled_us()
     return {"median": statistics.median(times), "max": max(times),
             "throttled_ms": (throttle - throttle0) / 1e3 if throttle0 >= 0 else float("nan"),
+            "steal_ms": steal_ms() - steal0 if steal0 >= 0 else float("nan"),
             "load": os.getloadavg()[0], "core": core, "mhz": core_mhz(core)}
 
 
@@ -122,15 +132,15 @@ def main() -> None:
             r = turn(step, args.steps)
             rows[s].append(r)
             print(f"turn {t} {s:9s}: median {r['median']:6.2f} ms, max {r['max']:6.2f}, throttled "
-                  f"{r['throttled_ms']:7.1f} ms, load {r['load']:.2f}, core {r['core']} at {r['mhz']:.0f} MHz",
+                  f"{r['throttled_ms']:7.1f} ms, steal {r['steal_ms']:6.1f} ms, load {r['load']:.2f}, core {r['core']} at {r['mhz']:.0f} MHz",
                   flush=True)
     setting("default")
-    print("\n| setting | median of turn medians ms | turn medians min-max | throttled ms, all turns |")
-    print("|---|---|---|---|")
+    print("\n| setting | median of turn medians ms | turn medians min-max | throttled ms, all turns | steal ms, all turns |")
+    print("|---|---|---|---|---|")
     for s in settings:
         meds = [r["median"] for r in rows[s]]
         print(f"| {s} | {statistics.median(meds):.2f} | {min(meds):.2f}-{max(meds):.2f} | "
-              f"{sum(r['throttled_ms'] for r in rows[s]):.1f} |")
+              f"{sum(r['throttled_ms'] for r in rows[s]):.1f} | {sum(r['steal_ms'] for r in rows[s]):.1f} |")
 
 
 if __name__ == "__main__":

@@ -243,8 +243,9 @@ def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss
                       executor: WeightExecutor | None = None) -> Pipelined:
     """The median step of the module with every weight resident (`executor`, or one made
     here and closed after: `resident_executor`; `loss_fn`: a training step), and what more
-    these steps measure (`Pipelined`). Warm-up steps until WARMUP_NS, then at least
-    PIPELINED_STEPS and until PIPELINED_NS (each at most 10 x PIPELINED_STEPS steps)."""
+    these steps measure (`Pipelined`). Warm-up steps until WARMUP_NS (an inference's first:
+    the `host_syncs` forward), then at least PIPELINED_STEPS and until PIPELINED_NS (each at
+    most 10 x PIPELINED_STEPS steps)."""
     training = loss_fn is not None
     own = executor is None
     executor = resident_executor(streamed, backend, training) if own else executor
@@ -280,6 +281,12 @@ def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss
         beside: list[int] = []  # inference on CUDA: a step beside copies after each timed one
         copies, copies_bytes = None, 0
         warm, warm_ns, last_warm = 0, 0, 0
+        syncs = None
+        if cuda and not training:  # the first warm-up step: its forward under sync debug mode
+            t0 = time.perf_counter_ns()
+            syncs = host_syncs(streamed, executor)  # ends synchronized with the device
+            warm, warm_ns = 1, time.perf_counter_ns() - t0
+            last_warm = warm_ns
         while len(times) < PIPELINED_STEPS or (sum(times) < PIPELINED_NS and len(times) < 10 * PIPELINED_STEPS):
             if not times and (warm == 0 or (warm_ns < WARMUP_NS and warm < 10 * PIPELINED_STEPS)):
                 last_warm = one_step()
@@ -304,8 +311,7 @@ def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss
         step = round(statistics.median(times))
         if not cuda or training:
             return Pipelined(step, peak)
-        return Pipelined(step, peak, host_syncs(streamed, executor),
-                         slowdown_under_copy(step, statistics.median(beside)))
+        return Pipelined(step, peak, syncs, slowdown_under_copy(step, statistics.median(beside)))
     finally:
         streamed.hooks.recompute = None
         if own:
