@@ -157,7 +157,8 @@ def test_record_writes_a_trace_the_simulator_replays(checkpoint, tmp_path):
 def test_auto_picks_the_fastest_predicted_policy(checkpoint):
     path, x, ref = checkpoint
     net = meta_net()
-    h = engine.offload(net, budget_mb=0.4, example_inputs=(x,), checkpoint=path, source="mmap", backend="cpu")
+    h = engine.offload(net, budget_mb=0.4, example_inputs=(x,), checkpoint=path, source="mmap", backend="cpu",
+                       lookahead=2)
     p = h.prediction
     assert set(p["candidates"]) == {"lru/2", "belady/2", "priority/2"}
     assert p["eviction"] == h.eviction and p["candidates"][f"{h.eviction}/2"] == min(p["candidates"].values())
@@ -168,10 +169,10 @@ def test_auto_picks_the_fastest_predicted_policy(checkpoint):
 
 
 def test_auto_lookahead_tries_every_lookahead_the_budget_allows(checkpoint):
+    """lookahead=None, the default, is "auto" under eviction="auto"; else 2."""
     path, x, ref = checkpoint
     net = meta_net()
-    h = engine.offload(net, budget_mb=0.5, example_inputs=(x,), checkpoint=path, source="mmap", backend="cpu",
-                       lookahead="auto")
+    h = engine.offload(net, budget_mb=0.5, example_inputs=(x,), checkpoint=path, source="mmap", backend="cpu")
     p = h.prediction
     tried = {int(c.split("/")[1]) for c in p["candidates"]}
     assert tried and tried <= {1, 2, 3, 4} and 1 in tried  # those whose floor 0.5 MB clears
@@ -180,6 +181,10 @@ def test_auto_lookahead_tries_every_lookahead_the_budget_allows(checkpoint):
     with torch.no_grad():
         assert torch.equal(net(x), ref)
     h.remove()
+    fixed = engine.offload(net, budget_mb=0.5, example_inputs=(x,), checkpoint=path, source="mmap",
+                           backend="cpu", eviction="lru")
+    assert (fixed.lookahead, fixed.prediction) == (2, None)
+    fixed.remove()
     with pytest.raises(ConfigError, match="lookahead='auto' is chosen by simulation"):
         engine.offload(meta_net(), budget_mb=0.5, example_inputs=(x,), checkpoint=path, backend="cpu",
                        eviction="lru", lookahead="auto")

@@ -42,6 +42,7 @@ DEFAULT_HARDWARE = "h100_pcie5"
 SHORT_RUN_STEPS = 4
 LONG_RUN_STEPS = 16
 LOOKAHEADS = (1, 2, 3, 4)  # lookahead="auto" tries these
+DEFAULT_LOOKAHEAD = 2  # lookahead=None where no simulation chooses
 
 
 class OffloadHandle:
@@ -84,7 +85,7 @@ def _check_common(module: nn.Module, budget_mb: float | None, backend: str) -> t
 
 
 def offload(module: nn.Module, *, budget_mb: float | None, example_inputs: Any = None, eviction: str = "auto",
-            lookahead: int | str = 2, backend: str = "cuda", grouping: str = "block",
+            lookahead: int | str | None = None, backend: str = "cuda", grouping: str = "block",
             blocks: Sequence[str] | None = None, checkpoint: str | Path | None = None,
             source: str = "mmap_registered", hardware: Any = None, training: bool = False,
             activations: Any = None, loss_fn: Callable[[Any], torch.Tensor] | None = None
@@ -101,7 +102,9 @@ def offload(module: nn.Module, *, budget_mb: float | None, example_inputs: Any =
     registered (`source`), so the module may be built on the meta device.
     `eviction="auto"` picks the policy the simulator predicts fastest on the recorded
     trace and `hardware` (a conf/hardware name, path or mapping; default h100_pcie5);
-    `lookahead="auto"` picks the lookahead with it, among LOOKAHEADS.
+    `lookahead="auto"` picks the lookahead with it, among LOOKAHEADS; None (the default)
+    is "auto" where the simulator chooses (eviction="auto" or `hardware` given), else
+    DEFAULT_LOOKAHEAD.
     `backend`: "cuda" (the capped pool), "vmm" (chunks mapped on demand: never
     relocates) or "cpu" (the test backend).
     A budget under the floor raises BelowFloorError with the exact minimum in MB;
@@ -123,6 +126,8 @@ def offload(module: nn.Module, *, budget_mb: float | None, example_inputs: Any =
     device = _check_common(module, budget_mb, backend)
     if eviction not in (*EVICTIONS, "auto"):
         raise ConfigError(f"eviction={eviction!r} is not one of {', '.join(EVICTIONS)}, auto; pick one of those")
+    if lookahead is None:
+        lookahead = "auto" if eviction == "auto" or hardware is not None else DEFAULT_LOOKAHEAD
     if lookahead == "auto" and eviction != "auto" and hardware is None:
         raise ConfigError("lookahead='auto' is chosen by simulation: give eviction='auto' or a hardware profile")
     if lookahead != "auto" and (isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 0):
@@ -158,7 +163,7 @@ def offload(module: nn.Module, *, budget_mb: float | None, example_inputs: Any =
 
 
 def _offload_training(module: nn.Module, budget_mb: float | None, example_inputs: Any, eviction: str,
-                      lookahead: int | str, backend: str, grouping: str, blocks: Sequence[str] | None,
+                      lookahead: int | str | None, backend: str, grouping: str, blocks: Sequence[str] | None,
                       checkpoint: str | Path | None, source: str, hardware: Any, activations: Any,
                       loss_fn: Callable[[Any], torch.Tensor] | None) -> TrainingHandle:
     """offload(training=True): the TrainingHandle, its policy chosen by simulation when it can be."""
@@ -171,6 +176,8 @@ def _offload_training(module: nn.Module, budget_mb: float | None, example_inputs
     if eviction not in (*EVICTIONS, "auto"):
         raise ConfigError(f"eviction={eviction!r} is not one of {', '.join(EVICTIONS)}, auto; pick one of those")
     choose = eviction == "auto" and loss_fn is not None and budget_mb is not None
+    if lookahead is None:
+        lookahead = "auto" if choose else DEFAULT_LOOKAHEAD
     if lookahead == "auto" and not choose:
         raise ConfigError("lookahead='auto' under training=True is chosen by simulating a recorded step: give "
                           "eviction='auto', a budget and loss_fn")
