@@ -384,7 +384,7 @@ def test_spread_priority_set_keeps_every_half_of_the_order_at_the_same_fraction(
     pinned = WeightResidency(order, budget, "priority", lookahead).pinned
     first, room = anchors(order, budget, lookahead)
     rest = {w: s for w, s in sizes.items() if w not in first}
-    f = (budget - room - (model - sum(rest.values()))) / max(1, sum(rest.values()))
+    f = min(1.0, (budget - room - (model - sum(rest.values()))) / max(1, sum(rest.values())))
     n = len(weights)
     # Every prefix of the walk keeps within one weight's size under f x its
     # bytes and the fill pass adds less than one more, so a window (two
