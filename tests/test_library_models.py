@@ -1,0 +1,101 @@
+"""engine.offload on library model classes beyond the four benchmarked: tiny configs on the
+CPU backend, a budget just over each model's floor (weights stream every step), outputs
+bitwise the plain module's, the module restored after. Needs the models extra."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pytest
+import torch
+
+import engine
+from engine.errors import BelowFloorError
+
+BF16 = torch.bfloat16
+
+
+def _randn(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape).to(BF16)
+
+
+def _causal_lm(name: str) -> tuple[torch.nn.Module, dict]:
+    t = pytest.importorskip("transformers", reason="needs the models extra: pip install 'offload-engine[models]'")
+    common = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=128)
+    if name == "gpt2":  # Conv1D projections, tied head
+        model = t.GPT2LMHeadModel(t.GPT2Config(n_embd=64, n_layer=6, n_head=4, vocab_size=512, n_positions=128))
+    elif name == "gemma2":  # tied head, sliding-window layers, soft-capping
+        model = t.Gemma2ForCausalLM(t.Gemma2Config(**common, head_dim=16))
+    elif name == "mixtral":  # mixture of experts: a block reads every expert
+        model = t.MixtralForCausalLM(t.MixtralConfig(**common, num_local_experts=4, num_experts_per_tok=2))
+    else:
+        model = t.Qwen2ForCausalLM(t.Qwen2Config(**common))
+    return model, {"input_ids": torch.randint(0, 512, (1, 16))}
+
+
+def _diffusers(name: str) -> tuple[torch.nn.Module, dict]:
+    d = pytest.importorskip("diffusers", reason="needs the models extra: pip install 'offload-engine[models]'")
+    if name == "sd3":
+        model = d.SD3Transformer2DModel(sample_size=16, patch_size=2, in_channels=4, num_layers=4, attention_head_dim=16,
+                                        num_attention_heads=2, joint_attention_dim=32, caption_projection_dim=32,
+                                        pooled_projection_dim=16, out_channels=4, pos_embed_max_size=32)
+        inputs = dict(hidden_states=_randn(1, 4, 16, 16), encoder_hidden_states=_randn(1, 8, 32),
+                      pooled_projections=_randn(1, 16), timestep=torch.tensor([10.0]))
+    elif name == "hunyuan_video":  # dual-stream then single-stream blocks, a token refiner
+        model = d.HunyuanVideoTransformer3DModel(in_channels=4, out_channels=4, num_attention_heads=2,
+                                                 attention_head_dim=16, num_layers=2, num_single_layers=2,
+                                                 num_refiner_layers=1, patch_size=2, patch_size_t=1, text_embed_dim=32,
+                                                 pooled_projection_dim=16, rope_axes_dim=(4, 6, 6))
+        inputs = dict(hidden_states=_randn(1, 4, 2, 16, 16), timestep=torch.tensor([10]),
+                      encoder_hidden_states=_randn(1, 8, 32), encoder_attention_mask=torch.ones(1, 8),
+                      pooled_projections=_randn(1, 16), guidance=torch.tensor([3.5]).to(BF16))
+    elif name == "qwen_image":
+        model = d.QwenImageTransformer2DModel(patch_size=2, in_channels=16, out_channels=4, num_layers=4,
+                                              attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32,
+                                              axes_dims_rope=(4, 6, 6))
+        inputs = dict(hidden_states=_randn(1, 64, 16), encoder_hidden_states=_randn(1, 8, 32),
+                      encoder_hidden_states_mask=torch.ones(1, 8, dtype=torch.long),
+                      timestep=torch.tensor([0.5]).to(BF16), img_shapes=[(1, 8, 8)])
+    else:  # sana: linear attention, a caption norm
+        model = d.SanaTransformer2DModel(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16,
+                                         num_layers=4, num_cross_attention_heads=2, cross_attention_head_dim=16,
+                                         cross_attention_dim=32, caption_channels=32, sample_size=16, patch_size=1)
+        inputs = dict(hidden_states=_randn(1, 4, 16, 16), encoder_hidden_states=_randn(1, 8, 32),
+                      timestep=torch.tensor([10]))
+    return model, {**inputs, "return_dict": False}
+
+
+def _first(out: Any) -> torch.Tensor:
+    return out.logits if hasattr(out, "logits") else out[0]
+
+
+def _floor_mb(model: torch.nn.Module, inputs: dict) -> float:
+    """The floor at lookahead 2, from the refusal of a budget of 0."""
+    with pytest.raises(BelowFloorError) as refused:
+        engine.offload(model, budget_mb=0, example_inputs=inputs, eviction="priority", lookahead=2, backend="cpu")
+    return refused.value.floor_bytes / 1e6
+
+
+BUILDERS: dict[str, Callable[[str], tuple[torch.nn.Module, dict]]] = {
+    "qwen2": _causal_lm, "gemma2": _causal_lm, "gpt2": _causal_lm, "mixtral": _causal_lm,
+    "sd3": _diffusers, "hunyuan_video": _diffusers, "qwen_image": _diffusers, "sana": _diffusers,
+}
+
+
+@pytest.mark.parametrize("name", sorted(BUILDERS))
+def test_a_library_model_streams_bitwise(name: str) -> None:
+    torch.manual_seed(0)
+    model, inputs = BUILDERS[name](name)
+    model = model.to(BF16).eval()
+    with torch.no_grad():
+        ref = _first(model(**inputs)).clone()
+    budget = 1.05 * _floor_mb(model, inputs)
+    for eviction in ("priority", "belady"):
+        h = engine.offload(model, budget_mb=budget, example_inputs=inputs, eviction=eviction, lookahead=2,
+                           backend="cpu")
+        with torch.no_grad():
+            assert all(torch.equal(_first(model(**inputs)), ref) for _ in range(2)), eviction
+        assert h.telemetry()[-1]["h2d_bytes"] > 0  # under the budget, weights stream every step
+        h.remove()
+    with torch.no_grad():
+        assert torch.equal(_first(model(**inputs)), ref)  # put back as it was
