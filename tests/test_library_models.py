@@ -99,3 +99,19 @@ def test_a_library_model_streams_bitwise(name: str) -> None:
         h.remove()
     with torch.no_grad():
         assert torch.equal(_first(model(**inputs)), ref)  # put back as it was
+
+
+def test_generate_decodes_through_the_hooks() -> None:
+    """transformers' generate: a prefill forward, then one token at a time over a growing
+    KV cache; the same kernels in the same order every call, tokens equal the plain module's."""
+    torch.manual_seed(0)
+    model, inputs = _causal_lm("qwen2")
+    model = model.to(BF16).eval()
+    with torch.no_grad():
+        ref = model.generate(**inputs, max_new_tokens=8, do_sample=False)
+    h = engine.offload(model, budget_mb=1.05 * _floor_mb(model, inputs), example_inputs=inputs,
+                       eviction="priority", lookahead=2, backend="cpu")
+    with torch.no_grad():
+        assert torch.equal(model.generate(**inputs, max_new_tokens=8, do_sample=False), ref)
+    assert len(h.telemetry()) >= 8  # a step a forward
+    h.remove()
