@@ -214,10 +214,11 @@ def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
     with torch.no_grad():
         result["auto_bitwise"] = all(one_of(first_output(module(**inputs)), outcomes) for _ in range(3))
     result["auto_eviction"] = h.eviction
+    result["auto_lookahead"] = h.lookahead
     h.remove()
     stages = ", ".join(f"{k} {v:.1f}" for k, v in h.setup_s.items())
     log(f"{key} @ {args.budgets[0]}: eviction=auto set-up {result['auto_setup_s']} s ({stages}; chose "
-        f"{result['auto_eviction']}), bitwise={result['auto_bitwise']}")
+        f"{result['auto_eviction']} / {result['auto_lookahead']}), bitwise={result['auto_bitwise']}")
     gc.collect()
     torch.cuda.empty_cache()
 
@@ -306,7 +307,8 @@ def peer_row(module: Any, cfg: Any, table: Any, path: Path, inputs: dict, outcom
 
 def table_md(results: list[dict]) -> str:
     lines = ["| model | budget MB | backend | eviction | step ms (median / mean) | limit ms | x limit | predicted ms | "
-             "error (of the mean) | H2D GB a step (mean / predicted) | set-up s | bitwise | relocations | free-running ms |",
+             "error (of the mean) | H2D GB a step (mean / predicted) | set-up s | bitwise | relocations | "
+             "free-running ms (x limit, error) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         # measured: the plain module; predicted: the same weights all resident through our hooks
@@ -316,12 +318,14 @@ def table_md(results: list[dict]) -> str:
                      f"| - | - | ref | - | - |")
         for row in r["rows"]:
             lines.append(f"| {r['model']} | {row['budget_mb'] or 'resident (engine.offload)'} | {row['backend']} | "
-                         f"{row['eviction']} | "
+                         f"{row['eviction']} / {row['lookahead']} | "
                          f"{row['step_ms']:.1f} / {row['mean_ms']:.1f} | "
                          f"{row['limit_ms']:.1f} | {row['over_limit']:.3f} | {row['predicted_ms']:.1f} | "
                          f"{100 * row['prediction_error']:+.1f}% | {row['mean_h2d_bytes'] / 1e9:.2f} / "
                          f"{row['predicted_h2d_bytes'] / 1e9:.2f} | {row['setup_s']:.1f} | {row['bitwise']} | "
-                         f"{row['relocations']} | {row['free_running_ms']:.1f} |")
+                         f"{row['relocations']} | {row['free_running_ms']:.1f} "
+                         f"({row['free_running_ms'] / row['limit_ms']:.3f}, "
+                         f"{100 * (row['predicted_ms'] / row['free_running_ms'] - 1):+.1f}%) |")
         if "peer" in r:
             p = r["peer"]
             lines.append(f"| {r['model']} | diffusers group offload | - | - | {p['step_ms']:.1f} | - | - | - | - | - | "
