@@ -157,7 +157,9 @@ class StreamedModule:
             torch.cuda.empty_cache()  # what the streamed parameters held goes back for the pool
 
         def bring(w: str, p: nn.Parameter) -> None:
-            p.data = host[w].to(device, copy=True)
+            # From registered or pinned memory the host does not wait for the copy: the kernel
+            # reading it runs after it on the same stream, and the source outlives the forward.
+            p.data = host[w].to(device, copy=True, non_blocking=True)
 
         def release(w: str, p: nn.Parameter) -> None:
             p.data = self.placeholders[id(p)]
