@@ -200,6 +200,9 @@ def test_priority_pins_the_weights_that_set_the_room():
     # it), but the two together fit at the floor itself.
     assert anchors(order, 300 * MB, 2) == (frozenset({"embed", "head"}), 60 * MB)
     assert anchors(order, 259 * MB, 2) == (frozenset(), 300 * MB)  # allow_below_floor's budgets
+    # Pinning a would leave b + c, 1 MB narrower: under ANCHOR_GAIN of the room, no anchor.
+    near = make_order([("a",), ("b",), ("c",)], {"a": 100 * MB, "b": 100 * MB, "c": 99 * MB})
+    assert anchors(near, 1000 * MB, 0) == (frozenset(), 200 * MB)
 
 
 def test_a_light_streamed_kernel_is_in_the_window_but_does_not_count():

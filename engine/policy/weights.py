@@ -74,6 +74,7 @@ from engine.policy import AccessOrder, Decision
 from engine.units import MB
 
 LIGHT_FRACTION = 0.25  # of the median streamed kernel's bytes: a lighter one does not count toward the lookahead
+ANCHOR_GAIN = 1 / 64  # of the streaming room: an anchor must lower it by this much (`anchors`)
 
 
 def _reads(order: AccessOrder, position: int) -> tuple[str, ...]:
@@ -351,11 +352,14 @@ def anchors(order: AccessOrder, budget_bytes: int, lookahead: int) -> tuple[froz
     window). Where a few large weights set it (a decoder's embedding and head, read
     one after the other across a step's boundary), pinning one shrinks the room to
     what the rest need. So, while some weight of the widest pair or window (the
-    largest such) lowers the room once pinned, pin it; then keep the longest run of
-    these choices whose pinned bytes and room fit the budget (one anchor alone may
-    not: a decoder's head leaves the embedding in the widest pair). Where like
-    blocks set the room, another pair is as wide: pinning one weight lowers
-    nothing, and none is chosen.
+    largest such) lowers the room by ANCHOR_GAIN of it or more once pinned, pin it;
+    then keep the longest run of these choices whose pinned bytes and room fit the
+    budget (one anchor alone may not: a decoder's head leaves the embedding in the
+    widest pair). Where like blocks set the room, another pair is as wide: pinning
+    one weight lowers nothing, and none is chosen. Where sizes vary weight to weight
+    (leaves of many shapes), each pin would lower the room a little and move the
+    widest pair on: the gain stops that walk, whose anchors would save a step little
+    and cost a pass over the order each.
     """
     n = len(order)
     chosen: set[str] = set()
@@ -373,7 +377,7 @@ def anchors(order: AccessOrder, budget_bytes: int, lookahead: int) -> tuple[froz
                             key=lambda w: (-order.sizes[w], w))
         for w in candidates:
             smaller = floor(_weightless(order, chosen | {w}), lookahead).bytes
-            if smaller < room:
+            if smaller <= room * (1 - ANCHOR_GAIN):
                 chosen.add(w)
                 kept += order.sizes[w]
                 room = smaller
