@@ -163,6 +163,10 @@ def test_auto_picks_the_fastest_predicted_policy(checkpoint):
     assert set(p["candidates"]) == {"lru/2", "belady/2", "priority/2"}
     assert p["eviction"] == h.eviction and p["candidates"][f"{h.eviction}/2"] == min(p["candidates"].values())
     assert p["hardware"] == "h100_pcie5" and h.trace is not None
+    # The set-up's seconds by stage (no "register": an unregistered mapping), the recording's too.
+    assert set(h.setup_s) == {"map", "order", "pack", "hooks", "record", "simulate", "executor"}
+    assert all(s >= 0 for s in h.setup_s.values())
+    assert set(h.trace.header["record_stages_s"]) == {"kernels", "resident_steps"}
     with torch.no_grad():
         assert torch.equal(net(x), ref)
     h.remove()
