@@ -171,9 +171,9 @@ def _choose_eviction(cfg: DictConfig, trace: Trace, plan: Plan,
     budget, trace and hardware, written into the config so the simulator, the
     executor and the report agree; returns every candidate's predicted step (ms)
     and the chosen one's simulation (None on a sweep's memo hit). No single
-    policy wins everywhere: priority pins budget - floor bytes, which for an LLM
-    decode step (whose floor is the lm_head plus the lookahead window) leaves
-    almost nothing pinned at a tight budget, where belady is faster."""
+    policy wins everywhere: priority keeps its streaming room free of pinned
+    weights where belady caches in it too, and at a tight budget that room is
+    much of what could stay (an LLM decode step), where belady is faster."""
     from engine.policy.weights import EVICTIONS
 
     w = cfg.weights
