@@ -20,7 +20,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from engine.errors import ConfigError
 from engine.modes import MODES
 
-EVICTIONS = ("lru", "belady", "priority")
+EVICTIONS = ("priority", "belady", "lru")
 ACTIVATION_MODES = ("off", "watermark", "sync")
 WORKLOAD_KINDS = ("infer", "train_lora", "decode")
 WEIGHT_SOURCES = ("pinned", "mmap_registered", "mmap", "pageable")

@@ -389,10 +389,12 @@ def anchors(order: AccessOrder, budget_bytes: int, lookahead: int) -> tuple[froz
     return best
 
 
+# In the order a tie between predicted steps goes (the first): priority's decisions repeat
+# from step to step, belady's need not.
 EVICTIONS: dict[str, Callable[[AccessOrder, int | None, int], Eviction]] = {
-    "lru": LruEviction,
-    "belady": BeladyEviction,
     "priority": PriorityEviction,
+    "belady": BeladyEviction,
+    "lru": LruEviction,
 }
 
 
