@@ -43,6 +43,9 @@ SHORT_RUN_STEPS = 4
 LONG_RUN_STEPS = 16
 LOOKAHEADS = (1, 2, 3, 4)  # lookahead="auto" tries these
 DEFAULT_LOOKAHEAD = 2  # lookahead=None where no simulation chooses
+# lookahead="auto" walks the lookahead of the policies within this factor of the fastest at
+# DEFAULT_LOOKAHEAD: the lookahead moved a recorded model's step by 15% at most.
+WALK_WITHIN = 1.25
 
 
 class OffloadHandle:
@@ -207,8 +210,14 @@ def _offload_training(module: nn.Module, budget_mb: float | None, example_inputs
 def predict(trace: Trace, hardware: Any, budget: int | None, lookahead: int | str, eviction: str,
             source: str = "mmap_registered", backend: str = "cuda", activations: Any = None) -> dict:
     """The simulator on `trace`: every candidate's step (ms, keyed "eviction/lookahead") and
-    the fastest one's prediction. "auto" makes every policy (every lookahead of LOOKAHEADS
-    whose floor the budget clears) a candidate, as weights=auto does for the policy.
+    the fastest one's prediction. eviction="auto" makes every policy a candidate, as
+    weights=auto does. lookahead="auto" simulates each policy at DEFAULT_LOOKAHEAD (or the
+    largest of LOOKAHEADS whose floor the budget clears, if smaller), then walks its lookahead
+    down and up through LOOKAHEADS while its step falls: more lookahead hides more copy time
+    but leaves less of the budget pinned, so a policy's step falls, then rises. Each policy
+    within WALK_WITHIN of the fastest walks (FLUX at 8000 runs fastest as priority at 1,
+    belady at 2).
+    All resident, the lookahead changes nothing and DEFAULT_LOOKAHEAD is the one simulated.
     `activations` (an ActivationsConfig; default off) spills a training trace's saved tensors."""
     act = activations if activations is not None else OmegaConf.structured(ActivationsConfig)
     from sim.simulator import backend_granule
@@ -217,15 +226,29 @@ def predict(trace: Trace, hardware: Any, budget: int | None, lookahead: int | st
         ("priority",) if eviction == "auto" else (eviction,))
     template = OmegaConf.merge(OmegaConf.structured(WeightsConfig), {"source": source, "backend": backend})
     placed = place(trace.access_order(), None, backend_granule(template, hardware))
-    ahead = [la for la in LOOKAHEADS if budget is None or placed.resident_bytes + floor(placed.order, la).bytes <= budget] \
-        if lookahead == "auto" else [lookahead]
-    if not ahead:
-        raise ConfigError(f"no lookahead of {LOOKAHEADS} fits the budget; raise it")
-    results = {}
-    for la in ahead:
-        for name in policies:
+    results: dict[tuple[str, int], Any] = {}
+
+    def step_ms(name: str, la: int) -> float:
+        if (name, la) not in results:
             weights = OmegaConf.merge(template, {"eviction": name, "lookahead": la})
             results[name, la] = _long_run(trace, weights, act, hardware, budget)
+        return results[name, la].prediction["mean_step_ms"]
+
+    if lookahead != "auto":
+        for name in policies:
+            step_ms(name, lookahead)
+    else:
+        fits = [la for la in LOOKAHEADS if budget is None
+                or placed.resident_bytes + floor(placed.order, la).bytes <= budget]
+        if not fits:
+            raise ConfigError(f"no lookahead of {LOOKAHEADS} fits the budget; raise it")
+        start = min(DEFAULT_LOOKAHEAD, fits[-1])  # the floor grows with the lookahead: fits is 1..k
+        fastest = min(step_ms(name, start) for name in policies)
+        for name in policies:
+            for way in ((-1, 1) if budget is not None and step_ms(name, start) <= WALK_WITHIN * fastest else ()):
+                la = start
+                while la + way in fits and step_ms(name, la + way) < step_ms(name, la):
+                    la += way
     chosen = min(results, key=lambda c: results[c].prediction["mean_step_ms"])
     p = results[chosen].prediction
     return {"eviction": chosen[0], "lookahead": chosen[1], "step_ms": p["mean_step_ms"],
