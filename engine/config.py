@@ -19,8 +19,8 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from engine.errors import ConfigError
 from engine.modes import MODES
+from engine.policy.weights import EVICTIONS
 
-EVICTIONS = ("priority", "belady", "lru")
 ACTIVATION_MODES = ("off", "watermark", "sync")
 WORKLOAD_KINDS = ("infer", "train_lora", "decode")
 WEIGHT_SOURCES = ("pinned", "mmap_registered", "mmap", "pageable")
@@ -249,7 +249,7 @@ def check_config(cfg: Any) -> None:
     _check_finite(OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False), "")
     check_hardware(cfg.hardware)
     _one_of("mode", cfg.mode, tuple(MODES))
-    _one_of("weights.eviction", cfg.weights.eviction, EVICTIONS + ("auto",))
+    _one_of("weights.eviction", cfg.weights.eviction, (*EVICTIONS, "auto"))
     _one_of("weights.source", cfg.weights.source, WEIGHT_SOURCES)
     _one_of("weights.backend", cfg.weights.backend, BACKENDS)
     _one_of("activations.mode", cfg.activations.mode, ACTIVATION_MODES)

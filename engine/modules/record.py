@@ -15,19 +15,18 @@ Kernels timed one at a time run a few percent faster than in a pipelined step
 a pipelined all-resident step is timed too. Where the kernels' times, sagged by
 up to HOST_BOUND_STEP (engine/measure/timing.py host_bound), reach it, the GPU
 bounds the step: every kernel's compute is scaled so the kernels sum to it
-(header "compute_scale"), and host times that sum
-past it are scaled down to it (header "host_scale"), as a host cannot take longer
-than the step it ran in. Otherwise the host bounds it (a decode step of small
-kernels): the host times are scaled so they sum to it. Each timed all-resident
-step of an inference is followed by one beside a stream of H2D copies, in turns so
-the device's drift falls on both: the module's own slowdown under copies (header
-"compute_slowdown_under_copy", which the simulator takes over the profile's).
-With every weight still resident, one more forward runs under torch's sync debug
-mode: the kernels before which its host synchronized with the device (header
-"host_syncs"; the simulator's host waits there for every kernel launched before,
-each step). A record's host time is spread over its
-block's launches (header "block_records"): the simulator starts its GPU work with
-the first launch.
+(header "compute_scale"), and host times that sum past it are scaled down to it
+(header "host_scale"), as a host cannot take longer than the step it ran in.
+Otherwise the host bounds it (a decode step of small kernels): the host times are
+scaled so they sum to it. The first all-resident warm-up step of an inference runs
+under torch's sync debug mode: the kernels before which its host synchronized with
+the device (header "host_syncs"; the simulator's host waits there for every kernel
+launched before, each step). Each timed all-resident step of an inference is
+followed by one beside a stream of H2D copies, in turns so the device's drift falls
+on both: the module's own slowdown under copies (header
+"compute_slowdown_under_copy", which the simulator takes over the profile's). A
+record's host time is spread over its block's launches (header "block_records"):
+the simulator starts its GPU work with the first launch.
 
 A training step (`loss_fn` given: the module made streamable with training=True,
 its adapters trainable) is recorded the same way over the training order (the
