@@ -42,9 +42,10 @@ DEFAULT_HARDWARE = "h100_pcie5"
 SHORT_RUN_STEPS = 4
 LONG_RUN_STEPS = 16
 LOOKAHEADS = (1, 2, 3, 4)  # lookahead="auto" tries these
-DEFAULT_LOOKAHEAD = 2  # lookahead=None where no simulation chooses
+DEFAULT_LOOKAHEAD = WeightsConfig.lookahead  # lookahead=None where no simulation chooses: the CLI's default
 # lookahead="auto" walks the lookahead of the policies within this factor of the fastest at
-# DEFAULT_LOOKAHEAD: the lookahead moved a recorded model's step by 15% at most.
+# DEFAULT_LOOKAHEAD: one further behind is not expected to overtake by its lookahead alone
+# (benchmarks/results/choice-speed-cpu-2026-11-26.md).
 WALK_WITHIN = 1.25
 
 
@@ -215,8 +216,7 @@ def predict(trace: Trace, hardware: Any, budget: int | None, lookahead: int | st
     largest of LOOKAHEADS whose floor the budget clears, if smaller), then walks its lookahead
     down and up through LOOKAHEADS while its step falls: more lookahead hides more copy time
     but leaves less of the budget pinned, so a policy's step falls, then rises. Each policy
-    within WALK_WITHIN of the fastest walks (FLUX at 8000 runs fastest as priority at 1,
-    belady at 2).
+    within WALK_WITHIN of the fastest walks: the best lookahead differs by policy.
     All resident, the lookahead changes nothing and DEFAULT_LOOKAHEAD is the one simulated.
     `activations` (an ActivationsConfig; default off) spills a training trace's saved tensors."""
     act = activations if activations is not None else OmegaConf.structured(ActivationsConfig)
