@@ -25,8 +25,10 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 from torch import nn
+from torch._C import DispatchKey
 from torch.overrides import TorchFunctionMode
-from torch.utils.flop_counter import FlopCounterMode, flop_registry
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import flop_registry
 
 from engine.errors import ConfigError, ExecutorError
 from engine.modules.checkpoint import state_dict_name
@@ -185,8 +187,40 @@ def _uncounted_on_error(formula: Callable) -> Callable:
             return formula(*args, **kwargs)
         except (AssertionError, RuntimeError, ValueError, TypeError, IndexError):
             return 0
-    count._get_raw = True  # already takes tensors: FlopCounterMode must not wrap it again
     return count
+
+
+class _FlopCount(TorchDispatchMode):
+    """The FLOPs of the ops run inside it, by torch's formulas (flop_registry), counted as
+    torch's FlopCounterMode counts them: an op that decomposes (CompositeImplicitAutograd)
+    is counted by its parts. Only the total: FlopCounterMode's per-module tally puts hooks
+    on every module and bookkeeping on every op of the recording forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.total = 0
+        self._formulas = {op: _uncounted_on_error(f) for op, f in flop_registry.items()}
+        self._decomposes: dict[Any, bool] = {}  # op -> whether it has a composite decomposition
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self._decomposable(func):
+            with self:
+                return func.decompose(*args, **kwargs)
+        out = func(*args, **kwargs)
+        formula = self._formulas.get(func._overloadpacket)
+        if formula is not None:
+            self.total += formula(*args, **kwargs, out_val=out)
+        return out
+
+    def _decomposable(self, func: Any) -> bool:
+        known = self._decomposes.get(func)
+        if known is None:
+            key = DispatchKey.CompositeImplicitAutograd
+            known = func is not torch.ops.prim.device.default and (
+                key in func.py_kernels or torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), key))
+            self._decomposes[func] = known
+        return known
 
 
 def record_order(module: nn.Module, run: Callable[[], Any], kernels: list[ModuleKernel],
@@ -199,8 +233,7 @@ def record_order(module: nn.Module, run: Callable[[], Any], kernels: list[Module
     owner = {id(p): i for i, k in enumerate(kernels) for p in k.params.values()}
     names = {id(p): w for k in kernels for w, p in k.params.items()}
     reads = _OutsideReads(owner, lambda p: bring(names[id(p)], p))
-    counter = FlopCounterMode(display=False, custom_mapping={
-        op: _uncounted_on_error(formula) for op, formula in flop_registry.items()})
+    counter = _FlopCount()
     ran: list[tuple[int, int]] = []  # (kernel index, FLOPs counted when it started)
 
     def pre(i: int) -> Callable:
@@ -210,7 +243,7 @@ def record_order(module: nn.Module, run: Callable[[], Any], kernels: list[Module
                 if id(p) not in reads.outside:
                     bring(w, p)
             reads.active.append(i)
-            ran.append((i, counter.get_total_flops()))
+            ran.append((i, counter.total))
             reads.paused = False
         return hook
 
@@ -236,7 +269,7 @@ def record_order(module: nn.Module, run: Callable[[], Any], kernels: list[Module
             h.remove()
     if not ran:
         raise ExecutorError("the recording forward ran no module that owns parameters; nothing to offload")
-    total = counter.get_total_flops()
+    total = counter.total
     starts = [f for _, f in ran] + [total]
     flops = tuple(starts[j + 1] - starts[j] for j in range(len(ran)))
     outside = tuple(reads.outside.values())

@@ -49,7 +49,7 @@ import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import torch
 
@@ -68,8 +68,21 @@ from engine.trace import BACKWARD_FLOPS_FACTOR, BACKWARD_SUFFIX, FORMAT, VERSION
 
 LossFn = Callable[[Any], torch.Tensor]  # a forward's output -> the scalar loss backward starts from
 
-WARMUP_FORWARDS = 1
-TIMED_FORWARDS = 2  # of each kind (host, compute); each copies every weight in synchronously
+
+class TimedSteps(NamedTuple):
+    """How many steps `time_kernels` runs: untimed, then with the stream free (each position's
+    host time their median), then held (its compute time their median)."""
+
+    warmup: int
+    host: int
+    held: int
+
+
+# The order-recording forward ran every kernel of an inference once: no warm-up. One held step:
+# a kernel's GPU time varies little from step to step, and where the GPU bounds the all-resident
+# steps the kernels are scaled to them. A training step's backward ran in no forward before.
+INFERENCE_STEPS = TimedSteps(warmup=0, host=2, held=1)
+TRAINING_STEPS = TimedSteps(warmup=1, host=2, held=2)
 PIPELINED_STEPS = 3  # all-resident steps timed whole, at least: odd, so one slow step does not move the median
 PIPELINED_NS = 500_000_000  # and until their time adds up to this: a host-bound decode step is a few ms
 WARMUP_NS = 250_000_000  # all-resident warm-up steps: at least one, and until this long
@@ -152,11 +165,11 @@ class KernelTimes:
 
 
 def time_kernels(streamed: StreamedModule, clock: Clock, loss_fn: LossFn | None = None,
-                 warmup: int = WARMUP_FORWARDS, forwards: int = TIMED_FORWARDS,
                  resident: WeightExecutor | None = None) -> KernelTimes:
-    """Each position's median compute and host time over `forwards` timed steps each:
-    forwards, or (`loss_fn`) training steps over the training order. `resident` (inference):
-    an executor with no budget over the module's order, which the weights are read from.
+    """Each position's median compute and host time over the timed steps (INFERENCE_STEPS, or
+    TRAINING_STEPS): forwards, or (`loss_fn`) training steps over the training order. An
+    inference copies each weight in at its fetch (synchronously), or `resident`, an executor
+    with no budget over the module's order, does at the first step and keeps it.
 
     Host time comes from steps whose stream runs free: the host's own launch time, or the
     GPU's where the GPU is slower (the copies' synchronization bounds what can queue).
@@ -175,9 +188,10 @@ def time_kernels(streamed: StreamedModule, clock: Clock, loss_fn: LossFn | None 
     hold = free
     compute_rows, host_rows = [], []
     log = None
-    for f in range(warmup + 2 * forwards):
-        timing_host = f < warmup + forwards
-        if f == warmup + forwards:
+    warmup, host_steps, held_steps = TRAINING_STEPS if training else INFERENCE_STEPS
+    for f in range(warmup + host_steps + held_steps):
+        timing_host = f < warmup + host_steps
+        if f == warmup + host_steps:
             hold = [round(HOLD_FACTOR * h) + HOLD_MARGIN_NS for h in _median(host_rows)]
         bring = _Bring(order, streamed.host, streamed.device, clock, hold, resident)
         stamps = _Stamped(bring, clock)
@@ -406,6 +420,7 @@ def record_module(streamed: StreamedModule, *, name: str, backend: str, workload
     device = streamed.device
     clock = clock_for(device)
     training = loss_fn is not None
+    steps = TRAINING_STEPS if training else INFERENCE_STEPS
     t0 = time.perf_counter()
     model_bytes = sum(streamed.order.sizes.values())
     # Inference that fits copies the weights in once; training's saved tensors are known
@@ -442,7 +457,7 @@ def record_module(streamed: StreamedModule, *, name: str, backend: str, workload
         "torch": torch.__version__, "cuda": torch.version.cuda if device.type == "cuda" else None,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "clock": "cuda events" if device.type == "cuda" else "perf_counter (cpu backend)",
-        "timed_steps": TIMED_FORWARDS, "step_ns": sum(times.compute_ns),
+        "timed_steps": steps.host, "held_steps": steps.held, "step_ns": sum(times.compute_ns),
         "pipelined_step_ns": pipelined, "compute_scale": round(scale, 6), "host_scale": round(host_scale, 6),
         # The saved tensors are the simulator's to count (kept or spilled): the rest of torch's peak is transient.
         **({"activation_peak_bytes": max(0, run.memory[0] - saved_bytes), "context_bytes": run.memory[1]}
