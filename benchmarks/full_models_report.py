@@ -3,12 +3,17 @@
     python benchmarks/full_models_report.py                          # the default profile
     python benchmarks/full_models_report.py hardware=h100_calibrated  # any engine override
     python benchmarks/full_models_report.py --recorded               # replay each model's recording
+    python benchmarks/full_models_report.py --leave-one-out          # each model from the others' table
 
 Reads the GPU side (data/traces/full/measured.json, written from benchmarks/full_models.py),
 predicts every measured configuration with the CLI a user runs (one `-m` sweep per model,
 synthesized traces unless --recorded), and prints measured against predicted: the error of
 each, mean and max |error|, and whether the eviction the simulator ranks first at each budget
 is the one measured fastest.
+
+--leave-one-out predicts each model with a kernel table fitted (engine.calibrate) from the
+recordings of the other models only (TABLE_TRACES less its own), as a model nobody
+recorded would be predicted.
 """
 from __future__ import annotations
 
@@ -24,6 +29,20 @@ ROOT = Path(__file__).resolve().parents[1]
 MEASURED = ROOT / "data" / "traces" / "full" / "measured.json"
 MEASURED_STEPS = 5  # full_models.py's workload.steps in the runs measured.json holds
 RECORDINGS = {"ltx": "ltx2-full", "flux": "flux-full", "llama8b": "llama8b-decode-full", "wan14b": "wan14b-full"}
+# The recordings conf/hardware/h100_calibrated.kernels.json is fitted from, by the model each records.
+TABLE_TRACES = {**RECORDINGS, "ltx-train": "ltx2-train-8blocks"}
+
+
+def held_out_table(model: str, tmp: Path) -> str:
+    """A kernel table fitted from every TABLE_TRACES recording but `model`'s: its path."""
+    from engine.calibrate import fit_kernel_table
+    from engine.trace import read_trace
+
+    traces = [read_trace(ROOT / "data" / "traces" / "full" / f"{name}.jsonl.gz")
+              for key, name in TABLE_TRACES.items() if key.split("-")[0] != model]
+    path = tmp / f"without-{model}.kernels.json"
+    path.write_text(json.dumps(fit_kernel_table(traces, f"held out: {model}").to_json()))
+    return str(path)
 
 
 def budget_arg(b: int | None) -> str:
@@ -52,6 +71,8 @@ def predictions(model: str, workload: str, rows: list[dict], overrides: list[str
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--recorded", action="store_true", help="replay each model's recording (trace=)")
+    ap.add_argument("--leave-one-out", action="store_true",
+                    help="predict each model from a kernel table fitted without its recordings")
     ap.add_argument("overrides", nargs="*", help="engine overrides, e.g. hardware=h100_calibrated")
     args = ap.parse_args()
     data = json.loads(MEASURED.read_text())
@@ -59,13 +80,15 @@ def main() -> None:
     for r in data["rows"]:
         by_model.setdefault(r["model"], []).append(r)
     print(f"measured: {data['device']}, {data['date']}; predicted: "
-          f"{'each model recorded' if args.recorded else 'synthesized'} {' '.join(args.overrides) or 'defaults'}\n")
+          f"{'each model recorded' if args.recorded else 'synthesized'} {' '.join(args.overrides) or 'defaults'}"
+          f"{', each model held out of the kernel table' if args.leave_one_out else ''}\n")
     print("| model | budget MB | eviction | measured ms | predicted ms | error |")
     print("|---|---|---|---|---|---|")
     errors, ranked, budgets = [], 0, 0
     with tempfile.TemporaryDirectory() as tmp:
         for model, rows in by_model.items():
-            pred = predictions(model, rows[0]["workload"], rows, args.overrides, args.recorded, Path(tmp))
+            held = [f"hardware.kernel_table={held_out_table(model, Path(tmp))}"] if args.leave_one_out else []
+            pred = predictions(model, rows[0]["workload"], rows, [*args.overrides, *held], args.recorded, Path(tmp))
             seen = set()
             for r in rows:
                 key = (r["budget_mb"], r["eviction"])

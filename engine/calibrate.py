@@ -29,26 +29,31 @@ each trace; with several traces, the median over them):
     kernel_table            kernel times by op and shape (engine/compute.py): every recorded
                             spec kernel with its op and shape, and the header's probe grid of
                             bare ops; host time per kernel by op and phase, times each
-                            trace's host_scale; written beside the profile as NAME.kernels.json
+                            trace's host_scale; the memory passes' cost (fit_pass_cost), and
+                            matmul kernels' cores (their time less their passes); written
+                            beside the profile as NAME.kernels.json
 
 Fields nothing measures (pageable and unregistered-mmap rates, device memory,
 launch queue depth) are the base profile's, and the `source` line says so.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from engine.compute import (BACKWARD, BLOCKED, KernelTable, features, host_key, slowdown_under_copy,
-                            table_from_measurements, tables_dir, work)
+from engine.compute import (BACKWARD, BLOCKED, CORE_FLOOR, MATMUL_OPS, PASSES, KernelTable, PassCost, features,
+                            host_key, pass_bytes, slowdown_under_copy, table_from_measurements, tables_dir, work)
+from engine.trace import KernelRecord
 from engine.config import HardwareConfig
 from engine.errors import ConfigError, TraceError
 from engine.trace import Trace, read_trace
 from engine.units import MIB
 
+MIN_PASS_BYTES = 1 << 24  # smaller memory kernels wait on the host's launches, not on HBM
 RIDGE = 100.0  # FLOP per byte above which a kernel counts as compute-bound
 LARGE_COPY = 64 * MIB
 FITTED = ("h2d_gbps", "d2h_gbps", "duplex_gbps", "small_copy_mib", "small_copy_gbps", "mmap_registered_gbps",
@@ -129,34 +134,80 @@ def achieved_rates(traces: Sequence[Trace]) -> tuple[float | None, float | None]
     return (flops / flop_ns / 1e3 if flop_ns else None), (io / io_ns if io_ns else None)
 
 
+def fit_pass_cost(records: Sequence[KernelRecord], add_ns_per_byte: float | None) -> PassCost | None:
+    """Each pass kind's ns per byte, fitted to the forward memory kernels with passes (norms:
+    their passes are all they run) that move MIN_PASS_BYTES or more, by non-negative least
+    squares on relative error. A kind none of them runs costs `add_ns_per_byte` (the probe
+    grid's largest add), or the pointwise kind's cost without a grid. None without such
+    kernels."""
+    import numpy as np
+
+    rows = []
+    for r in records:
+        moved = pass_bytes(r.passes)
+        if r.phase == "fwd" and r.op not in MATMUL_OPS and r.passes and r.compute_ns > 0 \
+                and sum(moved.values()) >= MIN_PASS_BYTES:
+            rows.append([moved[k] / r.compute_ns for k in PASSES])
+    if not rows:
+        return None
+    a = np.array(rows)
+    y = np.ones(len(rows))
+    seen = [j for j in range(a.shape[1]) if a[:, j].any()]
+    best, best_err = None, float("inf")
+    for n in range(1, len(seen) + 1):  # the non-negative optimum is one subset's least squares
+        for cols in itertools.combinations(seen, n):
+            x, *_ = np.linalg.lstsq(a[:, cols], y, rcond=None)
+            err = float(np.sum((a[:, cols] @ x - y) ** 2))
+            if (x >= 0).all() and err < best_err:
+                best, best_err = {c: float(v) for c, v in zip(cols, x)}, err
+    if best is None:
+        return None
+    fitted = {k: best.get(j, 0.0) for j, k in enumerate(PASSES) if j in seen}
+    default = add_ns_per_byte if add_ns_per_byte is not None else fitted.get("pointwise")
+    if default is None and len(fitted) < len(PASSES):
+        return None
+    return PassCost({k: round(fitted.get(k, default), 8) for k in PASSES})
+
+
 def fit_kernel_table(traces: Sequence[Trace], source: str) -> KernelTable:
     """Kernel rates by op and shape: each recorded spec kernel (records with an op and,
     for matmul ops, a shape; backward records under op + BACKWARD) and each trace's
     probe grid (header probes "compute": ops "linear", "attention", "memory"); the host
     time of each record in the resident step by op and phase (compute.host_key; probes
-    "host" "kernel_ns" and, training, "backward_kernel_ns")."""
-    rows, host = [], []
+    "host" "kernel_ns" and, training, "backward_kernel_ns"). With the grid's add and
+    records with passes, the pass cost (fit_pass_cost), and each forward matmul
+    record's point is its core: its time less its passes, at least CORE_FLOOR of it."""
+    grid_rows, host = [], []
+    for t in traces:
+        grid = t.header.get("probes", {}).get("compute", {})
+        grid_rows += [("linear", features("linear", (m, n, k), 0), 2 * m * n * k, ns)
+                      for m, n, k, ns in grid.get("linear", ())]
+        grid_rows += [("attention", features("attention", (bh, lq, lk, d), 0), 4 * bh * lq * lk * d, ns)
+                      for bh, lq, lk, d, ns in grid.get("attention", ())]
+        grid_rows += [("memory", features("norm", (), nbytes), nbytes, ns) for nbytes, ns in grid.get("memory", ())]
+    adds = [(nbytes, ns) for op, _feats, nbytes, ns in grid_rows if op == "memory"]
+    largest = max(adds, default=None)
+    cost = fit_pass_cost([r for t in traces for r in t.records], largest[1] / largest[0] if largest else None)
+    rows = list(grid_rows)
     for t in traces:
         probed = t.header.get("probes", {}).get("host", {})
         training = (t.header.get("workload") or {}).get("kind") == "train_lora"
-        scale = float(t.header.get("host_scale") or 1.0)  # to the pipelined step (timing.host_scale)
+        tscale = float(t.header.get("host_scale") or 1.0)  # to the pipelined step (timing.host_scale)
         forward = [r for r in t.records if r.phase == "fwd"]
         for phase, kernel_ns in (("fwd", probed.get("kernel_ns", ())), ("bwd", probed.get("backward_kernel_ns", ()))):
             if len(kernel_ns) == len(forward):
-                host += [(host_key(r.op, phase, training), round(ns * scale)) for r, ns in zip(forward, kernel_ns)
+                host += [(host_key(r.op, phase, training), round(ns * tscale)) for r, ns in zip(forward, kernel_ns)
                          if r.op]
         for r in t.records:
-            feats = features(r.op, r.shape, r.io_bytes) if r.op else None
-            if feats is not None:
-                rows.append((r.op + (BACKWARD if r.phase == "bwd" else ""), feats, work(r.op, r.flops, r.io_bytes),
-                             r.compute_ns))
-        grid = t.header.get("probes", {}).get("compute", {})
-        rows += [("linear", features("linear", (m, n, k), 0), 2 * m * n * k, ns)
-                 for m, n, k, ns in grid.get("linear", ())]
-        rows += [("attention", features("attention", (bh, lq, lk, d), 0), 4 * bh * lq * lk * d, ns)
-                 for bh, lq, lk, d, ns in grid.get("attention", ())]
-        rows += [("memory", features("norm", (), nbytes), nbytes, ns) for nbytes, ns in grid.get("memory", ())]
-    return table_from_measurements(rows, source, host)
+            fwd = r.phase == "fwd"
+            feats = features(r.op, r.shape, r.io_bytes, r.passes if fwd else ()) if r.op else None
+            if feats is None:
+                continue
+            ns = float(r.compute_ns)
+            if fwd and r.op in MATMUL_OPS and r.passes and cost:
+                ns = max(CORE_FLOOR * ns, ns - cost.ns(r.passes))
+            rows.append((r.op + ("" if fwd else BACKWARD), feats, work(r.op, r.flops, r.io_bytes), ns))
+    return table_from_measurements(rows, source, host, cost)
 
 
 def write_kernel_table(profile: dict, traces: Sequence[Trace], target: Path) -> Path | None:

@@ -17,6 +17,16 @@ Two models, one interface (`ExecutionTimePredictor.kernel_ns`):
   for shapes no recording covers. An op the table lacks falls back to the bare
   op's grid ("linear", "attention", "memory"), then to the roofline.
 
+Memory passes. A spec kernel also lists the memory-bound passes it runs around
+its core op (`Kernel.passes`: a norm, the modulation, a gated residual add, a
+GELU, a copy), each by kind (PASSES) and bytes moved. A pass of kind k moving b
+bytes takes `b x ns_per_byte[k]` (`PassCost`); mode=calibrate fits the rates to
+the recorded memory kernels. With a pass cost, a matmul kernel is its
+core (the table's points: recorded kernels less their passes) plus its passes,
+and a memory kernel whose passes match no recorded kernel is the sum of its
+passes: a model nobody recorded gets its epilogues and norms from what such
+passes cost elsewhere.
+
 A rate is work over time: FLOP/ns for linear and attention, bytes/ns for the
 memory-bound ops; interpolating rates, not times, keeps a kernel twice as long
 taking twice the time.
@@ -39,19 +49,38 @@ BACKWARD = "_bwd"
 TRAINING = "_train"  # the kernel table's host time of a training forward's kernel
 GRID_OPS = {"linear": "linear", "attention": "attention", "norm": "memory", "elementwise": "memory",
             "embed": "memory"}
+# Memory-bound passes a spec kernel may run around its core op (Kernel.passes).
+PASSES = ("rms_norm", "layer_norm", "pointwise")
+CORE_FLOOR = 0.25  # a recorded matmul kernel's core keeps at least this share of its time
 NEIGHBOURS = 6
+SAME = 1e-5  # features this close are one point (the table keeps them to 6 decimals)
 BLOCKED = 10  # a kernel's host time over BLOCKED x the median: the host sat on a full launch queue
 TABLE_FORMAT = "offload-engine-kernel-table"
 
 
-def features(op: str, shape: Sequence[int], io_bytes: int) -> tuple[float, ...] | None:
+def features(op: str, shape: Sequence[int], io_bytes: int,
+             passes: Sequence[tuple[str, int]] = ()) -> tuple[float, ...] | None:
     """The log2 features a kernel's rate is interpolated over, or None when its
-    shape does not say (a module kernel, or a spec kernel without a shape)."""
+    shape does not say (a module kernel, or a spec kernel without a shape). A
+    forward memory kernel with passes is keyed by its bytes of each pass kind."""
     base = op.removesuffix(BACKWARD)
     if base in MATMUL_OPS:
         want = 3 if base == "linear" else 4
         return tuple(math.log2(d) for d in shape) if len(shape) == want else None
+    if passes and op == base:
+        moved = pass_bytes(passes)
+        return tuple(math.log2(1 + moved[kind]) for kind in PASSES)
     return (math.log2(max(1, io_bytes)),)
+
+
+def pass_bytes(passes: Sequence[tuple[str, int]]) -> dict[str, int]:
+    """Bytes moved by each kind of PASSES; an unknown kind is a spec bug."""
+    moved = dict.fromkeys(PASSES, 0)
+    for kind, nbytes in passes:
+        if kind not in moved:
+            raise TraceError(f"memory pass kind {kind!r} is not one of {', '.join(PASSES)}")
+        moved[kind] += nbytes
+    return moved
 
 
 def host_key(op: str, phase: str, training: bool) -> str:
@@ -66,6 +95,20 @@ def work(op: str, flops: int, io_bytes: int) -> int:
 
 
 @dataclass(frozen=True)
+class PassCost:
+    """Time of memory passes: bytes moved x ns_per_byte[kind]."""
+
+    ns_per_byte: Mapping[str, float]
+
+    def ns(self, passes: Sequence[tuple[str, int]]) -> float:
+        moved = pass_bytes(passes)
+        return sum(self.ns_per_byte[k] * moved[k] for k in PASSES)
+
+    def to_json(self) -> dict:
+        return {"ns_per_byte": dict(self.ns_per_byte)}
+
+
+@dataclass(frozen=True)
 class Point:
     features: tuple[float, ...]
     rate: float  # work per ns
@@ -77,11 +120,18 @@ class KernelTable:
     and phase, measured in resident recorded steps (its torch calls and the fetch)."""
 
     def __init__(self, points: Mapping[str, Sequence[Point]], source: str = "",
-                 host_ns: Mapping[str, int] | None = None):
+                 host_ns: Mapping[str, int] | None = None, pass_cost: PassCost | None = None):
         self.points = {op: tuple(ps) for op, ps in points.items() if ps}
         self.source = source
         self.host_ns = dict(host_ns or {})
+        self.pass_cost = pass_cost
         self._rates: dict[tuple[str, tuple[float, ...]], float | None] = {}  # a model repeats its shapes
+
+    def exact_rate(self, op: str, feats: tuple[float, ...]) -> float | None:
+        """The median rate of `op`'s points at `feats` (to the table's rounding), or None."""
+        rates = [p.rate for p in self.points.get(op, ())
+                 if len(p.features) == len(feats) and math.dist(p.features, feats) < SAME]
+        return statistics.median(rates) if rates else None
 
     def rate(self, op: str, feats: tuple[float, ...]) -> float | None:
         key = (op, feats)
@@ -99,12 +149,12 @@ class KernelTable:
 
     def to_json(self) -> dict:
         return {"format": TABLE_FORMAT, "source": self.source, "host_ns": dict(sorted(self.host_ns.items())),
-                "ops": {op: [[*p.features, p.rate] for p in ps] for op, ps in sorted(self.points.items())}}
+                "passes": self.pass_cost.to_json() if self.pass_cost else None, "ops": {op: [[*p.features, p.rate] for p in ps] for op, ps in sorted(self.points.items())}}
 
 
 def _interpolate(points: Sequence[Point], feats: tuple[float, ...]) -> float:
     dist = sorted((math.dist(p.features, feats), p.rate) for p in points)
-    exact = [rate for d, rate in dist if d < 1e-9]
+    exact = [rate for d, rate in dist if d < SAME]
     if exact:
         return statistics.median(exact)
     near = dist[:NEIGHBOURS]
@@ -113,7 +163,8 @@ def _interpolate(points: Sequence[Point], feats: tuple[float, ...]) -> float:
 
 
 def table_from_measurements(rows: Iterable[tuple[str, tuple[float, ...], int, float]], source: str,
-                            host: Iterable[tuple[str, int]] = ()) -> KernelTable:
+                            host: Iterable[tuple[str, int]] = (),
+                            pass_cost: PassCost | None = None) -> KernelTable:
     """A table from (op, features, work, ns) rows: rows of one op and features become
     one point at their median rate; from (op, host ns) rows, the median per op."""
     grouped: dict[tuple[str, tuple[float, ...]], list[float]] = {}
@@ -123,7 +174,7 @@ def table_from_measurements(rows: Iterable[tuple[str, tuple[float, ...], int, fl
     points: dict[str, list[Point]] = {}
     for (op, feats), rates in sorted(grouped.items()):
         points.setdefault(op, []).append(Point(feats, statistics.median(rates)))
-    return KernelTable(points, source, medians_by_op(host))
+    return KernelTable(points, source, medians_by_op(host), pass_cost)
 
 
 def slowdown_under_copy(alone_ns: float, with_copy_ns: float) -> float:
@@ -179,7 +230,9 @@ def load_table(name: str) -> KernelTable:
                           f"(format {TABLE_FORMAT!r}); write it with mode=calibrate")
     points = {op: [Point(tuple(row[:-1]), float(row[-1])) for row in rows] for op, rows in data["ops"].items()}
     host = data.get("host_ns", {})
-    return KernelTable(points, str(data.get("source", "")), {str(op): int(ns) for op, ns in host.items()})
+    cost = data.get("passes")
+    cost = PassCost({str(k): float(v) for k, v in cost["ns_per_byte"].items()}) if cost else None
+    return KernelTable(points, str(data.get("source", "")), {str(op): int(ns) for op, ns in host.items()}, cost)
 
 
 class ExecutionTimePredictor:
@@ -192,17 +245,23 @@ class ExecutionTimePredictor:
         self.table = load_table(name) if name else None
 
     def kernel_ns(self, op: str, flops: int, io_bytes: int, shape: Sequence[int] = (),
-                  backward: bool = False) -> int:
+                  backward: bool = False, passes: Sequence[tuple[str, int]] = ()) -> int:
+        """`passes` are the forward kernel's memory passes (Kernel.passes); on the
+        roofline they add to a matmul's time and are a memory op's traffic."""
         if op not in MATMUL_OPS + MEMORY_OPS:
             raise TraceError(
                 f"no time predictor for op {op!r}; use one of {', '.join(MATMUL_OPS + MEMORY_OPS)} in the spec")
+        passes = () if backward else passes
         if self.table is not None:
-            feats = features(op, shape, io_bytes)
-            rate = None if feats is None else self.table.rate(op + BACKWARD if backward else op, feats)
-            if rate is not None:
-                return max(1, round(work(op, flops, io_bytes) / rate))
+            ns = _table_ns(self.table, op, flops, io_bytes, shape, backward, passes)
+            if ns is not None:
+                return max(1, round(ns))
         memory_ns = io_bytes / self.hbm_bytes_per_ns
-        ns = max(flops / self.flops_per_ns, memory_ns) if op in MATMUL_OPS else memory_ns
+        passes_ns = sum(pass_bytes(passes).values()) / self.hbm_bytes_per_ns
+        if op in MATMUL_OPS:
+            ns = max(flops / self.flops_per_ns, memory_ns) + passes_ns
+        else:
+            ns = passes_ns or memory_ns
         # Integer nanoseconds, at least 1: a launched kernel always takes time.
         return max(1, round(ns))
 
@@ -210,3 +269,26 @@ class ExecutionTimePredictor:
         """Host time to launch one kernel of `op` in `phase`, from the table; 0 (the
         profile's kernel_launch_us applies) where the table has none."""
         return self.table.host_ns.get(host_key(op, phase, training), 0) if self.table is not None else 0
+
+
+def _table_ns(table: KernelTable, op: str, flops: int, io_bytes: int, shape: Sequence[int], backward: bool,
+              passes: Sequence[tuple[str, int]]) -> float | None:
+    feats = features(op, shape, io_bytes, passes)
+    if feats is None:
+        return None
+    amount = work(op, flops, io_bytes)
+    if backward or not passes:
+        rate = table.rate(op + BACKWARD if backward else op, feats)
+        return amount / rate if rate else None
+    # No pass cost: a table fitted before passes, whose points hold them.
+    extra = table.pass_cost.ns(passes) if table.pass_cost else None
+    if op in MATMUL_OPS:
+        rate = table.rate(op, feats)
+        return None if rate is None else amount / rate + (extra or 0.0)
+    rate = table.exact_rate(op, feats)
+    if rate:
+        return amount / rate
+    if extra is not None:
+        return extra
+    rate = table.rate(op, features(op, shape, io_bytes))
+    return amount / rate if rate else None

@@ -56,6 +56,8 @@ Lines 2.., one JSON object per kernel, in launch order:
                        "elementwise", "embed"); absent for module kernels
     shape       [int]  optional: the spec kernel's shape (engine/models/spec.py Kernel),
                        what mode=calibrate fits kernel time against
+    passes      [[str, int]]  optional: the spec kernel's memory passes, (kind, bytes
+                       moved) each (Kernel.passes; engine/compute.py PASSES)
 
 Order: all forward records first; a training trace then has one backward
 record per forward record, in reverse order. `read_trace` checks all of this
@@ -74,7 +76,7 @@ from typing import IO, Any, Iterator, Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
-from engine.compute import ExecutionTimePredictor
+from engine.compute import PASSES, ExecutionTimePredictor
 from engine.errors import TraceError
 from engine.policy import AccessOrder
 from engine.models.spec import Kernel, ModelSpec, SavedTensor
@@ -104,6 +106,7 @@ class KernelRecord:
     host_ns: int = 0
     op: str = ""
     shape: tuple[int, ...] = ()
+    passes: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -166,9 +169,9 @@ def synthesize(spec: ModelSpec, workload: Any, hardware: Any) -> Trace:
         saved = tuple(SavedTensor(_saved_name(k, s, taken), s.nbytes, s.layer) for s in k.saved) if training else ()
         forward.append(KernelRecord(
             name=k.name, layer=k.layer, phase="fwd", weights=tuple(k.weights),
-            compute_ns=predictor.kernel_ns(k.op, k.flops, k.io_bytes, k.shape),
+            compute_ns=predictor.kernel_ns(k.op, k.flops, k.io_bytes, k.shape, passes=k.passes),
             flops=k.flops, io_bytes=k.io_bytes, saved=saved, host_ns=predictor.host_ns(k.op, "fwd", training), op=k.op,
-            shape=k.shape))
+            shape=k.shape, passes=k.passes))
     backward = []
     if training:
         for k, f in zip(reversed(spec.kernels), reversed(forward)):
@@ -215,6 +218,8 @@ def _record_json(r: KernelRecord) -> dict:
         out["op"] = r.op
     if r.shape:
         out["shape"] = list(r.shape)
+    if r.passes:
+        out["passes"] = [list(p) for p in r.passes]
     return out
 
 
@@ -252,7 +257,10 @@ _OPTIONAL = {"copies": (lambda v: isinstance(v, list) and all(isinstance(c, dict
              "host_ns": (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (nanoseconds)"),
              "op": (lambda v: isinstance(v, str), "a string"),
              "shape": (lambda v: isinstance(v, list) and all(_is_int(d) and d > 0 for d in v),
-                       "a list of integers > 0")}
+                       "a list of integers > 0"),
+             "passes": (lambda v: isinstance(v, list) and all(
+                 isinstance(p, list) and len(p) == 2 and p[0] in PASSES and _is_int(p[1]) and p[1] >= 0
+                 for p in v), f"a list of [kind, bytes] pairs, kind one of {', '.join(PASSES)}")}
 _RECORD_FIELDS = tuple(f.name for f in fields(KernelRecord))
 
 
@@ -288,7 +296,7 @@ def _parse_record(obj: Any, where: str) -> KernelRecord:
         compute_ns=obj["compute_ns"], flops=obj["flops"], io_bytes=obj["io_bytes"],
         saved=_parse_saved(obj["saved"], where), needs=tuple(obj["needs"]),
         copies=tuple(obj.get("copies", ())), host_ns=obj.get("host_ns", 0), op=obj.get("op", ""),
-        shape=tuple(obj.get("shape", ())))
+        shape=tuple(obj.get("shape", ())), passes=tuple((p[0], p[1]) for p in obj.get("passes", ())))
 
 
 def _parse_header(line: str) -> dict:

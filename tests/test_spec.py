@@ -95,6 +95,30 @@ def test_ltx2_block_kernels():
     assert a2v.flops == 4 * 32 * 6144 * 128 * 64  # Q video, K/V audio, audio heads
 
 
+def test_each_kernel_lists_the_memory_passes_its_forward_runs():
+    """Bytes read plus written over the block's activations (engine/models/builder.py)."""
+    spec = spec_of("ltx")
+    k = {x.name.removeprefix("blocks.3."): x for x in spec.kernels if x.layer == 3}
+    act = 6144 * 4096 * 2  # the video stream, bf16
+    assert k["norm1"].passes == (("rms_norm", 2 * act), ("pointwise", 4 * act))  # RMSNorm, then modulated
+    assert k["norm2"].passes == (("rms_norm", 2 * act),)  # a plain norm before the cross attention
+    assert k["audio_to_video_norm"].passes == (("rms_norm", 2 * act), ("pointwise", 4 * act), ("pointwise", 4 * act))
+    assert k["attn1.to_out"].passes == (("pointwise", 5 * act),)  # a gated residual add
+    assert k["attn2.to_out"].passes == (("pointwise", 3 * act),)  # an ungated one
+    assert k["attn1.qkv"].passes == (("rms_norm", 2 * act), ("rms_norm", 2 * act))  # q and k normed
+    assert k["ff.up"].passes == (("pointwise", 2 * 6144 * 16384 * 2),)  # GELU over the hidden width
+    assert k["attn1.attention"].passes == (("pointwise", 2 * act),)  # heads copied back into rows
+    assert k["norm1"].io_bytes == 2 * act + spec.kernel_bytes(k["norm1"])  # in and out, alive together
+    decode = load_spec("llama8b", workload("decode", batch=2, context_tokens=1000))
+    core = next(x for x in decode.kernels if x.name == "layers.5.self_attn.attention")
+    cache = 2 * 1001 * 8 * 128 * 2  # one of k and v, batch 2, bf16
+    assert core.passes[:4] == (("pointwise", 2 * cache),) * 4  # each made contiguous, then concatenated
+    flux = spec_of("flux")
+    proj = next(x for x in flux.kernels if x.name == "single_blocks.0.proj_out")
+    rows = 6144 + 256  # [text, image] in the single blocks
+    assert proj.passes == (("pointwise", 2 * rows * (3072 + 12288) * 2), ("pointwise", 5 * rows * 3072 * 2))
+
+
 def test_llama_decode_kernels():
     spec = load_spec("llama8b", workload("decode", batch=2, context_tokens=1000))
     layer = [k.name.removeprefix("layers.5.") for k in spec.kernels if k.layer == 5]

@@ -77,6 +77,16 @@ def test_round_trip(tmp_path: Path, suffix: str) -> None:
     assert back == recorded
 
 
+def test_a_spec_kernels_passes_round_trip(tmp_path: Path) -> None:
+    from engine.models import load_spec
+
+    wl = WorkloadConfig(name="infer", kind="infer", video_tokens=64, audio_tokens=16, text_tokens=16)
+    t = synthesize(load_spec("tiny", wl), wl, HW)
+    assert any(r.passes for r in t.records)
+    write_trace(tmp_path / "t.jsonl", t)
+    assert read_trace(tmp_path / "t.jsonl").records == t.records
+
+
 def _lines(tmp_path: Path) -> tuple[Path, list[dict]]:
     path = tmp_path / "t.jsonl"
     write_trace(path, synthesize(_spec(), _train(), HW))
@@ -146,7 +156,7 @@ def test_record_missing_a_field(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("field,value", [
     ("layer", "0"), ("compute_ns", 1.5), ("phase", "forward"), ("weights", "a.w"), ("flops", True),
-    ("saved", [{"name": "x", "nbytes": -1, "layer": 0}]),
+    ("saved", [{"name": "x", "nbytes": -1, "layer": 0}]), ("passes", [["softmax", 100]]), ("passes", [[100]]),
 ])
 def test_record_with_wrong_type(tmp_path: Path, field: str, value) -> None:
     msg = _error(tmp_path, lambda o: o[1].update({field: value}))

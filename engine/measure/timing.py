@@ -294,7 +294,7 @@ def build_trace(spec: ModelSpec, timing: StepTiming, header: dict,
         forward.append(KernelRecord(name=k.name, layer=k.layer, phase="fwd", weights=tuple(k.weights),
                                     compute_ns=timing.forward_ns[i], flops=k.flops, io_bytes=k.io_bytes,
                                     saved=saved, copies=tuple(copies.get(i, ())), host_ns=host.get(k.op, 0),
-                                    op=k.op, shape=k.shape))
+                                    op=k.op, shape=k.shape, passes=k.passes))
     if training:
         # A tensor is needed where backward first unpacks it: the mirror of its last saver.
         needs: dict[int, list[str]] = {}

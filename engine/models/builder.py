@@ -1,13 +1,22 @@
 """The spec builder: a family declares its weights and kernels in launch order
-through `SpecBuilder`, which counts FLOPs, IO bytes and the tensors autograd
-saves (the accounting engine/models/spec.py describes)."""
+through `SpecBuilder`, which counts FLOPs, IO bytes, the memory passes each
+kernel runs around its core op, and the tensors autograd saves (the accounting
+engine/models/spec.py describes).
+
+Passes count bytes read plus bytes written over full-size activations, as the
+forward (engine/models/<family>.py) runs them between one fetch and the next:
+a norm reads and writes once (2x), a modulation x * (1 + scale) + shift twice
+(4x), a residual add reads two and writes one (3x), a gated one multiplies
+first (5x), a GELU or a copy reads and writes (2x)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import prod
 from typing import Iterable, NamedTuple, Sequence
 
 from engine.models.spec import DTYPE_BYTES, Kernel, ModelConfig, ModelSpec, SavedTensor, WeightSpec, is_adapted
+
+NORM, MODULATE, RESIDUAL, GATED_RESIDUAL, ONE_PASS = 2, 4, 3, 5, 2  # bytes moved per activation byte
 
 
 @dataclass(frozen=True)
@@ -45,11 +54,6 @@ class Out(NamedTuple):
     gelu: bool = False  # GELU-tanh on this output
 
 
-def residual(kname: str, x: Act, y: Act) -> Act:
-    """The residual stream after kernel `kname` added its output `y` into `x`."""
-    return Act(f"{kname}.res", x.rows, x.width, x.grad or y.grad)
-
-
 class SpecBuilder:
     """Weights and kernels in launch order; each name is declared once."""
 
@@ -72,9 +76,10 @@ class SpecBuilder:
         return name
 
     def kernel(self, name: str, layer: int, op: str, weights: Iterable[str], flops: int, io_bytes: int,
-               saves: Iterable[tuple[str, int]] = (), shape: tuple[int, ...] = ()) -> None:
-        """Declare a kernel; `io_bytes` counts its activations' device traffic, and the
-        bytes of the weights it reads are added here (once, for every family)."""
+               saves: Iterable[tuple[str, int]] = (), shape: tuple[int, ...] = (),
+               passes: Iterable[tuple[str, int]] = ()) -> None:
+        """Declare a kernel; `io_bytes` counts its activations in and out, and the bytes
+        of the weights it reads are added here (once, for every family)."""
         if name in self._kernel_names:
             raise RuntimeError(f"spec builder bug: kernel {name} declared twice")
         self._kernel_names.add(name)
@@ -84,10 +89,25 @@ class SpecBuilder:
                 self._saved_names.add(tensor)
                 saved.append(SavedTensor(tensor, nbytes, layer))
         weights = tuple(weights)
+        passes = tuple((kind, int(n)) for kind, n in passes)
         if op != "embed":  # a kernel reads its weights whole; an embedding reads only its rows (in io_bytes)
             io_bytes += sum(self.weights[w].nbytes for w in weights)
         self.kernels.append(Kernel(name, layer, op, weights, int(flops), int(io_bytes), tuple(saved),
-                                   tuple(int(d) for d in shape)))
+                                   tuple(int(d) for d in shape), passes))
+
+    def passes(self, kname: str, *passes: tuple[str, int]) -> None:
+        """Memory passes the forward runs after kernel `kname`, the last declared,
+        before the next fetch (an epilogue: a residual add, a concatenation)."""
+        k = self.kernels[-1]
+        if k.name != kname:
+            raise RuntimeError(f"spec builder bug: passes for {kname} after kernel {k.name}")
+        self.kernels[-1] = replace(k, passes=k.passes + tuple((kind, int(n)) for kind, n in passes))
+
+    def residual(self, kname: str, x: Act, y: Act, gated: bool = False) -> Act:
+        """The residual stream after kernel `kname` added its output `y` into `x`
+        (`gated`: y times a per-sample gate first)."""
+        self.passes(kname, ("pointwise", (GATED_RESIDUAL if gated else RESIDUAL) * self.nbytes(x)))
+        return Act(f"{kname}.res", x.rows, x.width, x.grad or y.grad)
 
     def proj(self, kname: str, layer: int, x: Act, outs: Sequence[Out], *, bias: bool = True,
              norm_width: int = 0, extra_saves: Sequence[tuple[str, int]] = ()) -> list[Act]:
@@ -97,6 +117,7 @@ class SpecBuilder:
         `extra_saves` are kept when an output needs a gradient (SwiGLU's operands)."""
         weights: list[str] = []
         saves: list[tuple[str, int]] = []
+        passes: list[tuple[str, int]] = []
         flops = 0
         results = []
         tok = self.tok
@@ -118,10 +139,12 @@ class SpecBuilder:
                 width = norm_width or out.features
                 weights.append(self.param(out.norm, (width,)))
                 rstd = x.rows * (out.features // width) * 4
+                passes.append(("rms_norm", NORM * self.nbytes(y)))
                 if y.grad:
                     saves += [(y.name, self.nbytes(y)), (f"{y.name}.rstd", rstd)]
                 y = Act(f"{y.name}.normed", y.rows, y.width, y.grad)
             if out.gelu:
+                passes.append(("pointwise", ONE_PASS * self.nbytes(y)))
                 if y.grad:
                     saves.append((y.name, self.nbytes(y)))
                 y = Act(f"{y.name}.gelu", y.rows, y.width, y.grad)
@@ -130,7 +153,7 @@ class SpecBuilder:
             saves += extra_saves
         io = self.nbytes(x) + sum(self.nbytes(r) for r in results)
         self.kernel(kname, layer, "linear", weights, flops, io, saves,
-                    shape=(x.rows, sum(out.features for out in outs), x.width))
+                    shape=(x.rows, sum(out.features for out in outs), x.width), passes=passes)
         return results
 
     def linear(self, module: str, layer: int, x: Act, features: int, *, bias: bool = True,
@@ -138,28 +161,38 @@ class SpecBuilder:
         """A kernel of one linear, named after its module."""
         return self.proj(module, layer, x, [Out(module, features, gelu=gelu)], bias=bias)[0]
 
-    def attention(self, kname: str, layer: int, q: Act, k: Act, v: Act, heads: int, head_dim: int) -> Act:
-        """The attention core (SDPA): a kernel that reads no weights."""
+    def attention(self, kname: str, layer: int, q: Act, k: Act, v: Act, heads: int, head_dim: int,
+                  copied: Sequence[Act] = ()) -> Act:
+        """The attention core (SDPA): a kernel that reads no weights. Its output's heads are
+        copied back into rows (a pass); `copied` are inputs the forward copies first
+        (a concatenation)."""
         b = self.tok.batch
         lq, lk = q.rows // b, k.rows // b
         out = Act(f"{kname}.out", q.rows, heads * head_dim, q.grad or k.grad or v.grad)
         lse = b * heads * lq * 4
         saves = [(t.name, self.nbytes(t)) for t in (q, k, v, out)] + [(f"{kname}.lse", lse)] if out.grad else []
         io = sum(self.nbytes(t) for t in (q, k, v, out))
+        passes = [("pointwise", ONE_PASS * self.nbytes(t)) for t in (*copied, out)]
         self.kernel(kname, layer, "attention", (), 4 * b * heads * lq * lk * head_dim, io, saves,
-                    shape=(b * heads, lq, lk, head_dim))
+                    shape=(b * heads, lq, lk, head_dim), passes=passes)
         return out
 
     def norm(self, kname: str, layer: int, x: Act, *, layer_norm: bool = False,
-             weights: Sequence[tuple[str, Sequence[int]]] = (), outputs: int = 1) -> list[Act]:
-        """Normalize `x` and apply `outputs` modulations of it (adaLN shift/scale)."""
+             weights: Sequence[tuple[str, Sequence[int]]] = (), outputs: int = 1,
+             modulated: bool = True) -> list[Act]:
+        """Normalize `x`, then apply `outputs` modulations of it (adaLN shift/scale), or
+        none when not `modulated` (a plain or affine norm)."""
+        if not modulated and outputs != 1:
+            raise RuntimeError(f"spec builder bug: {kname} has {outputs} outputs but no modulation")
         names = [self.param(n, s) for n, s in weights]
         stats = (2 if layer_norm else 1) * x.rows * 4
         outs = [Act(f"{kname}.out{j}" if outputs > 1 else f"{kname}.out", x.rows, x.width, x.grad)
                 for j in range(outputs)]
-        io = self.nbytes(x) * (1 + outputs)
+        passes = [("layer_norm" if layer_norm else "rms_norm", NORM * self.nbytes(x))]
+        passes += [("pointwise", MODULATE * self.nbytes(x))] * (outputs if modulated else 0)
         saves = [(x.name, self.nbytes(x)), (f"{kname}.stats", stats)] if x.grad else []
-        self.kernel(kname, layer, "norm", names, 5 * x.rows * x.width * outputs, io, saves)
+        io = self.nbytes(x) * (1 + outputs)
+        self.kernel(kname, layer, "norm", names, 5 * x.rows * x.width * outputs, io, saves, passes=passes)
         return outs
 
     def elementwise(self, kname: str, layer: int, weights: Sequence[tuple[str, Sequence[int]]]) -> None:

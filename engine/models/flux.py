@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from omegaconf import MISSING
 
-from engine.models.builder import Act, Out, SpecBuilder, residual
+from engine.models.builder import ONE_PASS, Act, Out, SpecBuilder
 from engine.models.spec import ModelConfig, SpecError, WorkloadShape, check_positive, check_product, require_tokens
 
 if TYPE_CHECKING:
@@ -88,19 +88,21 @@ def build(b: SpecBuilder, c: FluxModelConfig) -> None:
         # Joint attention over [text, image]: the concatenations are new tensors.
         joint = [Act(f"{kp}.attn.{n}", p.rows + r.rows, d, p.grad or r.grad)
                  for n, p, r in (("q", cq, q), ("k", ck, k), ("v", cv, v))]
-        o = b.attention(f"{kp}.attn.attention", i, *joint, heads, hd)
+        o = b.attention(f"{kp}.attn.attention", i, *joint, heads, hd, copied=joint)
         # The image and text parts are views of the output: saved once, through their base.
         o_img, o_txt = Act(o.name, img.rows, d, o.grad), Act(o.name, txt.rows, d, o.grad)
         (y,) = b.proj(f"{kp}.attn.to_out", i, o_img, [Out(f"{wp}.attn.to_out.0", d)])
-        img = residual(f"{kp}.attn.to_out", img, y)
+        img = b.residual(f"{kp}.attn.to_out", img, y, gated=True)
         (y,) = b.proj(f"{kp}.attn.to_add_out", i, o_txt, [Out(f"{wp}.attn.to_add_out", d)])
-        txt = residual(f"{kp}.attn.to_add_out", txt, y)
+        txt = b.residual(f"{kp}.attn.to_add_out", txt, y, gated=True)
         (x,) = b.norm(f"{kp}.norm2", i, img, layer_norm=True)
-        img = residual(f"{kp}.ff.down", img, b.ffn(f"{kp}.ff", f"{wp}.ff", i, x, c.ffn_dim))
+        img = b.residual(f"{kp}.ff.down", img, b.ffn(f"{kp}.ff", f"{wp}.ff", i, x, c.ffn_dim), gated=True)
         (cx,) = b.norm(f"{kp}.norm2_context", i, txt, layer_norm=True)
-        txt = residual(f"{kp}.ff_context.down", txt, b.ffn(f"{kp}.ff_context", f"{wp}.ff_context", i, cx, c.ffn_dim))
+        txt = b.residual(f"{kp}.ff_context.down", txt, b.ffn(f"{kp}.ff_context", f"{wp}.ff_context", i, cx, c.ffn_dim),
+                         gated=True)
 
     s = Act("single.in", txt.rows + img.rows, d, txt.grad or img.grad)  # [text, image] concatenated
+    b.passes(b.kernels[-1].name, ("pointwise", ONE_PASS * b.nbytes(s)))  # before the next fetch
     for j in range(c.num_layers - c.num_double_layers):
         i = c.num_double_layers + j
         kp, wp = f"single_blocks.{j}", f"single_transformer_blocks.{j}"
@@ -115,7 +117,8 @@ def build(b: SpecBuilder, c: FluxModelConfig) -> None:
         # proj_out reads [attention output, GELU(mlp)] concatenated: a new tensor.
         cat = Act(f"{kp}.cat", s.rows, d + c.ffn_dim, o.grad or mlp.grad)
         (y,) = b.proj(f"{kp}.proj_out", i, cat, [Out(f"{wp}.proj_out", d)])
-        s = residual(f"{kp}.proj_out", s, y)
+        b.passes(f"{kp}.proj_out", ("pointwise", ONE_PASS * b.nbytes(cat)))
+        s = b.residual(f"{kp}.proj_out", s, y, gated=True)
 
     img = Act(s.name, img.rows, d, s.grad)  # the image part of the last residual: a view
     b.linear("norm_out.linear", -1, temb, 2 * d)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from omegaconf import MISSING
 
-from engine.models.builder import Act, Out, SpecBuilder, residual
+from engine.models.builder import Act, Out, SpecBuilder
 from engine.models.spec import ModelConfig, SpecError, WorkloadShape, check_positive, check_product, require_tokens
 
 if TYPE_CHECKING:
@@ -63,26 +63,31 @@ def build(b: SpecBuilder, c: LlamaModelConfig) -> None:
     kv = c.kv_heads * hd
     for i in range(c.num_layers):
         kp, wp = f"layers.{i}", f"model.layers.{i}"
-        (h,) = b.norm(f"{kp}.input_layernorm", i, x, weights=[(f"{wp}.input_layernorm.weight", (hid,))])
+        (h,) = b.norm(f"{kp}.input_layernorm", i, x, modulated=False,
+                      weights=[(f"{wp}.input_layernorm.weight", (hid,))])
         q, k, v = b.proj(f"{kp}.self_attn.qkv", i, h, [
             Out(f"{wp}.self_attn.q_proj", hid), Out(f"{wp}.self_attn.k_proj", kv),
             Out(f"{wp}.self_attn.v_proj", kv)], bias=False)
+        copied: list[Act] = []
         if tok.kind == "decode":  # the cache, with this step's k and v appended
             k, v = Act(f"{kp}.k_cache", bs * lk, kv, k.grad), Act(f"{kp}.v_cache", bs * lk, kv, v.grad)
-        o = b.attention(f"{kp}.self_attn.attention", i, q, k, v, c.heads, hd)
+            copied = [k, v, k, v]  # each cache made contiguous in rows, then concatenated
+        o = b.attention(f"{kp}.self_attn.attention", i, q, k, v, c.heads, hd, copied=copied)
         (y,) = b.proj(f"{kp}.self_attn.o_proj", i, o, [Out(f"{wp}.self_attn.o_proj", hid)], bias=False)
-        x = residual(f"{kp}.self_attn.o_proj", x, y)
-        (h,) = b.norm(f"{kp}.post_attention_layernorm", i, x,
+        x = b.residual(f"{kp}.self_attn.o_proj", x, y)
+        (h,) = b.norm(f"{kp}.post_attention_layernorm", i, x, modulated=False,
                       weights=[(f"{wp}.post_attention_layernorm.weight", (hid,))])
         inter = rows * c.intermediate * b.act_bytes
         swiglu = [(f"{kp}.mlp.gate_up.{part}", inter) for part in ("gate", "up", "silu")]
         gate, _up = b.proj(f"{kp}.mlp.gate_up", i, h, [Out(f"{wp}.mlp.gate_proj", c.intermediate),
                                                         Out(f"{wp}.mlp.up_proj", c.intermediate)],
                            bias=False, extra_saves=swiglu)
+        # silu(gate) reads and writes; times up reads two and writes one
+        b.passes(f"{kp}.mlp.gate_up", ("pointwise", 5 * inter))
         (y,) = b.proj(f"{kp}.mlp.down_proj", i, Act(f"{kp}.mlp.h", rows, c.intermediate, gate.grad),
                       [Out(f"{wp}.mlp.down_proj", hid)], bias=False)
-        x = residual(f"{kp}.mlp.down_proj", x, y)
-    (h,) = b.norm("model.norm", -1, x, weights=[("model.norm.weight", (hid,))])
+        x = b.residual(f"{kp}.mlp.down_proj", x, y)
+    (h,) = b.norm("model.norm", -1, x, modulated=False, weights=[("model.norm.weight", (hid,))])
     b.linear("lm_head", -1, h, c.vocab, bias=False)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping
 
-from engine.models.builder import Act, SpecBuilder, residual
+from engine.models.builder import Act, SpecBuilder
 from engine.models.dit import DitModelConfig, caption, modulation_rows, output_layer
 from engine.models.spec import WorkloadShape, require_tokens
 
@@ -33,11 +33,12 @@ def _caption_spec(b: SpecBuilder, module: str, text: Act, width: int) -> Act:
 
 
 def _norm_attention(b: SpecBuilder, kp: str, wp: str, layer: int, x: Act, norm: str, attn: str, ctx: Act | None,
-                    shape: dict[str, int]) -> Act:
-    """RMSNorm `{kp}.{norm}` of the stream `x`, then attention `attn` added into it."""
-    (h,) = b.norm(f"{kp}.{norm}", layer, x)
+                    shape: dict[str, int], modulated: bool) -> Act:
+    """RMSNorm `{kp}.{norm}` of the stream `x` (modulated and the attention gated, or
+    neither), then attention `attn` added into it."""
+    (h,) = b.norm(f"{kp}.{norm}", layer, x, modulated=modulated)
     y = b.attention_layer(f"{kp}.{attn}", f"{wp}.{attn}", layer, h, ctx, **shape)
-    return residual(f"{kp}.{attn}.to_out", x, y)
+    return b.residual(f"{kp}.{attn}.to_out", x, y, gated=modulated)
 
 
 def build(b: SpecBuilder, c: DitModelConfig) -> None:
@@ -74,27 +75,28 @@ def build(b: SpecBuilder, c: DitModelConfig) -> None:
                        (f"{wp}.audio_a2v_cross_attn_scale_shift_table", (5, da))]
         b.elementwise(f"{kp}.ada", i, tables)
         # 1. self attention, video then audio
-        v = _norm_attention(b, kp, wp, i, v, "norm1", "attn1", None, vattn)
+        v = _norm_attention(b, kp, wp, i, v, "norm1", "attn1", None, vattn, modulated=True)
         if audio:
-            a = _norm_attention(b, kp, wp, i, a, "audio_norm1", "audio_attn1", None, aattn)
+            a = _norm_attention(b, kp, wp, i, a, "audio_norm1", "audio_attn1", None, aattn, modulated=True)
         # 2. cross attention to the text
-        v = _norm_attention(b, kp, wp, i, v, "norm2", "attn2", text, vattn)
+        v = _norm_attention(b, kp, wp, i, v, "norm2", "attn2", text, vattn, modulated=False)
         if audio:
-            a = _norm_attention(b, kp, wp, i, a, "audio_norm2", "audio_attn2", atext, aattn)
+            a = _norm_attention(b, kp, wp, i, a, "audio_norm2", "audio_attn2", atext, aattn, modulated=False)
             # 3. audio-to-video (Q video) and video-to-audio (Q audio), in the audio's width
             v_a2v, v_v2a = b.norm(f"{kp}.audio_to_video_norm", i, v, outputs=2)
             a_a2v, a_v2a = b.norm(f"{kp}.video_to_audio_norm", i, a, outputs=2)
             y = b.attention_layer(f"{kp}.audio_to_video_attn", f"{wp}.audio_to_video_attn", i, v_a2v, a_a2v,
                                   **{**aattn, "out_dim": d})
-            v = residual(f"{kp}.audio_to_video_attn.to_out", v, y)
+            v = b.residual(f"{kp}.audio_to_video_attn.to_out", v, y, gated=True)
             y = b.attention_layer(f"{kp}.video_to_audio_attn", f"{wp}.video_to_audio_attn", i, a_v2a, v_v2a, **aattn)
-            a = residual(f"{kp}.video_to_audio_attn.to_out", a, y)
+            a = b.residual(f"{kp}.video_to_audio_attn.to_out", a, y, gated=True)
         # 4. feed-forward
         (x,) = b.norm(f"{kp}.norm3", i, v)
-        v = residual(f"{kp}.ff.down", v, b.ffn(f"{kp}.ff", f"{wp}.ff", i, x, c.ffn_dim))
+        v = b.residual(f"{kp}.ff.down", v, b.ffn(f"{kp}.ff", f"{wp}.ff", i, x, c.ffn_dim), gated=True)
         if audio:
             (x,) = b.norm(f"{kp}.audio_norm3", i, a)
-            a = residual(f"{kp}.audio_ff.down", a, b.ffn(f"{kp}.audio_ff", f"{wp}.audio_ff", i, x, c.audio_ffn_dim))
+            a = b.residual(f"{kp}.audio_ff.down", a, b.ffn(f"{kp}.audio_ff", f"{wp}.audio_ff", i, x, c.audio_ffn_dim),
+                           gated=True)
 
     (x,) = b.norm("norm_out", -1, v, layer_norm=True, weights=[("scale_shift_table", (2, d))])
     b.linear("proj_out", -1, x, c.in_channels)

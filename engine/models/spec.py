@@ -83,6 +83,10 @@ class Kernel:
     linear's (rows, output features summed over its fused linears, input
     features), an attention core's (batch x heads, query length, key length,
     head dim); empty for memory-bound ops, whose time follows `io_bytes`.
+    `passes` are the memory-bound passes it runs besides its core op (norms,
+    modulation, residual adds, GELU, copies; engine/models/builder.py counts
+    them): bytes moved, where `io_bytes` counts its activations in and out (what
+    is alive together) and its weights.
     """
 
     name: str
@@ -93,6 +97,7 @@ class Kernel:
     io_bytes: int = 0
     saved: tuple[SavedTensor, ...] = ()
     shape: tuple[int, ...] = ()
+    passes: tuple[tuple[str, int], ...] = ()  # (kind, bytes moved) of its memory passes (engine/compute.py)
 
 
 @dataclass(frozen=True)

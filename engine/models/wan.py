@@ -7,7 +7,7 @@ from __future__ import annotations
 from math import prod
 from typing import TYPE_CHECKING, Any, Mapping
 
-from engine.models.builder import Act, SpecBuilder, residual
+from engine.models.builder import Act, SpecBuilder
 from engine.models.dit import DitModelConfig, caption, modulation_rows, output_layer
 from engine.models.spec import WorkloadShape, require_tokens
 
@@ -45,12 +45,13 @@ def build(b: SpecBuilder, c: DitModelConfig) -> None:
         kp, wp = f"blocks.{i}", f"blocks.{i}"
         b.elementwise(f"{kp}.ada", i, [(f"{wp}.scale_shift_table", (1, 6, d))])
         (x,) = b.norm(f"{kp}.norm1", i, v, layer_norm=True)
-        v = residual(f"{kp}.attn1.to_out", v, b.attention_layer(f"{kp}.attn1", f"{wp}.attn1", i, x, None, **attn))
-        (x,) = b.norm(f"{kp}.norm2", i, v, layer_norm=True,
+        y = b.attention_layer(f"{kp}.attn1", f"{wp}.attn1", i, x, None, **attn)
+        v = b.residual(f"{kp}.attn1.to_out", v, y, gated=True)
+        (x,) = b.norm(f"{kp}.norm2", i, v, layer_norm=True, modulated=False,
                       weights=[(f"{wp}.norm2.weight", (d,)), (f"{wp}.norm2.bias", (d,))])
-        v = residual(f"{kp}.attn2.to_out", v, b.attention_layer(f"{kp}.attn2", f"{wp}.attn2", i, x, text, **attn))
+        v = b.residual(f"{kp}.attn2.to_out", v, b.attention_layer(f"{kp}.attn2", f"{wp}.attn2", i, x, text, **attn))
         (x,) = b.norm(f"{kp}.norm3", i, v, layer_norm=True)
-        v = residual(f"{kp}.ffn.down", v, b.ffn(f"{kp}.ffn", f"{wp}.ffn", i, x, c.ffn_dim))
+        v = b.residual(f"{kp}.ffn.down", v, b.ffn(f"{kp}.ffn", f"{wp}.ffn", i, x, c.ffn_dim), gated=True)
 
     (x,) = b.norm("norm_out", -1, v, layer_norm=True, weights=[("scale_shift_table", (1, 2, d))])
     b.linear("proj_out", -1, x, c.in_channels * patch)
