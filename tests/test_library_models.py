@@ -1,4 +1,5 @@
-"""engine.offload on library model classes beyond the four benchmarked: tiny configs on the
+"""engine.offload on library model classes beyond the four benchmarked (decoders, an
+encoder-decoder, a conv UNet, DiTs of several kinds): tiny configs on the
 CPU backend, a budget just over each model's floor (weights stream every step), outputs
 bitwise the plain module's, the module restored after. Needs the models extra."""
 from __future__ import annotations
@@ -18,10 +19,14 @@ def _randn(*shape: int) -> torch.Tensor:
     return torch.randn(*shape).to(BF16)
 
 
-def _causal_lm(name: str) -> tuple[torch.nn.Module, dict]:
+def _transformers(name: str) -> tuple[torch.nn.Module, dict]:
     t = pytest.importorskip("transformers", reason="needs the models extra: pip install 'offload-engine[models]'")
     common = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=128)
+    if name == "t5":  # encoder-decoder: the encoder's blocks, then the decoder's over its output
+        model = t.T5ForConditionalGeneration(t.T5Config(vocab_size=512, d_model=64, d_kv=16, d_ff=128, num_layers=3,
+                                                        num_heads=4))
+        return model, {"input_ids": torch.randint(0, 512, (1, 16)), "decoder_input_ids": torch.randint(0, 512, (1, 6))}
     if name == "gpt2":  # Conv1D projections, tied head
         model = t.GPT2LMHeadModel(t.GPT2Config(n_embd=64, n_layer=6, n_head=4, vocab_size=512, n_positions=128))
     elif name == "gemma2":  # tied head, sliding-window layers, soft-capping
@@ -35,7 +40,14 @@ def _causal_lm(name: str) -> tuple[torch.nn.Module, dict]:
 
 def _diffusers(name: str) -> tuple[torch.nn.Module, dict]:
     d = pytest.importorskip("diffusers", reason="needs the models extra: pip install 'offload-engine[models]'")
-    if name == "sd3":
+    if name == "unet":  # Stable Diffusion's conv UNet: down, mid and up blocks joined by skip connections
+        model = d.UNet2DConditionModel(sample_size=16, in_channels=4, out_channels=4, layers_per_block=1,
+                                       block_out_channels=(32, 64, 64), norm_num_groups=8, cross_attention_dim=32,
+                                       down_block_types=("CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"),
+                                       up_block_types=("UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"),
+                                       attention_head_dim=8)
+        inputs = dict(sample=_randn(1, 4, 16, 16), timestep=torch.tensor([10]), encoder_hidden_states=_randn(1, 8, 32))
+    elif name == "sd3":
         model = d.SD3Transformer2DModel(sample_size=16, patch_size=2, in_channels=4, num_layers=4, attention_head_dim=16,
                                         num_attention_heads=2, joint_attention_dim=32, caption_projection_dim=32,
                                         pooled_projection_dim=16, out_channels=4, pos_embed_max_size=32)
@@ -77,8 +89,8 @@ def _floor_mb(model: torch.nn.Module, inputs: dict) -> float:
 
 
 BUILDERS: dict[str, Callable[[str], tuple[torch.nn.Module, dict]]] = {
-    "qwen2": _causal_lm, "gemma2": _causal_lm, "gpt2": _causal_lm, "mixtral": _causal_lm,
-    "sd3": _diffusers, "hunyuan_video": _diffusers, "qwen_image": _diffusers, "sana": _diffusers,
+    "qwen2": _transformers, "gemma2": _transformers, "gpt2": _transformers, "mixtral": _transformers, "t5": _transformers,
+    "unet": _diffusers, "sd3": _diffusers, "hunyuan_video": _diffusers, "qwen_image": _diffusers, "sana": _diffusers,
 }
 
 
@@ -105,7 +117,7 @@ def test_generate_decodes_through_the_hooks() -> None:
     """transformers' generate: a prefill forward, then one token at a time over a growing
     KV cache; the same kernels in the same order every call, tokens equal the plain module's."""
     torch.manual_seed(0)
-    model, inputs = _causal_lm("qwen2")
+    model, inputs = _transformers("qwen2")
     model = model.to(BF16).eval()
     with torch.no_grad():
         ref = model.generate(**inputs, max_new_tokens=8, do_sample=False)
