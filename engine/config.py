@@ -83,7 +83,9 @@ class WorkloadConfig:
 @dataclass
 class WeightsConfig:
     eviction: str = "priority"  # lru | belady | priority | auto (the fastest in the simulator)
-    lookahead: int = 2  # kernels ahead the copy stream prefetches
+    # Kernels ahead the copy stream prefetches, or auto (the fastest in the simulator, 1 to 4;
+    # engine/choice.py): an int or "auto", checked by check_config since a schema type cannot say so.
+    lookahead: Any = 2
     source: str = "mmap_registered"  # pinned | mmap_registered | mmap | pageable
     file: Optional[str] = None  # .ptd (safetensors) weight file for execute
     backend: str = "cuda"  # cuda (capped pool) | vmm (mapped chunks) | cpu (the test backend)
@@ -256,8 +258,10 @@ def check_config(cfg: Any) -> None:
     _one_of("workload.kind", cfg.workload.kind, WORKLOAD_KINDS)
     if cfg.budget is not None and cfg.budget < 0:
         raise ConfigError(f"budget={cfg.budget} is negative; give MB of GPU memory (>= 0) or budget=null")
-    if cfg.weights.lookahead < 0:
-        raise ConfigError(f"weights.lookahead={cfg.weights.lookahead} is negative; use 0 or more")
+    lookahead = cfg.weights.lookahead
+    if lookahead != "auto" and (isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 0):
+        raise ConfigError(f"weights.lookahead={lookahead!r} is not a number of kernels; give an integer >= 0 "
+                          "or auto (the simulator picks it)")
     if cfg.workload.steps < 1:
         raise ConfigError(f"workload.steps={cfg.workload.steps} must be at least 1")
     for key in ("batch", "video_tokens", "audio_tokens", "text_tokens", "context_tokens", "lora_rank"):

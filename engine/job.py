@@ -12,6 +12,7 @@ from typing import Callable
 
 from omegaconf import DictConfig, OmegaConf
 
+from engine.choice import AUTO, Choice, choose, fitting_lookaheads, start_lookahead
 from engine.config import check_config
 from engine.errors import ConfigError
 from engine.modes import MODES
@@ -19,6 +20,7 @@ from engine.plan import Plan, make_plan
 from engine.models import build_spec
 from engine.models.spec import ModelSpec
 from engine.trace import Trace, check_matches, read_trace, synthesize
+from engine.units import budget_bytes
 
 
 @dataclass(frozen=True)
@@ -32,9 +34,10 @@ class Job:
     spec: ModelSpec | None
     trace: Trace | None
     plan: Plan | None
-    # weights=auto: every candidate's predicted step (ms), and the simulation of the
-    # chosen one as (allow_below_floor, SimResult), which the mode reuses.
-    eviction_predicted_ms: dict[str, float] | None = None
+    # weights.eviction=auto or weights.lookahead=auto: what the simulator chose and every
+    # candidate's step; and the chosen one's simulation as (allow_below_floor, SimResult)
+    # where it ran the mode's steps, which the mode then reuses.
+    choice: Choice | None = None
     simulated: tuple | None = None
 
 
@@ -68,7 +71,8 @@ def config_summary(job: Job) -> dict:
         "budget_mb": cfg.budget,
         "mode": cfg.mode,
         "eviction": cfg.weights.eviction,
-        "eviction_predicted_ms": job.eviction_predicted_ms,  # weights=auto: every candidate's step (ms)
+        # weights.eviction/lookahead=auto: every candidate's long-run mean step (ms), keyed "eviction/lookahead"
+        "weights_predicted_ms": None if job.choice is None else job.choice.candidates_ms,
         "lookahead": cfg.weights.lookahead,
         "activations": cfg.activations.mode,
         "trace": cfg.trace,
@@ -121,14 +125,12 @@ def _prepare_module(cfg: DictConfig, out_dir: Path) -> Job:
     if cfg.activations.mode != "off" and cfg.activations.pool.exact:
         _size_pool_exactly(cfg, trace, source)
     params = trace.header.get("params") or sum(trace.weight_sizes.values()) // 2
+    choice, simulated = _choose_weights(cfg, trace, source)
     plan = _memo(("plan", *source, cfg.budget, cfg.weights.lookahead, _granule(cfg)), lambda: make_plan(
         model=cfg.model.name, workload=cfg.workload.name, param_count=params,
         order=trace.access_order(), budget_mb=cfg.budget, lookahead=cfg.weights.lookahead,
         granule=_granule(cfg)))
-    predicted = simulated = None
-    if cfg.weights.eviction == "auto":
-        predicted, simulated = _choose_eviction(cfg, trace, plan, source)
-    return Job(cfg, out_dir, None, trace, plan, predicted, simulated)
+    return Job(cfg, out_dir, None, trace, plan, choice, simulated)
 
 
 def _granule(cfg: DictConfig) -> int:
@@ -155,53 +157,48 @@ def prepare(cfg: DictConfig, out_dir: Path) -> Job:
         trace = _memo(("trace", *source), lambda: synthesize(spec, cfg.workload, cfg.hardware))
     if cfg.activations.mode != "off" and cfg.activations.pool.exact:
         _size_pool_exactly(cfg, trace, source)
+    choice, simulated = _choose_weights(cfg, trace, source)
     plan = _memo(("plan", *source, cfg.budget, cfg.weights.lookahead, _granule(cfg)), lambda: make_plan(
         model=spec.name, workload=cfg.workload.name, param_count=spec.param_count,
         order=trace.access_order(), budget_mb=cfg.budget, lookahead=cfg.weights.lookahead,
         granule=_granule(cfg)))
-    predicted = simulated = None
-    if cfg.weights.eviction == "auto":
-        predicted, simulated = _choose_eviction(cfg, trace, plan, source)
-    return Job(cfg, out_dir, spec, trace, plan, predicted, simulated)
+    return Job(cfg, out_dir, spec, trace, plan, choice, simulated)
 
 
-def _choose_eviction(cfg: DictConfig, trace: Trace, plan: Plan,
-                     source: tuple) -> tuple[dict[str, float] | None, tuple | None]:
-    """weights=auto: the eviction policy the simulator predicts fastest for this
-    budget, trace and hardware, written into the config so the simulator, the
-    executor and the report agree; returns every candidate's predicted step (ms)
-    and the chosen one's simulation (None on a sweep's memo hit). No single
-    policy wins everywhere: priority keeps its streaming room free of pinned
-    weights where belady caches in it too, and at a tight budget that room is
-    much of what could stay (an LLM decode step), where belady is faster."""
-    from engine.policy.weights import EVICTIONS
-
+def _choose_weights(cfg: DictConfig, trace: Trace, source: tuple) -> tuple[Choice | None, tuple | None]:
+    """weights.eviction=auto and weights.lookahead=auto: what engine.choice.choose picks
+    for this budget, trace and hardware (as engine.offload does), written into the config
+    so the simulator, the executor and the report agree; returns the choice and the
+    chosen one's simulation where it ran the mode's steps (None on a sweep's memo hit).
+    Everything resident, or in a mode that runs no policy, nothing is simulated: an auto
+    eviction is priority and an auto lookahead engine.choice.start_lookahead's."""
     w = cfg.weights
-    if plan.budget_bytes is None or not MODES[cfg.mode].one_policy:
-        w.eviction = "priority"  # everything resident, or no policy runs: nothing to choose
+    if AUTO not in (w.eviction, w.lookahead):
         return None, None
-    from sim import simulate
-
+    budget = budget_bytes(cfg.budget)
+    if budget is None or not MODES[cfg.mode].one_policy:
+        if w.eviction == AUTO:
+            w.eviction = "priority"
+        if w.lookahead == AUTO:
+            w.lookahead = start_lookahead(fitting_lookaheads(trace.access_order(), budget, _granule(cfg)))
+        return None, None
     from engine.node import replica_hardware
 
     allow = cfg.mode == "check" or cfg.sim.allow_below_floor  # as the modes simulate
     hardware = replica_hardware(cfg)
-    results = {}
+    made: list[Choice] = []
 
-    def predict() -> dict[str, tuple[int, float]]:
-        for name in EVICTIONS:
-            results[name] = simulate(trace, OmegaConf.merge(w, {"eviction": name}), cfg.activations, hardware,
-                                     budget_bytes=plan.budget_bytes, steps=cfg.workload.steps,
-                                     allow_below_floor=allow)
-        # Below the floor a policy with fewer use-after-evict hazards wins whatever its speed.
-        return {name: (len(r.prediction["hazards"]), round(r.prediction["step_ms"], 3)) for name, r in results.items()}
+    def run() -> Choice:
+        made.append(choose(trace, w, cfg.activations, hardware, budget, allow_below_floor=allow))
+        return made[0].without_result()  # the memo keeps the figures, not the simulation
 
-    key = ("eviction", *source, cfg.budget, cfg.workload.steps, OmegaConf.to_yaml(w),
-           OmegaConf.to_yaml(cfg.activations), OmegaConf.to_yaml(hardware), allow)
-    predicted = _memo(key, predict)
-    w.eviction = min(predicted, key=predicted.get)
-    simulated = (allow, results[w.eviction]) if results else None  # a sweep's memo hit simulates again
-    return {name: ms for name, (_, ms) in predicted.items()}, simulated
+    key = ("weights", *source, cfg.budget, OmegaConf.to_yaml(w), OmegaConf.to_yaml(cfg.activations),
+           OmegaConf.to_yaml(hardware), allow)
+    choice = _memo(key, run)
+    w.eviction, w.lookahead = choice.eviction, choice.lookahead
+    result = made[0].result if made else None
+    ran = result is not None and len(result.step_ends_ns) == cfg.workload.steps
+    return choice, (allow, result) if ran else None
 
 
 def _size_pool_exactly(cfg: DictConfig, trace: Trace, source: tuple) -> None:

@@ -1,6 +1,7 @@
 """The CLI as a user meets it: the main job, its files, and every bad input
 ending in one line on stderr, exit code 2 and no traceback."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -78,10 +79,10 @@ def test_lru_copies_more_than_belady_and_priority(run_cli, tmp_path):
     (("+model=tiny", "budget=lots"), "budget='lots' is not a valid"),
     (("+model=tiny", "nonsense=1"), "unknown key 'nonsense'"),
     (("+model=tiny", "weights.lookahed=2"), "unknown key 'weights.lookahed'"),
-    (("+model=tiny", "weights.lookahead=two"), "weights.lookahead='two' is not a valid"),
+    (("+model=tiny", "weights.lookahead=two"), "weights.lookahead='two' is not a number of kernels; give an integer >= 0 or auto"),
     (("+model=tiny", "model.heads=3"), "model.heads"),
     (("+model=tiny", "trace=/no/such/trace.jsonl"), "trace=/no/such/trace.jsonl does not exist"),
-    (("+model=tiny", "budget=0.3"), "under the floor"),
+    (("+model=tiny", "budget=0.2"), "under the floor"),
     (("+model=tiny", "mode=dance"), "mode='dance' is not one of"),
     (("+model=tiny", "hardware=tpu"), "unknown hardware 'tpu'"),
 ])
@@ -127,9 +128,19 @@ def test_execute_on_the_host_backend_matches_its_prediction(run_cli, tmp_path):
 
 
 def test_execute_refuses_below_the_floor_before_touching_memory(run_cli, tmp_path):
-    line = _one_line_error(run_cli("+model=tiny", "mode=execute", "weights.backend=cpu", "budget=0.3"))
-    assert "under the floor of 0.462 MB" in line and "use budget=1 or more" in line
+    line = _one_line_error(run_cli("+model=tiny", "mode=execute", "weights.backend=cpu", "budget=0.2"))
+    assert "under the floor of 0.263 MB" in line and "use budget=1 or more" in line
     assert not (tmp_path / "run" / "telemetry.jsonl").exists()
+
+
+def test_an_auto_lookahead_runs_where_the_default_ones_floor_refuses(run_cli, tmp_path):
+    """0.3 MB is under the tiny model's floor at lookahead 2 and over it at 1: weights=auto
+    runs at 1; a lookahead given explicitly is kept, and refused there."""
+    r = run_cli("+model=tiny", "budget=0.3", "sim.timeline=false")
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "run" / "report.json").read_text())["config"]["lookahead"] == 1
+    line = _one_line_error(run_cli("+model=tiny", "budget=0.3", "weights.lookahead=2"))
+    assert "under the floor of 0.462 MB" in line
 
 
 def test_execute_without_a_gpu_names_simulate(run_cli, tmp_path):
@@ -158,35 +169,70 @@ def test_materialize_writes_a_file_execute_can_run_and_never_overwrites(run_cli,
     assert "needs out=PATH" in _one_line_error(run_cli("+model=tiny", "mode=materialize"))
 
 
-def test_auto_eviction_runs_the_policy_the_simulator_predicts_fastest(run_cli, tmp_path):
-    """The default weights=auto simulates each eviction and runs the fastest; the
-    report keeps every candidate's prediction, and the chosen run is the same
-    prediction an explicit weights=NAME gives."""
+def test_auto_weights_run_the_policy_and_lookahead_the_simulator_predicts_fastest(run_cli, tmp_path):
+    """The default weights=auto simulates each eviction and walks the lookahead, and runs
+    the fastest; the report keeps every candidate's prediction, and the chosen run is the
+    same prediction an explicit weights=NAME weights.lookahead=N gives."""
     r = run_cli("+model=tiny", "budget=1.0")
     assert r.returncode == 0, r.stderr
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     cfg = report["config"]
-    predicted = cfg["eviction_predicted_ms"]
-    assert set(predicted) == {"lru", "belady", "priority"}
-    assert cfg["eviction"] == min(predicted, key=predicted.get)
-    assert report["prediction"]["step_ms"] == pytest.approx(predicted[cfg["eviction"]], abs=1e-3)
-    assert f"weights=auto chose {cfg['eviction']}" in r.stdout
-    pinned = run_cli("+model=tiny", "budget=1.0", f"weights={cfg['eviction']}")
+    predicted = cfg["weights_predicted_ms"]
+    assert {c.split("/")[0] for c in predicted} == {"lru", "belady", "priority"}
+    chosen = f"{cfg['eviction']}/{cfg['lookahead']}"
+    assert chosen == min(predicted, key=predicted.get)
+    assert report["prediction"]["step_ms"] == pytest.approx(predicted[chosen], abs=1e-3)
+    assert f"weights=auto chose {cfg['eviction']} at lookahead {cfg['lookahead']}" in r.stdout
+    pinned = run_cli("+model=tiny", "budget=1.0", f"weights={cfg['eviction']}", f"weights.lookahead={cfg['lookahead']}")
     assert pinned.returncode == 0, pinned.stderr
     again = json.loads((tmp_path / "run" / "report.json").read_text())
-    assert again["prediction"] == report["prediction"] and again["config"]["eviction_predicted_ms"] is None
+    assert again["prediction"] == report["prediction"] and again["config"]["weights_predicted_ms"] is None
+
+
+def test_auto_weights_keep_an_explicit_lookahead(run_cli, tmp_path):
+    """weights.lookahead=3 with weights=auto chooses the eviction at lookahead 3 only."""
+    r = run_cli("+model=tiny", "budget=1.0", "weights.lookahead=3", "sim.timeline=false")
+    assert r.returncode == 0, r.stderr
+    cfg = json.loads((tmp_path / "run" / "report.json").read_text())["config"]
+    assert cfg["lookahead"] == 3 and set(cfg["weights_predicted_ms"]) == {"priority/3", "belady/3", "lru/3"}
+    assert f"weights.eviction=auto chose {cfg['eviction']} at lookahead 3" in r.stdout
+
+
+LLAMA_DECODE = ("+model=llama8b", "model.num_layers=8", "workload=decode", "sim.timeline=false",
+                f"trace={Path(__file__).resolve().parents[1] / 'data/traces/llama_decode.jsonl.gz'}")
+
+
+@pytest.mark.parametrize("budget", [3000, 4000])
+def test_the_cli_and_the_api_choose_the_same_eviction_and_lookahead(run_cli, tmp_path, budget):
+    """On a recorded Llama decode step: at 3000 only lookahead 1 clears the floor; at 4000
+    belady is the fastest at lookahead 2 but priority at 1 beats it, so choosing the
+    eviction at lookahead 2 alone, or skipping the walk, picks otherwise."""
+    from engine.modules.offload import predict
+    from engine.trace import read_trace
+
+    r = run_cli(*LLAMA_DECODE, f"budget={budget}")
+    assert r.returncode == 0, r.stderr
+    cfg = json.loads((tmp_path / "run" / "report.json").read_text())["config"]
+    api = predict(read_trace(LLAMA_DECODE[-1].removeprefix("trace=")), load_hardware("h100_pcie5"),
+                  budget * 10**6, "auto", "auto")
+    assert (cfg["eviction"], cfg["lookahead"]) == (api["eviction"], api["lookahead"]) == ("priority", 1)
+    assert cfg["weights_predicted_ms"] == api["candidates"]
+    if budget == 4000:
+        assert api["candidates"]["belady/2"] < api["candidates"]["priority/2"]
 
 
 def test_auto_eviction_picks_belady_for_an_llm_decode_step_at_a_tight_budget(run_cli, tmp_path):
     """Priority keeps its streaming room (two layers and the lookahead's) free of pinned
     weights, where belady caches in it too; at a tight budget that room is a large share
-    of what could stay: belady is predicted a third faster (priority pins the embedding
-    and the head, else 3x)."""
+    of what could stay: belady is predicted faster at every lookahead both were simulated at."""
     r = run_cli("+model=llama8b", "model.num_layers=8", "workload=decode", "budget=4203")
     assert r.returncode == 0, r.stderr
     cfg = json.loads((tmp_path / "run" / "report.json").read_text())["config"]
     assert cfg["eviction"] == "belady"
-    assert cfg["eviction_predicted_ms"]["priority"] > 1.25 * cfg["eviction_predicted_ms"]["belady"]
+    predicted = cfg["weights_predicted_ms"]
+    both = {c.split("/")[1] for c in predicted if c.startswith("priority/")} & \
+        {c.split("/")[1] for c in predicted if c.startswith("belady/")}
+    assert "2" in both and all(predicted[f"priority/{la}"] > predicted[f"belady/{la}"] for la in both)
 
 
 def test_model_is_chosen_with_or_without_a_plus(run_cli, tmp_path):

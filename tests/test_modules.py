@@ -265,9 +265,10 @@ def test_the_lookahead_walk_finds_what_trying_every_lookahead_finds(run, budgets
     """On recordings of the H100: Llama decode (priority at 1, belady at 1 at 12000) and FLUX
     (priority at 1, at 3 at 16000; at 8000 belady is fastest at lookahead 2, priority at 1, so
     every policy near the fastest walks), in fewer simulations than the 4 x 3 candidates."""
+    from engine.choice import LOOKAHEADS
     from engine.config import load_hardware
     from engine.errors import BelowFloorError
-    from engine.modules.offload import LOOKAHEADS, predict
+    from engine.modules.offload import predict
 
     trace = read_trace(RECORDINGS / f"{run}.trace.jsonl.gz")
     hw = load_hardware("h100_calibrated")

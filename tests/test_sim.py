@@ -342,8 +342,9 @@ def test_priority_settles_and_belady_drifts_on_a_recorded_decode():
 
     from omegaconf import OmegaConf
 
+    from engine.choice import LONG_RUN_STEPS
     from engine.config import load_hardware
-    from engine.modules.offload import LONG_RUN_STEPS, predict
+    from engine.modules.offload import predict
     from engine.trace import read_trace
 
     trace = read_trace(Path(__file__).resolve().parents[1]

@@ -167,6 +167,8 @@ def execute_module(job: Job) -> Outcome:
     budget = budget_bytes(cfg.budget)
     pred = predict(trace, cfg.hardware, budget, cfg.weights.lookahead, cfg.weights.eviction, cfg.weights.source,
                    cfg.weights.backend, _activations(cfg, trace))
+    # What an "auto" chose on the trace recorded just now (job.prepare chose on trace=PATH's).
+    cfg.weights.eviction, cfg.weights.lookahead = pred["eviction"], pred["lookahead"]
     if _training(cfg):
         return _execute_training(job, module, inputs, device, trace, pred)
     reference = None

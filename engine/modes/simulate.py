@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.choice import Choice
 from engine.errors import ConfigError
 from engine.job import Job, Outcome, plan_report
 from engine.node import node_failures, node_prediction, replica_hardware
@@ -71,11 +72,8 @@ def prediction_md(pred: dict, job: Job) -> str:
         ["hazards", f"{len(pred['hazards'])}"],
     ]
     md = [f"## Prediction ({cfg.weights.eviction}, steady state)", "", table(["what", "predicted"], rows)]
-    if job.eviction_predicted_ms:
-        ranked = sorted(job.eviction_predicted_ms.items(), key=lambda kv: kv[1])
-        md += ["", f"weights=auto chose {cfg.weights.eviction}, the fastest predicted: "
-               + ", ".join(f"{name} {ms:.2f} ms" for name, ms in ranked)
-               + " (pin one with weights=priority|belady|lru)"]
+    if job.choice is not None:
+        md += ["", choice_md(job.choice)]
     if pred["hazards"]:
         md += ["", "Use-after-evict hazards (budget under the floor):", "",
                table(["time (ms)", "kernel", "weight", "evicted by"],
@@ -84,6 +82,15 @@ def prediction_md(pred: dict, job: Job) -> str:
         if len(pred["hazards"]) > 20:
             md.append(f"... and {len(pred['hazards']) - 20} more in report.json")
     return "\n".join(md)
+
+
+def choice_md(choice: Choice) -> str:
+    """What weights.eviction=auto / weights.lookahead=auto chose, beside every candidate."""
+    ranked = sorted(choice.candidates_ms.items(), key=lambda kv: kv[1])
+    chose = "weights=auto" if len(choice.chose) == 2 else f"weights.{choice.chose[0]}=auto"
+    return (f"{chose} chose {choice.eviction} at lookahead {choice.lookahead}, the fastest predicted "
+            "(eviction/lookahead, long-run mean step): " + ", ".join(f"{c} {ms:.2f} ms" for c, ms in ranked)
+            + " (pin them with weights.eviction=NAME weights.lookahead=N)")
 
 
 def _pool_md(pool: Any) -> str:

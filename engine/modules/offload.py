@@ -21,6 +21,7 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
+from engine.choice import DEFAULT_LOOKAHEAD, LOOKAHEADS, choose
 from engine.config import ActivationsConfig, WeightsConfig, load_hardware
 from engine.errors import ConfigError, ExecutorError, WeightFileError
 from engine.executor.runtime import WeightExecutor
@@ -28,25 +29,13 @@ from engine.executor.setup import compute_device
 from engine.modules.record import record_module
 from engine.modules.streamed import StreamedModule, stage
 from engine.modules.training import TrainingHandle, activations_config, sized_for
-from engine.policy.placement import place
-from engine.policy.weights import EVICTIONS, WeightResidency, floor
+from engine.policy.weights import EVICTIONS, WeightResidency
 from engine.trace import Trace
 from engine.units import MB, budget_bytes
 
 _OFFLOADED = "_offload_engine_handle"  # set in an offloaded module's __dict__
 NO_CUDA = "no CUDA device; use backend='cpu' to exercise the executor on the CPU"
 DEFAULT_HARDWARE = "h100_pcie5"
-# Steps simulated for a prediction, which reports the mean of all but the first two (the
-# prediction's mean_step_ms): SHORT_RUN_STEPS, and LONG_RUN_STEPS when the short run's last two
-# steps decided differently (belady's decisions need not repeat from step to step).
-SHORT_RUN_STEPS = 4
-LONG_RUN_STEPS = 16
-LOOKAHEADS = (1, 2, 3, 4)  # lookahead="auto" tries these
-DEFAULT_LOOKAHEAD = WeightsConfig.lookahead  # lookahead=None where no simulation chooses: the CLI's default
-# lookahead="auto" walks the lookahead of the policies within this factor of the fastest at
-# DEFAULT_LOOKAHEAD: one further behind is not expected to overtake by its lookahead alone
-# (benchmarks/results/choice-speed-cpu-2026-11-26.md).
-WALK_WITHIN = 1.25
 
 
 class OffloadHandle:
@@ -211,65 +200,20 @@ def _offload_training(module: nn.Module, budget_mb: float | None, example_inputs
 def predict(trace: Trace, hardware: Any, budget: int | None, lookahead: int | str, eviction: str,
             source: str = "mmap_registered", backend: str = "cuda", activations: Any = None) -> dict:
     """The simulator on `trace`: every candidate's step (ms, keyed "eviction/lookahead") and
-    the fastest one's prediction. eviction="auto" makes every policy a candidate, as
-    weights=auto does. lookahead="auto" simulates each policy at DEFAULT_LOOKAHEAD (or the
-    largest of LOOKAHEADS whose floor the budget clears, if smaller), then walks its lookahead
-    down and up through LOOKAHEADS while its step falls: more lookahead hides more copy time
-    but leaves less of the budget pinned, so a policy's step falls, then rises. Each policy
-    within WALK_WITHIN of the fastest walks: the best lookahead differs by policy.
-    All resident, the lookahead changes nothing and DEFAULT_LOOKAHEAD is the one simulated.
-    `activations` (an ActivationsConfig; default off) spills a training trace's saved tensors."""
+    the fastest one's prediction, as engine.choice.choose picks it (eviction and lookahead
+    each a value or "auto"). `activations` (an ActivationsConfig; default off) spills a
+    training trace's saved tensors."""
     act = activations if activations is not None else OmegaConf.structured(ActivationsConfig)
-    from sim.simulator import backend_granule
-
-    policies = EVICTIONS if eviction == "auto" and budget is not None else (
-        ("priority",) if eviction == "auto" else (eviction,))
-    template = OmegaConf.merge(OmegaConf.structured(WeightsConfig), {"source": source, "backend": backend})
-    placed = place(trace.access_order(), None, backend_granule(template, hardware))
-    results: dict[tuple[str, int], Any] = {}
-
-    def step_ms(name: str, la: int) -> float:
-        if (name, la) not in results:
-            weights = OmegaConf.merge(template, {"eviction": name, "lookahead": la})
-            results[name, la] = _long_run(trace, weights, act, hardware, budget)
-        return results[name, la].prediction["mean_step_ms"]
-
-    if lookahead != "auto":
-        for name in policies:
-            step_ms(name, lookahead)
-    else:
-        fits = [la for la in LOOKAHEADS if budget is None
-                or placed.resident_bytes + floor(placed.order, la).bytes <= budget]
-        if not fits:
-            raise ConfigError(f"no lookahead of {LOOKAHEADS} fits the budget; raise it")
-        start = min(DEFAULT_LOOKAHEAD, fits[-1])  # the floor grows with the lookahead: fits is 1..k
-        fastest = min(step_ms(name, start) for name in policies)
-        for name in policies:
-            for way in ((-1, 1) if budget is not None and step_ms(name, start) <= WALK_WITHIN * fastest else ()):
-                la = start
-                while la + way in fits and step_ms(name, la + way) < step_ms(name, la):
-                    la += way
-    chosen = min(results, key=lambda c: results[c].prediction["mean_step_ms"])
-    p = results[chosen].prediction
-    return {"eviction": chosen[0], "lookahead": chosen[1], "step_ms": p["mean_step_ms"],
+    weights = OmegaConf.merge(OmegaConf.structured(WeightsConfig), {
+        "eviction": eviction, "lookahead": lookahead, "source": source, "backend": backend})
+    choice = choose(trace, weights, act, hardware, budget)
+    p = choice.result.prediction
+    return {"eviction": choice.eviction, "lookahead": choice.lookahead, "step_ms": p["mean_step_ms"],
             "step_ms_range": p["step_ms_range"], "h2d_bytes": p["mean_h2d_bytes"],
             "d2h_bytes": p["d2h_bytes"], "stall_ms": p["stall_ms"], "overlap": p["overlap"],
             "peak_device_bytes": p["peak_device_bytes"], "peak_process_bytes": p["peak_process_bytes"],
             "peak_pool_torch_bytes": p["peak_pool_torch_bytes"],
-            "hardware": hardware.name,
-            "candidates": {f"{n}/{la}": round(r.prediction["mean_step_ms"], 3) for (n, la), r in results.items()}}
-
-
-def _long_run(trace: Trace, weights: Any, activations: Any, hardware: Any, budget: int | None) -> Any:
-    """The simulation of `weights` on `trace` over enough steps for its long-run mean."""
-    from sim import simulate
-
-    result = simulate(trace, weights, activations, hardware, budget_bytes=budget, steps=SHORT_RUN_STEPS,
-                      allow_below_floor=False)
-    if result.settled():  # later steps repeat the last: the short run's mean is the long run's
-        return result
-    return simulate(trace, weights, activations, hardware, budget_bytes=budget, steps=LONG_RUN_STEPS,
-                    allow_below_floor=False)
+            "hardware": hardware.name, "candidates": choice.candidates_ms}
 
 
 def _wrap_forward(module: nn.Module, streamed: StreamedModule, executor: WeightExecutor) -> None:
