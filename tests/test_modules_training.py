@@ -2,6 +2,8 @@
 step, the pool sized from the first step, Stagehand's telemetry fields, and its loud failures."""
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -204,3 +206,56 @@ def test_streamed_training_from_a_checkpoint_of_the_frozen_weights(tmp_path):
         assert torch.equal(loss, loss_ref) and all(torch.equal(grads[k], grads_ref[k]) for k in grads_ref)
     h.remove()
     assert torch.equal(step(net, X)[0], loss_ref)
+
+
+class Regularized(Net):
+    """Net with dropout and a BatchNorm in training mode: state a forward changes."""
+
+    def __init__(self):
+        super().__init__()
+        self.drop = nn.Dropout(0.1)
+        self.bn = nn.BatchNorm1d(128)
+
+    def forward(self, x):
+        return self.bn(self.drop(super().forward(x)))
+
+
+def test_the_set_up_recording_leaves_gradients_buffers_and_the_generator_as_it_found_them():
+    """eviction="auto" with loss_fn records training steps at set-up: the first step after it,
+    run as a user runs one (no zeroing first, no seeding again), is the plain first step, bitwise."""
+    def first_step(offload: bool) -> tuple[torch.Tensor, dict, torch.Tensor]:
+        torch.manual_seed(0)
+        net = Regularized()
+        torch.manual_seed(1)
+        h = engine.offload(net, budget_mb=0.5, training=True, backend="cpu", example_inputs=(X,), eviction="auto",
+                           loss_fn=lambda out: out.pow(2).mean()) if offload else None
+        assert h is None or (h.eviction, h.lookahead) == (h.prediction["eviction"], h.prediction["lookahead"])
+        with h.step() if h else nullcontext():
+            loss = net(X).pow(2).mean()
+            loss.backward()
+        grads = {n: p.grad.clone() for n, p in net.named_parameters() if p.requires_grad}
+        if h:
+            h.remove()
+        return loss.detach(), grads, net.bn.running_mean.clone()
+
+    loss_ref, grads_ref, stats_ref = first_step(offload=False)
+    loss, grads, stats = first_step(offload=True)
+    assert torch.equal(loss, loss_ref) and torch.equal(stats, stats_ref)
+    assert all(torch.equal(grads[k], grads_ref[k]) for k in grads_ref)
+
+
+def test_an_inference_set_up_leaves_norm_statistics_and_the_generator_as_it_found_them():
+    def first_forward(offload: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        torch.manual_seed(0)
+        net = Regularized()  # left in training mode: dropout draws, the BatchNorm updates its statistics
+        torch.manual_seed(1)
+        h = engine.offload(net, budget_mb=0.5, backend="cpu", example_inputs=(X,)) if offload else None
+        with torch.no_grad():
+            out = net(X)
+        if h:
+            h.remove()
+        return out, net.bn.running_var.clone()
+
+    out_ref, stats_ref = first_forward(offload=False)
+    out, stats = first_forward(offload=True)
+    assert torch.equal(out, out_ref) and torch.equal(stats, stats_ref)

@@ -29,6 +29,7 @@ from engine.executor.setup import compute_device
 from engine.modules.record import record_module
 from engine.modules.streamed import StreamedModule, stage
 from engine.modules.training import TrainingHandle, activations_config, sized_for
+from engine.modules.untouched import untouched
 from engine.policy.weights import EVICTIONS, WeightResidency
 from engine.trace import Trace
 from engine.units import MB, budget_bytes
@@ -126,26 +127,27 @@ def offload(module: nn.Module, *, budget_mb: float | None, example_inputs: Any =
     if lookahead != "auto" and (isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 0):
         raise ConfigError(f"lookahead={lookahead!r}: give kernels to prefetch ahead (an integer >= 0) or 'auto'")
     hw = load_hardware(hardware or DEFAULT_HARDWARE) if (eviction == "auto" or hardware is not None) else None
-    streamed = StreamedModule(module, example_inputs, device=device, backend=backend, grouping=grouping,
-                              blocks=blocks, checkpoint=checkpoint, source=source)
-    try:
-        budget = budget_bytes(budget_mb)
-        # Under the floor (of the smallest lookahead tried): fail now, before recording.
-        WeightResidency(streamed.order, budget, "priority", min(LOOKAHEADS) if lookahead == "auto" else lookahead)
-        trace = prediction = None
-        if hw is not None:
-            with stage(streamed.setup_s, "record"):
-                trace = record_module(streamed, name=type(module).__name__, backend=backend)
-            with stage(streamed.setup_s, "simulate"):
-                prediction = predict(trace, hw, budget, lookahead, eviction, source, backend)
-            eviction, lookahead = prediction["eviction"], prediction["lookahead"]
-        with stage(streamed.setup_s, "executor"):
-            executor = WeightExecutor(streamed.order, streamed.host, budget_bytes=budget,
-                                      eviction=eviction, lookahead=lookahead, backend=backend)
-    except BaseException as err:
-        traceback.clear_frames(err.__traceback__)  # its frames hold views of the checkpoint's mapping
-        streamed.remove()
-        raise
+    with untouched(module):  # set-up's forwards leave buffers and the random generators as they were
+        streamed = StreamedModule(module, example_inputs, device=device, backend=backend, grouping=grouping,
+                                  blocks=blocks, checkpoint=checkpoint, source=source)
+        try:
+            budget = budget_bytes(budget_mb)
+            # Under the floor (of the smallest lookahead tried): fail now, before recording.
+            WeightResidency(streamed.order, budget, "priority", min(LOOKAHEADS) if lookahead == "auto" else lookahead)
+            trace = prediction = None
+            if hw is not None:
+                with stage(streamed.setup_s, "record"):
+                    trace = record_module(streamed, name=type(module).__name__, backend=backend)
+                with stage(streamed.setup_s, "simulate"):
+                    prediction = predict(trace, hw, budget, lookahead, eviction, source, backend)
+                eviction, lookahead = prediction["eviction"], prediction["lookahead"]
+            with stage(streamed.setup_s, "executor"):
+                executor = WeightExecutor(streamed.order, streamed.host, budget_bytes=budget,
+                                          eviction=eviction, lookahead=lookahead, backend=backend)
+        except BaseException as err:
+            traceback.clear_frames(err.__traceback__)  # its frames hold views of the checkpoint's mapping
+            streamed.remove()
+            raise
     if streamed.resident_bytes:
         warnings.warn(f"offload keeps {len(streamed.resident_params)} parameters "
                       f"({streamed.resident_bytes / MB:.1f} MB) resident outside the budget: read by modules "
@@ -174,25 +176,26 @@ def _offload_training(module: nn.Module, budget_mb: float | None, example_inputs
     if lookahead == "auto" and not choose:
         raise ConfigError("lookahead='auto' under training=True is chosen by simulating a recorded step: give "
                           "eviction='auto', a budget and loss_fn")
-    streamed = StreamedModule(module, example_inputs, device=device, backend=backend, grouping=grouping,
-                              blocks=blocks, checkpoint=checkpoint, source=source, training=True)
-    try:
-        budget = budget_bytes(budget_mb)
-        trace = prediction = None
-        if choose:
-            trace = record_module(streamed, name=type(module).__name__, backend=backend, loss_fn=loss_fn)
-            act = sized_for(activations_config(activations), trace) if activations is not None else None
-            prediction = predict(trace, load_hardware(hardware or DEFAULT_HARDWARE), budget, lookahead, "auto",
-                                 source, backend, act)
-            eviction, lookahead = prediction["eviction"], prediction["lookahead"]
-            activations = act
-        elif eviction == "auto":
-            eviction = "priority"  # no training step to record and choose by
-        handle = TrainingHandle(module, activations, blocks, streamed=streamed, budget_bytes=budget,
-                                eviction=eviction, lookahead=lookahead, backend=backend)
-    except BaseException as err:
-        _remove_after(streamed, err)
-        raise
+    with untouched(module):  # the recorded steps leave no gradients behind
+        streamed = StreamedModule(module, example_inputs, device=device, backend=backend, grouping=grouping,
+                                  blocks=blocks, checkpoint=checkpoint, source=source, training=True)
+        try:
+            budget = budget_bytes(budget_mb)
+            trace = prediction = None
+            if choose:
+                trace = record_module(streamed, name=type(module).__name__, backend=backend, loss_fn=loss_fn)
+                act = sized_for(activations_config(activations), trace) if activations is not None else None
+                prediction = predict(trace, load_hardware(hardware or DEFAULT_HARDWARE), budget, lookahead, "auto",
+                                     source, backend, act)
+                eviction, lookahead = prediction["eviction"], prediction["lookahead"]
+                activations = act
+            elif eviction == "auto":
+                eviction = "priority"  # no training step to record and choose by
+            handle = TrainingHandle(module, activations, blocks, streamed=streamed, budget_bytes=budget,
+                                    eviction=eviction, lookahead=lookahead, backend=backend)
+        except BaseException as err:
+            _remove_after(streamed, err)
+            raise
     handle.trace, handle.prediction = trace, prediction
     return handle
 
@@ -246,14 +249,15 @@ def record(module: nn.Module, example_inputs: Any, *, backend: str = "cuda", gro
     if training and not any(p.requires_grad for p in module.parameters()):
         raise ConfigError(f"this {type(module).__name__} has no trainable parameters to record a training step "
                           "of; add the adapters (peft) before recording")
-    streamed = StreamedModule(module, example_inputs, device=device, backend=backend, grouping=grouping,
-                              blocks=blocks, checkpoint=checkpoint, source=source, training=training)
-    try:
-        trace = record_module(streamed, name=name or type(module).__name__, backend=backend, workload=workload,
-                              loss_fn=loss_fn)
-    except BaseException as err:
-        _remove_after(streamed, err)
-        raise
+    with untouched(module):
+        streamed = StreamedModule(module, example_inputs, device=device, backend=backend, grouping=grouping,
+                                  blocks=blocks, checkpoint=checkpoint, source=source, training=training)
+        try:
+            trace = record_module(streamed, name=name or type(module).__name__, backend=backend, workload=workload,
+                                  loss_fn=loss_fn)
+        except BaseException as err:
+            _remove_after(streamed, err)
+            raise
     streamed.remove()
     return trace
 

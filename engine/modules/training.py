@@ -165,6 +165,10 @@ class TrainingHandle:
             index = {name: i for i, name in enumerate(order.kernels)}
             streamed.hooks.recompute = lambda name: self._weights.mirror(index[name], f"{RECOMPUTE} {name}")
             self._wrap_forward()
+        # What streams the frozen weights (None with every weight resident), as OffloadHandle says it.
+        self.eviction = eviction if streamed is not None else None
+        self.lookahead = lookahead if streamed is not None else None
+        self.setup_s = dict(streamed.setup_s) if streamed is not None else {}
         self.trace = None  # offload(eviction="auto", loss_fn=...): the recorded training step
         self.prediction: dict | None = None  # and the simulator's figures for the chosen policy
         self._sizing = bool(self.act is not None and self.act.pool.exact)
