@@ -259,3 +259,29 @@ def test_an_inference_set_up_leaves_norm_statistics_and_the_generator_as_it_foun
     out_ref, stats_ref = first_forward(offload=False)
     out, stats = first_forward(offload=True)
     assert torch.equal(out, out_ref) and torch.equal(stats, stats_ref)
+
+
+
+def test_every_step_the_recorder_runs_computes_the_true_gradients():
+    """The recorder's training steps (timed kernel by kernel, then all resident) fetch the
+    frozen weights backward needs as the user's steps do: every step's gradients are the
+    plain step's, never those of the placeholders the hooks leave between fetches."""
+    transformers = pytest.importorskip("transformers", reason="needs the models extra")
+    peft = pytest.importorskip("peft", reason="needs the models extra")
+    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2)
+    torch.manual_seed(0)
+    model = peft.get_peft_model(transformers.LlamaForCausalLM(cfg).eval(),
+                                peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    ids = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(1))
+    loss_fn = lambda out: out.logits.float().pow(2).mean()  # noqa: E731
+    loss_fn(model(input_ids=ids)).backward()
+    grads_ref = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+    model.zero_grad()
+    seen: list[tuple[str, torch.Tensor]] = []
+    for n, p in model.named_parameters():
+        if p.requires_grad:
+            p.register_hook(lambda g, n=n: seen.append((n, g.clone())))
+    engine.record(model, {"input_ids": ids}, backend="cpu", loss_fn=loss_fn)
+    assert len(seen) >= 2 * len(grads_ref)
+    assert all(torch.equal(g, grads_ref[n]) for n, g in seen)

@@ -277,11 +277,14 @@ def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss
         if training:
             for p in _trainable(streamed.module):
                 p.grad = None
-            with executor.step():  # nothing is evicted: autograd may hold the weights themselves
+            with executor.step():  # nothing is evicted
                 weights.start_step()
-                with streamed.hooks.forward(weights):
-                    out = streamed.run()
-                loss_fn(out).backward()
+                # As the user's step (TrainingHandle.step): saved weights are handles fetched
+                # again at their mirror, not the placeholders the hooks leave behind.
+                with weight_handles(weights):
+                    with streamed.hooks.forward(weights):
+                        out = streamed.run()
+                    loss_fn(out).backward()
                 weights.finish()
         else:
             with torch.no_grad(), executor.step(), streamed.hooks.forward(executor):
