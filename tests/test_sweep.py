@@ -131,7 +131,8 @@ def test_min_budget_search_is_exact_and_reproducible(run_cli, tmp_path):
 
 def test_min_budget_search_under_an_auto_lookahead_starts_at_the_smallest_lookaheads_floor(run_cli, tmp_path):
     """weights=auto runs a budget under lookahead 2's floor at lookahead 1: the search finds it."""
-    r = run_cli("-m", "model=tiny", "+search=min_budget", "sim.timeline=false", "hardware.kernel_table=null")
+    r = run_cli("-m", "model=tiny", "+search=min_budget", "slo.max_step_ms=100", "sim.timeline=false",
+                "hardware.kernel_table=null")
     assert r.returncode == 0, (r.stdout, r.stderr)
     answer, _ = _search_answer(r.stdout)
     assert 0.263424 <= answer < 0.461568  # the tiny model's floors at lookahead 1 and 2 (mode=plan)
