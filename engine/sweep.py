@@ -12,6 +12,9 @@ The question a summary answers:
 - `mode=check`: the smallest budget that passes (the fastest passing point when the
   budget is fixed); exit 1 when no point passes, with the closest point;
 - otherwise: the fastest point and the Pareto front of step time against budget.
+
+A `mode=execute` point's step is the one the GPU measured, its prediction beside it
+(`predicted_step_ms`); other points' steps are the simulator's.
 """
 from __future__ import annotations
 
@@ -33,7 +36,8 @@ from omegaconf import DictConfig, OmegaConf
 from engine.report import table
 
 COLUMNS = ("job", "overrides", "model", "workload", "mode", "budget_mb", "eviction", "lookahead",
-           "activations", "floor_mb", "model_mb", "step_ms", "stall_ms", "overlap", "h2d_gb_per_step",
+           "activations", "floor_mb", "model_mb", "step_ms", "predicted_step_ms", "stall_ms", "overlap",
+           "h2d_gb_per_step",
            "peak_device_mb", "node", "gpus", "node_steps_per_s", "passed", "failures", "error")
 PROGRESS = ".progress.json"
 SEARCH = "search.json"
@@ -64,14 +68,19 @@ def point_row(job_dir: Path) -> dict[str, Any] | None:
         return None
     r = json.loads(report.read_text())
     c, pred, check = r.get("config", {}), r.get("prediction") or {}, r.get("check") or {}
+    # mode=execute: the step the GPU measured is the point's step; the prediction stays beside it
+    measured = (r.get("measurement") or {}).get("step_ms")
     return {
         "job": int(job_dir.name), "overrides": overrides,
         "model": c.get("model_option", c.get("model")), "workload": c.get("workload"), "mode": c.get("mode"),
         "budget_mb": c.get("budget_mb"), "eviction": c.get("eviction"),
         "lookahead": c.get("lookahead"), "activations": c.get("activations"),
         "floor_mb": r["floor_bytes"] / 1e6, "model_mb": r["model_bytes"] / 1e6,
-        "step_ms": pred.get("step_ms"), "stall_ms": pred.get("stall_ms"),
-        "overlap": pred.get("overlap"),
+        "step_ms": pred.get("step_ms") if measured is None else measured,
+        "predicted_step_ms": pred.get("step_ms"),
+        # the simulator's stall and overlap: an execute point measures neither
+        "stall_ms": pred.get("stall_ms") if measured is None else None,
+        "overlap": pred.get("overlap") if measured is None else None,
         "h2d_gb_per_step": None if "h2d_bytes" not in pred else pred["h2d_bytes"] / 1e9,
         "peak_device_mb": None if "peak_device_bytes" not in pred else pred["peak_device_bytes"] / 1e6,
         "node": (r.get("node") or {}).get("node"), "gpus": (r.get("node") or {}).get("gpus", 1),
@@ -303,7 +312,9 @@ def point_line(row: dict[str, Any] | None, done: int, state: dict[str, Any], job
     line = f"{head} {_budget_text(row):<20} {_policy_text(row):<22}"
     if extra:
         line += f" {' '.join(extra):<28}"
-    if row.get("step_ms") is not None:
+    if row.get("step_ms") is not None and row.get("mode") == "execute":
+        line += f" {row['step_ms']:9.2f} ms/step measured, {row['predicted_step_ms']:.2f} predicted"
+    elif row.get("step_ms") is not None:
         line += f" {row['step_ms']:9.2f} ms/step  stall {row['stall_ms']:8.2f} ms  overlap {row['overlap']:6.1%}"
         if row.get("workload") == "train_lora":
             line += f"  peak {row['peak_device_mb'] / 1e3:.3f} GB"

@@ -213,3 +213,21 @@ def test_ray_launcher_on_a_local_cluster(run_cli, tmp_path):
                 "mode=simulate", "budget=1,null", "sim.timeline=false")
     assert r.returncode == 0, r.stderr
     assert len(_summary(tmp_path)) == 2
+
+
+def test_an_execute_points_step_is_the_measured_one_with_the_prediction_beside_it(tmp_path):
+    from engine.sweep import point_row
+
+    job = tmp_path / "0"
+    job.mkdir()
+    report = {"config": {"model": "ltx", "mode": "execute", "budget_mb": 8000, "eviction": "priority", "lookahead": 1},
+              "floor_bytes": 268_476_416, "model_bytes": 37_752_782_848,
+              "prediction": {"step_ms": 560.02, "stall_ms": 175.3, "overlap": 0.686, "h2d_bytes": 30_022_828_032},
+              "measurement": {"step_ms": 554.41, "h2d_bytes": 30_022_828_032}}
+    (job / "report.json").write_text(json.dumps(report))
+    row = point_row(job)
+    assert row["step_ms"] == 554.41 and row["predicted_step_ms"] == 560.02 and row["stall_ms"] is None
+    report["config"]["mode"] = "simulate"
+    del report["measurement"]
+    (job / "report.json").write_text(json.dumps(report))
+    assert point_row(job)["step_ms"] == point_row(job)["predicted_step_ms"] == 560.02
