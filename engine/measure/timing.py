@@ -187,7 +187,6 @@ def time_steps(spec: ModelSpec, source: Any, inputs: Mapping[str, torch.Tensor],
     for s in range(warmup + steps):
         clock.synchronize()
         clock.hold(hold_ns)
-        host0 = time.perf_counter_ns()
         stamps = KernelStamps(source, clock)
         start = clock.stamp()
         if beside is not None:
