@@ -160,6 +160,9 @@ def synthesize(spec: ModelSpec, workload: Any, hardware: Any) -> Trace:
     Training (workload.kind == "train_lora") appends the backward: one record
     per forward kernel in reverse order, reading the same weights again at
     twice the FLOPs and unpacking the forward kernel's saved tensors.
+    An inference of a spec built from a model config carries the activation bytes
+    its forward holds at its peak (header "activation_peak_bytes", traced on the
+    meta device: engine/models/liveness.py), as a recorded module's header does.
     """
     predictor = ExecutionTimePredictor(hardware)
     training = workload.kind == "train_lora"
@@ -189,6 +192,10 @@ def synthesize(spec: ModelSpec, workload: Any, hardware: Any) -> Trace:
         "torch": _torch_version(), "cuda": None,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
+    if not training and "config" in spec.meta:
+        from engine.models.liveness import activation_peak_bytes
+
+        header["activation_peak_bytes"] = activation_peak_bytes(spec, workload)
     sizes = {name: w.nbytes for name, w in spec.weights.items()}
     trace = Trace(header=header, weight_sizes=sizes, records=records)
     check_trace(trace)

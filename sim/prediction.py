@@ -23,8 +23,10 @@ state) unless said otherwise:
                        any instant of the whole run (a fit must hold in every step)
     peak_process_bytes the whole device: peak_device_bytes + the transient activations
                        (a recorded module's measured peak of torch's allocations in a
-                       step: activations, inputs and resident parameters, header
-                       "activation_peak_bytes"; else the largest kernel's activation
+                       step: activations, inputs and resident parameters, or a
+                       synthesized inference's live activations and inputs traced on
+                       the meta device, header "activation_peak_bytes"; else (training,
+                       spec recordings) the largest kernel's activation
                        traffic, io_bytes less its weights: its inputs and outputs alive
                        together) + the context: the CUDA context and workspaces, as a
                        recording measured them (header "context_bytes"), else

@@ -7,6 +7,7 @@ maps the model yaml's `family` key to them.
     layers.py    the torch pieces the forwards share
     seeded.py    seeded inputs (Draw) and random_weights
     lora.py      LoRA adapters, the step's loss and its update
+    liveness.py  the activation bytes the forward holds at its peak, traced on the meta device
     dit.py       family dit (its variants: ltx.py, wan.py); flux.py; llama.py
 
 A family's file holds its config dataclass (a ModelConfig), `check`,
@@ -14,9 +15,11 @@ A family's file holds its config dataclass (a ModelConfig), `check`,
 spec at a time) and `inputs`. Adding one: that file, its entry in FAMILIES, and
 conf/model/<name>.yaml with `defaults: [<family>_schema, _self_]`.
 
-Building a spec does not load torch (the planner and the simulator run without
-it): this module and the family files import run.py, layers.py and torch inside
-the functions that compute, not at the top.
+Building a spec does not load torch (the planner runs without it): this module
+and the family files import run.py, layers.py and torch inside the functions
+that compute, not at the top. The simulator loads it once per synthesized
+inference trace, to trace the forward's live activations on the meta device
+(liveness.py).
 """
 from __future__ import annotations
 
@@ -152,7 +155,8 @@ def load_spec(model: str | Path, workload: WorkloadShape) -> ModelSpec:
     return build_spec(load_model_config(model), workload)
 
 
-def _architecture(spec: ModelSpec) -> Architecture:
+def architecture(spec: ModelSpec) -> Architecture:
+    """The family (and variant) code that runs `spec`: its forward and its inputs."""
     return FAMILIES[spec.family].variants[spec.meta["config"].get("variant", "")]
 
 
@@ -164,7 +168,7 @@ def forward(spec: ModelSpec, source: WeightSource, inputs: Mapping[str, Tensor],
     from engine.models.run import Run
 
     run = Run(spec, source, lora)
-    out = _architecture(spec).forward(run, inputs)
+    out = architecture(spec).forward(run, inputs)
     run.finish()
     return out
 
@@ -177,4 +181,4 @@ def make_inputs(spec: ModelSpec, workload: WorkloadShape, device: torch.device |
 
     c = spec.meta["config"]
     draw = Draw(seed, workload.batch, device, dtype or TORCH_DTYPES[c["dtype"]])
-    return _architecture(spec).inputs(c, workload, draw)
+    return architecture(spec).inputs(c, workload, draw)

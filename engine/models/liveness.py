@@ -1,0 +1,98 @@
+"""The activation bytes a spec's forward keeps alive at its peak, traced on the meta device.
+
+The simulator counts the weights a step holds (the pool) and the tensors training
+saves; what else the forward allocates comes and goes inside it: each kernel's
+inputs and outputs, its norms' and epilogues' temporaries, the residual streams,
+the step's inputs (a decode's KV cache). `activation_peak_bytes` runs the spec's
+own forward (engine/models/<family>.py) on meta tensors, which allocate nothing,
+and counts the bytes of every live storage an op made, plus the inputs, at each
+op: the most at any one time is what torch's allocator holds beside the weights.
+Attention counts as the fused kernel the GPU runs (its output only), not the
+score matrix the meta device's reference implementation would build.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from engine.models.run import TORCH_DTYPES, DictSource
+from engine.models.seeded import Draw
+from engine.models.spec import ModelSpec, WorkloadShape
+
+META = torch.device("meta")
+
+
+class _LiveBytes(TorchDispatchMode):
+    """Bytes of the storages ops made that a tensor still refers to, and their peak."""
+
+    def __init__(self, base: int):
+        super().__init__()
+        self.refs: dict[int, list[int]] = {}  # storage -> [bytes, live tensors on it]
+        self.total = self.peak = base
+
+    def _drop(self, key: int) -> None:
+        entry = self.refs[key]
+        entry[1] -= 1
+        if entry[1] == 0:
+            self.total -= entry[0]
+            del self.refs[key]
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                storage = t.untyped_storage()
+                key = storage._cdata
+                if key not in self.refs:
+                    self.refs[key] = [storage.nbytes(), 0]
+                    self.total += storage.nbytes()
+                    self.peak = max(self.peak, self.total)
+                self.refs[key][1] += 1
+                weakref.finalize(t, self._drop, key)
+        return out
+
+
+class _FusedAttention(TorchFunctionMode):
+    """scaled_dot_product_attention as one fused kernel: it allocates its output only."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if func is F.scaled_dot_product_attention:
+            q, v = args[0], args[2]
+            return torch.empty(*q.shape[:-1], v.shape[-1], dtype=q.dtype, device=q.device)
+        return func(*args, **(kwargs or {}))
+
+
+class _MetaDraw(Draw):
+    """Inputs of the right shapes and dtypes on the meta device, drawn from nothing."""
+
+    def __init__(self, batch: int, dtype: torch.dtype):
+        super().__init__(0, batch, META, dtype)
+
+    def randn(self, *shape: int) -> torch.Tensor:
+        return torch.empty(*shape, dtype=self.dtype, device=META)
+
+    def steps(self) -> torch.Tensor:
+        return torch.empty(self.batch, device=META)
+
+    def tokens(self, vocab: int, shape: tuple[int, ...]) -> torch.Tensor:
+        return torch.empty(shape, dtype=torch.long, device=META)
+
+
+def activation_peak_bytes(spec: ModelSpec, workload: WorkloadShape) -> int:
+    """The most bytes the forward of `spec` on `workload`'s inputs holds at once beside
+    its weights: its inputs and every live tensor its ops made (module docstring)."""
+    from engine.models import architecture, forward
+
+    cfg = spec.meta["config"]
+    weights = {n: torch.empty(w.shape, dtype=TORCH_DTYPES[w.dtype], device=META) for n, w in spec.weights.items()}
+    inputs = architecture(spec).inputs(cfg, workload, _MetaDraw(workload.batch, TORCH_DTYPES[cfg["dtype"]]))
+    live = _LiveBytes(sum(t.untyped_storage().nbytes() for t in inputs.values()))
+    with torch.no_grad(), live, _FusedAttention():
+        forward(spec, DictSource(spec, weights), inputs)
+    return live.peak
