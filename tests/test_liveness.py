@@ -26,6 +26,16 @@ def test_the_full_ltx2_forward_holds_what_the_gpu_measured_beside_its_weights():
     assert peak > max(k.io_bytes - spec.kernel_bytes(k) for k in spec.kernels) + stream
 
 
+def test_the_shortest_model_with_every_kind_of_block_twice_traces_the_whole_models_peak():
+    from engine.models import shortest
+    from engine.models.liveness import traced_peak_bytes
+
+    for name, kind in (("flux", "infer"), ("llama8b", "decode")):  # two kinds of block; a cache per layer
+        spec = load_spec(name, workload(kind))
+        assert shortest(spec, workload(kind)).num_layers < spec.num_layers
+        assert activation_peak_bytes(spec, workload(kind)) == traced_peak_bytes(spec, workload(kind))
+
+
 def test_attention_counts_as_the_fused_kernel_and_a_decodes_cache_counts_as_held():
     spec = load_spec("llama8b", workload("decode", context_tokens=4096))
     cache = 32 * 2 * 4096 * 8 * 128 * 2  # every layer's k and v, bf16

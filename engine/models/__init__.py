@@ -59,16 +59,20 @@ class Family:
     check: Callable[[Any], None]  # what the schema's types cannot say
     lora_targets: tuple[str, ...]  # adapted linears when the workload names none
     variants: Mapping[str, Architecture]  # by the yaml's `variant` key; "" for a family without one
+    # The block counts (config fields) of its shortest model with every kind of block twice:
+    # liveness.py traces that one (a kind's second block holds what every later one does).
+    shortest: Mapping[str, int]
 
 
 FAMILIES: dict[str, Family] = {
     "dit": Family(dit.DitModelConfig, dit.check, dit.LORA_TARGETS,
                   {"ltx": Architecture(ltx.build, ltx.forward, ltx.inputs),
-                   "wan": Architecture(wan.build, wan.forward, wan.inputs)}),
+                   "wan": Architecture(wan.build, wan.forward, wan.inputs)}, {"num_layers": 2}),
     "flux": Family(flux.FluxModelConfig, flux.check, flux.LORA_TARGETS,
-                   {"": Architecture(flux.build, flux.forward, flux.inputs)}),
+                   {"": Architecture(flux.build, flux.forward, flux.inputs)},
+                   {"num_layers": 4, "num_double_layers": 2}),
     "llama": Family(llama.LlamaModelConfig, llama.check, llama.LORA_TARGETS,
-                    {"": Architecture(llama.build, llama.forward, llama.inputs)}),
+                    {"": Architecture(llama.build, llama.forward, llama.inputs)}, {"num_layers": 2}),
 }
 MODEL_SCHEMAS: dict[str, type] = {name: family.config for name, family in FAMILIES.items()}
 MODEL_DIR = Path(__file__).resolve().parents[2] / "conf" / "model"
@@ -153,6 +157,14 @@ def build_spec(model_cfg: Any, workload: WorkloadShape) -> ModelSpec:
 def load_spec(model: str | Path, workload: WorkloadShape) -> ModelSpec:
     """`build_spec` for a model by name (conf/model/NAME.yaml) or yaml path."""
     return build_spec(load_model_config(model), workload)
+
+
+def shortest(spec: ModelSpec, workload: WorkloadShape) -> ModelSpec:
+    """`spec` with its blocks cut to its family's `shortest` counts: the same blocks, the
+    same layers outside them, fewer repeats (a model with fewer blocks: itself)."""
+    cfg = spec.meta["config"]
+    cut = {k: min(cfg[k], n) for k, n in FAMILIES[spec.family].shortest.items()}
+    return spec if all(cfg[k] == n for k, n in cut.items()) else build_spec({**cfg, **cut}, workload)
 
 
 def architecture(spec: ModelSpec) -> Architecture:

@@ -9,6 +9,10 @@ and counts the bytes of every live storage an op made, plus the inputs, at each
 op: the most at any one time is what torch's allocator holds beside the weights.
 Attention counts as the fused kernel the GPU runs (its output only), not the
 score matrix the meta device's reference implementation would build.
+
+A model's repeated blocks hold the same bytes each, so the trace runs its family's
+shortest model with every kind of block (`engine.models.shortest`) and adds the
+inputs the cut blocks would read (a decode's KV cache is one per layer).
 """
 from __future__ import annotations
 
@@ -29,12 +33,14 @@ META = torch.device("meta")
 
 
 class _LiveBytes(TorchDispatchMode):
-    """Bytes of the storages ops made that a tensor still refers to, and their peak."""
+    """Bytes of the storages ops made that a tensor still refers to, and their peak, over
+    `held` (tensors alive all along: their bytes count once, their views not again)."""
 
-    def __init__(self, base: int):
+    def __init__(self, held: list[torch.Tensor]):
         super().__init__()
         self.refs: dict[int, list[int]] = {}  # storage -> [bytes, live tensors on it]
-        self.total = self.peak = base
+        self.held = {t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in held}
+        self.total = self.peak = 0
 
     def _drop(self, key: int) -> None:
         entry = self.refs[key]
@@ -49,6 +55,8 @@ class _LiveBytes(TorchDispatchMode):
             if isinstance(t, torch.Tensor):
                 storage = t.untyped_storage()
                 key = storage._cdata
+                if key in self.held:
+                    continue
                 if key not in self.refs:
                     self.refs[key] = [storage.nbytes(), 0]
                     self.total += storage.nbytes()
@@ -87,12 +95,31 @@ class _MetaDraw(Draw):
 def activation_peak_bytes(spec: ModelSpec, workload: WorkloadShape) -> int:
     """The most bytes the forward of `spec` on `workload`'s inputs holds at once beside
     its weights: its inputs and every live tensor its ops made (module docstring)."""
-    from engine.models import architecture, forward
+    from engine.models import shortest
+
+    short = shortest(spec, workload)
+    return traced_peak_bytes(short, workload) - _input_bytes(short, workload) + _input_bytes(spec, workload)
+
+
+def _inputs(spec: ModelSpec, workload: WorkloadShape) -> dict[str, torch.Tensor]:
+    from engine.models import architecture
 
     cfg = spec.meta["config"]
+    return architecture(spec).inputs(cfg, workload, _MetaDraw(workload.batch, TORCH_DTYPES[cfg["dtype"]]))
+
+
+def _input_bytes(spec: ModelSpec, workload: WorkloadShape) -> int:
+    return sum(t.untyped_storage().nbytes() for t in _inputs(spec, workload).values())
+
+
+def traced_peak_bytes(spec: ModelSpec, workload: WorkloadShape) -> int:
+    """The peak of `spec`'s own forward with every block of it traced: what
+    activation_peak_bytes gives, in time proportional to the model's depth."""
+    from engine.models import forward
+
     weights = {n: torch.empty(w.shape, dtype=TORCH_DTYPES[w.dtype], device=META) for n, w in spec.weights.items()}
-    inputs = architecture(spec).inputs(cfg, workload, _MetaDraw(workload.batch, TORCH_DTYPES[cfg["dtype"]]))
-    live = _LiveBytes(sum(t.untyped_storage().nbytes() for t in inputs.values()))
+    inputs = _inputs(spec, workload)
+    live = _LiveBytes([*weights.values(), *inputs.values()])
     with torch.no_grad(), live, _FusedAttention():
         forward(spec, DictSource(spec, weights), inputs)
-    return live.peak
+    return live.peak + sum(t.untyped_storage().nbytes() for t in inputs.values())
