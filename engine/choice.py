@@ -71,6 +71,13 @@ def start_lookahead(fits: list[int]) -> int:
     return min(DEFAULT_LOOKAHEAD, fits[-1]) if fits else LOOKAHEADS[0]
 
 
+def unsimulated_lookahead(order: AccessOrder, budget: int | None, granule: int = 1) -> int:
+    """What an "auto" lookahead is where nothing is simulated (a mode that runs no policy,
+    or everything resident): start_lookahead's; everything resident, where the lookahead
+    moves nothing, the smallest, whose floor is the least budget an auto lookahead runs at."""
+    return LOOKAHEADS[0] if budget is None else start_lookahead(fitting_lookaheads(order, budget, granule))
+
+
 def choose(trace: Trace, weights: Any, activations: Any, hardware: Any, budget: int | None,
            allow_below_floor: bool = False) -> Choice:
     """The eviction and lookahead the simulator predicts fastest for `trace`: each of

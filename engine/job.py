@@ -12,7 +12,7 @@ from typing import Callable
 
 from omegaconf import DictConfig, OmegaConf
 
-from engine.choice import AUTO, LOOKAHEADS, Choice, choose, fitting_lookaheads, start_lookahead
+from engine.choice import AUTO, Choice, choose, unsimulated_lookahead
 from engine.config import check_config
 from engine.errors import ConfigError
 from engine.modes import MODES
@@ -171,8 +171,7 @@ def _choose_weights(cfg: DictConfig, trace: Trace, source: tuple) -> tuple[Choic
     so the simulator, the executor and the report agree; returns the choice and the
     chosen one's simulation where it ran the mode's steps (None on a sweep's memo hit).
     Everything resident, or in a mode that runs no policy, nothing is simulated: an auto
-    eviction is priority and an auto lookahead engine.choice.start_lookahead's (everything
-    resident, the smallest: the plan's floor is then the least budget auto runs at)."""
+    eviction is priority and an auto lookahead engine.choice.unsimulated_lookahead's."""
     w = cfg.weights
     if AUTO not in (w.eviction, w.lookahead):
         return None, None
@@ -181,10 +180,7 @@ def _choose_weights(cfg: DictConfig, trace: Trace, source: tuple) -> tuple[Choic
         if w.eviction == AUTO:
             w.eviction = "priority"
         if w.lookahead == AUTO:
-            # Everything resident the lookahead moves nothing, and the smallest one's floor,
-            # the plan's, is the smallest budget an auto lookahead can run at.
-            w.lookahead = LOOKAHEADS[0] if budget is None else start_lookahead(
-                fitting_lookaheads(trace.access_order(), budget, _granule(cfg)))
+            w.lookahead = unsimulated_lookahead(trace.access_order(), budget, _granule(cfg))
         return None, None
     from engine.node import replica_hardware
 
