@@ -12,8 +12,9 @@ each, mean and max |error|, and whether the eviction the simulator ranks first a
 is the one measured fastest.
 
 --leave-one-out predicts each model with a kernel table fitted (engine.calibrate) from the
-recordings of the other models only (TABLE_TRACES less its own), as a model nobody
-recorded would be predicted.
+recordings of the other models only (TABLE_TRACES less its own) and the compute probe
+files beside them (PROBES: they time bare ops and belong to no model, so they stay in), as
+a model nobody recorded would be predicted.
 """
 from __future__ import annotations
 
@@ -31,17 +32,20 @@ MEASURED_STEPS = 5  # full_models.py's workload.steps in the runs measured.json 
 RECORDINGS = {"ltx": "ltx2-full", "flux": "flux-full", "llama8b": "llama8b-decode-full", "wan14b": "wan14b-full"}
 # The recordings conf/hardware/h100_calibrated.kernels.json is fitted from, by the model each records.
 TABLE_TRACES = {**RECORDINGS, "ltx-train": "ltx2-train-8blocks"}
+# The compute probe files (python -m engine.measure.compute --out) the table is fitted with too.
+PROBES = sorted((ROOT / "data" / "traces" / "full").glob("probes-*.json"))
 
 
 def held_out_table(model: str, tmp: Path) -> str:
-    """A kernel table fitted from every TABLE_TRACES recording but `model`'s: its path."""
-    from engine.calibrate import fit_kernel_table
+    """A kernel table fitted from every TABLE_TRACES recording but `model`'s, and PROBES: its path."""
+    from engine.calibrate import fit_kernel_table, read_probe_file
     from engine.trace import read_trace
 
     traces = [read_trace(ROOT / "data" / "traces" / "full" / f"{name}.jsonl.gz")
               for key, name in TABLE_TRACES.items() if key.split("-")[0] != model]
     path = tmp / f"without-{model}.kernels.json"
-    path.write_text(json.dumps(fit_kernel_table(traces, f"held out: {model}").to_json()))
+    path.write_text(json.dumps(fit_kernel_table(traces, f"held out: {model}",
+                                                [read_probe_file(p) for p in PROBES]).to_json()))
     return str(path)
 
 

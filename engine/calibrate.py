@@ -53,6 +53,7 @@ from engine.errors import ConfigError, TraceError
 from engine.trace import Trace, read_trace
 from engine.units import MIB
 
+PROBE_ROWS = {"linear": 4, "attention": 5, "memory": 2, "passes": 5}  # the compute probe's row widths
 MIN_PASS_BYTES = 1 << 24  # smaller memory kernels wait on the host's launches, not on HBM
 RIDGE = 100.0  # FLOP per byte above which a kernel counts as compute-bound
 LARGE_COPY = 64 * MIB
@@ -134,52 +135,64 @@ def achieved_rates(traces: Sequence[Trace]) -> tuple[float | None, float | None]
     return (flops / flop_ns / 1e3 if flop_ns else None), (io / io_ns if io_ns else None)
 
 
-def fit_pass_cost(records: Sequence[KernelRecord], add_ns_per_byte: float | None) -> PassCost | None:
-    """Each pass kind's ns per byte, fitted to the forward memory kernels with passes (norms:
-    their passes are all they run) that move MIN_PASS_BYTES or more, by non-negative least
-    squares on relative error. A kind none of them runs costs `add_ns_per_byte` (the probe
-    grid's largest add), or the pointwise kind's cost without a grid. None without such
-    kernels."""
+def fit_pass_cost(records: Sequence[KernelRecord], add_ns_per_byte: float | None,
+                  probed: Sequence[Sequence[Any]] = ()) -> PassCost | None:
+    """Each pass kind's ns per byte. From the probe's passes (`probed`: the compute probe's
+    "passes" rows [kind, rows, width, declared bytes, ns, ...]) where there are any: the
+    median over each kind's rows that move MIN_PASS_BYTES or more. Without them, fitted
+    to the forward memory kernels with passes (norms: their passes are all they run) that
+    move MIN_PASS_BYTES or more, by non-negative least squares on relative error. A kind
+    neither covers costs `add_ns_per_byte` (the probe grid's largest add), or the
+    pointwise kind's cost without a grid. None without either."""
     import numpy as np
 
-    rows = []
-    for r in records:
-        moved = pass_bytes(r.passes)
-        if r.phase == "fwd" and r.op not in MATMUL_OPS and r.passes and r.compute_ns > 0 \
-                and sum(moved.values()) >= MIN_PASS_BYTES:
-            rows.append([moved[k] / r.compute_ns for k in PASSES])
-    if not rows:
-        return None
-    a = np.array(rows)
-    y = np.ones(len(rows))
-    seen = [j for j in range(a.shape[1]) if a[:, j].any()]
-    best, best_err = None, float("inf")
-    for n in range(1, len(seen) + 1):  # the non-negative optimum is one subset's least squares
-        for cols in itertools.combinations(seen, n):
-            x, *_ = np.linalg.lstsq(a[:, cols], y, rcond=None)
-            err = float(np.sum((a[:, cols] @ x - y) ** 2))
-            if (x >= 0).all() and err < best_err:
-                best, best_err = {c: float(v) for c, v in zip(cols, x)}, err
-    if best is None:
-        return None
-    fitted = {k: best.get(j, 0.0) for j, k in enumerate(PASSES) if j in seen}
+    fitted: dict[str, float] = {}
+    if probed:
+        by_kind: dict[str, list[float]] = {}
+        for kind, _rows, _width, nbytes, ns, *_ in probed:
+            if kind in PASSES and nbytes >= MIN_PASS_BYTES and ns > 0:
+                by_kind.setdefault(kind, []).append(ns / nbytes)
+        fitted = {k: _med(v) for k, v in by_kind.items()}
+    else:
+        rows = []
+        for r in records:
+            moved = pass_bytes(r.passes)
+            if r.phase == "fwd" and r.op not in MATMUL_OPS and r.passes and r.compute_ns > 0 \
+                    and sum(moved.values()) >= MIN_PASS_BYTES:
+                rows.append([moved[k] / r.compute_ns for k in PASSES])
+        if not rows:
+            return None
+        a = np.array(rows)
+        y = np.ones(len(rows))
+        seen = [j for j in range(a.shape[1]) if a[:, j].any()]
+        best, best_err = None, float("inf")
+        for n in range(1, len(seen) + 1):  # the non-negative optimum is one subset's least squares
+            for cols in itertools.combinations(seen, n):
+                x, *_ = np.linalg.lstsq(a[:, cols], y, rcond=None)
+                err = float(np.sum((a[:, cols] @ x - y) ** 2))
+                if (x >= 0).all() and err < best_err:
+                    best, best_err = {c: float(v) for c, v in zip(cols, x)}, err
+        if best is None:
+            return None
+        fitted = {k: best.get(j, 0.0) for j, k in enumerate(PASSES) if j in seen}
     default = add_ns_per_byte if add_ns_per_byte is not None else fitted.get("pointwise")
     if default is None and len(fitted) < len(PASSES):
         return None
     return PassCost({k: round(fitted.get(k, default), 8) for k in PASSES})
 
 
-def fit_kernel_table(traces: Sequence[Trace], source: str) -> KernelTable:
+def fit_kernel_table(traces: Sequence[Trace], source: str, probes: Sequence[dict] = ()) -> KernelTable:
     """Kernel rates by op and shape: each recorded spec kernel (records with an op and,
-    for matmul ops, a shape; backward records under op + BACKWARD) and each trace's
-    probe grid (header probes "compute": ops "linear", "attention", "memory"); the host
+    for matmul ops, a shape; backward records under op + BACKWARD) and the probe grid of
+    each trace (header probes "compute": ops "linear", "attention", "memory") and of each
+    of `probes` (compute probes from probe files, read_probe_file), alike; the host
     time of each record in the resident step by op and phase (compute.host_key; probes
     "host" "kernel_ns" and, training, "backward_kernel_ns"). With the grid's add and
-    records with passes, the pass cost (fit_pass_cost), and each forward matmul
+    the probes' or the records' passes, the pass cost (fit_pass_cost), and each forward matmul
     record's point is its core: its time less its passes, at least CORE_FLOOR of it."""
-    grid_rows, host = [], []
-    for t in traces:
-        grid = t.header.get("probes", {}).get("compute", {})
+    grid_rows, host, probed = [], [], []
+    for grid in [t.header.get("probes", {}).get("compute", {}) for t in traces] + list(probes):
+        probed += grid.get("passes", ())
         grid_rows += [("linear", features("linear", (m, n, k), 0), 2 * m * n * k, ns)
                       for m, n, k, ns in grid.get("linear", ())]
         grid_rows += [("attention", features("attention", (bh, lq, lk, d), 0), 4 * bh * lq * lk * d, ns)
@@ -187,7 +200,8 @@ def fit_kernel_table(traces: Sequence[Trace], source: str) -> KernelTable:
         grid_rows += [("memory", features("norm", (), nbytes), nbytes, ns) for nbytes, ns in grid.get("memory", ())]
     adds = [(nbytes, ns) for op, _feats, nbytes, ns in grid_rows if op == "memory"]
     largest = max(adds, default=None)
-    cost = fit_pass_cost([r for t in traces for r in t.records], largest[1] / largest[0] if largest else None)
+    cost = fit_pass_cost([r for t in traces for r in t.records], largest[1] / largest[0] if largest else None,
+                         probed)
     rows = list(grid_rows)
     for t in traces:
         probed = t.header.get("probes", {}).get("host", {})
@@ -210,12 +224,12 @@ def fit_kernel_table(traces: Sequence[Trace], source: str) -> KernelTable:
     return table_from_measurements(rows, source, host, cost)
 
 
-def write_kernel_table(profile: dict, traces: Sequence[Trace], target: Path) -> Path | None:
-    """Fit the kernel table of `traces`, write it beside the profile file `target`
-    (NAME.kernels.json) and point the profile at it: by name when it lies in
-    conf/hardware/, else by absolute path. Traces without op and shape (recorded
-    before the table existed) and without a probe grid give no table: None."""
-    table = fit_kernel_table(traces, profile["source"])
+def write_kernel_table(profile: dict, traces: Sequence[Trace], target: Path, probes: Sequence[dict] = ()) -> Path | None:
+    """Fit the kernel table of `traces` and `probes` (compute probes, read_probe_file), write
+    it beside the profile file `target` (NAME.kernels.json) and point the profile at it: by
+    name when it lies in conf/hardware/, else by absolute path. Traces without op and shape
+    (recorded before the table existed) and without a probe grid give no table: None."""
+    table = fit_kernel_table(traces, profile["source"], probes)
     if not table.points:
         profile["kernel_table"] = None
         return None
@@ -329,18 +343,48 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("traces", nargs="+", help="recorded traces, or directories of them")
     p.add_argument("--out", required=True, type=Path, help="the profile to write, e.g. conf/hardware/x.yaml")
     p.add_argument("--base", default="h100_pcie5", help="profile in conf/hardware for the fields not measured")
+    p.add_argument("--probes", action="append", default=[], type=Path,
+                   help="a compute probe file (python -m engine.measure.compute --out FILE) for the kernel table; "
+                        "repeatable")
     args = p.parse_args(argv)
     try:
         paths = trace_paths(args.traces)
         traces = [read_trace(q) for q in paths]
+        probes = [read_probe_file(q) for q in args.probes]
         base = load_hardware(args.base)
         profile = fit_profile(traces, base, args.out.name.split(".")[0], [q.name for q in paths])
     except (TraceError, ConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
-    write_kernel_table(profile, traces, args.out)
+    if args.probes:
+        profile["source"] += f"; kernel table also from {', '.join(q.name for q in args.probes)}"
+    write_kernel_table(profile, traces, args.out, probes)
     args.out.write_text(profile_yaml(profile))
-    print(f"wrote {args.out} from {len(paths)} trace(s)")
+    print(f"wrote {args.out} from {len(paths)} trace(s)" + (f" and {len(probes)} probe file(s)" if probes else ""))
+
+
+def read_probe_file(path: Path) -> dict:
+    """The compute probe (probes "compute") of a file `python -m engine.measure.compute --out`
+    wrote."""
+    hint = "write one on the GPU with python -m engine.measure.compute --out FILE.json"
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise TraceError(f"{path}: no such probe file; {hint}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise TraceError(f"{path}: not a readable JSON probe file ({e}); {hint}") from None
+    compute = data.get("probes", {}).get("compute") if isinstance(data, dict) and isinstance(
+        data.get("probes"), dict) else None
+    if not isinstance(compute, dict):
+        raise TraceError(f"{path}: not a compute probe file (no \"probes\": {{\"compute\": ...}}); {hint}")
+    for op, width in PROBE_ROWS.items():
+        rows = compute.get(op, [])
+        bad = next((r for r in rows if not isinstance(r, list) or len(r) < width
+                    or not all(isinstance(v, (int, float)) for v in r[width - 4 if op == "passes" else 0:width])),
+                   None) if isinstance(rows, list) else rows
+        if bad is not None:
+            raise TraceError(f"{path}: compute probe {op!r} has a malformed row {str(bad)[:80]}; {hint}")
+    return compute
 
 
 def load_hardware(name: str) -> dict:

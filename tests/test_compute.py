@@ -112,6 +112,47 @@ def test_the_pass_cost_fit_recovers_the_rates_the_norms_ran_at():
     assert fit_pass_cost(records[-1:], 0.00033) is None
 
 
+def test_the_pass_cost_comes_from_the_probed_passes_where_there_are_any():
+    mb = 1 << 24
+    probed = [["rms_norm", 4096, 4096, 2 * mb, 2 * mb * 0.0005, "rms_norm"],
+              ["rms_norm", 4096, 8192, 4 * mb, 4 * mb * 0.0007, "rms_norm_weight"],
+              ["rms_norm", 4096, 2048, 2 * mb, 2 * mb * 0.0006, "per_head_rms"],
+              ["layer_norm", 16384, 4096, 2 * mb, 2 * mb * 0.0004, "layer_norm"],
+              ["pointwise", 256, 1024, mb // 8, 1e6, "modulate"],  # too small to say: launch-bound
+              ["pointwise", 4096, 4096, 3 * mb, 3 * mb * 0.0003, "residual"]]
+    norms = [KernelRecord("n", 0, "fwd", (), 1000, 0, 3 * mb, op="norm", passes=(("rms_norm", 2 * mb),))]
+    cost = fit_pass_cost(norms, add_ns_per_byte=0.00033, probed=probed)
+    # each kind's median over its probed points, whatever the recorded norms ran at
+    assert cost.ns_per_byte == pytest.approx({"rms_norm": 0.0006, "layer_norm": 0.0004, "pointwise": 0.0003})
+    # a kind no probe ran costs the grid's add
+    only = fit_pass_cost(norms, 0.00033, probed[:1])
+    assert only.ns_per_byte == pytest.approx({"rms_norm": 0.0005, "layer_norm": 0.00033, "pointwise": 0.00033})
+    # without probed passes, the recorded norms decide (non-negative least squares)
+    assert fit_pass_cost(norms, 0.00033).ns_per_byte["rms_norm"] == pytest.approx(1000 / (2 * mb), rel=1e-3)
+
+
+def test_a_probe_files_grid_and_passes_enter_the_table_as_a_traces_header_would():
+    mb = 1 << 24
+    probe = {"linear": [[6144, 13824, 5120, 700_000]], "attention": [], "memory": [[3 * mb, 20_000]],
+             "passes": [[kind, 4096, 5120, 8 * mb, 8 * mb * 0.0005, kind] for kind in ("rms_norm", "layer_norm")]}
+    table = fit_kernel_table([], "probe only", [probe])
+    f = features("linear", (6144, 13824, 5120), 0)
+    assert table.exact_rate("linear", f) == pytest.approx(2 * 6144 * 13824 * 5120 / 700_000, rel=1e-6)
+    assert table.pass_cost.ns_per_byte == pytest.approx(
+        {"rms_norm": 0.0005, "layer_norm": 0.0005, "pointwise": 20_000 / (3 * mb)}, rel=1e-4)
+    # the recordings alone: the pass cost is the norms' fit, the probes' is another
+    traces = [read_trace(FULL / "flux-full.jsonl.gz")]
+    alone = fit_kernel_table(traces, "recorded").pass_cost
+    assert alone == fit_pass_cost([r for t in traces for r in t.records],
+                                  _largest_add(traces))
+    assert fit_kernel_table(traces, "with probe", [probe]).pass_cost.ns_per_byte["rms_norm"] == pytest.approx(0.0005)
+
+
+def _largest_add(traces) -> float:
+    nbytes, ns = max(tuple(row) for t in traces for row in t.header["probes"]["compute"]["memory"])
+    return ns / nbytes
+
+
 def test_the_table_round_trips_through_its_file(tmp_path):
     t = table_from_measurements([("norm", (20.0,), 1 << 20, 500), ("linear", (0.0, 12.0, 12.0), 2 << 24, 44000)],
                                 "unit", host=[("norm", 70_000), ("norm", 90_000), ("linear", 130_000)])

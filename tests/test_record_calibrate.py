@@ -294,3 +294,56 @@ def test_host_times_scale_to_the_pipelined_step_only_where_the_host_bounds_it() 
     trace = build_trace(spec, timing, {"model": spec.name}, scale=scale)
     assert {r.host_ns for r in trace.records if r.phase == "fwd"} == {5000}
     assert {r.host_ns for r in trace.records if r.phase == "bwd"} == {15000}
+
+
+def _calibrate_cli(*args: str) -> "subprocess.CompletedProcess[str]":
+    import os
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "engine.calibrate", *args], cwd=DATA.parent.parent,
+                          env=dict(os.environ, PYTHONPATH=str(DATA.parent.parent)), capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_calibrate_takes_a_compute_probe_file_for_the_kernel_table(tmp_path) -> None:
+    probe = {"probes": {"compute": {"linear": [[6144, 13824, 5120, 700_000]], "attention": [], "memory": [],
+                                    "passes": [[k, 4096, 5120, 1 << 27, 60_000, k]
+                                               for k in ("rms_norm", "layer_norm", "pointwise")]}},
+             "device": "test", "torch": "x", "date": "d"}
+    (tmp_path / "probes.json").write_text(json.dumps(probe))
+    out = tmp_path / "h100_probed.yaml"
+    r = _calibrate_cli(str(DATA / "full" / "flux-full.jsonl.gz"), "--probes", str(tmp_path / "probes.json"),
+                       "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "and 1 probe file(s)" in r.stdout and "kernel table also from probes.json" in out.read_text()
+    table = json.loads((tmp_path / "h100_probed.kernels.json").read_text())
+    assert table["passes"]["ns_per_byte"] == pytest.approx(dict.fromkeys(("rms_norm", "layer_norm", "pointwise"),
+                                                                         60_000 / (1 << 27)), rel=1e-4)
+
+
+@pytest.mark.parametrize("content", [None, "{", '{"probes": {}}', '{"probes": {"compute": {"passes": [["x", 1]]}}}'])
+def test_a_bad_probe_file_is_one_line_and_exit_2(tmp_path, content) -> None:
+    path = tmp_path / "probes.json"
+    if content is not None:
+        path.write_text(content)
+    r = _calibrate_cli(str(DATA / "full" / "flux-full.jsonl.gz"), "--probes", str(path),
+                       "--out", str(tmp_path / "x.yaml"))
+    assert r.returncode == 2 and r.stderr.startswith("error: ") and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "engine.measure.compute --out" in r.stderr and not (tmp_path / "x.yaml").exists()
+
+
+def test_the_compute_probe_without_cuda_is_one_line_and_exit_2(tmp_path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here: the probe would run")
+    r = subprocess.run([sys.executable, "-m", "engine.measure.compute", "--out", str(tmp_path / "p.json")],
+                       cwd=DATA.parent.parent, env=dict(os.environ, PYTHONPATH=str(DATA.parent.parent)),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "CUDA" in r.stderr
+    assert not (tmp_path / "p.json").exists()

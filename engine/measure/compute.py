@@ -7,25 +7,57 @@ the engine ships (rows from decode's 1 to training's 16k, widths 128..16k,
 sequence lengths 1..16k), so `mode=calibrate` can fit kernel time by op and
 shape (engine/compute.py) where no recorded kernel matches.
 
+The "passes" part times the torch functions the spec forwards run around their
+core ops (engine/models/layers.py: the norms, the modulation, the residual adds,
+GELU, the attention output's copy back into rows) on (1, rows, width) activations
+with per-sample (1, 1, width) scale, shift and gate, each with the bytes
+engine/models/builder.py declares for that pass and its kind (compute.PASSES):
+calibrate fits the pass cost to them, whatever model runs the passes.
+
 Times are CUDA events around REPEATS launches after WARMUP, divided by REPEATS.
+
+    python -m engine.measure.compute --out FILE.json    # the probe alone, for engine.calibrate --probes
 """
 from __future__ import annotations
 
 import itertools
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 
-ROWS = (1, 16, 64, 256, 1024, 4096, 16384)
-WIDTHS = (128, 512, 2048, 4096, 8192, 16384)
+from engine.models.builder import GATED_RESIDUAL, MODULATE, NORM, ONE_PASS, RESIDUAL
+from engine.models.layers import gelu, layer_norm, modulate, per_head_rms, rms_norm
+
+ROWS = (1, 16, 64, 256, 512, 1024, 2048, 4096, 6144, 8192, 16384)
+WIDTHS = (128, 512, 1024, 2048, 3072, 4096, 5120, 6144, 8192, 10240, 12288, 13824, 14336, 16384)
 SEQ = (1, 64, 256, 1024, 4096, 16384)
 HEAD_DIMS = (64, 128)
 HEADS = (8, 32)
 MEMORY_BYTES = tuple(1 << p for p in range(12, 31, 2))
+PASS_ROWS = (256, 1024, 4096, 6144, 16384)
+PASS_WIDTHS = (1024, 2048, 3072, 4096, 5120, 6144, 8192, 12288, 13824)
+HEAD_DIM = 128  # the per-head norm's and the attention output copy's head width
+EPS = 1e-6
 WARMUP = 2
 REPEATS = 5
 MAX_FLOPS = 2e13  # skip grid points whose repeats would take seconds
+
+# name: (PASSES kind, the builder's bytes moved per activation byte, the forward's call on
+# a: x (1, rows, width), y like x, s per-sample (1, 1, width), w a weight of the norm's width,
+# hw one head wide, heads x laid out as SDPA's output (1, width / HEAD_DIM, rows, HEAD_DIM))
+PASS_FNS: dict[str, tuple[str, int, Callable[[dict[str, torch.Tensor]], torch.Tensor]]] = {
+    "rms_norm": ("rms_norm", NORM, lambda a: rms_norm(a["x"], EPS)),
+    "rms_norm_weight": ("rms_norm", NORM, lambda a: rms_norm(a["x"], EPS, a["w"])),
+    "per_head_rms": ("rms_norm", NORM, lambda a: per_head_rms(a["x"], a["hw"], EPS)),
+    "layer_norm": ("layer_norm", NORM, lambda a: layer_norm(a["x"], EPS)),
+    "layer_norm_affine": ("layer_norm", NORM, lambda a: layer_norm(a["x"], EPS, a["w"], a["w"])),
+    "modulate": ("pointwise", MODULATE, lambda a: modulate(a["x"], a["s"], a["s"])),
+    "residual": ("pointwise", RESIDUAL, lambda a: a["x"] + a["y"]),
+    "gated_residual": ("pointwise", GATED_RESIDUAL, lambda a: a["x"] + a["y"] * a["s"]),
+    "gelu": ("pointwise", ONE_PASS, lambda a: gelu(a["x"])),
+    "copy": ("pointwise", ONE_PASS, lambda a: a["heads"].transpose(1, 2).flatten(2)),
+}
 
 
 def _time_ns(fn: Callable[[], object], device: torch.device) -> float:
@@ -40,10 +72,30 @@ def _time_ns(fn: Callable[[], object], device: torch.device) -> float:
     return start.elapsed_time(end) * 1e6 / REPEATS
 
 
+def probe_passes(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> list[list]:
+    """[[kind, rows, width, declared bytes, ns, name]] for each PASS_FNS name over
+    PASS_ROWS x PASS_WIDTHS, the declared bytes those of a (1, rows, width) activation
+    times the pass's multiplier."""
+    out: list[list] = []
+    for rows, width in itertools.product(PASS_ROWS, PASS_WIDTHS):
+        a = {"x": torch.randn(1, rows, width, device=device, dtype=dtype),
+             "y": torch.randn(1, rows, width, device=device, dtype=dtype),
+             "s": torch.randn(1, 1, width, device=device, dtype=dtype),
+             "w": torch.randn(width, device=device, dtype=dtype),
+             "hw": torch.randn(HEAD_DIM, device=device, dtype=dtype),
+             "heads": torch.randn(1, width // HEAD_DIM, rows, HEAD_DIM, device=device, dtype=dtype)}
+        declared = rows * width * a["x"].element_size()
+        for name, (kind, moved, fn) in PASS_FNS.items():
+            out.append([kind, rows, width, moved * declared, round(_time_ns(lambda: fn(a), device)), name])
+        del a
+    return out
+
+
 def probe_compute(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> dict:
-    """{"linear": [[m, n, k, ns]], "attention": [[bh, lq, lk, d, ns]], "memory": [[bytes, ns]]}:
-    y = x @ w.T + b for x (m, k), w (n, k); SDPA over (1, bh, l, d); y = x + y over bytes."""
-    out: dict[str, list[list[float]]] = {"linear": [], "attention": [], "memory": []}
+    """{"linear": [[m, n, k, ns]], "attention": [[bh, lq, lk, d, ns]], "memory": [[bytes, ns]],
+    "passes": probe_passes}: y = x @ w.T + b for x (m, k), w (n, k); SDPA over (1, bh, l, d);
+    y = x + y over bytes."""
+    out: dict[str, list[list]] = {"linear": [], "attention": [], "memory": []}
     for m, n, k in itertools.product(ROWS, WIDTHS, WIDTHS):
         if 2.0 * m * n * k > MAX_FLOPS:
             continue
@@ -65,5 +117,34 @@ def probe_compute(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> 
         y = torch.empty_like(x).normal_()
         out["memory"].append([3 * nbytes, round(_time_ns(lambda: y.add_(x), device))])  # reads 2, writes 1
         del x, y
+    out["passes"] = probe_passes(device, dtype)
     torch.cuda.empty_cache()
     return out
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """python -m engine.measure.compute --out FILE.json: the compute probe of this GPU,
+    as engine.calibrate --probes reads it."""
+    import argparse
+    import json
+    import sys
+    from datetime import datetime, timezone
+    from pathlib import Path
+
+    p = argparse.ArgumentParser(prog="python -m engine.measure.compute", description=main.__doc__)
+    p.add_argument("--out", required=True, type=Path, help="the probe file to write (JSON)")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("error: the compute probe times kernels on a CUDA device, and torch sees none here; "
+              "run it on the GPU the profile is for", file=sys.stderr)
+        sys.exit(2)
+    device = torch.device("cuda", torch.cuda.current_device())
+    data = {"probes": {"compute": probe_compute(device)}, "device": torch.cuda.get_device_name(device),
+            "torch": torch.__version__, "cuda": torch.version.cuda,
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    args.out.write_text(json.dumps(data) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
