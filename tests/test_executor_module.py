@@ -73,11 +73,20 @@ def test_offload_matches_bitwise_and_restores(eviction, grouping, budget_mb):
         assert h.order.kernels == ("embed", "blocks.0", "blocks.1", "blocks.2", "blocks.3", "head")
         assert h.order.reads[1] == ("blocks.0.*",)
         assert h.resident_params == []
+    # Every weight fits: bound at set-up, the hooks off (the unused leaf keeps its loud one).
+    assert h.bound == (budget_mb is None or budget_mb * 1e6 >= sum(h.order.sizes.values()))
+    hooked = [n for n, m in net.named_modules() if m._forward_pre_hooks or m._forward_hooks]
+    if h.bound:
+        assert hooked == ["unused"]
+    else:
+        assert set(h.order.kernels) < set(hooked)
     with torch.no_grad():
         for _ in range(3):
             assert torch.equal(net(x), ref)
     rows = h.telemetry()
-    assert len(rows) == 3
+    assert len(rows) == (4 if h.bound else 3)  # bound: first the set-up's step that fetched every weight
+    if h.bound:
+        assert [(r["h2d_bytes"], r["hits"]) for r in rows[1:]] == [(0, len(h.order))] * 3
     if budget_mb is not None:
         assert all(r["peak_device_bytes"] <= budget_mb * 1e6 for r in rows)
     h.remove()
@@ -148,15 +157,21 @@ def test_divergence_when_another_path_runs():
     torch.manual_seed(0)
     net = Branchy().eval()
     x = torch.randn(2, 5, 8)
-    h = engine.offload(net, budget_mb=None, example_inputs=(x,), backend="cpu", grouping="leaf")
+    h = engine.offload(net, budget_mb=0.1, example_inputs=(x,), backend="cpu", grouping="leaf")
     with torch.no_grad(), pytest.raises(ExecutorError, match=r"schedule divergence at kernel 7: head ran where "
                                                              r"the recording ran blocks.2.norm; .*offload or record again"):
         net(x, skip=True)
     h.remove()
-    h = engine.offload(net, budget_mb=None, example_inputs=(x,), backend="cpu")
+    h = engine.offload(net, budget_mb=0.11, example_inputs=(x,), backend="cpu")
     with torch.no_grad(), pytest.raises(ExecutorError, match=r"schedule divergence at kernel 3: head ran where "
                                                              r"the recording ran blocks.2"):
         net(x, skip=True)
+    h.remove()
+    with torch.no_grad():
+        ref = net(x, skip=True)
+    h = engine.offload(net, budget_mb=None, example_inputs=(x,), backend="cpu")
+    with torch.no_grad():  # every weight bound: any path the recorded kernels take runs
+        assert h.bound and torch.equal(net(x, skip=True), ref)
     h.remove()
 
     net = Net().eval()

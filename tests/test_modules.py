@@ -17,7 +17,8 @@ import engine
 from engine.errors import ConfigError, ExecutorError, WeightFileError
 from engine.modules.build import build_module, parameters_on_meta
 from engine.modules.packing import SUFFIX
-from engine.trace import read_trace, write_trace
+from engine.modules.record import fit_to_pipelined
+from engine.trace import KernelRecord, Trace, read_trace, write_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -142,8 +143,9 @@ def test_a_module_without_a_checkpoint_is_packed_into_one_host_buffer(checkpoint
         assert torch.equal(net(x), ref)
 
 
-def test_record_writes_a_trace_the_simulator_replays(checkpoint, tmp_path):
+def test_record_writes_a_trace_the_simulator_replays(checkpoint, tmp_path, monkeypatch):
     path, x, _ = checkpoint
+    monkeypatch.setattr("engine.modules.record.host_bound", lambda kernels_ns, step_ns: True)  # as a decode step
     trace = engine.record(meta_net(), (x,), checkpoint=path, backend="cpu", name="net")
     assert [r.name for r in trace.records] == ["embed", "blocks.0", "blocks.1", "blocks.2", "head"]
     assert [r.layer for r in trace.records] == [-1, 0, 1, 2, -1]
@@ -152,6 +154,30 @@ def test_record_writes_a_trace_the_simulator_replays(checkpoint, tmp_path):
     write_trace(tmp_path / "t.jsonl", trace)
     again = read_trace(tmp_path / "t.jsonl")
     assert again.records == trace.records and again.header["num_layers"] == 3
+    # The plain module's step, its weights bound: what offload runs where every weight fits.
+    h = trace.header
+    compute = sum(r.compute_ns for r in trace.records) / h["compute_scale"]  # as timed kernel by kernel
+    host = sum(r.host_ns for r in trace.records) / h["host_scale"]
+    assert h["plain_step_ns"] > 0
+    assert h["plain_host_factor"] == pytest.approx(
+        fit_to_pipelined(compute, host, h["plain_step_ns"])[1] / h["host_scale"], rel=1e-3)
+
+
+def test_every_weight_resident_is_simulated_at_the_plain_forwards_host_times():
+    """A recorded module whose weights all fit runs bound, without hooks: the simulator
+    takes its host times by plain_host_factor there, and only there."""
+    from sim.simulator import as_run
+
+    records = (KernelRecord(name="a", layer=0, phase="fwd", weights=("w",), compute_ns=100, flops=0, io_bytes=60,
+                            host_ns=1000),
+               KernelRecord(name="b", layer=1, phase="fwd", weights=("v",), compute_ns=100, flops=0, io_bytes=40,
+                            host_ns=0))
+    trace = Trace({"plain_host_factor": 0.75}, {"w": 60, "v": 40}, records)
+    for budget in (None, 100, 10**6):
+        assert [r.host_ns for r in as_run(trace, budget).records] == [750, 0]
+    assert as_run(trace, 99) is trace  # one weight must wait for another's eviction: hooks
+    plain = Trace({}, trace.weight_sizes, records)
+    assert as_run(plain, None) is plain  # a spec trace, or one recorded before: as recorded
 
 
 def test_auto_picks_the_fastest_predicted_policy(checkpoint):
@@ -228,7 +254,7 @@ def test_the_cli_records_then_simulates_a_transformers_model(tmp_path):
                                                   "model.norm", "lm_head"]
     assert len(by_leaf.records) == 2 * 9 + 3  # a layer's 7 linears and 2 norms; embed, norm, lm_head
     assert by_leaf.records[1].name == "model.layers.0.input_layernorm"
-    ex = run(f"trace={trace}", "budget=0.5", "mode=execute", f"weights.file={ckpt}", "weights.backend=cpu",
+    ex = run(f"trace={trace}", "budget=0.35", "mode=execute", f"weights.file={ckpt}", "weights.backend=cpu",
              "weights.eviction=belady", f"hydra.run.dir={tmp_path / 'ex'}")
     assert ex.returncode == 0, ex.stderr
     report = json.loads((tmp_path / "ex" / "report.json").read_text())
@@ -237,6 +263,7 @@ def test_the_cli_records_then_simulates_a_transformers_model(tmp_path):
     events = json.loads((tmp_path / "ex" / "timeline.json").read_text())["traceEvents"]
     measured = [e["name"] for e in events if e.get("pid") == 2 and e["ph"] == "X" and e["tid"] == 1]
     assert measured == [r.name for r in by_block.records]  # the last step's kernels, beside the prediction
+    assert report["measured"]["h2d_bytes"] > 0  # 0.35 MB streams the 0.43 MB of weights
 
 
 

@@ -190,10 +190,12 @@ class WeightExecutor:
         return self._lock.locked()
 
     @contextmanager
-    def step(self, timed: bool | None = None) -> Iterator[StepStats]:
+    def step(self, timed: bool | None = None, bound: bool = False) -> Iterator[StepStats]:
         """One forward: every kernel fetched once, in order. Records the step's telemetry;
         `timed` (default: `time_steps`) also marks each kernel and weight copy on the
-        device (`step_timeline`)."""
+        device (`step_timeline`). `bound`: a forward that fetches nothing, every weight
+        fetched before and bound to the module (engine/modules/hooks.py KernelHooks.bound):
+        each kernel counts as a hit, and a timed step is one compute span."""
         timed = self.time_steps if timed is None else timed
         if not self._lock.acquire(blocking=False):
             if self._owner == threading.get_ident():
@@ -223,12 +225,16 @@ class WeightExecutor:
             try:
                 with paused_gc():  # engine/gc_pause.py: a CLI process holds millions of objects
                     yield stats
+                if bound:
+                    stats.kernels = stats.hits = len(self.order)
                 if stats.kernels != len(self.order):
                     self._diverge(f"the step ended after {stats.kernels} of {len(self.order)} kernels")
             except BaseException as err:
                 self._broken = self._broken or f"{type(err).__name__}: {err}"
                 raise
             stats.end = self.backend.timer()
+            if timed and bound:
+                stats.marks.append(("compute", "forward (every weight bound)", stats.start, stats.end))
             if timed and self._open_kernel is not None:
                 stats.marks.append(("compute", *self._open_kernel, stats.end))
             self._open_kernel = None

@@ -12,6 +12,12 @@ Between kernels a streamed parameter's data is a NaN scalar expanded to its
 shape on the compute device: dtype, shape and device queries still answer,
 and a read that escaped the recording poisons the output instead of reading
 stale memory.
+
+`bound(source)` is the other way to run: every kernel's weights fetched once
+from a source that keeps them (every weight resident) and pointed at for good,
+and the hooks of the kernels that ran taken off, so a forward is the plain
+module's, with none of the hooks' host work. A kernel the recording never ran
+keeps its hook, and still fails loudly.
 """
 from __future__ import annotations
 
@@ -59,16 +65,25 @@ class KernelHooks:
         self.recompute: Callable[[str], Mapping[str, torch.Tensor]] | None = None
         self._recomputing: set[str] = set()
         ran = set(order.kernels)
-        self._handles = []
-        for k in kernels:
-            if k.name in ran:
-                point = self._pointer(k)
-                self._handles.append(k.module.register_forward_pre_hook(self._pre(k, point)))
-                self._handles.append(k.module.register_forward_hook(self._post(k)))
-                for child in k.module.children():
-                    self._handles.append(child.register_forward_pre_hook(self._recompute_from_child(k, point)))
-            else:
-                self._handles.append(k.module.register_forward_pre_hook(self._never(k)))
+        self._points = {k.name: self._pointer(k) for k in kernels if k.name in ran}
+        self._ran = [k for k in kernels if k.name in ran]
+        self._handles: list[Any] = []  # the hooks of the kernels that ran: off while bound
+        self._never_handles = [k.module.register_forward_pre_hook(self._never(k))
+                               for k in kernels if k.name not in ran]
+        self._install()
+
+    def _install(self) -> None:
+        for k in self._ran:
+            point = self._points[k.name]
+            self._handles.append(k.module.register_forward_pre_hook(self._pre(k, point)))
+            self._handles.append(k.module.register_forward_hook(self._post(k)))
+            for child in k.module.children():
+                self._handles.append(child.register_forward_pre_hook(self._recompute_from_child(k, point)))
+
+    def _take_off(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
 
     def _pointer(self, k: ModuleKernel) -> Callable[[Mapping[str, torch.Tensor]], None]:
         """Points `k`'s parameters at a fetch's weights (views of its packed block)."""
@@ -147,7 +162,28 @@ class KernelHooks:
         finally:
             self.source = None
 
+    @contextmanager
+    def bound(self, source: KernelSource) -> Iterator[None]:
+        """Every kernel's weights fetched once from `source` (one that keeps them: an executor
+        with every weight resident) and bound, the hooks of the kernels that ran off: inside,
+        a forward runs the plain module. On exit the hooks are back and the parameters point
+        at placeholders again."""
+        if self.source is not None:
+            raise ExecutorError(f"a forward of the offloaded {type(self.root).__name__} is running; bind its "
+                                "weights between forwards")
+        for position, name in enumerate(self.order.kernels):
+            self._points[name](source.fetch(position))
+        self._take_off()
+        try:
+            yield
+        finally:
+            for k in self._ran:
+                for p in k.params.values():
+                    p.data = self.placeholders[id(p)]
+            self._install()
+
     def remove(self) -> None:
-        for h in self._handles:
+        self._take_off()
+        for h in self._never_handles:
             h.remove()
-        self._handles.clear()
+        self._never_handles.clear()

@@ -8,12 +8,19 @@ then runs every forward through a WeightExecutor under the budget.
 simulates every eviction policy on that trace and the hardware profile, and
 keeps the fastest; `handle.prediction` holds the simulator's figures beside
 `handle.telemetry()`'s measured ones.
+
+Where every streamed weight fits the budget (engine/policy/weights.py
+`all_resident`), nothing would ever be evicted: the weights are fetched once at
+set-up and bound for good, and the module's hooks come off
+(`KernelHooks.bound`), so each forward is the plain module's; the executor only
+times it (`WeightExecutor.step(bound=True)`).
 """
 from __future__ import annotations
 
 import math
 import traceback
 import warnings
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -30,7 +37,7 @@ from engine.modules.record import record_module
 from engine.modules.streamed import StreamedModule, stage
 from engine.modules.training import TrainingHandle, activations_config, sized_for
 from engine.modules.untouched import untouched
-from engine.policy.weights import EVICTIONS, WeightResidency
+from engine.policy.weights import EVICTIONS, WeightResidency, all_resident
 from engine.trace import Trace
 from engine.units import MB, budget_bytes
 
@@ -41,10 +48,11 @@ DEFAULT_HARDWARE = "h100_pcie5"
 
 class OffloadHandle:
     """What `offload` returns: the executor, the recorded order and trace, the
-    prediction, the set-up's seconds by stage, telemetry, and `remove()`."""
+    prediction, the set-up's seconds by stage, telemetry, and `remove()`. `bound`: every
+    weight resident and bound, the forward the plain module's (module docstring)."""
 
     def __init__(self, streamed: StreamedModule, executor: WeightExecutor, trace: Trace | None,
-                 prediction: dict | None):
+                 prediction: dict | None, binding: ExitStack | None = None):
         self.module = streamed.module
         self.streamed = streamed
         self.executor = executor
@@ -56,6 +64,8 @@ class OffloadHandle:
         # eviction="auto": {"eviction", "step_ms", "candidates": {policy: step_ms}, ...} the simulator's
         self.prediction = prediction
         self.setup_s = streamed.setup_s  # seconds per set-up stage (StreamedModule.setup_s)
+        self.bound = binding is not None
+        self._binding = binding
 
     def telemetry(self) -> list[dict]:
         return self.executor.telemetry()
@@ -64,6 +74,8 @@ class OffloadHandle:
         """Close the executor and put every parameter back where it was."""
         self.module.__dict__.pop("forward", None)
         self.module.__dict__.pop(_OFFLOADED, None)
+        if self._binding is not None:
+            self._binding.close()
         self.executor.close()
         self.streamed.remove()
 
@@ -141,9 +153,12 @@ def offload(module: nn.Module, *, budget_mb: float | None, example_inputs: Any =
                 with stage(streamed.setup_s, "simulate"):
                     prediction = predict(trace, hw, budget, lookahead, eviction, source, backend)
                 eviction, lookahead = prediction["eviction"], prediction["lookahead"]
+            binding = None
             with stage(streamed.setup_s, "executor"):
                 executor = WeightExecutor(streamed.order, streamed.host, budget_bytes=budget,
                                           eviction=eviction, lookahead=lookahead, backend=backend)
+                if all_resident(budget, sum(streamed.order.sizes.values())):
+                    binding = bind(streamed, executor)
         except BaseException as err:
             traceback.clear_frames(err.__traceback__)  # its frames hold views of the checkpoint's mapping
             streamed.remove()
@@ -153,8 +168,19 @@ def offload(module: nn.Module, *, budget_mb: float | None, example_inputs: Any =
                       f"({streamed.resident_bytes / MB:.1f} MB) resident outside the budget: read by modules "
                       "with children or outside their own kernel (handle.resident_params lists them)",
                       stacklevel=2)
-    _wrap_forward(module, streamed, executor)
-    return OffloadHandle(streamed, executor, trace, prediction)
+    _wrap_forward(module, streamed, executor, binding is not None)
+    return OffloadHandle(streamed, executor, trace, prediction, binding)
+
+
+def bind(streamed: StreamedModule, executor: WeightExecutor) -> ExitStack:
+    """Every weight fetched once by `executor` (none is evicted) and bound, the hooks off
+    (`KernelHooks.bound`) until the returned stack closes."""
+    stack = ExitStack()
+    with executor.step():
+        stack.enter_context(streamed.hooks.bound(executor))
+    if streamed.device.type == "cuda":
+        torch.cuda.synchronize(streamed.device)  # the copies landed before any stream reads them
+    return stack
 
 
 def _offload_training(module: nn.Module, budget_mb: float | None, example_inputs: Any, eviction: str,
@@ -219,7 +245,7 @@ def predict(trace: Trace, hardware: Any, budget: int | None, lookahead: int | st
             "hardware": hardware.name, "candidates": choice.candidates_ms}
 
 
-def _wrap_forward(module: nn.Module, streamed: StreamedModule, executor: WeightExecutor) -> None:
+def _wrap_forward(module: nn.Module, streamed: StreamedModule, executor: WeightExecutor, bound: bool) -> None:
     inner = module.forward
     hooks = streamed.hooks
 
@@ -227,6 +253,9 @@ def _wrap_forward(module: nn.Module, streamed: StreamedModule, executor: WeightE
         if torch.is_grad_enabled():
             raise ExecutorError("an offloaded module runs inference only (its weights are freed after each "
                                 "kernel, autograd would keep them); call it under torch.no_grad()")
+        if bound:
+            with executor.step(bound=True):
+                return inner(*args, **kwargs)
         with executor.step(), hooks.forward(executor):
             return inner(*args, **kwargs)
 

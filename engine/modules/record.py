@@ -24,7 +24,12 @@ the device (header "host_syncs"; the simulator's host waits there for every kern
 launched before, each step). Each timed all-resident step of an inference is
 followed by one beside a stream of H2D copies, in turns so the device's drift falls
 on both: the module's own slowdown under copies (header
-"compute_slowdown_under_copy", which the simulator takes over the profile's). A
+"compute_slowdown_under_copy", which the simulator takes over the profile's), and
+where the host bounds the step, by one of the plain module, its weights bound and
+the hooks off, as offload runs a module whose weights all fit (header
+"plain_step_ns"; "plain_host_factor" takes the host times to that step, for the
+simulator where every weight is resident; where the GPU bounds the step, the hooks'
+host work hides behind it). A
 record's host time is spread over its block's launches (header "block_records"):
 the simulator starts its GPU work with the first launch.
 
@@ -46,7 +51,7 @@ from __future__ import annotations
 import statistics
 import time
 import warnings
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
@@ -244,6 +249,7 @@ class Pipelined:
     memory: tuple[int, int] | None = None
     syncs: tuple[int, ...] | None = None  # inference on CUDA: host_syncs
     slowdown: float | None = None  # inference on CUDA: its slowdown beside H2D copies
+    plain_ns: int | None = None  # inference: the median step of the plain module, its weights bound
 
 
 def resident_executor(streamed: StreamedModule, backend: str, training: bool = False) -> WeightExecutor:
@@ -254,12 +260,13 @@ def resident_executor(streamed: StreamedModule, backend: str, training: bool = F
 
 
 def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss_fn: LossFn | None = None,
-                      executor: WeightExecutor | None = None) -> Pipelined:
+                      executor: WeightExecutor | None = None, kernels_ns: int = 0) -> Pipelined:
     """The median step of the module with every weight resident (`executor`, or one made
     here and closed after: `resident_executor`; `loss_fn`: a training step), and what more
     these steps measure (`Pipelined`). Warm-up steps until WARMUP_NS (an inference's first:
     the `host_syncs` forward), then at least PIPELINED_STEPS and until PIPELINED_NS (each at
-    most 10 x PIPELINED_STEPS steps)."""
+    most 10 x PIPELINED_STEPS steps). An inference whose last warm-up step the host bounded
+    (against `kernels_ns`, its kernels' time) also times the plain module after each step."""
     training = loss_fn is not None
     own = executor is None
     executor = resident_executor(streamed, backend, training) if own else executor
@@ -269,10 +276,21 @@ def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss
         streamed.hooks.recompute = lambda name: weights.mirror(index[name], f"{RECOMPUTE} {name}")
     cuda = streamed.device.type == "cuda"
 
-    def one_step(copies: Callable[[], None] | None = None) -> int:
+    def one_step(copies: Callable[[], None] | None = None, plain: bool = False) -> int:
         clock.synchronize()  # the device's: a step beside copies ends with its copies
         if copies is not None:
             copies()
+        if plain:  # as offload runs a module whose weights all fit (KernelHooks.bound)
+            with ExitStack() as binding:
+                with executor.step():
+                    binding.enter_context(streamed.hooks.bound(executor))
+                clock.synchronize()
+                start = clock.stamp()
+                with torch.no_grad():
+                    streamed.run()
+                end = clock.stamp()
+            clock.synchronize()
+            return clock.ns(start, end)
         start = clock.stamp()
         if training:
             for p in _trainable(streamed.module):
@@ -296,6 +314,7 @@ def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss
     try:
         times: list[int] = []
         beside: list[int] = []  # inference on CUDA: a step beside copies after each timed one
+        plain: list[int] = []  # inference: a step of the plain module after each timed one
         copies, copies_bytes = None, 0
         warm, warm_ns, last_warm = 0, 0, 0
         syncs = None
@@ -315,9 +334,15 @@ def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss
                     copies = copy_stream_beside(last_warm, streamed.device)
                     copies_bytes = torch.cuda.memory_allocated(streamed.device) - held
                 torch.cuda.reset_peak_memory_stats(streamed.device)
+            if not times:
+                timing_plain = not training and host_bound(kernels_ns, last_warm)
+                if timing_plain:
+                    one_step(plain=True)  # its warm-up
             times.append(one_step())
             if copies is not None:  # in turns with the steps alone, so drift falls on both
                 beside.append(one_step(copies))
+            if timing_plain:
+                plain.append(one_step(plain=True))
         peak = None
         if cuda:
             free, total = torch.cuda.mem_get_info(streamed.device)
@@ -326,9 +351,12 @@ def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss
             outside = total - free - torch.cuda.memory_reserved(streamed.device) - executor.backend.reserved_bytes()
             peak = (torch.cuda.max_memory_allocated(streamed.device) - copies_bytes, max(0, outside))
         step = round(statistics.median(times))
-        if not cuda or training:
+        if training:
             return Pipelined(step, peak)
-        return Pipelined(step, peak, syncs, slowdown_under_copy(step, statistics.median(beside)))
+        plain_ns = round(statistics.median(plain)) if plain else None
+        if not cuda:
+            return Pipelined(step, peak, plain_ns=plain_ns)
+        return Pipelined(step, peak, syncs, slowdown_under_copy(step, statistics.median(beside)), plain_ns)
     finally:
         streamed.hooks.recompute = None
         if own:
@@ -438,15 +466,18 @@ def record_module(streamed: StreamedModule, *, name: str, backend: str, workload
         run = Pipelined(0)
         if resident is not None or fits_resident(model_bytes + saved_bytes, device):
             with stage(stages, "resident_steps"):
-                run = pipelined_step_ns(streamed, clock, backend, loss_fn, executor=resident)
+                run = pipelined_step_ns(streamed, clock, backend, loss_fn, executor=resident,
+                                        kernels_ns=sum(times.compute_ns))
     finally:
         if resident is not None:
             resident.close()
-    scale, host_scale = 1.0, 1.0
+    scale, host_scale, plain_factor = 1.0, 1.0, None
     pipelined = None
     if run.step_ns:
         pipelined = run.step_ns
         scale, host_scale = fit_to_pipelined(sum(times.compute_ns), sum(times.host_ns), pipelined)
+        if run.plain_ns:
+            plain_factor = fit_to_pipelined(sum(times.compute_ns), sum(times.host_ns), run.plain_ns)[1] / host_scale
         times.compute_ns = [round(c * scale) for c in times.compute_ns]
         times.host_ns = [round(h * host_scale) for h in times.host_ns]
     records = _records(streamed, times, training)
@@ -463,6 +494,9 @@ def record_module(streamed: StreamedModule, *, name: str, backend: str, workload
         "clock": "cuda events" if device.type == "cuda" else "perf_counter (cpu backend)",
         "timed_steps": steps.host, "held_steps": steps.held, "step_ns": sum(times.compute_ns),
         "pipelined_step_ns": pipelined, "compute_scale": round(scale, 6), "host_scale": round(host_scale, 6),
+        # Every weight resident, offload binds them and drops the hooks: the host times of that forward.
+        **({"plain_step_ns": run.plain_ns, "plain_host_factor": round(plain_factor, 6)}
+           if plain_factor is not None else {}),
         # The saved tensors are the simulator's to count (kept or spilled): the rest of torch's peak is transient.
         **({"activation_peak_bytes": max(0, run.memory[0] - saved_bytes), "context_bytes": run.memory[1]}
            if run.memory is not None else {}),
