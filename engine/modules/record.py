@@ -286,7 +286,7 @@ def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss
                     binding.enter_context(streamed.hooks.bound(executor))
                 clock.synchronize()
                 start = clock.stamp()
-                with torch.no_grad():
+                with torch.no_grad(), executor.step(bound=True):
                     streamed.run()
                 end = clock.stamp()
             clock.synchronize()
