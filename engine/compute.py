@@ -18,10 +18,11 @@ Two models, one interface (`ExecutionTimePredictor.kernel_ns`):
   op's grid ("linear", "attention", "memory"), then to the roofline.
 
 Memory passes. A spec kernel also lists the memory-bound passes it runs around
-its core op (`Kernel.passes`: a norm, the modulation, a gated residual add, a
-GELU, a copy), each by kind (PASSES) and bytes moved. A pass of kind k moving b
-bytes takes `b x ns_per_byte[k]` (`PassCost`); mode=calibrate fits the rates to
-the recorded memory kernels. With a pass cost, a matmul kernel is its
+its core op (`Kernel.passes`: a norm, the modulation, the gate, a residual add,
+a GELU, a copy), each by kind (PASSES: what sets its cost per byte) and bytes
+moved. A pass of kind k moving b bytes takes `b x ns_per_byte[k]` (`PassCost`);
+mode=calibrate takes the rates from the probed passes, else fits them to the
+recorded memory kernels. With a pass cost, a matmul kernel is its
 core (the table's points: recorded kernels less their passes) plus its passes,
 and a memory kernel whose passes match no recorded kernel is the sum of its
 passes: a model nobody recorded gets its epilogues and norms from what such
@@ -49,8 +50,10 @@ BACKWARD = "_bwd"
 TRAINING = "_train"  # the kernel table's host time of a training forward's kernel
 GRID_OPS = {"linear": "linear", "attention": "attention", "norm": "memory", "elementwise": "memory",
             "embed": "memory"}
-# Memory-bound passes a spec kernel may run around its core op (Kernel.passes).
-PASSES = ("rms_norm", "layer_norm", "pointwise")
+# Memory-bound passes a spec kernel may run around its core op (Kernel.passes), by what
+# sets their cost per byte (engine/models/builder.py).
+PASSES = ("rms_norm", "head_rms_norm", "layer_norm", "pointwise", "broadcast", "head_copy", "transposed",
+          "transposed_copy")
 CORE_FLOOR = 0.25  # a recorded matmul kernel's core keeps at least this share of its time
 NEIGHBOURS = 6
 SAME = 1e-5  # features this close are one point (the table keeps them to 6 decimals)
@@ -101,8 +104,7 @@ class PassCost:
     ns_per_byte: Mapping[str, float]
 
     def ns(self, passes: Sequence[tuple[str, int]]) -> float:
-        moved = pass_bytes(passes)
-        return sum(self.ns_per_byte[k] * moved[k] for k in PASSES)
+        return sum(self.ns_per_byte[k] * n for k, n in pass_bytes(passes).items() if n)
 
     def to_json(self) -> dict:
         return {"ns_per_byte": dict(self.ns_per_byte)}
@@ -232,6 +234,10 @@ def load_table(name: str) -> KernelTable:
     host = data.get("host_ns", {})
     cost = data.get("passes")
     cost = PassCost({str(k): float(v) for k, v in cost["ns_per_byte"].items()}) if cost else None
+    missing = [k for k in PASSES if cost is not None and k not in cost.ns_per_byte]
+    if missing:
+        raise ConfigError(f"hardware.kernel_table={name}: {path} has no cost for the memory pass kind "
+                          f"{missing[0]!r} (fitted before it existed); write it again with mode=calibrate")
     return KernelTable(points, str(data.get("source", "")), {str(op): int(ns) for op, ns in host.items()}, cost)
 
 

@@ -8,7 +8,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from engine.calibrate import fit_kernel_table, fit_pass_cost, write_kernel_table
-from engine.compute import (BACKWARD, ExecutionTimePredictor, KernelTable, PassCost, Point, features, load_table,
+from engine.compute import (BACKWARD, PASSES, ExecutionTimePredictor, KernelTable, PassCost, Point, features, load_table,
                             table_from_measurements)
 from engine.config import load_hardware
 from engine.errors import ConfigError
@@ -56,7 +56,8 @@ def test_a_matmul_kernel_without_a_shape_keeps_the_roofline():
     assert p.kernel_ns("linear", 10**9, 10**6) == 2000
 
 
-COST = PassCost({"rms_norm": 0.0004, "layer_norm": 0.0013, "pointwise": 0.0006})
+RAN = {"rms_norm": 0.0004, "layer_norm": 0.0013, "pointwise": 0.0006}  # the kinds the tests' kernels run
+COST = PassCost({**dict.fromkeys(PASSES, 0.0009), **RAN})
 
 
 def _with(table: KernelTable) -> ExecutionTimePredictor:
@@ -104,11 +105,10 @@ def test_the_pass_cost_fit_recovers_the_rates_the_norms_ran_at():
                norm((("layer_norm", 2 * mb), ("pointwise", 4 * mb))), norm((("layer_norm", 6 * mb),)),
                norm((("rms_norm", 10),))]  # too small to say: its host's launches bound it
     fitted = fit_pass_cost(records, add_ns_per_byte=0.00033)
-    assert fitted.ns_per_byte == pytest.approx(COST.ns_per_byte, rel=1e-4)
+    assert fitted.ns_per_byte == pytest.approx({**dict.fromkeys(PASSES, 0.00033), **RAN}, rel=1e-4)
     # a kind no norm ran costs the grid's add
     only_rms = fit_pass_cost(records[1:2], add_ns_per_byte=0.00033)
-    assert only_rms.ns_per_byte["rms_norm"] == pytest.approx(0.0004, rel=1e-4)
-    assert only_rms.ns_per_byte["layer_norm"] == only_rms.ns_per_byte["pointwise"] == 0.00033
+    assert only_rms.ns_per_byte == pytest.approx({**dict.fromkeys(PASSES, 0.00033), "rms_norm": 0.0004}, rel=1e-4)
     assert fit_pass_cost(records[-1:], 0.00033) is None
 
 
@@ -118,15 +118,17 @@ def test_the_pass_cost_comes_from_the_probed_passes_where_there_are_any():
               ["rms_norm", 4096, 8192, 4 * mb, 4 * mb * 0.0007, "rms_norm_weight"],
               ["rms_norm", 4096, 2048, 2 * mb, 2 * mb * 0.0006, "per_head_rms"],
               ["layer_norm", 16384, 4096, 2 * mb, 2 * mb * 0.0004, "layer_norm"],
-              ["pointwise", 256, 1024, mb // 8, 1e6, "modulate"],  # too small to say: launch-bound
-              ["pointwise", 4096, 4096, 3 * mb, 3 * mb * 0.0003, "residual"]]
+              ["broadcast", 256, 1024, mb // 8, 1e6, "modulate"],  # too small to say: launch-bound
+              ["pointwise", 4096, 4096, 3 * mb, 3 * mb * 0.0003, "residual"],
+              ["transposed_copy", 6144, 5120, 2 * mb, 2 * mb * 0.0019, "transposed_copy"]]
     norms = [KernelRecord("n", 0, "fwd", (), 1000, 0, 3 * mb, op="norm", passes=(("rms_norm", 2 * mb),))]
     cost = fit_pass_cost(norms, add_ns_per_byte=0.00033, probed=probed)
-    # each kind's median over its probed points, whatever the recorded norms ran at
-    assert cost.ns_per_byte == pytest.approx({"rms_norm": 0.0006, "layer_norm": 0.0004, "pointwise": 0.0003})
-    # a kind no probe ran costs the grid's add
+    # each kind's median over its probed points, whatever the recorded norms ran at; a kind no
+    # probe ran at a size that says (broadcast here) costs the grid's add
+    assert cost.ns_per_byte == pytest.approx({**dict.fromkeys(PASSES, 0.00033), "rms_norm": 0.0006,
+                                              "layer_norm": 0.0004, "pointwise": 0.0003, "transposed_copy": 0.0019})
     only = fit_pass_cost(norms, 0.00033, probed[:1])
-    assert only.ns_per_byte == pytest.approx({"rms_norm": 0.0005, "layer_norm": 0.00033, "pointwise": 0.00033})
+    assert only.ns_per_byte == pytest.approx({**dict.fromkeys(PASSES, 0.00033), "rms_norm": 0.0005})
     # without probed passes, the recorded norms decide (non-negative least squares)
     assert fit_pass_cost(norms, 0.00033).ns_per_byte["rms_norm"] == pytest.approx(1000 / (2 * mb), rel=1e-3)
 
@@ -139,7 +141,7 @@ def test_a_probe_files_grid_and_passes_enter_the_table_as_a_traces_header_would(
     f = features("linear", (6144, 13824, 5120), 0)
     assert table.exact_rate("linear", f) == pytest.approx(2 * 6144 * 13824 * 5120 / 700_000, rel=1e-6)
     assert table.pass_cost.ns_per_byte == pytest.approx(
-        {"rms_norm": 0.0005, "layer_norm": 0.0005, "pointwise": 20_000 / (3 * mb)}, rel=1e-4)
+        {**dict.fromkeys(PASSES, 20_000 / (3 * mb)), "rms_norm": 0.0005, "layer_norm": 0.0005}, rel=1e-4)
     # the recordings alone: the pass cost is the norms' fit, the probes' is another
     traces = [read_trace(FULL / "flux-full.jsonl.gz")]
     alone = fit_kernel_table(traces, "recorded").pass_cost

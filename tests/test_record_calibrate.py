@@ -11,6 +11,7 @@ import simpy
 from omegaconf import OmegaConf
 
 from engine.calibrate import copy_rates, fit_fetch_cost, fit_profile, launch_mean, load_hardware
+from engine.compute import PASSES
 from engine.config import HardwareConfig
 from engine.errors import TraceError
 from engine.models import load_spec, make_inputs
@@ -309,7 +310,7 @@ def _calibrate_cli(*args: str) -> "subprocess.CompletedProcess[str]":
 def test_calibrate_takes_a_compute_probe_file_for_the_kernel_table(tmp_path) -> None:
     probe = {"probes": {"compute": {"linear": [[6144, 13824, 5120, 700_000]], "attention": [], "memory": [],
                                     "passes": [[k, 4096, 5120, 1 << 27, 60_000, k]
-                                               for k in ("rms_norm", "layer_norm", "pointwise")]}},
+                                               for k in PASSES]}},
              "device": "test", "torch": "x", "date": "d"}
     (tmp_path / "probes.json").write_text(json.dumps(probe))
     out = tmp_path / "h100_probed.yaml"
@@ -318,8 +319,7 @@ def test_calibrate_takes_a_compute_probe_file_for_the_kernel_table(tmp_path) -> 
     assert r.returncode == 0, r.stderr
     assert "and 1 probe file(s)" in r.stdout and "kernel table also from probes.json" in out.read_text()
     table = json.loads((tmp_path / "h100_probed.kernels.json").read_text())
-    assert table["passes"]["ns_per_byte"] == pytest.approx(dict.fromkeys(("rms_norm", "layer_norm", "pointwise"),
-                                                                         60_000 / (1 << 27)), rel=1e-4)
+    assert table["passes"]["ns_per_byte"] == pytest.approx(dict.fromkeys(PASSES, 60_000 / (1 << 27)), rel=1e-4)
 
 
 @pytest.mark.parametrize("content", [None, "{", '{"probes": {}}', '{"probes": {"compute": {"passes": [["x", 1]]}}}'])

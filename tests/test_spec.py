@@ -100,14 +100,15 @@ def test_each_kernel_lists_the_memory_passes_its_forward_runs():
     spec = spec_of("ltx")
     k = {x.name.removeprefix("blocks.3."): x for x in spec.kernels if x.layer == 3}
     act = 6144 * 4096 * 2  # the video stream, bf16
-    assert k["norm1"].passes == (("rms_norm", 2 * act), ("pointwise", 4 * act))  # RMSNorm, then modulated
+    assert k["norm1"].passes == (("rms_norm", 2 * act), ("broadcast", 4 * act))  # RMSNorm, then modulated
     assert k["norm2"].passes == (("rms_norm", 2 * act),)  # a plain norm before the cross attention
-    assert k["audio_to_video_norm"].passes == (("rms_norm", 2 * act), ("pointwise", 4 * act), ("pointwise", 4 * act))
-    assert k["attn1.to_out"].passes == (("pointwise", 5 * act),)  # a gated residual add
+    assert k["audio_to_video_norm"].passes == (("rms_norm", 2 * act), ("broadcast", 4 * act), ("broadcast", 4 * act))
+    # a gated residual add: the gate scales (per sample), then the add
+    assert k["attn1.to_out"].passes == (("broadcast", 2 * act), ("pointwise", 3 * act))
     assert k["attn2.to_out"].passes == (("pointwise", 3 * act),)  # an ungated one
-    assert k["attn1.qkv"].passes == (("rms_norm", 2 * act), ("rms_norm", 2 * act))  # q and k normed
+    assert k["attn1.qkv"].passes == (("rms_norm", 2 * act), ("rms_norm", 2 * act))  # q and k normed, full width
     assert k["ff.up"].passes == (("pointwise", 2 * 6144 * 16384 * 2),)  # GELU over the hidden width
-    assert k["attn1.attention"].passes == (("pointwise", 2 * act),)  # heads copied back into rows
+    assert k["attn1.attention"].passes == (("head_copy", 2 * act),)  # heads copied back into rows
     assert k["norm1"].io_bytes == 2 * act + spec.kernel_bytes(k["norm1"])  # in and out, alive together
     decode = load_spec("llama8b", workload("decode", batch=2, context_tokens=1000))
     core = next(x for x in decode.kernels if x.name == "layers.5.self_attn.attention")
@@ -116,7 +117,16 @@ def test_each_kernel_lists_the_memory_passes_its_forward_runs():
     flux = spec_of("flux")
     proj = next(x for x in flux.kernels if x.name == "single_blocks.0.proj_out")
     rows = 6144 + 256  # [text, image] in the single blocks
-    assert proj.passes == (("pointwise", 2 * rows * (3072 + 12288) * 2), ("pointwise", 5 * rows * 3072 * 2))
+    assert proj.passes == (("pointwise", 2 * rows * (3072 + 12288) * 2), ("broadcast", 2 * rows * 3072 * 2),
+                           ("pointwise", 3 * rows * 3072 * 2))
+    qkv = next(x for x in flux.kernels if x.name == "single_blocks.0.qkv_mlp")
+    assert qkv.passes[0] == ("head_rms_norm", 2 * rows * 3072 * 2)  # FLUX norms q and k per head
+    # Wan's stream is its patch embedding's output transposed, never made contiguous: its
+    # adds keep that layout, and each norm copies it contiguous first.
+    wan = {x.name.removeprefix("blocks.3."): x for x in spec_of("wan14b").kernels if x.layer == 3}
+    act = 6144 * 5120 * 2
+    assert wan["norm2"].passes == (("transposed_copy", 2 * act), ("layer_norm", 2 * act))
+    assert wan["attn1.to_out"].passes == (("broadcast", 2 * act), ("transposed", 3 * act))
 
 
 def test_llama_decode_kernels():

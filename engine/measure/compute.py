@@ -8,8 +8,9 @@ sequence lengths 1..16k), so `mode=calibrate` can fit kernel time by op and
 shape (engine/compute.py) where no recorded kernel matches.
 
 The "passes" part times the torch functions the spec forwards run around their
-core ops (engine/models/layers.py: the norms, the modulation, the residual adds,
-GELU, the attention output's copy back into rows) on (1, rows, width) activations
+core ops (engine/models/layers.py: the norms, the modulation, the gate, the
+residual add, GELU, the attention output's copy back into rows, and the copy and
+add of an activation stored features-major) on (1, rows, width) activations
 with per-sample (1, 1, width) scale, shift and gate, each with the bytes
 engine/models/builder.py declares for that pass and its kind (compute.PASSES):
 calibrate fits the pass cost to them, whatever model runs the passes.
@@ -26,7 +27,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from engine.models.builder import GATED_RESIDUAL, MODULATE, NORM, ONE_PASS, RESIDUAL
+from engine.models.builder import MODULATE, NORM, ONE_PASS, RESIDUAL, SCALE
 from engine.models.layers import gelu, layer_norm, modulate, per_head_rms, rms_norm
 
 ROWS = (1, 16, 64, 256, 512, 1024, 2048, 4096, 6144, 8192, 16384)
@@ -45,18 +46,21 @@ MAX_FLOPS = 2e13  # skip grid points whose repeats would take seconds
 
 # name: (PASSES kind, the builder's bytes moved per activation byte, the forward's call on
 # a: x (1, rows, width), y like x, s per-sample (1, 1, width), w a weight of the norm's width,
-# hw one head wide, heads x laid out as SDPA's output (1, width / HEAD_DIM, rows, HEAD_DIM))
+# hw one head wide, heads x laid out as SDPA's output (1, width / HEAD_DIM, rows, HEAD_DIM),
+# xt x stored features-major (a conv's output flattened and transposed))
 PASS_FNS: dict[str, tuple[str, int, Callable[[dict[str, torch.Tensor]], torch.Tensor]]] = {
     "rms_norm": ("rms_norm", NORM, lambda a: rms_norm(a["x"], EPS)),
     "rms_norm_weight": ("rms_norm", NORM, lambda a: rms_norm(a["x"], EPS, a["w"])),
-    "per_head_rms": ("rms_norm", NORM, lambda a: per_head_rms(a["x"], a["hw"], EPS)),
+    "per_head_rms": ("head_rms_norm", NORM, lambda a: per_head_rms(a["x"], a["hw"], EPS)),
     "layer_norm": ("layer_norm", NORM, lambda a: layer_norm(a["x"], EPS)),
     "layer_norm_affine": ("layer_norm", NORM, lambda a: layer_norm(a["x"], EPS, a["w"], a["w"])),
-    "modulate": ("pointwise", MODULATE, lambda a: modulate(a["x"], a["s"], a["s"])),
     "residual": ("pointwise", RESIDUAL, lambda a: a["x"] + a["y"]),
-    "gated_residual": ("pointwise", GATED_RESIDUAL, lambda a: a["x"] + a["y"] * a["s"]),
     "gelu": ("pointwise", ONE_PASS, lambda a: gelu(a["x"])),
-    "copy": ("pointwise", ONE_PASS, lambda a: a["heads"].transpose(1, 2).flatten(2)),
+    "modulate": ("broadcast", MODULATE, lambda a: modulate(a["x"], a["s"], a["s"])),
+    "gate": ("broadcast", SCALE, lambda a: a["y"] * a["s"]),
+    "head_copy": ("head_copy", ONE_PASS, lambda a: a["heads"].transpose(1, 2).flatten(2)),
+    "transposed_copy": ("transposed_copy", ONE_PASS, lambda a: a["xt"].contiguous()),
+    "transposed_residual": ("transposed", RESIDUAL, lambda a: a["xt"] + a["y"]),
 }
 
 
@@ -83,7 +87,8 @@ def probe_passes(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> l
              "s": torch.randn(1, 1, width, device=device, dtype=dtype),
              "w": torch.randn(width, device=device, dtype=dtype),
              "hw": torch.randn(HEAD_DIM, device=device, dtype=dtype),
-             "heads": torch.randn(1, width // HEAD_DIM, rows, HEAD_DIM, device=device, dtype=dtype)}
+             "heads": torch.randn(1, width // HEAD_DIM, rows, HEAD_DIM, device=device, dtype=dtype),
+             "xt": torch.randn(1, width, rows, device=device, dtype=dtype).transpose(1, 2)}
         declared = rows * width * a["x"].element_size()
         for name, (kind, moved, fn) in PASS_FNS.items():
             out.append([kind, rows, width, moved * declared, round(_time_ns(lambda: fn(a), device)), name])

@@ -6,8 +6,12 @@ engine/models/spec.py describes).
 Passes count bytes read plus bytes written over full-size activations, as the
 forward (engine/models/<family>.py) runs them between one fetch and the next:
 a norm reads and writes once (2x), a modulation x * (1 + scale) + shift twice
-(4x), a residual add reads two and writes one (3x), a gated one multiplies
-first (5x), a GELU or a copy reads and writes (2x)."""
+(4x), a residual add reads two and writes one (3x), a gated one first scales by
+the gate (2x), a GELU or a copy reads and writes (2x). Each pass has the kind
+(engine/compute.py PASSES) whose cost per byte it runs at: a full-width or a
+per-head RMSNorm, a LayerNorm, a plain elementwise op, one with a per-sample
+operand broadcast over the tokens, attention's heads copied back into rows, an
+add on a transposed activation (`Act.transposed`), or its copy made contiguous."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -16,7 +20,7 @@ from typing import Iterable, NamedTuple, Sequence
 
 from engine.models.spec import DTYPE_BYTES, Kernel, ModelConfig, ModelSpec, SavedTensor, WeightSpec, is_adapted
 
-NORM, MODULATE, RESIDUAL, GATED_RESIDUAL, ONE_PASS = 2, 4, 3, 5, 2  # bytes moved per activation byte
+NORM, MODULATE, RESIDUAL, SCALE, ONE_PASS = 2, 4, 3, 2, 2  # bytes moved per activation byte
 
 
 @dataclass(frozen=True)
@@ -37,12 +41,15 @@ class Tokens:
 class Act:
     """A named activation: `rows` = batch x tokens, `width` features. The name is
     its identity for saved-tensor deduplication; `grad` says whether it depends
-    on an adapter (autograd saves for backward only what such tensors need)."""
+    on an adapter (autograd saves for backward only what such tensors need).
+    `transposed`: stored features-major (a conv's output flattened and transposed, never
+    made contiguous); an add keeps that layout, and a norm copies it contiguous first."""
 
     name: str
     rows: int
     width: int
     grad: bool = False
+    transposed: bool = False
 
 
 class Out(NamedTuple):
@@ -106,8 +113,10 @@ class SpecBuilder:
     def residual(self, kname: str, x: Act, y: Act, gated: bool = False) -> Act:
         """The residual stream after kernel `kname` added its output `y` into `x`
         (`gated`: y times a per-sample gate first)."""
-        self.passes(kname, ("pointwise", (GATED_RESIDUAL if gated else RESIDUAL) * self.nbytes(x)))
-        return Act(f"{kname}.res", x.rows, x.width, x.grad or y.grad)
+        n = self.nbytes(x)
+        scale = [("broadcast", SCALE * n)] if gated else []
+        self.passes(kname, *scale, ("transposed" if x.transposed else "pointwise", RESIDUAL * n))
+        return Act(f"{kname}.res", x.rows, x.width, x.grad or y.grad, x.transposed)
 
     def proj(self, kname: str, layer: int, x: Act, outs: Sequence[Out], *, bias: bool = True,
              norm_width: int = 0, extra_saves: Sequence[tuple[str, int]] = ()) -> list[Act]:
@@ -139,7 +148,7 @@ class SpecBuilder:
                 width = norm_width or out.features
                 weights.append(self.param(out.norm, (width,)))
                 rstd = x.rows * (out.features // width) * 4
-                passes.append(("rms_norm", NORM * self.nbytes(y)))
+                passes.append(("rms_norm" if width == out.features else "head_rms_norm", NORM * self.nbytes(y)))
                 if y.grad:
                     saves += [(y.name, self.nbytes(y)), (f"{y.name}.rstd", rstd)]
                 y = Act(f"{y.name}.normed", y.rows, y.width, y.grad)
@@ -172,7 +181,7 @@ class SpecBuilder:
         lse = b * heads * lq * 4
         saves = [(t.name, self.nbytes(t)) for t in (q, k, v, out)] + [(f"{kname}.lse", lse)] if out.grad else []
         io = sum(self.nbytes(t) for t in (q, k, v, out))
-        passes = [("pointwise", ONE_PASS * self.nbytes(t)) for t in (*copied, out)]
+        passes = [("pointwise", ONE_PASS * self.nbytes(t)) for t in copied] + [("head_copy", ONE_PASS * self.nbytes(out))]
         self.kernel(kname, layer, "attention", (), 4 * b * heads * lq * lk * head_dim, io, saves,
                     shape=(b * heads, lq, lk, head_dim), passes=passes)
         return out
@@ -188,8 +197,9 @@ class SpecBuilder:
         stats = (2 if layer_norm else 1) * x.rows * 4
         outs = [Act(f"{kname}.out{j}" if outputs > 1 else f"{kname}.out", x.rows, x.width, x.grad)
                 for j in range(outputs)]
-        passes = [("layer_norm" if layer_norm else "rms_norm", NORM * self.nbytes(x))]
-        passes += [("pointwise", MODULATE * self.nbytes(x))] * (outputs if modulated else 0)
+        contiguous = [("transposed_copy", ONE_PASS * self.nbytes(x))] if x.transposed else []
+        passes = [*contiguous, ("layer_norm" if layer_norm else "rms_norm", NORM * self.nbytes(x))]
+        passes += [("broadcast", MODULATE * self.nbytes(x))] * (outputs if modulated else 0)
         saves = [(x.name, self.nbytes(x)), (f"{kname}.stats", stats)] if x.grad else []
         io = self.nbytes(x) * (1 + outputs)
         self.kernel(kname, layer, "norm", names, 5 * x.rows * x.width * outputs, io, saves, passes=passes)

@@ -84,8 +84,8 @@ class Kernel:
     features), an attention core's (batch x heads, query length, key length,
     head dim); empty for memory-bound ops, whose time follows `io_bytes`.
     `passes` are the memory-bound passes it runs besides its core op (norms,
-    modulation, residual adds, GELU, copies; engine/models/builder.py counts
-    them): bytes moved, where `io_bytes` counts its activations in and out (what
+    modulation, gates, residual adds, GELU, copies; engine/models/builder.py counts
+    them, each by the kind of its cost per byte): bytes moved, where `io_bytes` counts its activations in and out (what
     is alive together) and its weights.
     """
 

@@ -27,7 +27,7 @@ def build(b: SpecBuilder, c: DitModelConfig) -> None:
     patch = prod(c.patch_size)
     # Conv3d with kernel = stride = patch: a matmul over patchified tokens.
     x_in = Act("video", bs * tok.video, c.in_channels * patch)
-    v = Act("patch_embedding.out", x_in.rows, d)
+    v = Act("patch_embedding.out", x_in.rows, d, transposed=True)  # flatten(2).transpose(1, 2): features-major
     w = b.param("patch_embedding.weight", (d, c.in_channels, *c.patch_size))
     bias = b.param("patch_embedding.bias", (d,))
     b.kernel("patch_embedding", -1, "linear", (w, bias), 2 * x_in.rows * d * x_in.width,
