@@ -5,7 +5,10 @@ it: an allocation that does not fit waits (FIFO, no overtaking) until frees
 make room. Frees are stream-ordered; the caller frees only once the kernels
 reading the evicted weight have completed. Activations are not capped here
 (the activation policy bounds them) but count toward device bytes, whose
-every change is recorded so the peak and the timeline are exact.
+every change is recorded so the timeline is exact. The peak is each arena's
+own high-water mark, summed: the executor's weight pool and torch's allocator
+(the saved activations) each keep the memory they reached, and `execute`
+measures each peak on its own.
 """
 from __future__ import annotations
 
@@ -24,7 +27,8 @@ class DevicePool:
         self.activation_bytes = 0
         self.waiting: deque[tuple[int, simpy.Event]] = deque()
         self.series: list[tuple[int, int]] = [(0, 0)]  # (time ns, device bytes) after each change
-        self.peak = 0
+        self.weight_peak = 0
+        self.activation_peak = 0
 
     def allocate(self, nbytes: int, what: str) -> simpy.Event | None:
         """Reserve `nbytes` for weight `what`: None if granted now, else an event
@@ -50,6 +54,7 @@ class DevicePool:
 
     def add_activation(self, nbytes: int) -> None:
         self.activation_bytes += nbytes
+        self.activation_peak = max(self.activation_peak, self.activation_bytes)
         self._record()
 
     def drop_activation(self, nbytes: int) -> None:
@@ -60,11 +65,17 @@ class DevicePool:
     def device_bytes(self) -> int:
         return self.weight_bytes + self.activation_bytes
 
+    @property
+    def peak(self) -> int:
+        """The weights' peak plus the saved activations' peak, each reached at its own instant."""
+        return self.weight_peak + self.activation_peak
+
     def _fits(self, nbytes: int) -> bool:
         return self.cap is None or self.weight_bytes + nbytes <= self.cap
 
     def _take(self, nbytes: int) -> None:
         self.weight_bytes += nbytes
+        self.weight_peak = max(self.weight_peak, self.weight_bytes)
         self._record()
 
     def _record(self) -> None:
@@ -74,5 +85,3 @@ class DevicePool:
             self.series[-1] = (now, total)  # one sample per instant; the peak still sees each change
         else:
             self.series.append((now, total))
-        if total > self.peak:
-            self.peak = total

@@ -19,8 +19,10 @@ state) unless said otherwise:
     h2d_bytes          bytes the last step's decisions copied host to device
                        (weight fetches and prefetches, activation restores)
     d2h_bytes          bytes the last step's decisions copied device to host (spills)
-    peak_device_bytes  the most weight + saved-activation bytes on the device at
-                       any instant of the whole run (a fit must hold in every step)
+    peak_device_bytes  the most weight bytes plus the most saved-activation bytes on
+                       the device over the whole run (a fit must hold in every step), each
+                       peak taken on its own: the weight pool and torch's allocator each
+                       keep the memory they reached, and `execute` measures each apart
     peak_process_bytes the whole device: peak_device_bytes + the transient activations
                        (a recorded module's measured peak of torch's allocations in a
                        step: activations, inputs and resident parameters, or a
@@ -162,8 +164,11 @@ def predict(launcher: Launcher, compute: ComputeStream, pool: DevicePool,
             h2d[step] += c.nbytes
     warm_h2d = h2d[first_warm:]
     transient = transient_bytes(launcher.trace)
-    # The device bytes the weights hold: on the vmm backend, its chunks (the conversion slack included).
-    held = pool.peak if launcher.chunks is None else max(pool.peak, launcher.chunks.peak_held * launcher.chunks.granule)
+    # The device bytes the weights hold at most: on the vmm backend, its chunks (the conversion slack
+    # included); beside them, the saved activations' own peak (the pool and torch's allocator each keep theirs).
+    weights = pool.weight_peak if launcher.chunks is None else \
+        max(pool.weight_peak, launcher.chunks.peak_held * launcher.chunks.granule)
+    held = weights + pool.activation_peak
     return {
         "step_ms": (t1 - t0) / NS_PER_MS,
         "first_step_ms": ends[0] / NS_PER_MS,

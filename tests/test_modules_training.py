@@ -285,3 +285,54 @@ def test_every_step_the_recorder_runs_computes_the_true_gradients():
     engine.record(model, {"input_ids": ids}, backend="cpu", loss_fn=loss_fn)
     assert len(seen) >= 2 * len(grads_ref)
     assert all(torch.equal(g, grads_ref[n]) for n, g in seen)
+
+
+class Projected(Net):
+    """Net between two frozen projections of other sizes than a block (as LTX-2's): the
+    weight pool's peak and the saved activations' peak fall at different kernels."""
+
+    def __init__(self):
+        super().__init__(n=8)
+        self.proj_in = nn.Linear(64, 64)
+        self.proj_out = nn.Linear(64, 192)
+        self.proj_in.requires_grad_(False)
+        self.proj_out.requires_grad_(False)
+
+    def forward(self, x):
+        return self.proj_out(super().forward(self.proj_in(x)))
+
+
+def test_the_simulated_training_step_decides_and_peaks_as_the_executed_one():
+    """The recorded training step simulated, then run by offload(training=True) on the CPU under
+    belady and priority: the same weight decisions, and the predicted device peak is the pool's
+    measured peak plus the saved activations' (all kept: the step's saved bytes), each arena's
+    peak on its own."""
+    from omegaconf import OmegaConf
+
+    from engine.config import ActivationsConfig, WeightsConfig, load_hardware
+    from sim import simulate
+
+    def build() -> Net:
+        torch.manual_seed(0)
+        return Projected()
+
+    trace = engine.record(build(), (X,), backend="cpu", loss_fn=lambda out: out.pow(2).mean())
+    saved = sum(s.nbytes for r in trace.records for s in r.saved)
+    block = sum(p.numel() * 4 for p in build().blocks[0].parameters() if not p.requires_grad)
+    budget_mb = 3.25 * block / 1e6
+    for eviction in ("belady", "priority"):
+        weights = OmegaConf.merge(OmegaConf.structured(WeightsConfig),
+                                  {"eviction": eviction, "lookahead": 2, "backend": "cpu"})
+        result = simulate(trace, weights, OmegaConf.structured(ActivationsConfig), load_hardware("h100_pcie5"),
+                          round(budget_mb * 1e6), 3, False)
+        net = build()
+        h = engine.offload(net, budget_mb=budget_mb, training=True, backend="cpu", example_inputs=(X,),
+                           eviction=eviction, lookahead=2)
+        for _ in range(3):
+            with h.step():
+                step(net, X)
+        pool_peak = max(r["weight_peak_device_bytes"] for r in h.telemetry())
+        executed = [(d.step, d.position, d.action, d.target) for d in h.executor.log]
+        h.remove()
+        assert executed == [(d.step, d.position, d.action, d.target) for d in result.decisions], eviction
+        assert result.prediction["peak_device_bytes"] == pool_peak + saved, eviction

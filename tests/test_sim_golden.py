@@ -110,6 +110,8 @@ def test_timeline_files(tmp_path: Path) -> None:
     for items in by_track.values():  # one span at a time per track
         assert all(a["ts"] + a["dur"] <= b["ts"] + 1e-9 for a, b in zip(items, items[1:]))
     counter = [e["args"]["bytes"] for e in events if e["ph"] == "C"]
-    assert max(counter) == result.prediction["peak_device_bytes"]
+    # The series is the device bytes at each instant; the peak adds the weights' and the saved
+    # activations' peaks, each reached at its own instant.
+    assert max(counter) == max(b for _, b in result.device_bytes) <= result.prediction["peak_device_bytes"]
     plot_timeline(result, tmp_path / "timeline.png")
     assert (tmp_path / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
