@@ -24,13 +24,12 @@ the device (header "host_syncs"; the simulator's host waits there for every kern
 launched before, each step). Each timed all-resident step of an inference is
 followed by one beside a stream of H2D copies, in turns so the device's drift falls
 on both: the module's own slowdown under copies (header
-"compute_slowdown_under_copy", which the simulator takes over the profile's), and
-where the host bounds the step, by one of the plain module, its weights bound and
-the hooks off, as offload runs a module whose weights all fit (header
-"plain_step_ns"; "plain_host_factor" takes the host times to that step, for the
-simulator where every weight is resident; where the GPU bounds the step, the hooks'
-host work hides behind it). A
-record's host time is spread over its block's launches (header "block_records"):
+"compute_slowdown_under_copy", which the simulator takes over the profile's).
+Where the host bounds the step, as many steps of the plain module follow, its
+weights bound once and the hooks off, as offload runs a module whose weights all
+fit (header "plain_step_ns"; "plain_host_factor" takes the host times to that
+step, for the simulator where every weight is resident; where the GPU bounds the
+step, the hooks' host work hides behind it). A record's host time is spread over its block's launches (header "block_records"):
 the simulator starts its GPU work with the first launch.
 
 A training step (`loss_fn` given: the module made streamable with training=True,
@@ -266,7 +265,8 @@ def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss
     these steps measure (`Pipelined`). Warm-up steps until WARMUP_NS (an inference's first:
     the `host_syncs` forward), then at least PIPELINED_STEPS and until PIPELINED_NS (each at
     most 10 x PIPELINED_STEPS steps). An inference whose last warm-up step the host bounded
-    (against `kernels_ns`, its kernels' time) also times the plain module after each step."""
+    (against `kernels_ns`, its kernels' time) then times as many steps of the plain module,
+    its weights bound once."""
     training = loss_fn is not None
     own = executor is None
     executor = resident_executor(streamed, backend, training) if own else executor
@@ -276,21 +276,20 @@ def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss
         streamed.hooks.recompute = lambda name: weights.mirror(index[name], f"{RECOMPUTE} {name}")
     cuda = streamed.device.type == "cuda"
 
-    def one_step(copies: Callable[[], None] | None = None, plain: bool = False) -> int:
+    def bound_step() -> int:
+        """A forward as offload runs a module whose weights all fit (KernelHooks.bound)."""
+        clock.synchronize()
+        start = clock.stamp()
+        with torch.no_grad(), executor.step(bound=True):
+            streamed.run()
+        end = clock.stamp()
+        clock.synchronize()
+        return clock.ns(start, end)
+
+    def one_step(copies: Callable[[], None] | None = None) -> int:
         clock.synchronize()  # the device's: a step beside copies ends with its copies
         if copies is not None:
             copies()
-        if plain:  # as offload runs a module whose weights all fit (KernelHooks.bound)
-            with ExitStack() as binding:
-                with executor.step():
-                    binding.enter_context(streamed.hooks.bound(executor))
-                clock.synchronize()
-                start = clock.stamp()
-                with torch.no_grad(), executor.step(bound=True):
-                    streamed.run()
-                end = clock.stamp()
-            clock.synchronize()
-            return clock.ns(start, end)
         start = clock.stamp()
         if training:
             for p in _trainable(streamed.module):
@@ -314,7 +313,7 @@ def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss
     try:
         times: list[int] = []
         beside: list[int] = []  # inference on CUDA: a step beside copies after each timed one
-        plain: list[int] = []  # inference: a step of the plain module after each timed one
+        plain: list[int] = []  # where the host bounds an inference: as many steps of the plain module
         copies, copies_bytes = None, 0
         warm, warm_ns, last_warm = 0, 0, 0
         syncs = None
@@ -334,15 +333,16 @@ def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss
                     copies = copy_stream_beside(last_warm, streamed.device)
                     copies_bytes = torch.cuda.memory_allocated(streamed.device) - held
                 torch.cuda.reset_peak_memory_stats(streamed.device)
-            if not times:
-                timing_plain = not training and host_bound(kernels_ns, last_warm)
-                if timing_plain:
-                    one_step(plain=True)  # its warm-up
             times.append(one_step())
             if copies is not None:  # in turns with the steps alone, so drift falls on both
                 beside.append(one_step(copies))
-            if timing_plain:
-                plain.append(one_step(plain=True))
+        if not training and host_bound(kernels_ns, last_warm):
+            # Bound once, as offload binds: binding before every step slows the step after it.
+            with ExitStack() as binding:
+                with executor.step():
+                    binding.enter_context(streamed.hooks.bound(executor))
+                bound_step()  # its warm-up
+                plain = [bound_step() for _ in times]
         peak = None
         if cuda:
             free, total = torch.cuda.mem_get_info(streamed.device)
