@@ -144,41 +144,50 @@ def fit_pass_cost(records: Sequence[KernelRecord], add_ns_per_byte: float | None
     move MIN_PASS_BYTES or more, by non-negative least squares on relative error. A kind
     neither covers costs `add_ns_per_byte` (the probe grid's largest add), or the
     pointwise kind's cost without a grid. None without either."""
-    import numpy as np
-
-    fitted: dict[str, float] = {}
-    if probed:
-        by_kind: dict[str, list[float]] = {}
-        for kind, _rows, _width, nbytes, ns, *_ in probed:
-            if kind in PASSES and nbytes >= MIN_PASS_BYTES and ns > 0:
-                by_kind.setdefault(kind, []).append(ns / nbytes)
-        fitted = {k: _med(v) for k, v in by_kind.items()}
-    else:
-        rows = []
-        for r in records:
-            moved = pass_bytes(r.passes)
-            if r.phase == "fwd" and r.op not in MATMUL_OPS and r.passes and r.compute_ns > 0 \
-                    and sum(moved.values()) >= MIN_PASS_BYTES:
-                rows.append([moved[k] / r.compute_ns for k in PASSES])
-        if not rows:
-            return None
-        a = np.array(rows)
-        y = np.ones(len(rows))
-        seen = [j for j in range(a.shape[1]) if a[:, j].any()]
-        best, best_err = None, float("inf")
-        for n in range(1, len(seen) + 1):  # the non-negative optimum is one subset's least squares
-            for cols in itertools.combinations(seen, n):
-                x, *_ = np.linalg.lstsq(a[:, cols], y, rcond=None)
-                err = float(np.sum((a[:, cols] @ x - y) ** 2))
-                if (x >= 0).all() and err < best_err:
-                    best, best_err = {c: float(v) for c, v in zip(cols, x)}, err
-        if best is None:
-            return None
-        fitted = {k: best.get(j, 0.0) for j, k in enumerate(PASSES) if j in seen}
+    fitted = _probed_rates(probed) if probed else _recorded_rates(records)
+    if fitted is None:
+        return None
     default = add_ns_per_byte if add_ns_per_byte is not None else fitted.get("pointwise")
     if default is None and len(fitted) < len(PASSES):
         return None
     return PassCost({k: round(fitted.get(k, default), 8) for k in PASSES})
+
+
+def _probed_rates(probed: Sequence[Sequence[Any]]) -> dict[str, float]:
+    """Each probed kind's median ns per byte over its points of MIN_PASS_BYTES or more."""
+    by_kind: dict[str, list[float]] = {}
+    for kind, _rows, _width, nbytes, ns, *_ in probed:
+        if kind in PASSES and nbytes >= MIN_PASS_BYTES and ns > 0:
+            by_kind.setdefault(kind, []).append(ns / nbytes)
+    return {k: _med(v) for k, v in by_kind.items()}
+
+
+def _recorded_rates(records: Sequence[KernelRecord]) -> dict[str, float] | None:
+    """Each kind's ns per byte that the recorded forward memory kernels of MIN_PASS_BYTES or
+    more ran at, by non-negative least squares on relative error (the kinds they run)."""
+    import numpy as np
+
+    rows = []
+    for r in records:
+        moved = pass_bytes(r.passes)
+        if r.phase == "fwd" and r.op not in MATMUL_OPS and r.passes and r.compute_ns > 0 \
+                and sum(moved.values()) >= MIN_PASS_BYTES:
+            rows.append([moved[k] / r.compute_ns for k in PASSES])
+    if not rows:
+        return None
+    a = np.array(rows)
+    y = np.ones(len(rows))
+    seen = [j for j in range(a.shape[1]) if a[:, j].any()]
+    best, best_err = None, float("inf")
+    for n in range(1, len(seen) + 1):  # the non-negative optimum is one subset's least squares
+        for cols in itertools.combinations(seen, n):
+            x, *_ = np.linalg.lstsq(a[:, cols], y, rcond=None)
+            err = float(np.sum((a[:, cols] @ x - y) ** 2))
+            if (x >= 0).all() and err < best_err:
+                best, best_err = {c: float(v) for c, v in zip(cols, x)}, err
+    if best is None:
+        return None
+    return {k: best.get(j, 0.0) for j, k in enumerate(PASSES) if j in seen}
 
 
 def fit_kernel_table(traces: Sequence[Trace], source: str, probes: Sequence[dict] = ()) -> KernelTable:
