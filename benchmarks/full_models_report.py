@@ -4,10 +4,12 @@
     python benchmarks/full_models_report.py hardware=h100_calibrated  # any engine override
     python benchmarks/full_models_report.py --recorded               # replay each model's recording
     python benchmarks/full_models_report.py --leave-one-out          # each model from the others' table
+    python benchmarks/full_models_report.py --measured data/traces/full/measured-2026-11-27.json
 
-Reads the GPU side (data/traces/full/measured.json, written from benchmarks/full_models.py),
-predicts every measured configuration with the CLI a user runs (one `-m` sweep per model,
-synthesized traces unless --recorded), and prints measured against predicted: the error of
+Reads the GPU side (--measured, default data/traces/full/measured.json; written from
+benchmarks/full_models.py), predicts every measured configuration with the CLI a user runs
+(one `-m` sweep per model and lookahead, each row at the lookahead it ran with; synthesized
+traces unless --recorded), and prints measured against predicted: the error of
 each, mean and max |error|, and whether the eviction the simulator ranks first at each budget
 is the one measured fastest.
 
@@ -55,20 +57,23 @@ def budget_arg(b: int | None) -> str:
 
 def predictions(model: str, workload: str, rows: list[dict], overrides: list[str], recorded: bool,
                 tmp: Path) -> dict:
-    budgets = sorted({budget_arg(r["budget_mb"]) for r in rows})
-    evictions = sorted({r["eviction"] for r in rows if r["eviction"] != "resident"})
+    """{(budget, eviction, lookahead): predicted ms} for `rows`, one sweep per lookahead."""
     trace = [f"trace={ROOT / 'data' / 'traces' / 'full' / RECORDINGS[model]}.jsonl.gz"] if recorded else []
-    sweep = tmp / model
-    subprocess.run([sys.executable, "-m", "engine", "-m", f"model={model}", f"workload={workload}",
-                    f"budget={','.join(budgets)}", f"weights.eviction={','.join(evictions)}", "sim.timeline=false",
-                    f"workload.steps={MEASURED_STEPS}",
-                    *trace, *overrides, f"hydra.sweep.dir={sweep}"], check=True, cwd=ROOT, capture_output=True)
     out = {}
-    for path in sweep.glob("*/report.json"):
-        r = json.loads(path.read_text())
-        b = r["config"]["budget_mb"]
-        key = (None, "resident") if b is None else (int(b), r["config"]["eviction"])
-        out[key] = r["prediction"]["mean_step_ms"]  # the warm steps, as execute's median of them
+    for la in sorted({r["lookahead"] for r in rows}):
+        at = [r for r in rows if r["lookahead"] == la]
+        budgets = sorted({budget_arg(r["budget_mb"]) for r in at})
+        evictions = sorted({r["eviction"] for r in rows if r["eviction"] != "resident"})
+        sweep = tmp / f"{model}-{la}"
+        subprocess.run([sys.executable, "-m", "engine", "-m", f"model={model}", f"workload={workload}",
+                        f"budget={','.join(budgets)}", f"weights.eviction={','.join(evictions)}",
+                        f"weights.lookahead={la}", "sim.timeline=false", f"workload.steps={MEASURED_STEPS}",
+                        *trace, *overrides, f"hydra.sweep.dir={sweep}"], check=True, cwd=ROOT, capture_output=True)
+        for path in sweep.glob("*/report.json"):
+            r = json.loads(path.read_text())
+            b = r["config"]["budget_mb"]
+            key = (None, "resident") if b is None else (int(b), r["config"]["eviction"])
+            out[(*key, la)] = r["prediction"]["mean_step_ms"]  # the warm steps, as execute's median of them
     return out
 
 
@@ -77,9 +82,10 @@ def main() -> None:
     ap.add_argument("--recorded", action="store_true", help="replay each model's recording (trace=)")
     ap.add_argument("--leave-one-out", action="store_true",
                     help="predict each model from a kernel table fitted without its recordings")
+    ap.add_argument("--measured", type=Path, default=MEASURED, help="the GPU's measurements (full_models.py's rows)")
     ap.add_argument("overrides", nargs="*", help="engine overrides, e.g. hardware=h100_calibrated")
     args = ap.parse_args()
-    data = json.loads(MEASURED.read_text())
+    data = json.loads(args.measured.read_text())
     by_model: dict[str, list[dict]] = {}
     for r in data["rows"]:
         by_model.setdefault(r["model"], []).append(r)
@@ -99,7 +105,7 @@ def main() -> None:
                 if key in seen:  # the resident step, run once per eviction of the sweep
                     continue
                 seen.add(key)
-                p = pred[key]
+                p = pred[(*key, r["lookahead"])]
                 err = (p / r["step_ms"] - 1) * 100
                 errors.append(abs(err))
                 print(f"| {model} | {r['budget_mb'] or 'all resident'} | {r['eviction']} | {r['step_ms']:.1f} | "
@@ -107,7 +113,7 @@ def main() -> None:
             for b in {r["budget_mb"] for r in rows if r["budget_mb"] is not None}:
                 at = [r for r in rows if r["budget_mb"] == b]
                 fastest = min(at, key=lambda r: r["step_ms"])["eviction"]
-                ranked += fastest == min(at, key=lambda r: pred[(b, r["eviction"])])["eviction"]
+                ranked += fastest == min(at, key=lambda r: pred[(b, r["eviction"], r["lookahead"])])["eviction"]
                 budgets += 1
     print(f"\n{len(errors)} configurations: mean |error| {statistics.mean(errors):.1f}%, max {max(errors):.1f}%; "
           f"the simulator's fastest eviction is the measured fastest at {ranked} of {budgets} budgets")
