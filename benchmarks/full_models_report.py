@@ -63,6 +63,7 @@ def predictions(model: str, workload: str, rows: list[dict], overrides: list[str
     for la in sorted({r["lookahead"] for r in rows}):
         at = [r for r in rows if r["lookahead"] == la]
         budgets = sorted({budget_arg(r["budget_mb"]) for r in at})
+        # every eviction of the model: a group of all-resident rows alone still names one
         evictions = sorted({r["eviction"] for r in rows if r["eviction"] != "resident"})
         sweep = tmp / f"{model}-{la}"
         subprocess.run([sys.executable, "-m", "engine", "-m", f"model={model}", f"workload={workload}",

@@ -158,7 +158,7 @@ def offload(module: nn.Module, *, budget_mb: float | None, example_inputs: Any =
                 executor = WeightExecutor(streamed.order, streamed.host, budget_bytes=budget,
                                           eviction=eviction, lookahead=lookahead, backend=backend)
                 if all_resident(budget, sum(streamed.order.sizes.values())):
-                    binding = bind(streamed, executor)
+                    binding = streamed.bind(executor)
         except BaseException as err:
             traceback.clear_frames(err.__traceback__)  # its frames hold views of the checkpoint's mapping
             streamed.remove()
@@ -171,16 +171,6 @@ def offload(module: nn.Module, *, budget_mb: float | None, example_inputs: Any =
     _wrap_forward(module, streamed, executor, binding is not None)
     return OffloadHandle(streamed, executor, trace, prediction, binding)
 
-
-def bind(streamed: StreamedModule, executor: WeightExecutor) -> ExitStack:
-    """Every weight fetched once by `executor` (none is evicted) and bound, the hooks off
-    (`KernelHooks.bound`) until the returned stack closes."""
-    stack = ExitStack()
-    with executor.step():
-        stack.enter_context(streamed.hooks.bound(executor))
-    if streamed.device.type == "cuda":
-        torch.cuda.synchronize(streamed.device)  # the copies landed before any stream reads them
-    return stack
 
 
 def _offload_training(module: nn.Module, budget_mb: float | None, example_inputs: Any, eviction: str,

@@ -29,8 +29,9 @@ Where the host bounds the step, as many steps of the plain module follow, its
 weights bound once and the hooks off, as offload runs a module whose weights all
 fit (header "plain_step_ns"; "plain_host_factor" takes the host times to that
 step, for the simulator where every weight is resident; where the GPU bounds the
-step, the hooks' host work hides behind it). A record's host time is spread over its block's launches (header "block_records"):
-the simulator starts its GPU work with the first launch.
+step, the hooks' host work hides behind it). A record's host time is spread over
+its block's launches (header "block_records"): the simulator starts its GPU work
+with the first launch.
 
 A training step (`loss_fn` given: the module made streamable with training=True,
 its adapters trainable) is recorded the same way over the training order (the
@@ -50,7 +51,7 @@ from __future__ import annotations
 import statistics
 import time
 import warnings
-from contextlib import ExitStack, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
@@ -338,9 +339,7 @@ def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss
                 beside.append(one_step(copies))
         if not training and host_bound(kernels_ns, last_warm):
             # Bound once, as offload binds: binding before every step slows the step after it.
-            with ExitStack() as binding:
-                with executor.step():
-                    binding.enter_context(streamed.hooks.bound(executor))
+            with streamed.bind(executor):
                 bound_step()  # its warm-up
                 plain = [bound_step() for _ in times]
         peak = None

@@ -14,14 +14,15 @@
    outside their kernel, which stay resident from then on;
 5. each kernel's weights packed into one span, one copy a fetch
    (engine/modules/packing.py);
-6. the hooks that stream each kernel from a source (the executor, or a timer).
+6. the hooks that stream each kernel from a source (the executor, or a timer);
+   `bind(executor)` instead binds every weight once and takes them off.
 """
 from __future__ import annotations
 
 import logging
 import time
 import traceback
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -29,7 +30,7 @@ import torch
 from torch import nn
 
 from engine.errors import ExecutorError, WeightFileError
-from engine.executor.runtime import host_registrar
+from engine.executor.runtime import WeightExecutor, host_registrar
 from engine.executor.sources import pageable_buffer, register_file
 from engine.modules.checkpoint import Checkpoint, module_weights, state_dict_name
 from engine.modules.hooks import KernelHooks, placeholder
@@ -220,6 +221,16 @@ class StreamedModule:
                                           "the module with its buffers on the CPU (only parameters on meta)")
                 else:
                     m._buffers[name] = b.to(device)
+
+    def bind(self, executor: WeightExecutor) -> ExitStack:
+        """Every weight fetched once by `executor` (one that evicts none) and bound, the hooks
+        off (`KernelHooks.bound`): the plain module's forward, until the returned stack closes."""
+        stack = ExitStack()
+        with executor.step():
+            stack.enter_context(self.hooks.bound(executor))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the copies landed before any stream reads them
+        return stack
 
     def run(self) -> Any:
         """One forward on the example inputs."""
