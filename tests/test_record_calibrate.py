@@ -282,6 +282,32 @@ def test_record_on_the_cpu_backend_probes_the_streamed_and_the_pipelined_step(ru
     assert trace.header["pipelined_step_ns"] > 0 and trace.header["host_scale"] == 1.0
 
 
+def test_idle_stream_host_times_each_kernels_fetch_and_launches_not_the_drain(monkeypatch) -> None:
+    """The recorder's host time per kernel: its fetch and the launches up to the next fetch,
+    never the wait for the device that each fetch ends with."""
+    import time
+
+    from engine.measure.probes import IdleStreamHost
+
+    now = [0]
+    monkeypatch.setattr(time, "perf_counter_ns", lambda: now[0])
+
+    class Source:
+        def fetch(self, i: int) -> dict:
+            now[0] += 10  # the fetch's own host work
+            return {}
+
+    class Clock:
+        def synchronize(self) -> None:
+            now[0] += 1000  # the device draining
+
+    idle = IdleStreamHost(Source(), Clock())
+    for i, launches in enumerate((5, 7, 3)):
+        idle.fetch(i)
+        now[0] += launches
+    assert idle.host_ns() == [15, 17, 13]
+
+
 def test_host_times_scale_to_the_pipelined_step_only_where_the_host_bounds_it() -> None:
     from engine.measure.timing import HOST_BOUND_STEP, host_scale
 

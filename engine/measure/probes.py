@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 import time
 from contextlib import ExitStack
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import torch
@@ -12,6 +13,7 @@ import torch
 from engine.executor.setup import forward_order, streamed_executor
 from engine.executor.training import StreamedWeights, train_order, train_step
 from engine.executor.vmm import CudaVmm
+from engine.gc_pause import paused_gc
 from engine.policy.chunks import CLASSES
 from engine.models import forward
 from engine.measure.clocks import Clock
@@ -23,14 +25,17 @@ PROBE_SIZES = (4096, 65536, MIB, 4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB)
 PROBE_BYTES = 1 << 30  # per size and direction: enough repeats to average out event resolution
 PROBE_REPEATS = 5
 PIPELINED_WARMUP, PIPELINED_STEPS, PIPELINED_NS = 5, 5, 500_000_000
+HOST_STEPS = 5  # forwards timing each kernel's host work on an idle stream
 
 PROBES_DOC = """header["probes"] (recorded traces; all times in ns):
     copies      [{dir: "h2d"|"d2h", nbytes, ns}]  pinned copies of one size back to back, ns per copy
     duplex      [{h2d_bytes, d2h_bytes, ns}]     one copy each way started together, ns until both landed
     alloc_ns    [int]                            host time of one pool allocation
     compute_under_copy  {alone_ns, with_copy_ns} the recorded step alone and beside a stream of H2D copies
-    host        {kernel_ns: [host ns per forward record, resident], backward_kernel_ns: [host ns of each
-                 forward record's backward] (training), resident_fetch_ns: median host ns of one
+    host        {kernel_ns: [host ns per forward record, resident: an inference's through the executor,
+                 each kernel launched onto an idle stream (resident_steps); a training step's, or a
+                 model that does not fit resident, between the stamped fetches], backward_kernel_ns:
+                 [host ns of each forward record's backward] (training), resident_fetch_ns: median host ns of one
                  resident fetch, fetch: [[copies issued, host ns] per fetch of a streamed forward]}
     weight_source, weight_gbps                   where the streamed forward's weights came from, and
                                                  its copies' bytes over their copy-engine time
@@ -109,15 +114,61 @@ def streamed_forward(spec: ModelSpec, wf: Any, inputs: Mapping[str, torch.Tensor
         return timed[0].by_kernel(), fetch, timed[0].alloc_ns
 
 
-def pipelined_step_ns(spec: ModelSpec, wf: Any, inputs: Mapping[str, torch.Tensor], cfg: Any, clock: Clock,
-                      lora: Mapping[str, torch.Tensor] | None = None) -> int:
-    """The median step through the executor with every weight resident (no budget, every
-    fetch a hit), steps back to back with the stream running free, as mode=execute runs
-    and times them (`lora`: a training step, its adapters updated as there): where the
-    host bounds the step, its length is the host's work, the executor's included.
-    PIPELINED_WARMUP steps (the first copies the weights in, and the host's lead banked
-    there carries a few steps), then at least PIPELINED_STEPS and until PIPELINED_NS of
-    host time have passed (a decode step is a few ms)."""
+class IdleStreamHost:
+    """A WeightSource wrapper that drains the device after each fetch, so each kernel's
+    launches meet an idle stream: `host_ns()` is each kernel's host work (its fetch and its
+    launches, perf_counter only) without the wait. A free-running stream cannot time the
+    host of a GPU-bound step (its host blocks on a full launch queue), and CUDA events
+    stamped around each kernel add their own host cost (about as much as a decode kernel's
+    launches on an H100 host)."""
+
+    def __init__(self, source: Any, clock: Clock):
+        self.source = source
+        self.clock = clock
+        self.work: list[int] = []
+        self._fetch_ns = 0
+        self._launched: int | None = None  # perf_counter_ns when the previous fetch's drain ended
+
+    def _close_kernel(self, now: int) -> None:
+        if self._launched is not None:
+            self.work.append(self._fetch_ns + now - self._launched)
+
+    def fetch(self, i: int) -> Mapping[str, torch.Tensor]:
+        t0 = time.perf_counter_ns()
+        self._close_kernel(t0)
+        out = self.source.fetch(i)
+        self._fetch_ns = time.perf_counter_ns() - t0
+        self.clock.synchronize()
+        self._launched = time.perf_counter_ns()
+        return out
+
+    def host_ns(self) -> list[int]:
+        """Host ns per kernel of the step; call after the forward returned."""
+        self._close_kernel(time.perf_counter_ns())
+        self._launched = None
+        return self.work
+
+
+@dataclass
+class ResidentSteps:
+    """What `resident_steps` measured."""
+
+    step_ns: int  # the median pipelined step
+    host_ns: list[int] | None  # inference: each kernel's host ns on an idle stream (IdleStreamHost), medians
+
+
+def resident_steps(spec: ModelSpec, wf: Any, inputs: Mapping[str, torch.Tensor], cfg: Any, clock: Clock,
+                   lora: Mapping[str, torch.Tensor] | None = None) -> ResidentSteps:
+    """Steps through the executor with every weight resident (no budget, every fetch a hit).
+
+    First the pipelined step: steps back to back with the stream running free, as
+    mode=execute runs and times them (`lora`: a training step, its adapters updated as
+    there); where the host bounds it, its length is the host's work, the executor's
+    included. PIPELINED_WARMUP steps (the first copies the weights in, and the host's lead
+    banked there carries a few steps), then at least PIPELINED_STEPS and until PIPELINED_NS
+    of host time have passed (a decode step is a few ms); the median. Then, for an
+    inference, HOST_STEPS forwards whose kernels each launch onto an idle stream
+    (IdleStreamHost): each kernel's median host time."""
     training = lora is not None
     order = forward_order(spec)
     w = cfg.weights
@@ -140,7 +191,17 @@ def pipelined_step_ns(spec: ModelSpec, wf: Any, inputs: Mapping[str, torch.Tenso
                     forward(spec, executor, inputs)
             stamps.append((start, clock.stamp()))
         clock.synchronize()
-        return round(statistics.median(clock.ns(a, b) for a, b in stamps[PIPELINED_WARMUP:]))
+        step_ns = round(statistics.median(clock.ns(a, b) for a, b in stamps[PIPELINED_WARMUP:]))
+        if training:
+            return ResidentSteps(step_ns, None)
+        rows = []
+        for _ in range(HOST_STEPS):
+            idle = IdleStreamHost(executor, clock)
+            with torch.no_grad(), executor.step(), paused_gc():
+                forward(spec, idle, inputs)
+                rows.append(idle.host_ns())
+            clock.synchronize()
+        return ResidentSteps(step_ns, [round(statistics.median(col)) for col in zip(*rows)])
 
 
 def _events_ns(fn: Callable[[], None], stream: torch.cuda.Stream) -> int:

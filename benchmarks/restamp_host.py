@@ -1,0 +1,155 @@
+"""Give recorded spec inference traces the executor's host time per kernel.
+
+    python benchmarks/restamp_host.py measure --models ltx,flux,wan14b,llama8b --out host.json  # CUDA
+    python benchmarks/restamp_host.py apply host.json data/traces/full/*-full.jsonl.gz            # any CPU
+
+Recordings made before the recorder timed the host on an idle stream (engine.measure.probes
+IdleStreamHost) carry the host time between CUDA events stamped around every kernel, which
+adds the events' own host cost to each kernel. `measure` writes each model's random weights
+(`mode=materialize`, into --dir), runs the recorder's all-resident steps on them
+(`resident_steps`: the pipelined step, then each kernel's host time on an idle stream) twice,
+and keeps the second (the first runs right after the weights were copied in), then deletes
+the weight file. `apply` puts those host times into traces of the same model and workload:
+the probe's `host.kernel_ns`, each forward record's `host_ns` (its op's median, scaled to
+the pipelined step where the host bounds it, as the recorder does), `pipelined_step_ns` and
+`host_scale`, every GPU-measured field untouched; header `host_restamped` says from where.
+Training traces are refused (the recorder times their host between stamps).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from contextlib import ExitStack
+from dataclasses import asdict, replace
+from pathlib import Path
+from types import SimpleNamespace
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from engine.trace import Trace, read_trace, write_trace  # noqa: E402
+
+WORKLOADS = {"llama8b": "decode"}
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def measure(models: list[str], weight_dir: Path, out: Path) -> None:
+    """Each model's host times (module docstring) into `out`, a JSON file kept across calls."""
+    import torch
+    from hydra import compose, initialize_config_dir
+
+    from engine.config import register
+    from engine.executor.setup import device_name, open_weight_file
+    from engine.measure.clocks import clock_for
+    from engine.measure.probes import resident_steps
+    from engine.models import build_spec, make_inputs
+
+    register()
+    result = json.loads(out.read_text()) if out.exists() else {}
+    # On a machine without CUDA, the cpu backend (a check of this script, not a measurement).
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    backend = [] if device.type == "cuda" else ["weights.backend=cpu"]
+    for model in models:
+        workload = WORKLOADS.get(model, "infer")
+        path = weight_dir / f"host-{model}.ptd"
+        try:
+            log(f"{model}: materialize")
+            subprocess.run([sys.executable, "-m", "engine", f"model={model}", f"workload={workload}",
+                            "mode=materialize", f"out={path}", f"hydra.run.dir={out.parent / (model + '-materialize')}"],
+                           check=True, cwd=ROOT)
+            with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+                cfg = compose("config", overrides=[f"model={model}", f"workload={workload}", f"weights.file={path}",
+                                                   "weights.lookahead=2", *backend])
+            spec = build_spec(cfg.model, cfg.workload)
+            clock = clock_for(device)
+            runs = []
+            with ExitStack() as stack:
+                wf = open_weight_file(cfg, spec, stack)
+                inputs = make_inputs(spec, cfg.workload, device, seed=cfg.seed)
+                for _ in range(2):
+                    r = resident_steps(spec, wf, inputs, cfg, clock)
+                    runs.append({"pipelined_step_ns": r.step_ns, "kernel_ns": r.host_ns})
+                    log(f"{model}: pipelined step {r.step_ns / 1e6:.2f} ms, host {sum(r.host_ns) / 1e6:.2f} ms "
+                        f"over {len(r.host_ns)} kernels")
+            result[model] = {"workload": workload, "device": device_name(device), "torch": torch.__version__,
+                             "date": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
+                             "kernels": [k.name for k in spec.kernels], "first": runs[0], **runs[1]}
+            out.write_text(json.dumps(result))
+        finally:
+            path.unlink(missing_ok=True)
+    print("\n| model | pipelined step ms (1st / 2nd) | host sum ms (1st / 2nd) |")
+    print("|---|---|---|")
+    for model, m in result.items():
+        f = m["first"]
+        print(f"| {model} | {f['pipelined_step_ns'] / 1e6:.2f} / {m['pipelined_step_ns'] / 1e6:.2f} | "
+              f"{sum(f['kernel_ns']) / 1e6:.2f} / {sum(m['kernel_ns']) / 1e6:.2f} |")
+
+
+def restamped(trace: Trace, m: dict, source: str) -> Trace:
+    """`trace` with the host times of `m` (one model's entry of a `measure` file)."""
+    from engine.measure.timing import host_scale, op_host_ns
+    from engine.models import available_models, build_spec, load_model_config
+
+    h = trace.header
+    forward = [r for r in trace.records if r.phase == "fwd"]
+    if len(forward) != len(trace.records):
+        raise SystemExit(f"{h.get('model')}: a training trace; its host times are the stamped steps', "
+                         "record it again to change them")
+    if [r.name for r in forward] != m["kernels"]:
+        raise SystemExit(f"{h.get('model')}: the measured kernels are not the trace's; measure the trace's model "
+                         "and workload")
+    by_name = {load_model_config(stem).name: stem for stem in available_models()}
+    cfg = asdict(load_model_config(by_name[h["model"]]))
+    spec = build_spec({**cfg, "num_layers": h["num_layers"]}, SimpleNamespace(**h["workload"]))
+    host = m["kernel_ns"]
+    scale = host_scale(spec, SimpleNamespace(step_ns=h["step_ns"], host_ns=host, backward_host_ns=None),
+                       m["pipelined_step_ns"])
+    by_op = op_host_ns(spec, host)
+    records = tuple(replace(r, host_ns=round(by_op[k.op] * scale)) for r, k in zip(trace.records, spec.kernels))
+    probes = {**h["probes"], "host": {**h["probes"]["host"], "kernel_ns": host}}
+    header = {**h, "probes": probes, "pipelined_step_ns": m["pipelined_step_ns"], "host_scale": round(scale, 6),
+              "host_restamped": f"{source}: {m['device']}, {m['date']} (benchmarks/restamp_host.py)"}
+    return Trace(header, trace.weight_sizes, records)
+
+
+def apply(measured: Path, paths: list[Path]) -> None:
+    data = json.loads(measured.read_text())
+    for path in paths:
+        trace = read_trace(path)
+        names = [r.name for r in trace.records if r.phase == "fwd"]
+        entry = next((m for m in data.values() if m["kernels"] == names), None)
+        if entry is None:
+            print(f"{path}: no measured model has its kernels; left as it was")
+            continue
+        new = restamped(trace, entry, measured.name)
+        write_trace(path, new)
+        old_sum = sum(r.host_ns for r in trace.records) / 1e6
+        print(f"{path}: host {old_sum:.2f} -> {sum(r.host_ns for r in new.records) / 1e6:.2f} ms a step, "
+              f"host_scale {new.header['host_scale']}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("measure")
+    m.add_argument("--models", default="ltx,flux,wan14b,llama8b")
+    m.add_argument("--dir", default="/dev/shm")
+    m.add_argument("--out", required=True)
+    a = sub.add_parser("apply")
+    a.add_argument("measured")
+    a.add_argument("traces", nargs="+")
+    args = ap.parse_args()
+    if args.cmd == "measure":
+        measure(args.models.split(","), Path(args.dir), Path(args.out))
+    else:
+        apply(Path(args.measured), [Path(p) for p in args.traces])
+
+
+if __name__ == "__main__":
+    main()
