@@ -26,8 +26,8 @@ PROBE_BYTES = 1 << 30  # per size and direction: enough repeats to average out e
 PROBE_REPEATS = 5
 PIPELINED_WARMUP, PIPELINED_STEPS, PIPELINED_NS, PIPELINED_MAX = 5, 5, 3_000_000_000, 200
 # The pipelined step: this quantile of the timed steps. A lent host's pace alternates between a
-# fast and a slow phase lasting seconds, from outside the process (spec Llama decode, all
-# resident: 15 and 28 ms), and interference only slows it: the fast phase is the host's own.
+# fast and a slow phase lasting seconds, from outside the process (docs/DESIGN.md), and
+# interference only slows it: the fast phase is the host's own.
 PIPELINED_QUANTILE = 0.2
 HOST_STEPS = 5  # forwards timing each kernel's host work on an idle stream
 

@@ -263,7 +263,7 @@ def host_bound(kernels_ns: int, pipelined_ns: int) -> bool:
 
 def host_scale(spec: ModelSpec, timing: StepTiming, pipelined_ns: int | None) -> float:
     """The factor on the recorded host times that makes them sum to the pipelined step
-    (`probes.pipelined_step_ns`) where the host bounds it: the executor's work per kernel
+    (`probes.resident_steps`) where the host bounds it: the executor's work per kernel
     and a host running unhindered by a held stream are in that step, not in the times
     taken kernel by kernel. 1 where the GPU bounds it, or nothing was pipelined."""
     if pipelined_ns is None or not host_bound(timing.step_ns, pipelined_ns):
