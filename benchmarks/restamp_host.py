@@ -1,4 +1,5 @@
-"""Give recorded spec inference traces the executor's host time per kernel.
+"""Give recorded spec inference traces the executor's host time per kernel, and their
+compute's pace under sustained load and beside copies.
 
     python benchmarks/restamp_host.py measure --models ltx,flux,wan14b,llama8b --out host.json  # CUDA
     python benchmarks/restamp_host.py apply host.json data/traces/full/*-full.jsonl.gz            # any CPU
@@ -13,7 +14,10 @@ interference it does not report, and only drops, so `apply` takes the run whose 
 step is the shorter. `apply` puts those host times into traces of the same model and workload:
 the probe's `host.kernel_ns`, each forward record's `host_ns` (its op's median, scaled to
 the pipelined step where the host bounds it, as the recorder does), `pipelined_step_ns` and
-`host_scale`, every GPU-measured field untouched; header `host_restamped` says from where.
+`host_scale`; where the run measured them (the recorder since 2026-11-27), the pipelined
+step alone and beside H2D copies (`compute_under_copy`, `compute_slowdown_under_copy`) and,
+GPU-bound, `compute_sustained_slowdown` (the pipelined step over the held one); every
+kernel's recorded time untouched; header `host_restamped` says from where.
 Training traces are refused (the recorder times their host between stamps).
 """
 from __future__ import annotations
@@ -75,26 +79,31 @@ def measure(models: list[str], weight_dir: Path, out: Path) -> None:
                 inputs = make_inputs(spec, cfg.workload, device, seed=cfg.seed)
                 for _ in range(2):
                     r = resident_steps(spec, wf, inputs, cfg, clock)
-                    runs.append({"pipelined_step_ns": r.step_ns, "kernel_ns": r.host_ns})
+                    runs.append({"pipelined_step_ns": r.step_ns, "kernel_ns": r.host_ns, "under_copy": r.under_copy})
+                    beside = (f", alone / beside copies {r.under_copy[0] / 1e6:.2f} / {r.under_copy[1] / 1e6:.2f} ms"
+                              if r.under_copy else "")
                     log(f"{model}: pipelined step {r.step_ns / 1e6:.2f} ms, host {sum(r.host_ns) / 1e6:.2f} ms "
-                        f"over {len(r.host_ns)} kernels")
+                        f"over {len(r.host_ns)} kernels{beside}")
             result[model] = {"workload": workload, "device": device_name(device), "torch": torch.__version__,
                              "date": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
                              "kernels": [k.name for k in spec.kernels], "runs": runs}
             out.write_text(json.dumps(result))
         finally:
             path.unlink(missing_ok=True)
-    print("\n| model | pipelined step ms (1st / 2nd) | host sum ms (1st / 2nd) |")
-    print("|---|---|---|")
+    print("\n| model | pipelined step ms (1st / 2nd) | host sum ms (1st / 2nd) | alone / beside copies ms |")
+    print("|---|---|---|---|")
     for model, m in result.items():
         steps = " / ".join(f"{r['pipelined_step_ns'] / 1e6:.2f}" for r in m["runs"])
         host = " / ".join(f"{sum(r['kernel_ns']) / 1e6:.2f}" for r in m["runs"])
-        print(f"| {model} | {steps} | {host} |")
+        beside = ", ".join(f"{r['under_copy'][0] / 1e6:.2f} / {r['under_copy'][1] / 1e6:.2f}"
+                           for r in m["runs"] if r.get("under_copy"))
+        print(f"| {model} | {steps} | {host} | {beside or '-'} |")
 
 
 def restamped(trace: Trace, m: dict, source: str) -> Trace:
     """`trace` with the host times of `m` (one model's entry of a `measure` file)."""
-    from engine.measure.timing import host_scale, op_host_ns
+    from engine.compute import slowdown_under_copy, sustained_slowdown
+    from engine.measure.timing import host_bound, host_scale, op_host_ns
     from engine.models import available_models, build_spec, load_model_config
 
     h = trace.header
@@ -117,6 +126,11 @@ def restamped(trace: Trace, m: dict, source: str) -> Trace:
     probes = {**h["probes"], "host": {**h["probes"]["host"], "kernel_ns": host}}
     header = {**h, "probes": probes, "pipelined_step_ns": run["pipelined_step_ns"], "host_scale": round(scale, 6),
               "host_restamped": f"{source}: {m['device']}, {m['date']} (benchmarks/restamp_host.py)"}
+    if run.get("under_copy") and not host_bound(h["step_ns"], run["pipelined_step_ns"]):
+        alone, beside = run["under_copy"]  # as the recorder writes them (engine/modes/record.py)
+        probes["compute_under_copy"] = {"alone_ns": alone, "with_copy_ns": beside}
+        header["compute_slowdown_under_copy"] = round(slowdown_under_copy(alone, beside), 4)
+        header["compute_sustained_slowdown"] = round(sustained_slowdown(h["step_ns"], run["pipelined_step_ns"]), 4)
     return Trace(header, trace.weight_sizes, records)
 
 

@@ -23,6 +23,9 @@ each trace; with several traces, the median over them):
                             streamed fetch's fixed part a beyond a resident fetch
     compute_slowdown_under_copy   the recorded step beside a stream of H2D copies over
                             its time alone, minus 1 (never below 0)
+    compute_sustained_slowdown    median of the GPU-bound recordings' own (header
+                            "compute_sustained_slowdown": the pipelined step over the held one,
+                            minus 1); the base profile's where none has it
     matmul_tflops, hbm_gbps achieved rates of the recorded kernels: FLOPs over time of
                             compute-bound records (>= RIDGE FLOP/byte), bytes over time of
                             weightless memory-bound ones (the roofline, for kernels without a shape)
@@ -34,7 +37,7 @@ each trace; with several traces, the median over them):
                             beside the profile as NAME.kernels.json
 
 Fields nothing measures (pageable and unregistered-mmap rates, device memory,
-launch queue depth) are the base profile's, and the `source` line says so.
+launch queue depth, the sustained-load window) are the base profile's, and the `source` line says so.
 """
 from __future__ import annotations
 
@@ -58,12 +61,14 @@ MIN_PASS_BYTES = 1 << 24  # smaller memory kernels wait on the host's launches, 
 RIDGE = 100.0  # FLOP per byte above which a kernel counts as compute-bound
 LARGE_COPY = 64 * MIB
 FITTED = ("h2d_gbps", "d2h_gbps", "duplex_gbps", "small_copy_mib", "small_copy_gbps", "mmap_registered_gbps",
-          "alloc_us", "fetch_host_us", "kernel_launch_us", "compute_slowdown_under_copy", "matmul_tflops",
-          "hbm_gbps", "kernel_table", "vmm_granule_bytes", "vmm_map_us", "vmm_unmap_us", "vmm_create_us", "vmm_release_us")
+          "alloc_us", "fetch_host_us", "kernel_launch_us", "compute_slowdown_under_copy",
+          "compute_sustained_slowdown", "matmul_tflops", "hbm_gbps", "kernel_table", "vmm_granule_bytes",
+          "vmm_map_us", "vmm_unmap_us", "vmm_create_us", "vmm_release_us")
 PROFILE_FIELDS = ("name", "source", "device_memory_mb", "h2d_gbps", "d2h_gbps", "duplex_gbps", "pageable_gbps",
                   "mmap_gbps", "mmap_registered_gbps", "small_copy_mib", "small_copy_gbps", "matmul_tflops",
                   "hbm_gbps", "kernel_table", "kernel_launch_us", "fetch_host_us", "alloc_us", "launch_queue_depth",
-                  "compute_slowdown_under_copy", "context_mb", "vmm_granule_bytes", "vmm_map_us",
+                  "compute_slowdown_under_copy", "compute_sustained_slowdown", "sustained_window_ms",
+                  "context_mb", "vmm_granule_bytes", "vmm_map_us",
                   "vmm_unmap_us", "vmm_create_us", "vmm_release_us")
 
 
@@ -281,6 +286,9 @@ def fit_profile(traces: Sequence[Trace], base: Any, name: str, names: Sequence[s
         kernel_launch_us=round(launch_ns / 1e3, 3),
         compute_slowdown_under_copy=round(slowdown, 4),
     )
+    sustained = [float(t.header["compute_sustained_slowdown"]) for t in traces if "compute_sustained_slowdown" in t.header]
+    if sustained:
+        profile["compute_sustained_slowdown"] = round(_med(sustained), 4)
     profile["mmap_registered_gbps"] = round(h2d_gbps, 3)
     if registered:
         profile["mmap_registered_gbps"] = max(profile["mmap_registered_gbps"], round(
@@ -301,7 +309,7 @@ def fit_profile(traces: Sequence[Trace], base: Any, name: str, names: Sequence[s
     profile["source"] = (f"calibrated {datetime.now(timezone.utc).date()} by mode=calibrate from "
                          f"{len(traces)} recorded trace(s) ({', '.join(names) or 'unnamed'}; {', '.join(devices)}, "
                          f"recorded {dates[0]}..{dates[-1]}); fitted: {', '.join(FITTED)}; pageable_gbps, "
-                         f"mmap_gbps, device_memory_mb and launch_queue_depth from {_base(base, 'name')}")
+                         f"mmap_gbps, device_memory_mb, launch_queue_depth and sustained_window_ms from {_base(base, 'name')}")
     return profile
 
 

@@ -186,6 +186,13 @@ def slowdown_under_copy(alone_ns: float, with_copy_ns: float) -> float:
     return max(0.0, with_copy_ns / alone_ns - 1)
 
 
+def sustained_slowdown(held_ns: float, pipelined_ns: float) -> float:
+    """How much longer a GPU-bound step runs back to back (the pipelined step, the clocks
+    under sustained load) than held alone (its kernels' recorded pace); 0 where not longer
+    (a recording's header "compute_sustained_slowdown", the profile's fit)."""
+    return max(0.0, pipelined_ns / held_ns - 1)
+
+
 def unblocked_sum(host_ns: Sequence[int]) -> int:
     """The host's own work in `host_ns` (one time per kernel): each time over BLOCKED x
     the median, where the host sat blocked on a full launch queue, counted as the median."""

@@ -54,6 +54,10 @@ class HardwareConfig:
     alloc_us: float = 2.0  # pool allocation latency
     launch_queue_depth: int = 1024  # kernels the host may run ahead of the GPU
     compute_slowdown_under_copy: float = 0.0  # fraction compute slows while copies run
+    # Fraction compute runs slower than its recorded kernels under sustained load (the clocks
+    # under the power limit), at a duty of 1; the duty is the busy share over sustained_window_ms.
+    compute_sustained_slowdown: float = 0.0
+    sustained_window_ms: float = 500.0
     # Device memory a process holds outside its tensors: the CUDA context, library handles
     # and workspaces (benchmarks/context_memory.py measures it).
     context_mb: float = 0.0
@@ -214,7 +218,8 @@ def _check_finite(node: Any, key: str) -> None:
 
 # Hardware profile fields that divide or scale time: each must be > 0.
 _POSITIVE_HARDWARE = ("device_memory_mb", "h2d_gbps", "d2h_gbps", "duplex_gbps", "pageable_gbps", "mmap_gbps",
-                      "mmap_registered_gbps", "matmul_tflops", "hbm_gbps", "launch_queue_depth")
+                      "mmap_registered_gbps", "matmul_tflops", "hbm_gbps", "launch_queue_depth",
+                      "sustained_window_ms")
 _NON_NEGATIVE_HARDWARE = ("kernel_launch_us", "fetch_host_us", "alloc_us", "context_mb")
 
 
@@ -231,9 +236,9 @@ def check_hardware(hw: DictConfig) -> None:
     for key in _NON_NEGATIVE_HARDWARE:
         if hw[key] < 0:
             raise ConfigError(f"hardware.{key}={hw[key]} is negative; fix the profile {name}")
-    if not 0 <= hw.compute_slowdown_under_copy < 1:
-        raise ConfigError(f"hardware.compute_slowdown_under_copy={hw.compute_slowdown_under_copy} must be in "
-                          f"[0, 1); fix the profile {name}")
+    for key in ("compute_slowdown_under_copy", "compute_sustained_slowdown"):
+        if not 0 <= hw[key] < 1:
+            raise ConfigError(f"hardware.{key}={hw[key]} must be in [0, 1); fix the profile {name}")
     mib, gbps = list(hw.small_copy_mib), list(hw.small_copy_gbps)
     if len(mib) != len(gbps):
         raise ConfigError(f"hardware.small_copy_mib has {len(mib)} sizes and small_copy_gbps {len(gbps)} rates; "

@@ -375,10 +375,11 @@ def check_trace(trace: Trace) -> None:
     saved_names: set[str] = set()
     saver: dict[str, int] = {}  # saved name -> index of its forward record
     needed: set[str] = set()
-    slowdown = trace.header.get("compute_slowdown_under_copy", 0.0)
-    if isinstance(slowdown, bool) or not isinstance(slowdown, (int, float)) or not 0 <= slowdown < 10:
-        raise TraceError('line 1: header "compute_slowdown_under_copy" must be a number from 0 (no slowdown) '
-                         "to under 10; fix it or remove the key")
+    for key in ("compute_slowdown_under_copy", "compute_sustained_slowdown"):
+        slowdown = trace.header.get(key, 0.0)
+        if isinstance(slowdown, bool) or not isinstance(slowdown, (int, float)) or not 0 <= slowdown < 10:
+            raise TraceError(f'line 1: header "{key}" must be a number from 0 (no slowdown) '
+                             "to under 10; fix it or remove the key")
     syncs = trace.header.get("host_syncs", [])
     if not (isinstance(syncs, list) and all(_is_int(p) and 0 <= p < len(trace.records) for p in syncs)):
         raise TraceError('line 1: header "host_syncs" must list record positions (integers from 0 to '

@@ -114,6 +114,8 @@ class PcieLink:
         self.efficiency = SmallCopyEfficiency(hardware)
         self.dirs = {H2D: _Direction(H2D), D2H: _Direction(D2H)}
         self.log = log
+        self.watchers: list[Callable[[], None]] = []  # called when `busy` turns on or off
+        self._was_busy = False
 
     def copy(self, direction: str, label: str, nbytes: int, gbps: float,
              gate: simpy.Event | None = None, on_start: Callable[[], None] | None = None,
@@ -133,6 +135,12 @@ class PcieLink:
     @property
     def busy(self) -> bool:
         return self.dirs[H2D].active is not None or self.dirs[D2H].active is not None
+
+    def _busy_changed(self) -> None:
+        if self.busy != self._was_busy:
+            self._was_busy = not self._was_busy
+            for fn in self.watchers:
+                fn()
 
     def _other(self, d: _Direction) -> _Direction:
         return self.dirs[D2H] if d.name == H2D else self.dirs[H2D]
@@ -172,6 +180,7 @@ class PcieLink:
             head.on_start()
         self._rerate(d, force=True)
         self._rerate(self._other(d), force=False)
+        self._busy_changed()
 
     def _ungate(self, d: _Direction, stream: str) -> None:
         d.gated.discard(stream)
@@ -208,3 +217,4 @@ class PcieLink:
         c.done.succeed()
         self._rerate(self._other(d), force=False)
         self._start_next(d)
+        self._busy_changed()

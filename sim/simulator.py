@@ -18,7 +18,7 @@ from engine.policy.placement import Placement, place, residency
 from engine.policy.weights import all_resident
 from engine.trace import Trace
 from sim.activations import SavedActivations
-from sim.compute import ComputeStream
+from sim.compute import ComputeStream, trace_sustained_slowdown
 from sim.launcher import Launcher
 from sim.link import PcieLink, source_gbps
 from sim.prediction import predict, step_ends
@@ -113,7 +113,8 @@ def drive(trace: Trace, weights: WeightPolicy, activations: ActivationPolicy | N
         pool.allocate(placement.resident_bytes, "the weights resident for the run")
     # A recording that measured its own slowdown under copies carries it (engine/modules/record.py).
     slowdown = trace.header.get("compute_slowdown_under_copy", hardware.compute_slowdown_under_copy)
-    compute = ComputeStream(env, link, float(slowdown), log)
+    compute = ComputeStream(env, link, float(slowdown), log, trace_sustained_slowdown(trace.header, hardware),
+                            float(hardware.sustained_window_ms) * 1e6)
     launcher = Launcher(env, trace, weights, activations, link, pool, compute, hardware, weight_gbps, steps, log,
                         placement=placement)
     if any(r.saved for r in trace.records):

@@ -30,12 +30,18 @@ PIPELINED_WARMUP, PIPELINED_STEPS, PIPELINED_NS, PIPELINED_MAX = 5, 5, 3_000_000
 # interference only slows it: the fast phase is the host's own.
 PIPELINED_QUANTILE = 0.2
 HOST_STEPS = 5  # forwards timing each kernel's host work on an idle stream
+# The slowdown beside copies at the pipelined pace: BESIDE_ROUNDS rounds of BESIDE_STEPS steps
+# alone, then as many beside H2D copies, so both see the same clocks (which sag under load).
+BESIDE_ROUNDS, BESIDE_STEPS = 3, 3
+BESIDE_GBPS = 50.0  # copies for this long a window at about the link's rate: it ends under them
 
 PROBES_DOC = """header["probes"] (recorded traces; all times in ns):
     copies      [{dir: "h2d"|"d2h", nbytes, ns}]  pinned copies of one size back to back, ns per copy
     duplex      [{h2d_bytes, d2h_bytes, ns}]     one copy each way started together, ns until both landed
     alloc_ns    [int]                            host time of one pool allocation
-    compute_under_copy  {alone_ns, with_copy_ns} the recorded step alone and beside a stream of H2D copies
+    compute_under_copy  {alone_ns, with_copy_ns} the step alone and beside a stream of H2D copies: the
+                 pipelined step, windows of each in turn (resident_steps), where every weight fits;
+                 else the held step, first alone, then beside
     host        {kernel_ns: [host ns per forward record, resident: an inference's through the executor,
                  each kernel launched onto an idle stream (resident_steps); a training step's, or a
                  model that does not fit resident, between the stamped fetches], backward_kernel_ns:
@@ -159,6 +165,8 @@ class ResidentSteps:
 
     step_ns: int  # the pipelined step (PIPELINED_QUANTILE of the timed steps)
     host_ns: list[int] | None  # inference: each kernel's host ns on an idle stream (IdleStreamHost), medians
+    # inference on CUDA: the pipelined step's median alone and beside H2D copies (alone_ns, with_copy_ns)
+    under_copy: tuple[int, int] | None = None
 
 
 def resident_steps(spec: ModelSpec, wf: Any, inputs: Mapping[str, torch.Tensor], cfg: Any, clock: Clock,
@@ -171,8 +179,9 @@ def resident_steps(spec: ModelSpec, wf: Any, inputs: Mapping[str, torch.Tensor],
     included. PIPELINED_WARMUP steps (the first copies the weights in, and the host's lead
     banked there carries a few steps), then at least PIPELINED_STEPS and until PIPELINED_NS
     of host time have passed (a decode step is a few ms; at most PIPELINED_MAX);
-    PIPELINED_QUANTILE of them. Then, for an
-    inference, HOST_STEPS forwards whose kernels each launch onto an idle stream
+    PIPELINED_QUANTILE of them. Then, for an inference: on CUDA, the pipelined step
+    alone and beside a stream of H2D copies (BESIDE_ROUNDS rounds of a window of each);
+    and HOST_STEPS forwards whose kernels each launch onto an idle stream
     (IdleStreamHost): each kernel's median host time."""
     training = lora is not None
     order = forward_order(spec)
@@ -200,6 +209,26 @@ def resident_steps(spec: ModelSpec, wf: Any, inputs: Mapping[str, torch.Tensor],
         step_ns = timed[int(PIPELINED_QUANTILE * len(timed))]
         if training:
             return ResidentSteps(step_ns, None)
+
+        def window() -> list[int]:
+            marks = []
+            for _ in range(BESIDE_STEPS):
+                start = clock.stamp()
+                with torch.no_grad(), executor.step():
+                    forward(spec, executor, inputs)
+                marks.append((start, clock.stamp()))
+            clock.synchronize()  # the copies too
+            return [clock.ns(a, b) for a, b in marks]
+
+        under_copy = None
+        if clock.device.type == "cuda":
+            copies = copy_stream_beside(BESIDE_STEPS * step_ns, clock.device, BESIDE_GBPS)
+            alone, beside = [], []
+            for _ in range(BESIDE_ROUNDS):
+                alone += window()
+                copies()
+                beside += window()
+            under_copy = (round(statistics.median(alone)), round(statistics.median(beside)))
         rows = []
         for _ in range(HOST_STEPS):
             idle = IdleStreamHost(executor, clock)
@@ -207,7 +236,7 @@ def resident_steps(spec: ModelSpec, wf: Any, inputs: Mapping[str, torch.Tensor],
                 forward(spec, idle, inputs)
                 rows.append(idle.host_ns())
             clock.synchronize()
-        return ResidentSteps(step_ns, [round(statistics.median(col)) for col in zip(*rows)])
+        return ResidentSteps(step_ns, [round(statistics.median(col)) for col in zip(*rows)], under_copy)
 
 
 def _events_ns(fn: Callable[[], None], stream: torch.cuda.Stream) -> int:
@@ -300,14 +329,15 @@ def probe_vmm(device: torch.device) -> dict:
             "by_class": by_class}
 
 
-def copy_stream_beside(alone_ns: int, device: torch.device) -> Callable[[], None]:
-    """For time_steps(beside=...): H2D copies on a side stream from the step's start,
-    enough to outlast it at ~60 GB/s with margin."""
+def copy_stream_beside(alone_ns: int, device: torch.device, gbps: float = 90.0) -> Callable[[], None]:
+    """H2D copies on a side stream from when the work queued so far has run (time_steps'
+    beside=..., after the hold): `alone_ns` of them at `gbps` (the default outlasts a
+    step at the link's rate)."""
     chunk = 256 * MIB
     host = torch.empty(chunk, dtype=torch.uint8, pin_memory=True).fill_(1)
     dev = torch.empty(chunk, dtype=torch.uint8, device=device)
     side = torch.cuda.Stream(device)
-    n = max(4, int(alone_ns * 60 * 1.5 / chunk) + 1)
+    n = max(4, int(alone_ns * gbps / chunk) + 1)
 
     def start() -> None:
         side.wait_stream(torch.cuda.current_stream(device))  # not during the hold

@@ -12,7 +12,7 @@ import torch
 from omegaconf import OmegaConf
 
 from engine.executor.setup import compute_device, device_name, fits_resident, open_weight_file
-from engine.compute import slowdown_under_copy
+from engine.compute import slowdown_under_copy, sustained_slowdown
 from engine.job import Job, Outcome, config_summary
 from engine.models import make_inputs
 from engine.models.lora import init_lora
@@ -21,7 +21,7 @@ from engine.measure.clocks import clock_for
 from engine.measure.compute import probe_compute
 from engine.measure.probes import (copy_stream_beside, probe_copies, probe_vmm, resident_steps,
                                    streamed_forward)
-from engine.measure.timing import TIMED_STEPS, build_trace, host_scale, time_steps
+from engine.measure.timing import TIMED_STEPS, build_trace, host_bound, host_scale, time_steps
 from engine.report import table
 from engine.models.spec import ModelSpec
 from engine.trace import Trace, write_trace
@@ -78,7 +78,7 @@ def record(cfg: Any, spec: ModelSpec, out_dir: str | Path) -> tuple[Path, Trace]
         probes: dict[str, Any] = {"host": {"resident_fetch_ns": timing.fetch_ns}}
         if timing.backward_host_ns is not None:
             probes["host"]["backward_kernel_ns"] = timing.backward_host_ns
-        if device.type == "cuda":
+        if device.type == "cuda":  # held; a GPU-bound step's at the pipelined pace below
             beside = time_steps(spec, source, inputs, clock, lora=lora, warmup=1, steps=3,
                                 beside=copy_stream_beside(timing.step_ns, device))
             probes["compute_under_copy"] = {"alone_ns": timing.step_ns, "with_copy_ns": beside.step_ns}
@@ -91,6 +91,8 @@ def record(cfg: Any, spec: ModelSpec, out_dir: str | Path) -> tuple[Path, Trace]
             pipelined = resident.step_ns
             if resident.host_ns is not None:  # the executor's host work, not the stamped steps'
                 timing = replace(timing, host_ns=resident.host_ns)
+            if resident.under_copy is not None and not host_bound(timing.step_ns, pipelined):
+                probes["compute_under_copy"] = dict(zip(("alone_ns", "with_copy_ns"), resident.under_copy))
         probes["host"]["kernel_ns"] = timing.host_ns
         # The cpu backend's clock times the host itself: its kernel times already hold it.
         scale = host_scale(spec, timing, pipelined) if device.type == "cuda" else 1.0
@@ -116,6 +118,9 @@ def record(cfg: Any, spec: ModelSpec, out_dir: str | Path) -> tuple[Path, Trace]
             "pipelined_step_ns": pipelined, "host_scale": round(scale, 6),
             **({"compute_slowdown_under_copy": round(slowdown_under_copy(**probes["compute_under_copy"]), 4)}
                if "compute_under_copy" in probes else {}),
+            # A GPU-bound step's kernels run slower back to back than held (the clocks under load).
+            **({"compute_sustained_slowdown": round(sustained_slowdown(timing.step_ns, pipelined), 4)}
+               if pipelined is not None and not host_bound(timing.step_ns, pipelined) else {}),
             "streamed": {"budget_bytes": budget, "eviction": cfg.weights.eviction,
                          "lookahead": cfg.weights.lookahead, "source": cfg.weights.source},
             "probes": probes,
