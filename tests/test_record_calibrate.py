@@ -164,6 +164,10 @@ def test_calibration_recovers_a_known_profile_from_simulated_probes() -> None:
     assert p["alloc_us"] == 3.0 and p["fetch_host_us"] == 27.0  # slope 30 us - alloc 3 us
     assert p["kernel_launch_us"] == 20.0  # the blocked kernel (900 us) is dropped
     assert p["compute_slowdown_under_copy"] == pytest.approx(0.1)
+    assert p["compute_sustained_slowdown"] == KNOWN.compute_sustained_slowdown  # no recording has its own
+    gpu_bound = [SimpleNamespace(header={**trace.header, "compute_sustained_slowdown": s}, records=())
+                 for s in (0.01, 0.04, 0.02)]
+    assert fit_profile([trace, *gpu_bound], KNOWN, "fitted")["compute_sustained_slowdown"] == 0.02  # their median
     assert p["pageable_gbps"] == 7.0  # not measured: the base's
     # No streamed copies from a registered file: it DMAs as pinned memory does.
     assert p["mmap_registered_gbps"] == pytest.approx(50.0, rel=1e-3)

@@ -13,6 +13,7 @@ from engine.policy.weights import WeightResidency, floor
 from engine.models.spec import SavedTensor
 from engine.trace import KernelRecord, Trace
 from sim import simulate
+from sim.compute import trace_sustained_slowdown
 
 # The lent H100's measured numbers (benchmarks/results/hardware-h100-2026-11-22.md), pinned here so tests do not move with conf/.
 H100 = HardwareConfig(
@@ -146,6 +147,45 @@ def test_slowdown_under_copy() -> None:
     p = run(t, None, lookahead=1, hardware=replace(H100, compute_slowdown_under_copy=0.5),
             steps=1).prediction
     assert p["compute_ms"] == pytest.approx(2.5)
+
+
+def test_a_copy_slows_only_the_part_of_a_kernel_it_overlaps() -> None:
+    # k0 (10 ms) starts as w1's copy (about 2.8 ms) starts: only that part runs at 1 / 1.5.
+    records = (KernelRecord("k0", 0, "fwd", ("w0",), 10 * MS, 0, 0),
+               KernelRecord("k1", 1, "fwd", ("w1",), 1 * MS, 0, 0))
+    t = Trace({}, {"w0": MB, "w1": 150 * MB}, records)
+    r = run(t, None, lookahead=1, hardware=replace(H100, compute_slowdown_under_copy=0.5), steps=1)
+    span = {}
+    for ns, track, what in r.events:
+        kind, name = what.split(" ", 1)
+        if kind in ("start", "end"):
+            span.setdefault((track, name), {})[kind] = ns
+    k0, w1 = span[("compute", "k0")], span[("h2d", "w1")]
+    overlap = min(k0["end"], w1["end"]) - max(k0["start"], w1["start"])
+    assert 2 * MS < overlap < 3 * MS
+    # Its own work: the overlap at 1 / 1.5 of its pace, the rest at its pace (ns rounding).
+    assert overlap / 1.5 + (k0["end"] - k0["start"] - overlap) == pytest.approx(10 * MS, abs=2)
+    assert r.prediction["compute_ms"] == pytest.approx(10 + overlap / 3 / MS + 1, abs=1e-5)
+
+
+def test_kernels_slow_under_sustained_load_by_the_streams_duty() -> None:
+    # All resident: back to back, the duty nears 1 and the kernels run `sustained` slower;
+    # a host that launches each kernel as long as it runs halves the duty, and the slowdown.
+    t = cyclic(20, MB, 1 * MS)
+    hw = replace(H100, compute_sustained_slowdown=0.1, sustained_window_ms=5.0)
+    busy = run(t, None, hardware=hw, steps=8).prediction
+    assert busy["compute_ms"] == pytest.approx(20 * 1.1, rel=1e-3)
+    half = run(replace(t, records=tuple(replace(r, host_ns=2 * MS) for r in t.records)), None, hardware=hw,
+               steps=8).prediction
+    assert half["compute_ms"] == pytest.approx(20 * 1.05, rel=0.01)
+    assert run(t, None, steps=8).prediction["compute_ms"] == pytest.approx(20.0)  # the profile's default: none
+
+
+def test_whose_sustained_slowdown_a_trace_runs_at() -> None:
+    hw = replace(H100, compute_sustained_slowdown=0.1)
+    assert trace_sustained_slowdown({"compute_sustained_slowdown": 0.03}, hw) == 0.03  # the recording's own
+    assert trace_sustained_slowdown({"compute_scale": 1.04}, hw) == 0.0  # kernels scaled to the pipelined step
+    assert trace_sustained_slowdown({}, hw) == 0.1
 
 
 # ------------------------------------------------------------ policies' contracts

@@ -119,9 +119,10 @@ def test_host_syncs_must_name_record_positions(tmp_path: Path) -> None:
     assert msg.startswith('line 1: header "host_syncs" must list record positions (integers from 0 to 5)')
 
 
-def test_a_slowdown_under_copies_must_be_a_fraction(tmp_path: Path) -> None:
-    msg = _error(tmp_path, lambda o: o[0].update(compute_slowdown_under_copy=-0.1))
-    assert msg.startswith('line 1: header "compute_slowdown_under_copy" must be a number from 0')
+@pytest.mark.parametrize("key", ["compute_slowdown_under_copy", "compute_sustained_slowdown"])
+def test_a_slowdown_must_be_a_fraction(tmp_path: Path, key: str) -> None:
+    msg = _error(tmp_path, lambda o: o[0].update({key: -0.1}))
+    assert msg.startswith(f'line 1: header "{key}" must be a number from 0')
 
 
 def test_truncated_file(tmp_path: Path) -> None:
