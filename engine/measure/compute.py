@@ -15,13 +15,19 @@ with per-sample (1, 1, width) scale, shift and gate, each with the bytes
 engine/models/builder.py declares for that pass and its kind (compute.PASSES):
 calibrate fits the pass cost to them, whatever model runs the passes.
 
-Times are CUDA events around REPEATS launches after WARMUP, divided by REPEATS.
+Times are CUDA events around REPEATS launches after WARMUP, divided by REPEATS. Each point
+starts from a rested GPU: the probe idles REST_S, and as long again as the point ran over
+DUTY, so its duty stays under DUTY. Back to back, the grid's heavy points ran at the clocks of
+a GPU under sustained load, slower than the same shapes inside a held step
+(benchmarks/results/compute-pace-h100-2026-11-27.md); a recorded kernel's time is a held
+step's, and the simulator adds the sustained load's slowdown itself.
 
     python -m engine.measure.compute --out FILE.json    # the probe alone, for engine.calibrate --probes
 """
 from __future__ import annotations
 
 import itertools
+import time
 from typing import Callable, Sequence
 
 import torch
@@ -43,6 +49,8 @@ EPS = 1e-6
 WARMUP = 2
 REPEATS = 5
 MAX_FLOPS = 2e13  # skip grid points whose repeats would take seconds
+REST_S = 0.01
+DUTY = 0.2
 
 # name: (PASSES kind, the builder's bytes moved per activation byte, the forward's call on
 # a: x (1, rows, width), y like x, s per-sample (1, 1, width), w a weight of the norm's width,
@@ -65,6 +73,8 @@ PASS_FNS: dict[str, tuple[str, int, Callable[[dict[str, torch.Tensor]], torch.Te
 
 
 def _time_ns(fn: Callable[[], object], device: torch.device) -> float:
+    torch.cuda.synchronize(device)
+    began = time.perf_counter()
     for _ in range(WARMUP):
         fn()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -73,6 +83,7 @@ def _time_ns(fn: Callable[[], object], device: torch.device) -> float:
         fn()
     end.record()
     torch.cuda.synchronize(device)
+    time.sleep(REST_S + (time.perf_counter() - began) * (1 - DUTY) / DUTY)
     return start.elapsed_time(end) * 1e6 / REPEATS
 
 
