@@ -288,6 +288,8 @@ def test_execute_puts_the_measured_step_beside_the_simulated_one(run_cli, tmp_pa
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     kernels = [e for e in measured if e["tid"] == 1]
     assert len(kernels) == report["plan"]["kernel_count"]  # one span per kernel of the last step
+    rate = {row["key"]: row for row in report["comparison"]}["h2d_copy_gbps"]
+    assert rate["predicted"] > 0 and rate["measured"] > 0 and rate["relative_error"] is None  # a CPU's copies
     assert (tmp_path / "run" / "timeline.png").stat().st_size > 10_000
 
 

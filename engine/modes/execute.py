@@ -21,7 +21,7 @@ import shutil
 import statistics
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Mapping
 
 import torch
 
@@ -64,6 +64,8 @@ _INFER_ROWS = (
     ("peak device bytes", "peak_device_bytes", "bytes"),
     # The whole device less the context: the pool's peak plus torch's (measured on CUDA only).
     ("peak pool + torch bytes", "peak_pool_torch_bytes", "bytes"),
+    # The link as it ran: machines of one kind differ, and a profile carries one machine's.
+    ("H2D weight copy rate (bytes / copy time, last step)", "h2d_copy_gbps", "GB/s"),
 )
 _TRAIN_ROWS = (
     ("stall", "stall_ms", "ms"),
@@ -89,6 +91,8 @@ def _cell(value: object, unit: str) -> str:
         return f"{value:.2f} ms"
     if unit == "bytes":
         return fmt_bytes(value)
+    if unit == "GB/s":
+        return f"{value:.1f} GB/s"
     return f"{value:,}"
 
 
@@ -101,6 +105,40 @@ def predicted_counts(result: Any) -> dict:
             "weight_hits": sum(d.action == "hit" for d in last)}
 
 
+def copy_gbps(spans: Iterable[tuple[str, float, float]], sizes: Mapping[str, int]) -> float | None:
+    """Weight copies' bytes over their copy-engine time, GB/s (bytes per ns), from (weight,
+    start ns, end ns) spans; None without any."""
+    nbytes, busy = 0, 0.0
+    for name, start, end in spans:
+        if name in sizes and end > start:
+            nbytes += sizes[name]
+            busy += end - start
+    return nbytes / busy if busy else None
+
+
+def simulated_copies(result: Any) -> list[tuple[str, float, float]]:
+    """The simulated weight copies of the last step's window (from the previous step's end):
+    (weight, start ns, end ns); one copy at a time per direction, so starts and ends pair up."""
+    since = result.step_ends_ns[-2] if len(result.step_ends_ns) > 1 else 0
+    spans, started = [], None
+    for t, track, what in result.events:
+        if track != "h2d":
+            continue
+        kind, name = what.split(" ", 1)
+        if kind == "start":
+            started = (name, t)
+        elif kind == "end" and started is not None and started[0] == name:
+            if started[1] >= since:
+                spans.append((name, float(started[1]), float(t)))
+            started = None
+    return spans
+
+
+def measured_copies(timeline: list | None) -> list[tuple[str, float, float]]:
+    """The executor's timed step's copies (step_timeline: track, name, start ms, end ms) in ns."""
+    return [(name, a * 1e6, b * 1e6) for track, name, a, b in timeline or () if track == "h2d"]
+
+
 def comparison(pred: dict, meas: dict, training: bool) -> list[dict]:
     """Predicted against measured, one row per quantity; `pred` holds the simulator's figures.
     Times are compared only on a GPU: the test backend's are a CPU's (error None)."""
@@ -108,7 +146,7 @@ def comparison(pred: dict, meas: dict, training: bool) -> list[dict]:
     for label, key, unit in _INFER_ROWS + (_TRAIN_ROWS if training else ()):
         p = pred.get(_PREDICTED_AS.get(key, key))
         m = meas.get(key)
-        timed_elsewhere = unit == "ms" and meas["backend"] != "cuda"
+        timed_elsewhere = unit in ("ms", "GB/s") and meas["backend"] != "cuda"
         err = None if p in (None, 0) or m is None or timed_elsewhere else (m - p) / p
         rows.append({"what": label, "key": key, "unit": unit, "predicted": p, "measured": m,
                      "relative_error": err})
@@ -119,7 +157,7 @@ def comparison_md(rows: list[dict], meas: dict) -> str:
     """The comparison table and what the run's notes say about it."""
     gpu = meas["backend"] != "cpu"
     body = [[r["what"], _cell(r["predicted"], r["unit"]), _cell(r["measured"], r["unit"]),
-             "not a GPU's time" if r["unit"] == "ms" and not gpu
+             "not a GPU's time" if r["unit"] in ("ms", "GB/s") and not gpu
              else "-" if r["relative_error"] is None else f"{r['relative_error']:+.1%}"] for r in rows]
     md = ["## Measured beside predicted", "", table(["what", "predicted", "measured", "error"], body), ""]
     if not gpu:
@@ -172,8 +210,12 @@ def execute_mode(job: Job) -> Outcome:
                           "or raise the node's limit")
     run = run_train_execute if training else run_execute
     meas = run(cfg, job.spec, job.trace, job.out_dir)
-    timeline_files(job, result, measured=meas.pop("timeline", None))
-    rows = comparison({**pred, **predicted_counts(result)}, meas, training)
+    measured = meas.pop("timeline", None)
+    timeline_files(job, result, measured=measured)
+    sizes = job.trace.weight_sizes
+    meas["h2d_copy_gbps"] = copy_gbps(measured_copies(measured), sizes)
+    rows = comparison({**pred, **predicted_counts(result),
+                       "h2d_copy_gbps": copy_gbps(simulated_copies(result), sizes)}, meas, training)
     report.update(measurement=meas, comparison=rows)
     md = (plan_md(job.plan.as_dict()) + "\n\n" + prediction_md(pred, job) + "\n\n"
           + comparison_md(rows, meas) + f"\n\ntelemetry: {job.out_dir / 'telemetry.jsonl'}")
