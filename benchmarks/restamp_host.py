@@ -3,6 +3,7 @@ compute's pace under sustained load and beside copies.
 
     python benchmarks/restamp_host.py measure --models ltx,flux,wan14b,llama8b --out host.json  # CUDA
     python benchmarks/restamp_host.py apply host.json data/traces/full/*-full.jsonl.gz            # any CPU
+    python benchmarks/restamp_host.py apply-copies host.json data/traces/full/*.jsonl.gz          # any CPU
 
 Recordings made before the recorder timed the host on an idle stream (engine.measure.probes
 IdleStreamHost) carry the host time between CUDA events stamped around every kernel, which
@@ -19,6 +20,13 @@ step alone and beside H2D copies (`compute_under_copy`, `compute_slowdown_under_
 GPU-bound, `compute_sustained_slowdown` (the pipelined step over the held one); every
 kernel's recorded time untouched; header `host_restamped` says from where.
 Training traces are refused (the recorder times their host between stamps).
+
+`measure` also runs the recorder's copy probe once (`probes.probe_copies`: each size's copies
+queued behind a held stream); `apply-copies` puts its sizes under HOST_ISSUED_BYTES into any
+recorded trace (header `probes.copies`; `copies_restamped` says from where): recordings made
+before the hold timed those at the host's issue rate. Their larger copies, which the host
+issues faster than they run, stay as each recording measured them: machines of one kind differ
+in their link, and `mode=calibrate` takes the median over the recordings.
 """
 from __future__ import annotations
 
@@ -38,6 +46,7 @@ sys.path.insert(0, str(ROOT))
 from engine.trace import Trace, read_trace, write_trace  # noqa: E402
 
 WORKLOADS = {"llama8b": "decode"}
+HOST_ISSUED_BYTES = 1 << 20  # copies this small ran as fast as the host issued them, unheld
 
 
 def log(msg: str) -> None:
@@ -52,7 +61,7 @@ def measure(models: list[str], weight_dir: Path, out: Path) -> None:
     from engine.config import register
     from engine.executor.setup import device_name, open_weight_file
     from engine.measure.clocks import clock_for
-    from engine.measure.probes import resident_steps
+    from engine.measure.probes import probe_copies, resident_steps
     from engine.models import build_spec, make_inputs
 
     register()
@@ -60,6 +69,13 @@ def measure(models: list[str], weight_dir: Path, out: Path) -> None:
     # On a machine without CUDA, the cpu backend (a check of this script, not a measurement).
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     backend = [] if device.type == "cuda" else ["weights.backend=cpu"]
+    if device.type == "cuda":
+        copies, duplex = probe_copies(device)
+        result["copy_probe"] = {"copies": copies, "duplex": duplex, "device": device_name(device),
+                                "date": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())}
+        log("copies: " + ", ".join(f"{c['nbytes']} B {c['nbytes'] / c['ns']:.2f} GB/s"
+                                   for c in copies if c["dir"] == "h2d"))
+        out.write_text(json.dumps(result))
     for model in models:
         workload = WORKLOADS.get(model, "infer")
         path = weight_dir / f"host-{model}.ptd"
@@ -93,6 +109,8 @@ def measure(models: list[str], weight_dir: Path, out: Path) -> None:
     print("\n| model | pipelined step ms (1st / 2nd) | host sum ms (1st / 2nd) | alone / beside copies ms |")
     print("|---|---|---|---|")
     for model, m in result.items():
+        if model == "copy_probe":
+            continue
         steps = " / ".join(f"{r['pipelined_step_ns'] / 1e6:.2f}" for r in m["runs"])
         host = " / ".join(f"{sum(r['kernel_ns']) / 1e6:.2f}" for r in m["runs"])
         beside = ", ".join(f"{r['under_copy'][0] / 1e6:.2f} / {r['under_copy'][1] / 1e6:.2f}"
@@ -134,8 +152,25 @@ def restamped(trace: Trace, m: dict, source: str) -> Trace:
     return Trace(header, trace.weight_sizes, records)
 
 
+def apply_copies(measured: Path, paths: list[Path]) -> None:
+    """The measured copy probe's small sizes into each trace's header, every other field untouched."""
+    probe = json.loads(measured.read_text()).get("copy_probe")
+    if probe is None:
+        raise SystemExit(f"{measured}: no copy probe; run measure on a CUDA machine")
+    for path in paths:
+        trace = read_trace(path)
+        h = trace.header
+        kept = [c for c in h["probes"]["copies"] if c["nbytes"] >= HOST_ISSUED_BYTES]
+        probes = {**h["probes"], "copies": [c for c in probe["copies"] if c["nbytes"] < HOST_ISSUED_BYTES] + kept}
+        header = {**h, "probes": probes,
+                  "copies_restamped": f"{measured.name}: {probe['device']}, {probe['date']} (benchmarks/restamp_host.py)"}
+        write_trace(path, Trace(header, trace.weight_sizes, trace.records))
+        print(f"{path}: copy probe from {measured.name}")
+
+
 def apply(measured: Path, paths: list[Path]) -> None:
     data = json.loads(measured.read_text())
+    data.pop("copy_probe", None)
     for path in paths:
         trace = read_trace(path)
         names = [r.name for r in trace.records if r.phase == "fwd"]
@@ -157,14 +192,17 @@ def main() -> None:
     m.add_argument("--models", default="ltx,flux,wan14b,llama8b")
     m.add_argument("--dir", default="/dev/shm")
     m.add_argument("--out", required=True)
-    a = sub.add_parser("apply")
-    a.add_argument("measured")
-    a.add_argument("traces", nargs="+")
+    for name in ("apply", "apply-copies"):
+        a = sub.add_parser(name)
+        a.add_argument("measured")
+        a.add_argument("traces", nargs="+")
     args = ap.parse_args()
     if args.cmd == "measure":
-        measure(args.models.split(","), Path(args.dir), Path(args.out))
-    else:
+        measure([m for m in args.models.split(",") if m], Path(args.dir), Path(args.out))
+    elif args.cmd == "apply":
         apply(Path(args.measured), [Path(p) for p in args.traces])
+    else:
+        apply_copies(Path(args.measured), [Path(p) for p in args.traces])
 
 
 if __name__ == "__main__":

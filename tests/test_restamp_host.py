@@ -43,3 +43,28 @@ def test_a_host_bound_step_keeps_the_held_probe(tiny) -> None:
     assert "compute_sustained_slowdown" not in h and "compute_slowdown_under_copy" not in h
     assert h["probes"]["compute_under_copy"] == old.header["probes"]["compute_under_copy"]
     assert h["host_scale"] > 1  # its host times scaled to the pipelined step
+
+
+def test_apply_copies_takes_the_held_probes_small_sizes_only(tiny, tmp_path) -> None:
+    import json
+
+    from restamp_host import apply_copies
+
+    from engine.trace import read_trace, write_trace
+
+    old = _recording(tiny)
+    old.header["probes"]["copies"] = [{"dir": "h2d", "nbytes": 4096, "ns": 13_000},
+                                      {"dir": "h2d", "nbytes": 1 << 28, "ns": 5_000_000}]
+    path = tmp_path / "t.jsonl"
+    write_trace(path, old)
+    probe = tmp_path / "m.json"
+    probe.write_text(json.dumps({"copy_probe": {"device": "gpu", "date": "d", "duplex": [],
+                                                "copies": [{"dir": "h2d", "nbytes": 4096, "ns": 2_500},
+                                                           {"dir": "h2d", "nbytes": 1 << 28, "ns": 4_900_000}]}}))
+    apply_copies(probe, [path])
+    new = read_trace(path)
+    # The held small copy replaces the host-issued one; the large one stays the recording's.
+    assert sorted((c["nbytes"], c["ns"]) for c in new.header["probes"]["copies"]) == [(4096, 2_500),
+                                                                                       (1 << 28, 5_000_000)]
+    assert new.header["copies_restamped"].startswith("m.json: gpu")
+    assert [r.compute_ns for r in new.records] == [r.compute_ns for r in old.records]

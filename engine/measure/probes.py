@@ -16,7 +16,7 @@ from engine.executor.vmm import CudaVmm
 from engine.gc_pause import paused_gc
 from engine.policy.chunks import CLASSES
 from engine.models import forward
-from engine.measure.clocks import Clock
+from engine.measure.clocks import CYCLES_PER_NS, Clock
 from engine.measure.timing import KernelStamps
 from engine.models.spec import ModelSpec
 from engine.units import MIB
@@ -24,6 +24,7 @@ from engine.units import MIB
 PROBE_SIZES = (4096, 65536, MIB, 4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB)
 PROBE_BYTES = 1 << 30  # per size and direction: enough repeats to average out event resolution
 PROBE_REPEATS = 5
+COPY_HOLD_NS, COPY_HOLD_NS_PER_COPY = 1_000_000, 50_000  # the spin the host queues a size's copies behind
 PIPELINED_WARMUP, PIPELINED_STEPS, PIPELINED_NS, PIPELINED_MAX = 5, 5, 3_000_000_000, 200
 # The pipelined step: this quantile of the timed steps. A lent host's pace alternates between a
 # fast and a slow phase lasting seconds, from outside the process (docs/DESIGN.md), and
@@ -36,7 +37,9 @@ BESIDE_ROUNDS, BESIDE_STEPS = 3, 3
 BESIDE_GBPS = 50.0  # copies for this long a window at about the link's rate: it ends under them
 
 PROBES_DOC = """header["probes"] (recorded traces; all times in ns):
-    copies      [{dir: "h2d"|"d2h", nbytes, ns}]  pinned copies of one size back to back, ns per copy
+    copies      [{dir: "h2d"|"d2h", nbytes, ns}]  pinned copies of one size back to back, queued behind a
+                                                 held stream, ns per copy (recordings made before the hold:
+                                                 their small sizes time the host issuing them)
     duplex      [{h2d_bytes, d2h_bytes, ns}]     one copy each way started together, ns until both landed
     alloc_ns    [int]                            host time of one pool allocation
     compute_under_copy  {alone_ns, with_copy_ns} the step alone and beside a stream of H2D copies: the
@@ -239,17 +242,24 @@ def resident_steps(spec: ModelSpec, wf: Any, inputs: Mapping[str, torch.Tensor],
         return ResidentSteps(step_ns, [round(statistics.median(col)) for col in zip(*rows)], under_copy)
 
 
-def _events_ns(fn: Callable[[], None], stream: torch.cuda.Stream) -> int:
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record(stream)
-    fn()
-    b.record(stream)
+def _held_copies_ns(copy: Callable[[], None], reps: int, stream: torch.cuda.Stream) -> int:
+    """ns of `reps` copies queued behind a spin kernel: the copy engine's own time, the host
+    ahead of it as the executor's is of its prefetches (small copies issued one by one time
+    the host's issue instead)."""
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(int((COPY_HOLD_NS + reps * COPY_HOLD_NS_PER_COPY) * CYCLES_PER_NS))
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record(stream)
+        for _ in range(reps):
+            copy()
+        b.record(stream)
     b.synchronize()
     return round(a.elapsed_time(b) * 1e6)
 
 
 def probe_copies(device: torch.device) -> tuple[list[dict], list[dict]]:
-    """Pinned copies by size each way (ns per copy, back to back), and both ways at once."""
+    """Pinned copies by size each way (ns per copy, back to back, queued behind a held
+    stream), and both ways at once."""
     big = PROBE_SIZES[-1]
     host = torch.empty(big, dtype=torch.uint8, pin_memory=True).fill_(1)
     host2 = torch.empty(big, dtype=torch.uint8, pin_memory=True)
@@ -260,12 +270,10 @@ def probe_copies(device: torch.device) -> tuple[list[dict], list[dict]]:
     for size in PROBE_SIZES:
         reps = max(4, min(256, PROBE_BYTES // size))
         for direction, dst, src in (("h2d", dev2, host), ("d2h", host2, dev)):
-            def run() -> None:
-                with torch.cuda.stream(s1):
-                    for _ in range(reps):
-                        dst[:size].copy_(src[:size], non_blocking=True)
-            run()
-            ns = statistics.median(_events_ns(run, s1) for _ in range(PROBE_REPEATS))
+            def copy() -> None:
+                dst[:size].copy_(src[:size], non_blocking=True)
+            _held_copies_ns(copy, reps, s1)
+            ns = statistics.median(_held_copies_ns(copy, reps, s1) for _ in range(PROBE_REPEATS))
             copies.append({"dir": direction, "nbytes": size, "ns": round(ns / reps)})
     duplex = []
     for _ in range(PROBE_REPEATS):
