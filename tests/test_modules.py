@@ -226,6 +226,54 @@ def test_a_target_that_cannot_be_imported_names_the_extra():
         build_module({"module": {"_target_": "nosuchpackage.Model"}, "dtype": "fp32"})
 
 
+def test_a_target_may_name_a_classmethod_and_a_bad_attribute_says_so():
+    with pytest.raises(ConfigError, match=r"_target_=torch.nn.Linear.nosuch: no such class or function"):
+        build_module({"module": {"_target_": "torch.nn.Linear.nosuch"}, "dtype": "fp32"})
+    with pytest.raises(ConfigError, match=r"module 'torch.nosuch' is not installed"):
+        build_module({"module": {"_target_": "torch.nosuch.sub.Model"}, "dtype": "fp32"})
+
+
+@pytest.mark.parametrize("library", ["diffusers", "transformers"])
+def test_a_module_builds_from_its_checkpoint_directorys_own_config(tmp_path, library):
+    """`_target_: Class.from_config` over the directory's config (`${weights.file}`): the
+    checkpoint as save_pretrained wrote it streams bitwise against the plain module."""
+    from omegaconf import OmegaConf
+
+    lib = pytest.importorskip(library, reason="needs the models extra: pip install 'offload-engine[models]'")
+    torch.manual_seed(0)
+    if library == "diffusers":
+        plain = lib.FluxTransformer2DModel(patch_size=1, in_channels=8, num_layers=4, num_single_layers=4,
+                                           attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32,
+                                           pooled_projection_dim=16, axes_dims_rope=(4, 6, 6))
+        cls = "diffusers.FluxTransformer2DModel"
+        module = {"_target_": f"{cls}.from_config",
+                  "config": {"_target_": f"{cls}.load_config", "pretrained_model_name_or_path": "${weights.file}"}}
+        inputs = dict(hidden_states=torch.randn(1, 16, 8), encoder_hidden_states=torch.randn(1, 4, 32),
+                      pooled_projections=torch.randn(1, 16), timestep=torch.tensor([0.5]),
+                      img_ids=torch.zeros(16, 3), txt_ids=torch.zeros(4, 3), return_dict=False)
+    else:
+        plain = lib.LlamaForCausalLM(lib.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128,
+                                                     num_hidden_layers=6, num_attention_heads=4,
+                                                     num_key_value_heads=2))
+        module = {"_target_": "transformers.AutoModelForCausalLM.from_config",
+                  "config": {"_target_": "transformers.AutoConfig.from_pretrained",
+                             "pretrained_model_name_or_path": "${weights.file}"}}
+        inputs = dict(input_ids=torch.randint(0, 128, (1, 12)))
+    plain.eval().save_pretrained(tmp_path / "ckpt")
+    cfg = OmegaConf.create({"weights": {"file": str(tmp_path / "ckpt")},
+                            "model": {"dtype": "fp32", "module": module}})
+    net = build_module(cfg.model)
+    assert type(net) is type(plain) and all(p.is_meta for p in net.parameters())
+    with torch.no_grad():
+        ref = plain(**inputs)[0]
+    h = engine.offload(net, budget_mb=0.5, example_inputs=inputs, checkpoint=tmp_path / "ckpt", source="mmap",
+                       backend="cpu", eviction="priority")
+    with torch.no_grad():
+        assert torch.equal(net(**inputs)[0], ref)
+    assert not h.bound and h.telemetry()[-1]["h2d_bytes"] > 0  # under the weights' bytes: streamed
+    h.remove()
+
+
 def test_the_cli_records_then_simulates_a_transformers_model(tmp_path):
     pytest.importorskip("transformers", reason="needs the models extra: pip install 'offload-engine[models]'")
     ckpt = tmp_path / "tl.safetensors"

@@ -48,14 +48,25 @@ def parameters_on_meta() -> Iterator[None]:
 
 
 def _resolve(target: str, key: str) -> Callable:
-    module_name, _, attr = target.rpartition(".")
-    try:
-        return getattr(importlib.import_module(module_name), attr)
-    except ModuleNotFoundError as err:
-        raise ConfigError(f"{key}._target_={target}: module {err.name!r} is not installed; {MODELS_EXTRA}") from None
-    except (AttributeError, ValueError):
-        raise ConfigError(f"{key}._target_={target}: no such class or function; fix the name in the model yaml") \
-            from None
+    """`target`'s object: the longest importable module prefix, then attributes, so a
+    classmethod (`diffusers.FluxTransformer2DModel.from_config`) resolves as a class does."""
+    parts = target.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        name = ".".join(parts[:cut])
+        try:
+            obj = importlib.import_module(name)
+        except ModuleNotFoundError as err:
+            if err.name == name and cut > 1:
+                continue  # an attribute of a shorter prefix, not a module
+            raise ConfigError(f"{key}._target_={target}: module {err.name!r} is not installed; {MODELS_EXTRA}") \
+                from None
+        try:
+            for attr in parts[cut:]:
+                obj = getattr(obj, attr)
+        except AttributeError:
+            break
+        return obj
+    raise ConfigError(f"{key}._target_={target}: no such class or function; fix the name in the model yaml")
 
 
 def _instantiate(node: Any, key: str) -> Any:
