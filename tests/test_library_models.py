@@ -4,6 +4,7 @@ CPU backend, a budget just over each model's floor (weights stream every step), 
 bitwise the plain module's, the module restored after. Needs the models extra."""
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any, Callable
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 
 import engine
 from engine.errors import BelowFloorError
+from engine.modules.build import qwen_image_inputs
 
 BF16 = torch.bfloat16
 
@@ -65,9 +67,9 @@ def _diffusers(name: str) -> tuple[torch.nn.Module, dict]:
         model = d.QwenImageTransformer2DModel(patch_size=2, in_channels=16, out_channels=4, num_layers=4,
                                               attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32,
                                               axes_dims_rope=(4, 6, 6))
-        inputs = dict(hidden_states=_randn(1, 64, 16), encoder_hidden_states=_randn(1, 8, 32),
-                      encoder_hidden_states_mask=torch.ones(1, 8, dtype=torch.long),
-                      timestep=torch.tensor([0.5]).to(BF16), img_shapes=[(1, 8, 8)])
+        # the shipped config's inputs builder (conf/model/qwen_image_diffusers.yaml)
+        inputs = qwen_image_inputs(model, SimpleNamespace(batch=1, video_tokens=64, text_tokens=8),
+                                   torch.device("cpu"), BF16)
     else:  # sana: linear attention, a caption norm
         model = d.SanaTransformer2DModel(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16,
                                          num_layers=4, num_cross_attention_heads=2, cross_attention_head_dim=16,

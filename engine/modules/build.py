@@ -10,7 +10,7 @@ workload, the device, the dtype and a seed, returning keyword arguments).
     build_module    instantiate the config's module (meta parameters, the config's dtype)
     example_inputs  the config's inputs builder for a workload
     first_output    the tensor a forward's output leads with (what runs are compared by)
-    ltx2_inputs, flux_inputs, wan_inputs, llama_inputs   the shipped builders
+    ltx2_inputs, flux_inputs, wan_inputs, qwen_image_inputs, llama_inputs   the shipped builders
 """
 from __future__ import annotations
 
@@ -198,6 +198,24 @@ def wan_inputs(module: nn.Module, workload: Any, device: torch.device, dtype: to
         timestep=torch.full((workload.batch,), 500, device=device, dtype=torch.long),
         encoder_hidden_states=_randn(g, (workload.batch, max(1, workload.text_tokens), c.text_dim), device, dtype),
         return_dict=False)
+
+
+def qwen_image_inputs(module: nn.Module, workload: Any, device: torch.device, dtype: torch.dtype,
+                      seed: int = 0) -> dict:
+    """diffusers QwenImageTransformer2DModel: packed image latents on a square grid, Qwen2.5-VL
+    text states with their mask, timestep."""
+    c = module.config
+    g = torch.Generator().manual_seed(seed)
+    b, n, text = workload.batch, workload.video_tokens, max(1, workload.text_tokens)
+    if n < 1:
+        raise ConfigError(f"workload.video_tokens={n}: Qwen-Image needs at least 1 image token")
+    h, w = _square(n)
+    return dict(
+        hidden_states=_randn(g, (b, n, c.in_channels), device, dtype),
+        encoder_hidden_states=_randn(g, (b, text, c.joint_attention_dim), device, dtype),
+        encoder_hidden_states_mask=torch.ones(b, text, device=device, dtype=torch.long),
+        timestep=torch.full((b,), 0.5, device=device, dtype=dtype),
+        img_shapes=[[(1, h, w)]] * b, return_dict=False)
 
 
 def llama_inputs(module: nn.Module, workload: Any, device: torch.device, dtype: torch.dtype,
