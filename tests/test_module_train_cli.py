@@ -175,3 +175,17 @@ def test_saves_count_in_the_layer_the_offloader_is_in():
     # that block's layer until the next one starts.
     assert saving_layers([-1, -1, 0, 1, -1, 2, -1]) == [0, 0, 0, 1, 1, 2, 2]
     assert saving_layers([]) == []
+
+
+@pytest.mark.parametrize("model", ["ltx2_diffusers", "flux_diffusers", "wan14b_diffusers", "qwen_image_diffusers",
+                                   "llama8b_hf"])
+def test_every_shipped_lora_target_names_a_module_of_its_class(model):
+    """peft refuses targets only when none matches; a shipped config's every suffix must."""
+    from omegaconf import OmegaConf
+
+    from engine.modules.build import build_module
+
+    cfg = OmegaConf.load(ROOT / "conf" / "model" / f"{model}.yaml")
+    names = [n for n, _ in build_module(cfg).named_modules()]
+    unmatched = [t for t in cfg.lora_targets if not any(n == t or n.endswith("." + t) for n in names)]
+    assert not unmatched
