@@ -66,8 +66,11 @@ def device_name(device: torch.device) -> str:
 
 def fits_resident(nbytes: int, device: torch.device) -> bool:
     """Whether `nbytes` all resident leave room for a run beside them: at most
-    REFERENCE_FRACTION of the free memory where the model computes."""
+    REFERENCE_FRACTION of the free memory where the model computes. On CUDA, the blocks
+    torch's allocator caches from earlier work are given back first: the weight pool
+    cannot use them (a recording's streamed steps leave gigabytes there)."""
     if device.type == "cuda":
+        torch.cuda.empty_cache()
         free = torch.cuda.mem_get_info(device)[0]
     else:
         free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
