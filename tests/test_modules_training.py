@@ -124,6 +124,9 @@ def test_weights_streamed_under_autograd_are_bitwise(activations, ckpt):
             loss, grads = step(net, X)
         assert torch.equal(loss, loss_ref)
         assert all(torch.equal(grads[k], grads_ref[k]) for k in grads_ref)
+        # Between steps no streamed parameter holds a weight (the recompute's included).
+        assert all(p.untyped_storage().nbytes() <= p.element_size() for p in net.parameters()
+                   if id(p) in h.streamed.placeholders)
     row = h.telemetry()[-1]
     assert row["weight_h2d_bytes"] > 0 and row["weight_evictions"] > 0
     assert h.executor.order.kernels[-1] == "blocks.0.bwd"

@@ -59,12 +59,16 @@ class KernelHooks:
         self.position = 0
         # Training with activation checkpointing: a kernel run again in backward (outside a
         # forward) gets its weights from recompute(name); they stay in place after it, as
-        # the recomputed graph holds the parameters themselves until its backward. A
-        # checkpoint that calls the block's forward directly (transformers >= 5) skips the
-        # block's hooks: its children's pre-hooks point the block instead.
+        # the recomputed graph holds the parameters themselves until its backward, and go
+        # back to placeholders at `release_recomputed` (the step's end). A checkpoint that
+        # calls the block's forward directly (transformers >= 5) skips the block's hooks:
+        # its children's pre-hooks point the block instead.
         self.recompute: Callable[[str], Mapping[str, torch.Tensor]] | None = None
         self._recomputing: set[str] = set()
+        self._recomputed: set[str] = set()  # pointed by recompute since the last release
         ran = set(order.kernels)
+        self._placeheld = {k.name: [(p, placeholders[id(p)]) for p in k.params.values()] for k in kernels
+                           if k.name in ran}
         self._points = {k.name: self._pointer(k) for k in kernels if k.name in ran}
         self._ran = [k for k in kernels if k.name in ran]
         self._handles: list[Any] = []  # the hooks of the kernels that ran: off while bound
@@ -106,6 +110,7 @@ class KernelHooks:
         def hook(m: nn.Module, inputs: Any) -> None:
             if self.source is None and self.recompute is not None and k.name not in self._recomputing:
                 self._recomputing.add(k.name)
+                self._recomputed.add(k.name)
                 point(self.recompute(k.name))
         return hook
 
@@ -113,6 +118,7 @@ class KernelHooks:
         def hook(m: nn.Module, inputs: Any) -> None:
             if self.source is None and self.recompute is not None:
                 self._recomputing.add(k.name)
+                self._recomputed.add(k.name)
                 point(self.recompute(k.name))
                 return
             if self.source is None:
@@ -129,7 +135,7 @@ class KernelHooks:
         return hook
 
     def _post(self, k: ModuleKernel) -> Any:
-        params = [(p, self.placeholders[id(p)]) for p in k.params.values()]
+        params = self._placeheld[k.name]
 
         def hook(m: nn.Module, inputs: Any, output: Any) -> None:
             if k.name in self._recomputing:
@@ -138,6 +144,16 @@ class KernelHooks:
             for p, ph in params:
                 p.data = ph
         return hook
+
+    def release_recomputed(self) -> None:
+        """After a training step's backward: the parameters recompute pointed go back to
+        their placeholders. Left in place they would hold the weights they view (a
+        recorder's device copies: the whole model by the step's end) or view a pool block
+        that is reused."""
+        for name in self._recomputed:
+            for p, ph in self._placeheld[name]:
+                p.data = ph
+        self._recomputed.clear()
 
     def _never(self, k: ModuleKernel) -> Any:
         def hook(m: nn.Module, inputs: Any) -> None:

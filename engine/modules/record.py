@@ -48,6 +48,8 @@ backward record the saved tensors it unpacks first.
 """
 from __future__ import annotations
 
+import logging
+
 import statistics
 import time
 import warnings
@@ -70,6 +72,8 @@ from engine.models.spec import SavedTensor
 from engine.modules.streamed import StreamedModule, stage
 from engine.policy import AccessOrder
 from engine.trace import BACKWARD_FLOPS_FACTOR, BACKWARD_SUFFIX, FORMAT, VERSION, KernelRecord, Trace, check_trace
+
+log = logging.getLogger(__name__)
 
 LossFn = Callable[[Any], torch.Tensor]  # a forward's output -> the scalar loss backward starts from
 
@@ -216,6 +220,7 @@ def time_kernels(streamed: StreamedModule, clock: Clock, loss_fn: LossFn | None 
                         out = streamed.run()
                     loss_fn(out).backward()
                 weights.finish()
+                streamed.hooks.release_recomputed()
             else:
                 with torch.no_grad(), resident.step() if resident else nullcontext(), \
                         streamed.hooks.forward(stamps):
@@ -304,6 +309,7 @@ def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss
                         out = streamed.run()
                     loss_fn(out).backward()
                 weights.finish()
+                streamed.hooks.release_recomputed()
         else:
             with torch.no_grad(), executor.step(), streamed.hooks.forward(executor):
                 streamed.run()
@@ -444,6 +450,15 @@ def _records(streamed: StreamedModule, times: KernelTimes, training: bool) -> tu
     return tuple(forward + backward)
 
 
+def _memory_note(device: torch.device) -> str:
+    """The device memory as the process sees it, for a log line."""
+    if device.type != "cuda":
+        return "the host's memory"
+    free, total = torch.cuda.mem_get_info(device)
+    return (f"{free / 1e9:.2f} of {total / 1e9:.2f} GB free; torch holds {torch.cuda.memory_allocated(device) / 1e9:.2f} "
+            f"GB allocated, {torch.cuda.memory_reserved(device) / 1e9:.2f} GB reserved")
+
+
 def record_module(streamed: StreamedModule, *, name: str, backend: str, workload: Mapping[str, Any] | None = None,
                   loss_fn: LossFn | None = None, extra_header: Mapping[str, Any] | None = None) -> Trace:
     """The trace of one forward of `streamed` (inference), or with `loss_fn` of one
@@ -467,6 +482,10 @@ def record_module(streamed: StreamedModule, *, name: str, backend: str, workload
             with stage(stages, "resident_steps"):
                 run = pipelined_step_ns(streamed, clock, backend, loss_fn, executor=resident,
                                         kernels_ns=sum(times.compute_ns))
+        else:
+            log.warning("the all-resident steps are skipped: %.2f GB of weights and saved tensors leave too little "
+                        "room on %s (%s); the trace has no pipelined step and no measured torch peak",
+                        (model_bytes + saved_bytes) / 1e9, device, _memory_note(device))
     finally:
         if resident is not None:
             resident.close()

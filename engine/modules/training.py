@@ -216,6 +216,8 @@ class TrainingHandle:
             yield
             if self._weights is not None:
                 self._weights.finish()  # the backward kernels nobody unpacked, so the step is whole
+            if self.streamed is not None:
+                self.streamed.hooks.release_recomputed()
         row = dict(self._offloader.telemetry()[-1]) if self._offloader is not None else {}
         if self._offloader is not None:
             row["pinned_bytes"] = self._offloader.pinned_bytes
