@@ -263,8 +263,10 @@ def _train_run(job: Job, module: Any, inputs: dict, initial: dict[str, torch.Ten
                 loss.backward()
                 loss = loss.detach()  # the graph's nodes keep the step's saved-tensor hooks alive
             grads = lora_sgd({n: p for n, p in adapters.items() if p.grad is not None}, LEARNING_RATE)
-            # On the host: a run's device memory is what it measures.
+            # On the host: a run's device memory is what it measures. The device gradients go
+            # now, else the next step's peak counts this step's too.
             steps.append((loss.to("cpu"), {n: g.to("cpu") for n, g in grads.items()}))
+            del grads
             peaks.append(torch.cuda.max_memory_allocated() if cuda else None)
         rows = [{**row, "torch_peak_bytes": peak} for row, peak in zip(h.telemetry(), peaks)]
         timeline = h.executor.step_timeline() if timed else None
