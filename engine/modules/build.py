@@ -141,6 +141,15 @@ def _square(tokens: int) -> tuple[int, int]:
     return height, tokens // height
 
 
+def _image_shape(workload: Any, family: str) -> tuple[int, int, int, int, int]:
+    """An image model's (batch, image tokens, text tokens, grid height, grid width): the
+    workload's video_tokens are the image's packed latent tokens, on the squarest grid."""
+    n = workload.video_tokens
+    if n < 1:
+        raise ConfigError(f"workload.video_tokens={n}: {family} needs at least 1 image token")
+    return (workload.batch, n, max(1, workload.text_tokens), *_square(n))
+
+
 def _randn(g: torch.Generator, shape: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     return torch.randn(shape, generator=g).to(device=device, dtype=dtype)
 
@@ -168,10 +177,7 @@ def flux_inputs(module: nn.Module, workload: Any, device: torch.device, dtype: t
     """diffusers FluxTransformer2DModel: packed image latents, T5 text, CLIP pooled, ids."""
     c = module.config
     g = torch.Generator().manual_seed(seed)
-    b, n, text = workload.batch, workload.video_tokens, max(1, workload.text_tokens)
-    if n < 1:
-        raise ConfigError(f"workload.video_tokens={n}: FLUX needs at least 1 image token")
-    h, w = _square(n)
+    b, n, text, h, w = _image_shape(workload, "FLUX")
     img_ids = torch.zeros(n, 3)
     img_ids[:, 1] = torch.arange(h).repeat_interleave(w).float()
     img_ids[:, 2] = torch.arange(w).repeat(h).float()
@@ -206,10 +212,7 @@ def qwen_image_inputs(module: nn.Module, workload: Any, device: torch.device, dt
     text states with their mask, timestep."""
     c = module.config
     g = torch.Generator().manual_seed(seed)
-    b, n, text = workload.batch, workload.video_tokens, max(1, workload.text_tokens)
-    if n < 1:
-        raise ConfigError(f"workload.video_tokens={n}: Qwen-Image needs at least 1 image token")
-    h, w = _square(n)
+    b, n, text, h, w = _image_shape(workload, "Qwen-Image")
     return dict(
         hidden_states=_randn(g, (b, n, c.in_channels), device, dtype),
         encoder_hidden_states=_randn(g, (b, text, c.joint_attention_dim), device, dtype),
