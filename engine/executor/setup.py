@@ -68,7 +68,7 @@ def fits_resident(nbytes: int, device: torch.device) -> bool:
     """Whether `nbytes` all resident leave room for a run beside them: at most
     REFERENCE_FRACTION of the free memory where the model computes. On CUDA, the blocks
     torch's allocator caches from earlier work are given back first: the weight pool
-    cannot use them (a recording's streamed steps leave gigabytes there)."""
+    cannot use them."""
     if device.type == "cuda":
         torch.cuda.empty_cache()
         free = torch.cuda.mem_get_info(device)[0]
