@@ -67,7 +67,7 @@ class KernelHooks:
         self._recomputing: set[str] = set()
         self._recomputed: set[str] = set()  # pointed by recompute since the last release
         ran = set(order.kernels)
-        self._placeheld = {k.name: [(p, placeholders[id(p)]) for p in k.params.values()] for k in kernels
+        self._param_placeholders = {k.name: [(p, placeholders[id(p)]) for p in k.params.values()] for k in kernels
                            if k.name in ran}
         self._points = {k.name: self._pointer(k) for k in kernels if k.name in ran}
         self._ran = [k for k in kernels if k.name in ran]
@@ -135,7 +135,7 @@ class KernelHooks:
         return hook
 
     def _post(self, k: ModuleKernel) -> Any:
-        params = self._placeheld[k.name]
+        params = self._param_placeholders[k.name]
 
         def hook(m: nn.Module, inputs: Any, output: Any) -> None:
             if k.name in self._recomputing:
@@ -151,7 +151,7 @@ class KernelHooks:
         recorder's device copies: the whole model by the step's end) or view a pool block
         that is reused."""
         for name in self._recomputed:
-            for p, ph in self._placeheld[name]:
+            for p, ph in self._param_placeholders[name]:
                 p.data = ph
         self._recomputed.clear()
 

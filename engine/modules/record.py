@@ -49,7 +49,6 @@ backward record the saved tensors it unpacks first.
 from __future__ import annotations
 
 import logging
-
 import statistics
 import time
 import warnings
