@@ -163,6 +163,15 @@ def test_record_writes_a_trace_the_simulator_replays(checkpoint, tmp_path, monke
         fit_to_pipelined(compute, host, h["plain_step_ns"])[1] / h["host_scale"], rel=1e-3)
 
 
+def test_a_recording_without_room_for_its_resident_steps_says_so(checkpoint, monkeypatch, caplog):
+    path, x, _ = checkpoint
+    monkeypatch.setattr("engine.modules.record.fits_resident", lambda nbytes, device: False)
+    with caplog.at_level("WARNING", logger="engine.modules.record"):
+        trace = engine.record(meta_net(), (x,), checkpoint=path, backend="cpu", name="net")
+    assert trace.header["pipelined_step_ns"] is None and "activation_peak_bytes" not in trace.header
+    assert "the all-resident steps are skipped" in caplog.text and "no measured torch peak" in caplog.text
+
+
 def test_every_weight_resident_is_simulated_at_the_plain_forwards_host_times():
     """A recorded module whose weights all fit runs bound, without hooks: the simulator
     takes its host times by plain_host_factor there, and only there."""
