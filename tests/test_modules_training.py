@@ -192,6 +192,32 @@ def test_a_peft_llama_with_gradient_checkpointing():
     h.remove()
 
 
+def test_the_recorder_keeps_no_weight_after_a_checkpointed_step(monkeypatch):
+    """The recorder copies each weight in for its kernel; a block's recompute points its
+    parameters at the copy. After the timed steps none may still hold one (else the
+    whole model stays on the device and the all-resident steps find no room)."""
+    transformers = pytest.importorskip("transformers", reason="needs the models extra")
+    peft = pytest.importorskip("peft", reason="needs the models extra")
+    torch.manual_seed(0)
+    m = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2))
+    m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    m.train()
+    m = peft.get_peft_model(m, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    blocks = [p for layer in m.base_model.model.model.layers for p in layer.parameters() if not p.requires_grad]
+    holding: list[int] = []
+
+    def fits(nbytes: int, device: torch.device) -> bool:  # asked right after the timed steps
+        holding.append(sum(p.untyped_storage().nbytes() > p.element_size() for p in blocks))
+        return True
+
+    monkeypatch.setattr("engine.modules.record.fits_resident", fits)
+    ids = torch.randint(0, 256, (1, 32), generator=torch.Generator().manual_seed(1))
+    trace = engine.record(m, {"input_ids": ids}, backend="cpu", loss_fn=lambda out: out.logits.float().pow(2).mean())
+    assert holding == [0] and trace.header["pipelined_step_ns"]
+
+
 def test_streamed_training_from_a_checkpoint_of_the_frozen_weights(tmp_path):
     from safetensors.torch import save_file
 
