@@ -155,6 +155,15 @@ def test_nested_steps_backward_outside_and_adapters_added_late():
         with h.step():
             pass
     h.remove()
+    net.blocks[0].up.base.requires_grad_(False)
+    h = engine.offload(net, budget_mb=None, training=True, backend="cpu", activations=SYNC)
+    with h.step():
+        step(net, X)
+    net.blocks[1].extra = nn.Linear(4, 4)  # an adapter added after wrapping: a new trainable parameter
+    with pytest.raises(ExecutorError, match="trainable parameters changed since it was offloaded"):
+        with h.step():
+            pass
+    h.remove()
 
 
 def test_a_peft_llama_with_gradient_checkpointing():

@@ -36,6 +36,8 @@ from typing import Any, Hashable, Iterator, Sequence
 import torch
 from omegaconf import OmegaConf
 from torch import nn
+from torch.nn.modules.module import (register_module_module_registration_hook,
+                                      register_module_parameter_registration_hook)
 
 from engine.config import ActivationsConfig
 from engine.errors import ConfigError, ExecutorError
@@ -114,6 +116,34 @@ class _EitherWeights:
         return self.streamed.fetch_handle(h) if kind == "streamed" else self.resident.fetch(h)
 
 
+class _Trainable:
+    """The module's trainable parameters as offload saw them, checked at each step without
+    walking the whole module each time (thousands of submodules under peft): the parameters
+    it had are walked again only after a module or parameter was registered anywhere (peft
+    adding adapters); otherwise their requires_grad is read (one unfrozen)."""
+
+    def __init__(self, module: nn.Module):
+        self.module = module
+        self._params = list(module.parameters())
+        self.ids = {id(p) for p in self._params if p.requires_grad}
+        self._registered = False
+        self._hooks = [register_module_module_registration_hook(self._mark),
+                       register_module_parameter_registration_hook(self._mark)]
+
+    def _mark(self, *args: Any) -> None:
+        self._registered = True
+
+    def unchanged(self) -> bool:
+        if self._registered:
+            self._params, self._registered = list(self.module.parameters()), False
+        return {id(p) for p in self._params if p.requires_grad} == self.ids
+
+    def close(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+
 class TrainingHandle:
     """What `offload(..., training=True)` returns: `step()`, `telemetry()`, `remove()`.
 
@@ -125,8 +155,7 @@ class TrainingHandle:
     def __init__(self, module: nn.Module, activations: Any, blocks: Sequence[str] | None = None, *,
                  streamed: StreamedModule | None = None, budget_bytes: int | None = None,
                  eviction: str = "priority", lookahead: int = 2, backend: str = "cuda"):
-        trainable = {id(p) for p in module.parameters() if p.requires_grad}
-        if not trainable:
+        if not any(p.requires_grad for p in module.parameters()):
             raise ConfigError(f"this {type(module).__name__} has no trainable parameters; add the adapters "
                               "(peft get_peft_model, or requires_grad_ on what trains) before offloading it")
         devices = {p.device for p in module.parameters()}
@@ -146,7 +175,6 @@ class TrainingHandle:
             raise ConfigError(f"found no repeated blocks in this {type(module).__name__} (no ModuleList of "
                               "two or more modules with parameters); name its layers with blocks=[...]")
         self.layers = {modules[b]: i for i, b in enumerate(names)}
-        self._trainable = trainable
         streamed_ids = set(streamed.placeholders) if streamed is not None else set()
         resident = ResidentWeights({n: p.detach() for n, p in module.named_parameters()
                                     if not p.requires_grad and id(p) not in streamed_ids})
@@ -175,6 +203,7 @@ class TrainingHandle:
         self._rows: list[dict] = []
         self._offloader = self._make_offloader(self.act) if self.act is not None else None
         self._hooks = self._offloader.layer_hooks(self.layers) if self._offloader is not None else []
+        self._trainable = _Trainable(module)  # last: its global hooks go with remove()
         self._removed = False
 
     def _wrap_forward(self) -> None:
@@ -201,8 +230,7 @@ class TrainingHandle:
         """One training step: run the forward and its backward inside."""
         if self._removed:
             raise ExecutorError("this handle was removed; offload the module again")
-        now = {id(p) for p in self.module.parameters() if p.requires_grad}
-        if now != self._trainable:
+        if not self._trainable.unchanged():
             raise ExecutorError("the module's trainable parameters changed since it was offloaded (adapters "
                                 "added or unfrozen after wrapping); handle.remove(), then offload it again")
         with ExitStack() as stack:
@@ -244,6 +272,7 @@ class TrainingHandle:
 
     def remove(self) -> None:
         """Close the offloader and the executor; the module's parameters go back where they were."""
+        self._trainable.close()
         for h in self._hooks:
             h.remove()
         self._hooks = []
