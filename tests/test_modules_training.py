@@ -166,6 +166,28 @@ def test_nested_steps_backward_outside_and_adapters_added_late():
     h.remove()
 
 
+def test_a_handle_leaves_no_global_hook_behind():
+    """The trainable-set check listens to torch's global registration hooks: remove()
+    takes them off, and a handle dropped without remove() does not keep its module alive."""
+    import gc
+    import weakref
+
+    from torch.nn.modules import module as torch_module
+
+    before = (len(torch_module._global_module_registration_hooks),
+              len(torch_module._global_parameter_registration_hooks))
+    net = make()
+    h = engine.offload(net, budget_mb=None, training=True, backend="cpu", activations=SYNC)
+    h.remove()
+    h = engine.offload(make(), budget_mb=None, training=True, backend="cpu", activations=SYNC)
+    dropped = weakref.ref(h.module)
+    del h
+    gc.collect()
+    assert dropped() is None
+    assert (len(torch_module._global_module_registration_hooks),
+            len(torch_module._global_parameter_registration_hooks)) == before
+
+
 def test_a_peft_llama_with_gradient_checkpointing():
     transformers = pytest.importorskip("transformers", reason="needs the models extra")
     peft = pytest.importorskip("peft", reason="needs the models extra")

@@ -30,6 +30,7 @@ weight views across fetches).
 """
 from __future__ import annotations
 
+import weakref
 from contextlib import ExitStack, contextmanager
 from typing import Any, Hashable, Iterator, Sequence
 
@@ -127,11 +128,15 @@ class _Trainable:
         self._params = list(module.parameters())
         self.ids = {id(p) for p in self._params if p.requires_grad}
         self._registered = False
-        self._hooks = [register_module_module_registration_hook(self._mark),
-                       register_module_parameter_registration_hook(self._mark)]
+        ref = weakref.ref(self)  # the global hooks must not keep a dropped handle's module alive
 
-    def _mark(self, *args: Any) -> None:
-        self._registered = True
+        def mark(*args: Any) -> None:
+            watch = ref()
+            if watch is not None:
+                watch._registered = True
+
+        hooks = [register_module_module_registration_hook(mark), register_module_parameter_registration_hook(mark)]
+        self._close = weakref.finalize(self, _remove_all, hooks)
 
     def unchanged(self) -> bool:
         if self._registered:
@@ -139,9 +144,12 @@ class _Trainable:
         return {id(p) for p in self._params if p.requires_grad} == self.ids
 
     def close(self) -> None:
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
+        self._close()
+
+
+def _remove_all(handles: Sequence[Any]) -> None:
+    for h in handles:
+        h.remove()
 
 
 class TrainingHandle:
