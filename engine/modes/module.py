@@ -280,7 +280,8 @@ def _execute_training(job: Job, module: Any, inputs: dict, device: torch.device,
     """workload=train_lora: the reference steps all resident (when the weights and the saved
     tensors fit), then the same steps under the budget and the activations policy."""
     cfg = job.cfg
-    initial = {n: p.detach().clone() for n, p in module.named_parameters() if p.requires_grad}
+    # On the host: each run starts its adapters from these, and the device's peak is the run's own.
+    initial = {n: p.detach().to("cpu", copy=True) for n, p in module.named_parameters() if p.requires_grad}
     act = None if cfg.activations.mode == "off" else OmegaConf.to_container(_activations(cfg, trace), resolve=True)
     saved = sum(s.nbytes for r in trace.records for s in r.saved)
     compare = fits_resident(sum(trace.weight_sizes.values()) + saved, device)
