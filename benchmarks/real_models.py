@@ -5,12 +5,15 @@
     python benchmarks/real_models.py --models llama8b --budgets 4000,8000,12000 --out DIR
     python benchmarks/real_models.py --models ltx2 --budgets 16000 --backends cuda,vmm --out DIR
     python benchmarks/real_models.py --models llama8b --budgets 0,8000          # 0: all resident, our hooks
+    python benchmarks/real_models.py --models flux --budgets 12000 --groupings block,leaf \
+        --evictions priority,belady,lru --lookahead 1,2,3                       # tuning: 18 candidates
 
 Per model (conf/model/<name>_diffusers.yaml / llama8b_hf.yaml, built on the meta device):
   checkpoint  random bf16 weights written once to --dir (a single .safetensors, mode=materialize's writer)
   resident    every weight loaded to the device from the checkpoint: the reference output and the
               compute floor; again beside a stream of H2D copies (the slowdown under copies)
   record      engine.record: each block timed on the device -> the trace the predictions replay
+              (once per --groupings entry: leaf makes every leaf module with weights a kernel)
   ours        per budget (0: every weight resident through the same hooks, budget_mb=None):
               engine.offload(checkpoint=..., eviction = the simulator's pick on that trace):
               set-up time (map + register + record order + warm), step time (median of --steps after
@@ -23,7 +26,8 @@ Per model (conf/model/<name>_diffusers.yaml / llama8b_hf.yaml, built on the meta
   peer        (--peer) diffusers enable_group_offload(block_level, 1 block per group, use_stream=True)
               on the same module with CPU weights viewing the same checkpoint mapping
 
-Prints a markdown table last and writes real_models.json under --out.
+Prints a markdown table last, then per budget the configuration the simulator ranks first against
+the best measured, and writes real_models.json under --out.
 """
 from __future__ import annotations
 
@@ -48,6 +52,7 @@ import engine  # noqa: E402
 from engine.executor.setup import bitwise_equal  # noqa: E402
 from engine.measure.probes import copy_stream_beside, probe_copies  # noqa: E402
 from engine.config import load_hardware  # noqa: E402
+from engine.errors import BelowFloorError  # noqa: E402
 from engine.modules.build import build_module, example_inputs, first_output  # noqa: E402
 from engine.modules.checkpoint import Checkpoint, module_weights  # noqa: E402
 from engine.modules.offload import predict  # noqa: E402
@@ -183,16 +188,24 @@ def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
     log(f"{key}: resident {resident_ms:.1f} ms, +{100 * slowdown:.1f}% beside copies, H2D {h2d_gbps:.1f} GB/s, "
         f"finite={finite}, {len(outcomes)} different output(s) over {args.warmup + 2 * args.steps + 1} steps")
 
-    t0 = time.perf_counter()
-    trace = engine.record(module, inputs, checkpoint=path, name=cfg.name, workload=WORKLOADS[key])
-    result["record_s"] = round(time.perf_counter() - t0, 1)
-    write_trace(Path(args.out) / f"{key}.trace.jsonl.gz", trace)
-    result["recorded_compute_ms"] = sum(r.compute_ns for r in trace.records) / 1e6
-    result["recorded_host_ms"] = sum(r.host_ns for r in trace.records) / 1e6
-    result["kernels"] = len(trace.records)
-    log(f"{key}: recorded {len(trace.records)} kernels in {result['record_s']} s "
-        f"({', '.join(f'{k} {v:.1f}' for k, v in trace.header['record_stages_s'].items())}): compute "
-        f"{result['recorded_compute_ms']:.1f} ms, host {result['recorded_host_ms']:.1f} ms")
+    traces = {}  # one recording per kernel grouping: its kernels, and so its trace, differ
+    for grouping in args.groupings:
+        t0 = time.perf_counter()
+        trace = engine.record(module, inputs, checkpoint=path, name=cfg.name, workload=WORKLOADS[key],
+                              grouping=grouping)
+        traces[grouping] = trace
+        suffix = "" if grouping == "block" else f"-{grouping}"
+        write_trace(Path(args.out) / f"{key}{suffix}.trace.jsonl.gz", trace)
+        stats = {"record_s": round(time.perf_counter() - t0, 1),
+                 "recorded_compute_ms": sum(r.compute_ns for r in trace.records) / 1e6,
+                 "recorded_host_ms": sum(r.host_ns for r in trace.records) / 1e6, "kernels": len(trace.records)}
+        if grouping == args.groupings[0]:  # the figures the earlier results' json keep at the top
+            result.update(stats)
+        result.setdefault("recordings", {})[grouping] = stats
+        log(f"{key}: recorded {len(trace.records)} kernels ({grouping}) in {stats['record_s']} s "
+            f"({', '.join(f'{k} {v:.1f}' for k, v in trace.header['record_stages_s'].items())}): compute "
+            f"{stats['recorded_compute_ms']:.1f} ms, host {stats['recorded_host_ms']:.1f} ms")
+    trace = traces[args.groupings[0]]
     pred_all = predict(trace, hw, None, 2, "priority")
     result["predicted_resident_ms"] = pred_all["step_ms"]
     pipelined = trace.header.get("pipelined_step_ns")
@@ -223,16 +236,22 @@ def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
     gc.collect()
     torch.cuda.empty_cache()
 
-    for budget, eviction, backend, ahead in [(b, e, k, la) for b in args.budgets for e in args.evictions
-                                             for k in args.backends for la in args.lookahead]:
-        pred = predict(trace, hw, round(budget * 1e6) if budget else None, ahead, eviction, backend=backend)
+    for budget, grouping, eviction, backend, ahead in [
+            (b, g, e, k, la) for b in args.budgets for g in args.groupings for e in args.evictions
+            for k in args.backends for la in args.lookahead]:
+        trace = traces[grouping]
+        try:
+            pred = predict(trace, hw, round(budget * 1e6) if budget else None, ahead, eviction, backend=backend)
+        except BelowFloorError as err:  # a candidate the budget cannot hold: no row, as tuning skips it
+            log(f"{key} @ {budget} ({grouping}, {eviction} / {ahead}): skipped, {err}")
+            continue
         torch.cuda.reset_peak_memory_stats()
         rss0 = host_rss()
         t0 = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             h = engine.offload(module, budget_mb=budget or None, example_inputs=inputs, eviction=pred["eviction"],
-                               lookahead=pred["lookahead"], checkpoint=path, backend=backend)
+                               lookahead=pred["lookahead"], checkpoint=path, backend=backend, grouping=grouping)
         setup_s = time.perf_counter() - t0
         copied = h.streamed.copied_bytes
         torch.cuda.reset_peak_memory_stats()  # the steps' peak: set-up copies each kernel in once, on its own
@@ -254,7 +273,7 @@ def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
         step = statistics.median(times)
         mean = statistics.mean(times)  # belady's steps differ: the prediction is their long-run mean
         counts = getattr(h.executor.backend, "map_counts", None)
-        row = {"budget_mb": budget, "backend": backend, "relocations": sum(r["relocations"] for r in timed_rows),
+        row = {"budget_mb": budget, "grouping": grouping, "backend": backend, "relocations": sum(r["relocations"] for r in timed_rows),
                "vmm": counts() if counts else None, "eviction": pred["eviction"], "lookahead": pred["lookahead"], "step_ms": step,
                "free_running_ms": free_ms, "limit_ms": limit_ms,
                "over_limit": step / limit_ms, "predicted_ms": pred["step_ms"], "mean_ms": mean, "times": times,
@@ -270,7 +289,7 @@ def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
                + outside, "predicted_process_bytes": pred["peak_process_bytes"],
                "measured_timeline": h.executor.step_timeline() if args.timeline else None}
         result["rows"].append(row)
-        log(f"{key} @ {budget} ({backend}): {pred['eviction']} lookahead {pred['lookahead']} {step:.1f} ms (mean {mean:.1f}, "
+        log(f"{key} @ {budget} ({grouping}, {backend}): {pred['eviction']} lookahead {pred['lookahead']} {step:.1f} ms (mean {mean:.1f}, "
             f"limit {limit_ms:.1f}, x{step / limit_ms:.3f}), predicted {pred['step_ms']:.1f} ({100 * row['prediction_error']:+.1f}% "
             f"of the mean), H2D {row['mean_h2d_bytes'] / 1e9:.2f} GB a step (predicted {pred['h2d_bytes'] / 1e9:.2f}), set-up {setup_s:.1f} s, "
             f"bitwise={row['bitwise']} (max diff {row['max_abs_diff']:.3g}), process peak {row['process_peak_bytes'] / 1e9:.2f} GB "
@@ -307,7 +326,7 @@ def peer_row(module: Any, cfg: Any, table: Any, path: Path, inputs: dict, outcom
 
 
 def table_md(results: list[dict]) -> str:
-    lines = ["| model | budget MB | backend | eviction | step ms (median / mean) | limit ms | x limit | predicted ms | "
+    lines = ["| model | budget MB | backend | grouping / eviction / lookahead | step ms (median / mean) | limit ms | x limit | predicted ms | "
              "error (of the mean) | H2D GB a step (mean / predicted) | set-up s | bitwise | relocations | "
              "free-running ms (x limit, error) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -319,7 +338,7 @@ def table_md(results: list[dict]) -> str:
                      f"| - | - | ref | - | - |")
         for row in r["rows"]:
             lines.append(f"| {r['model']} | {row['budget_mb'] or 'resident (engine.offload)'} | {row['backend']} | "
-                         f"{row['eviction']} / {row['lookahead']} | "
+                         f"{row.get('grouping', 'block')} / {row['eviction']} / {row['lookahead']} | "
                          f"{row['step_ms']:.1f} / {row['mean_ms']:.1f} | "
                          f"{row['limit_ms']:.1f} | {row['over_limit']:.3f} | {row['predicted_ms']:.1f} | "
                          f"{100 * row['prediction_error']:+.1f}% | {row['mean_h2d_bytes'] / 1e9:.2f} / "
@@ -348,6 +367,8 @@ def main() -> None:
     ap.add_argument("--peer", action="store_true")
     ap.add_argument("--backends", default="cuda", help="weight backends to run each budget on: cuda, vmm")
     ap.add_argument("--evictions", default="auto", help="eviction policies per budget (auto: the simulator's pick)")
+    ap.add_argument("--groupings", default="block",
+                    help="kernel groupings (block, leaf), each recorded once and run at every budget")
     ap.add_argument("--timeline", action="store_true",
                     help="time one more step's kernels and copies per row (measured_timeline in the json)")
     ap.add_argument("--out", default="outputs/real_models")
@@ -359,6 +380,7 @@ def main() -> None:
     args.budgets = [float(b) for b in args.budgets.split(",")]
     args.backends = args.backends.split(",")
     args.evictions = args.evictions.split(",")
+    args.groupings = args.groupings.split(",")
     args.lookahead = ["auto"] if args.lookahead == "auto" else [int(la) for la in args.lookahead.split(",")]
     Path(args.out).mkdir(parents=True, exist_ok=True)
     hw = load_hardware(args.hardware)
@@ -390,14 +412,16 @@ def ranking_md(results: list[dict]) -> list[str]:
             pick = min(rows, key=lambda row: row["predicted_ms"])
             for key, what in (("mean_ms", "synced steps' mean"), ("free_running_ms", "free-running")):
                 best = min(rows, key=lambda row: row[key])
+                place = sorted(row[key] for row in rows).index(pick[key]) + 1
                 lines.append(f"{r['model']} at {budget:.0f}, {what}: {len(rows)} configurations; the simulator ranks "
-                             f"{name(pick)} first ({pick[key]:.1f} ms), the best measured is {name(best)} "
-                             f"({best[key]:.1f} ms): the pick is {100 * (pick[key] / best[key] - 1):+.1f}%")
+                             f"{name(pick)} first ({pick[key]:.1f} ms, measured {place} of {len(rows)}), the best "
+                             f"measured is {name(best)} ({best[key]:.1f} ms): the pick is "
+                             f"{100 * (pick[key] / best[key] - 1):+.1f}%")
     return lines
 
 
 def name(row: dict) -> str:
-    return f"{row['eviction']}/{row['lookahead']}/{row['backend']}"
+    return f"{row.get('grouping', 'block')}/{row['eviction']}/{row['lookahead']}/{row['backend']}"
 
 
 if __name__ == "__main__":
