@@ -21,6 +21,7 @@ order and config it equals a bare `WeightResidency`'s log (decision parity).
 """
 from __future__ import annotations
 
+import logging
 import threading
 import traceback
 from contextlib import contextmanager
@@ -34,6 +35,8 @@ from engine.gc_pause import paused_gc
 from engine.executor.backend import Backend, Block
 from engine.policy import KEEP_STEPS, AccessOrder, Decision, keep_last_steps
 from engine.policy.placement import place, residency
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -152,6 +155,7 @@ class WeightExecutor:
         self.time_steps = False  # steps run without `timed` mark their kernels and copies (step_timeline)
         self._largest = max(order.sizes.values(), default=0)  # what placement_at_risk asks about
         self._steps_run = 0
+        self._relocations = 0
 
     # -- the WeightSource protocol -------------------------------------------------
 
@@ -406,11 +410,18 @@ class WeightExecutor:
         self.backend.defragment()
         stats = self._stats
         stats.relocations += 1
+        self._relocations += 1
         for w, r in moved:
             block = self.backend.alloc(r.block.nbytes)
             self._resident[w] = _Resident(block, block.data.view(r.tensor.dtype).view(r.tensor.shape),
                                           self.backend.copy_in(block, self.host[w]))
             stats.relocated_bytes += block.nbytes
+        if self._relocations == 1:  # once per executor: telemetry counts every one
+            log.warning("the weight pool relocated in step %d: its free space split into pieces too small for "
+                        "a block the budget allows, so %.0f MB of resident weights were copied in again (a "
+                        "stall the simulator does not predict; telemetry counts each as 'relocations'); the "
+                        "vmm backend never relocates (weights.backend=vmm, or backend=\"vmm\")",
+                        stats.step, stats.relocated_bytes / 1e6)
 
     # -- checks --------------------------------------------------------------------
 

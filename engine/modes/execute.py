@@ -184,7 +184,8 @@ def comparison_md(rows: list[dict], meas: dict) -> str:
     if meas.get("relocations"):
         md.append(f"- {meas['relocations']} relocations: the pool refused a block under the budget "
                   "(fragmentation) and the resident weights were copied in again; the simulator "
-                  "does not model this, so measured times include stalls it did not predict")
+                  "does not model this, so measured times include stalls it did not predict; "
+                  "weights.backend=vmm never relocates")
     return "\n".join(md)
 
 
