@@ -11,7 +11,7 @@ benchmarks/full_models.py), predicts every measured configuration with the CLI a
 (one `-m` sweep per model and lookahead, each row at the lookahead it ran with; synthesized
 traces unless --recorded), and prints measured against predicted: the error of
 each, mean and max |error|, and whether the eviction the simulator ranks first at each budget
-is the one measured fastest.
+is the one measured fastest (where not, how far its measured step is from the fastest).
 
 --leave-one-out predicts each model with a kernel table fitted (engine.calibrate) from the
 recordings of the other models only (TABLE_TRACES less its own) and the compute probe
@@ -95,7 +95,7 @@ def main() -> None:
           f"{', each model held out of the kernel table' if args.leave_one_out else ''}\n")
     print("| model | budget MB | eviction | measured ms | predicted ms | error |")
     print("|---|---|---|---|---|---|")
-    errors, ranked, budgets = [], 0, 0
+    errors, ranked, budgets, misses = [], 0, 0, []
     with tempfile.TemporaryDirectory() as tmp:
         for model, rows in by_model.items():
             held = [f"hardware.kernel_table={held_out_table(model, Path(tmp))}"] if args.leave_one_out else []
@@ -111,13 +111,20 @@ def main() -> None:
                 errors.append(abs(err))
                 print(f"| {model} | {r['budget_mb'] or 'all resident'} | {r['eviction']} | {r['step_ms']:.1f} | "
                       f"{p:.1f} | {err:+.1f}% |")
-            for b in {r["budget_mb"] for r in rows if r["budget_mb"] is not None}:
+            for b in sorted({r["budget_mb"] for r in rows if r["budget_mb"] is not None}):
                 at = [r for r in rows if r["budget_mb"] == b]
-                fastest = min(at, key=lambda r: r["step_ms"])["eviction"]
-                ranked += fastest == min(at, key=lambda r: pred[(b, r["eviction"], r["lookahead"])])["eviction"]
+                fastest = min(at, key=lambda r: r["step_ms"])
+                pick = min(at, key=lambda r: pred[(b, r["eviction"], r["lookahead"])])
+                ranked += fastest["eviction"] == pick["eviction"]
                 budgets += 1
+                if fastest["eviction"] != pick["eviction"]:
+                    misses.append(f"{model} at {b}: the simulator ranks {pick['eviction']} first, which measured "
+                                  f"{pick['step_ms']:.1f} ms, {100 * (pick['step_ms'] / fastest['step_ms'] - 1):+.1f}% "
+                                  f"over {fastest['eviction']}'s {fastest['step_ms']:.1f}")
     print(f"\n{len(errors)} configurations: mean |error| {statistics.mean(errors):.1f}%, max {max(errors):.1f}%; "
           f"the simulator's fastest eviction is the measured fastest at {ranked} of {budgets} budgets")
+    for line in misses:
+        print(f"- {line}")
 
 
 if __name__ == "__main__":
