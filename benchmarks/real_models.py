@@ -282,10 +282,12 @@ def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
                "bitwise": one_of(first_output(out), outcomes),
                "max_abs_diff": min((first_output(out).float() - o.float()).abs().max().item() for o in outcomes),
                "peak_pool_bytes": max(r["peak_device_bytes"] for r in rows),
+               "held_weight_bytes": max(r["held_device_bytes"] for r in rows),
+               "backend_reserved_peak_bytes": h.executor.backend.reserved_peak_bytes(),
                "peak_torch_bytes": torch.cuda.max_memory_allocated(),
                "predicted_peak_bytes": pred["peak_device_bytes"], "rss": host_rss(), "rss_before": rss0,
                # the process: pool + torch's allocations (activations, inputs, kept parameters) + the rest
-               "process_peak_bytes": max(r["peak_device_bytes"] for r in rows) + torch.cuda.max_memory_allocated()
+               "process_peak_bytes": max(r["held_device_bytes"] for r in rows) + torch.cuda.max_memory_allocated()
                + outside, "predicted_process_bytes": pred["peak_process_bytes"],
                "measured_timeline": h.executor.step_timeline() if args.timeline else None}
         result["rows"].append(row)

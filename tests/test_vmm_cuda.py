@@ -57,6 +57,8 @@ def test_every_fetched_block_holds_its_weight_within_the_budget(eviction):
     assert sum(r["relocations"] for r in rows) == 0 and rows[-1]["evictions"] > 0
     assert all(r["peak_device_bytes"] <= budget for r in rows)
     assert ex.backend.reserved_peak_bytes() <= budget
+    # What the weights held, as the simulator counts it: the chunks, mapped or not.
+    assert rows[-1]["held_device_bytes"] == max(ex.backend.reserved_peak_bytes(), rows[-1]["peak_device_bytes"])
     maps = ex.backend.map_counts()
     assert maps["maps"] > 0 and maps["unmaps"] > 0
     ex.close()

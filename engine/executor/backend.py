@@ -227,6 +227,12 @@ class Backend(Protocol):
         """High-water of live block bytes (the weights held) since the last `reset_peak`."""
         ...
 
+    def held_peak_bytes(self) -> int:
+        """High-water of the device bytes the weights hold, as the simulator counts them: the
+        live blocks since the last `reset_peak` on a pool; on vmm at least its chunks' high-water
+        since creation (a chunk holds its memory mapped or not: the conversion slack too)."""
+        ...
+
     def reset_peak(self) -> None:
         ...
 

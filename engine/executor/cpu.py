@@ -143,6 +143,9 @@ class CpuBackend:
     def peak_bytes(self) -> int:
         return self._live.peak
 
+    def held_peak_bytes(self) -> int:
+        return self._live.peak
+
     def reset_peak(self) -> None:
         self._live.reset_peak()
 

@@ -60,6 +60,7 @@ class StepStats:
     hits: int = 0
     evictions: int = 0
     peak_device_bytes: int = 0  # pool used high-water during the step
+    held_device_bytes: int = 0  # the device bytes the weights held at most (Backend.held_peak_bytes)
     peak_resident_bytes: int = 0  # logical bytes the policy held at most
     relocations: int = 0  # pool refusals under the budget, each answered by a relocation
     relocated_bytes: int = 0  # resident bytes copied in again by those relocations
@@ -243,6 +244,7 @@ class WeightExecutor:
                 stats.marks.append(("compute", *self._open_kernel, stats.end))
             self._open_kernel = None
             stats.peak_device_bytes = self.backend.peak_bytes()
+            stats.held_device_bytes = self.backend.held_peak_bytes()
             self.steps.append(stats)
             self._steps_run += 1
         finally:
@@ -273,6 +275,7 @@ class WeightExecutor:
                 "hits": s.hits,
                 "evictions": s.evictions,
                 "peak_device_bytes": s.peak_device_bytes,
+                "held_device_bytes": s.held_device_bytes,
                 "peak_resident_bytes": s.peak_resident_bytes,
                 "relocations": s.relocations,
                 "relocated_bytes": s.relocated_bytes,

@@ -284,7 +284,8 @@ def telemetry_row(weights: dict, acts: dict | None, cuda_peak: int | None) -> di
                                          "finalize_wait_ms")})
         row["activation_h2d_bytes"] = row.pop("h2d_bytes")
     row.update({f"weight_{k}": weights[k] for k in ("h2d_bytes", "fetches", "prefetches", "hits", "evictions",
-                                                   "peak_device_bytes", "peak_resident_bytes",
+                                                   "peak_device_bytes", "held_device_bytes", "peak_resident_bytes",
                                                    "relocations", "relocated_bytes")})
     row["peak_device_bytes"] = weights["peak_device_bytes"] + (activation_peak or 0)
+    row["held_device_bytes"] = weights["held_device_bytes"] + (activation_peak or 0)
     return row

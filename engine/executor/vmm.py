@@ -214,6 +214,9 @@ class VmmBackend(CudaStreams):
     def peak_bytes(self) -> int:
         return self._live.peak
 
+    def held_peak_bytes(self) -> int:
+        return max(self._live.peak, self.reserved_peak_bytes())
+
     def reset_peak(self) -> None:
         self._live.reset_peak()
 

@@ -387,7 +387,7 @@ def run_execute(cfg: Any, spec: ModelSpec, trace: Any, out_dir: str | Path) -> d
         "relocations": sum(row["relocations"] for row in telemetry),
         "peak_device_bytes": max(row["peak_device_bytes"] for row in telemetry),
         "peak_pool_torch_bytes": None if torch_peak is None else
-        max(row["peak_device_bytes"] for row in telemetry) + torch_peak,
+        max(row["held_device_bytes"] for row in telemetry) + torch_peak,
         "peak_resident_bytes": max(row["peak_resident_bytes"] for row in telemetry),
         "outputs_match_reference": match,
         "reference_outcomes": outcomes,
@@ -463,8 +463,8 @@ def run_train_execute(cfg: Any, spec: ModelSpec, trace: Any, out_dir: str | Path
         "relocations": sum(r["weight_relocations"] for r in rows),
         **weight_counts(last, "weight_"),
         "peak_device_bytes": max(r["peak_device_bytes"] for r in rows),
-        # On CUDA a row's peak is the pool's plus torch's allocator's (telemetry_row).
-        "peak_pool_torch_bytes": max(r["peak_device_bytes"] for r in rows) if device.type == "cuda" else None,
+        # On CUDA a row's held bytes are the weights' plus torch's allocator's peak (telemetry_row).
+        "peak_pool_torch_bytes": max(r["held_device_bytes"] for r in rows) if device.type == "cuda" else None,
         "spill_bytes": last["spill_bytes"],
         "restore_bytes": last["restore_bytes"],
         "pool_hits": last["pool_hits"],

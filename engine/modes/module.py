@@ -201,8 +201,9 @@ def execute_module(job: Job) -> Outcome:
     steady = rows[1:] or rows
     measured = {"step_ms": statistics.median(r["step_ms"] for r in steady), "h2d_bytes": rows[-1]["h2d_bytes"],
                 "peak_device_bytes": max(r["peak_device_bytes"] for r in rows)}
-    if cuda:  # the whole device less the context: the pool's peak plus torch's allocator's
-        measured["peak_pool_torch_bytes"] = measured["peak_device_bytes"] + torch.cuda.max_memory_allocated(device)
+    if cuda:  # the whole device less the context: the weights' held peak plus torch's allocator's
+        measured["peak_pool_torch_bytes"] = (max(r["held_device_bytes"] for r in rows)
+                                             + torch.cuda.max_memory_allocated(device))
     report = {"config": config_summary(job), **_plan(job, trace), "prediction": pred, "measured": measured,
               "bitwise": same, "device": device_name(device), "resident_params": h.resident_params}
     md = (f"## Executed {cfg.model.name} at budget {cfg.budget} MB ({pred['eviction']})\n\n"
@@ -305,7 +306,7 @@ def _execute_training(job: Job, module: Any, inputs: dict, device: torch.device,
     measured = {"step_ms": statistics.median(r["weight_step_ms"] for r in steady),
                 "h2d_bytes": rows[-1]["weight_h2d_bytes"] + rows[-1].get("restore_bytes", 0),
                 "d2h_bytes": rows[-1].get("spill_bytes", 0),
-                "pool_peak_bytes": max(r["weight_peak_device_bytes"] for r in rows),
+                "pool_peak_bytes": max(r["weight_held_device_bytes"] for r in rows),
                 "torch_peak_bytes": None if None in torch_peak else max(torch_peak),
                 "activations_spilled": rows[-1].get("activations_spilled", 0),
                 "pool_misses": rows[-1].get("pool_misses", 0),
