@@ -14,8 +14,7 @@ import simpy
 from engine.gc_pause import paused_gc
 from engine.policy import ActivationPolicy, Decision, WeightPolicy
 from engine.policy.activations import build_activation_policy
-from engine.policy.placement import Placement, place, residency
-from engine.policy.weights import all_resident
+from engine.policy.placement import Placement, all_resident, place, residency
 from engine.trace import Trace
 from sim.activations import SavedActivations
 from sim.compute import ComputeStream, trace_sustained_slowdown
@@ -65,8 +64,8 @@ def simulate(trace: Trace, weights_cfg: Any, activations_cfg: Any, hardware: Any
     Below the floor the weight policy raises BelowFloorError unless
     `allow_below_floor`; then the hazards are in the prediction.
     """
-    trace = as_run(trace, budget_bytes)
     placement = place(trace.access_order(), budget_bytes, backend_granule(weights_cfg, hardware))
+    trace = as_run(trace, placement)
     weights = residency(placement, weights_cfg.eviction, weights_cfg.lookahead, allow_below_floor)
     activations = None
     if activations_cfg is not None and any(r.saved for r in trace.records):
@@ -75,12 +74,12 @@ def simulate(trace: Trace, weights_cfg: Any, activations_cfg: Any, hardware: Any
                  source_gbps(hardware, weights_cfg.source), budget_bytes, steps, placement)
 
 
-def as_run(trace: Trace, budget_bytes: int | None) -> Trace:
+def as_run(trace: Trace, placement: Placement) -> Trace:
     """`trace` as the executor runs it: a recorded module whose weights all fit the budget
-    is bound once and runs without hooks (engine/policy/weights.py `all_resident`), at its
+    is bound once and runs without hooks (engine/policy/placement.py `all_resident`), at its
     plain forward's host times (header "plain_host_factor")."""
     factor = trace.header.get("plain_host_factor")
-    if factor is None or not all_resident(budget_bytes, sum(trace.weight_sizes.values())):
+    if factor is None or not all_resident(placement):
         return trace
     return Trace(trace.header, trace.weight_sizes,
                  tuple(replace(r, host_ns=round(r.host_ns * factor)) for r in trace.records))

@@ -175,6 +175,7 @@ def test_a_recording_without_room_for_its_resident_steps_says_so(checkpoint, mon
 def test_every_weight_resident_is_simulated_at_the_plain_forwards_host_times():
     """A recorded module whose weights all fit runs bound, without hooks: the simulator
     takes its host times by plain_host_factor there, and only there."""
+    from engine.policy.placement import place
     from sim.simulator import as_run
 
     records = (KernelRecord(name="a", layer=0, phase="fwd", weights=("w",), compute_ns=100, flops=0, io_bytes=60,
@@ -182,11 +183,16 @@ def test_every_weight_resident_is_simulated_at_the_plain_forwards_host_times():
                KernelRecord(name="b", layer=1, phase="fwd", weights=("v",), compute_ns=100, flops=0, io_bytes=40,
                             host_ns=0))
     trace = Trace({"plain_host_factor": 0.75}, {"w": 60, "v": 40}, records)
+
+    def run(budget, granule=1):
+        return as_run(trace, place(trace.access_order(), budget, granule))
     for budget in (None, 100, 10**6):
-        assert [r.host_ns for r in as_run(trace, budget).records] == [750, 0]
-    assert as_run(trace, 99) is trace  # one weight must wait for another's eviction: hooks
+        assert [r.host_ns for r in run(budget).records] == [750, 0]
+    assert run(99) is trace  # one weight must wait for another's eviction: hooks
+    # On granules of 32 bytes each weight takes whole ones: 64 + 64 bytes, where 100 hold their bytes.
+    assert run(127, granule=32) is trace and [r.host_ns for r in run(128, granule=32).records] == [750, 0]
     plain = Trace({}, trace.weight_sizes, records)
-    assert as_run(plain, None) is plain  # a spec trace, or one recorded before: as recorded
+    assert as_run(plain, place(plain.access_order(), None, 1)) is plain  # a spec trace, or one recorded before
 
 
 def test_auto_picks_the_fastest_predicted_policy(checkpoint):

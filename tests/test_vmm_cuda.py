@@ -16,6 +16,7 @@ from engine.errors import ExecutorError  # noqa: E402
 from engine.executor import WeightExecutor  # noqa: E402
 from engine.executor.vmm import VmmBackend, vmm_granule  # noqa: E402
 from engine.policy import AccessOrder  # noqa: E402
+from engine.policy.chunks import conversion_slack  # noqa: E402
 from engine.policy.placement import place  # noqa: E402
 from engine.policy.weights import floor  # noqa: E402
 
@@ -56,7 +57,8 @@ def test_every_fetched_block_holds_its_weight_within_the_budget(eviction):
     rows = ex.telemetry()
     assert sum(r["relocations"] for r in rows) == 0 and rows[-1]["evictions"] > 0
     assert all(r["peak_device_bytes"] <= budget for r in rows)
-    assert ex.backend.reserved_peak_bytes() <= budget
+    # The chunks may exceed the budget by the books' conversion slack, never more.
+    assert ex.backend.reserved_peak_bytes() <= budget + conversion_slack(max(order.sizes.values()), granule)
     # What the weights held, as the simulator counts it: the chunks, mapped or not.
     assert rows[-1]["held_device_bytes"] == max(ex.backend.reserved_peak_bytes(), rows[-1]["peak_device_bytes"])
     maps = ex.backend.map_counts()

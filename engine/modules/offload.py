@@ -9,8 +9,8 @@ simulates every eviction policy on that trace and the hardware profile, and
 keeps the fastest; `handle.prediction` holds the simulator's figures beside
 `handle.telemetry()`'s measured ones.
 
-Where every streamed weight fits the budget (engine/policy/weights.py
-`all_resident`), nothing would ever be evicted: the weights are fetched once at
+Where every streamed weight fits the budget as the backend places it
+(engine/policy/placement.py `all_resident`), nothing would ever be evicted: the weights are fetched once at
 set-up and bound for good, and the module's hooks come off
 (`KernelHooks.bound`), so each forward is the plain module's; the executor only
 times it (`WeightExecutor.step(bound=True)`).
@@ -37,7 +37,8 @@ from engine.modules.record import record_module
 from engine.modules.streamed import StreamedModule, stage
 from engine.modules.training import TrainingHandle, activations_config, sized_for
 from engine.modules.untouched import untouched
-from engine.policy.weights import EVICTIONS, WeightResidency, all_resident
+from engine.policy.placement import all_resident
+from engine.policy.weights import EVICTIONS, WeightResidency
 from engine.trace import Trace
 from engine.units import MB, budget_bytes
 
@@ -157,7 +158,7 @@ def offload(module: nn.Module, *, budget_mb: float | None, example_inputs: Any =
             with stage(streamed.setup_s, "executor"):
                 executor = WeightExecutor(streamed.order, streamed.host, budget_bytes=budget,
                                           eviction=eviction, lookahead=lookahead, backend=backend)
-                if all_resident(budget, sum(streamed.order.sizes.values())):
+                if all_resident(executor.placement):
                     binding = streamed.bind(executor)
         except BaseException as err:
             traceback.clear_frames(err.__traceback__)  # its frames hold views of the checkpoint's mapping

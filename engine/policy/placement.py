@@ -66,6 +66,15 @@ def place(order: AccessOrder, budget_bytes: int | None, granule: int) -> Placeme
     return Placement(granule, AccessOrder(order.kernels, reads, streamed), resident, resident_bytes, left, emptied)
 
 
+def all_resident(placement: Placement) -> bool:
+    """Whether every streamed weight fits what the budget leaves, at its placed size, so none
+    is ever evicted: a recorded module's weights are then bound once and its forward runs
+    without hooks (engine/modules/hooks.py `KernelHooks.bound`), and the simulator predicts
+    that forward. On a backend of granules the placed sizes are rounded up: weights whose
+    bytes fit may still take turns there."""
+    return placement.budget_bytes is None or placement.budget_bytes >= sum(placement.order.sizes.values())
+
+
 def residency(placement: Placement, eviction: str, lookahead: int, allow_below_floor: bool = False) -> WeightResidency:
     """The residency policy over `placement`'s streamed weights; under the floor, the
     error counts the resident block in, so its figures are the user's budget's."""

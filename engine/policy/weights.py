@@ -398,13 +398,6 @@ EVICTIONS: dict[str, Callable[[AccessOrder, int | None, int], Eviction]] = {
 }
 
 
-def all_resident(budget_bytes: int | None, weight_bytes: int) -> bool:
-    """Whether every streamed weight fits the budget at once, so none is ever evicted: a
-    recorded module's weights are then bound once and its forward runs without hooks
-    (engine/modules/hooks.py `KernelHooks.bound`), and the simulator predicts that forward."""
-    return budget_bytes is None or budget_bytes >= weight_bytes
-
-
 class WeightResidency:
     """The WeightPolicy: answers `issue(position)` with hits, fetches, evictions,
     prefetches (and hazards below the floor); every answer also goes to `.log`.
