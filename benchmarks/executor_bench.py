@@ -39,7 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.errors import ExecutorError  # noqa: E402
 from engine.executor import WeightExecutor  # noqa: E402
-from engine.executor.cuda import CudaBackend, pool_slack_bytes  # noqa: E402
+from engine.executor.cuda import CudaBackend  # noqa: E402
+from engine.policy.placement import pool_slack_bytes  # noqa: E402
 from engine.executor.setup import (bitwise_equal, compute_device, device_name, forward_order,  # noqa: E402
                                    shared_host_weights)
 from engine.models import build_spec, forward, load_model_config, make_inputs  # noqa: E402

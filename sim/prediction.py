@@ -33,8 +33,14 @@ state) unless said otherwise:
                        together) + the context: the CUDA context and workspaces, as a
                        recording measured them (header "context_bytes"), else
                        hardware.context_mb
-    peak_pool_torch_bytes  the same less the context: what `execute` measures (the pool's
-                       peak plus torch's allocator's)
+    peak_pool_torch_bytes  the same less the context: what `execute` measures (the weights'
+                       held peak plus torch's allocator's)
+    device_bound_bytes the most the device may have to hold: peak_process_bytes with the
+                       weights at their backend's cap: on the CUDA pool its capacity (the
+                       budget, or every weight) and its slack against fragmentation, which
+                       the driver reserves as its placement needs (not predicted: up to all
+                       of it); on vmm the chunks' peak, predicted. `check` holds this
+                       against the device's memory
     pool_hits          last step's spills that got a pinned slab ("spill")
     pool_misses        last step's spills into unpinned memory ("miss")
     spilled            saved tensors the policy spilled in the last step (hits + misses)
@@ -56,6 +62,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.policy.placement import pool_slack_bytes
 from engine.trace import Trace
 from sim.compute import ComputeStream
 from sim.launcher import Launcher
@@ -100,6 +107,17 @@ def transient_bytes(trace: Trace) -> int:
         return int(recorded)
     sizes = trace.weight_sizes
     return max((r.io_bytes - sum(sizes[w] for w in set(r.weights)) for r in trace.records), default=0)
+
+
+def pool_cap_bytes(launcher: Launcher, pool: DevicePool) -> int:
+    """The most the CUDA pool may hold for the weights: its capacity and its slack
+    (engine/policy/placement.py), as the executor caps it."""
+    sizes = launcher.trace.weight_sizes
+    if launcher.placement is not None:
+        capacity = launcher.placement.capacity_bytes
+    else:
+        capacity = pool.cap if pool.cap is not None else sum(sizes.values())
+    return capacity + pool_slack_bytes(max(sizes.values(), default=0))
 
 
 def context_bytes(trace: Trace, hardware: Any) -> int:
@@ -183,6 +201,8 @@ def predict(launcher: Launcher, compute: ComputeStream, pool: DevicePool,
         "peak_device_bytes": pool.peak,
         "peak_pool_torch_bytes": held + transient,
         "peak_process_bytes": held + transient + context_bytes(launcher.trace, launcher.hardware),
+        "device_bound_bytes": (weights if launcher.chunks is not None else pool_cap_bytes(launcher, pool))
+        + pool.activation_peak + transient + context_bytes(launcher.trace, launcher.hardware),
         "pool_hits": counts.pool_hits,
         "pool_misses": counts.pool_misses,
         "spilled": counts.spilled,

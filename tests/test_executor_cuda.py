@@ -15,7 +15,8 @@ pytest.importorskip("cuda.bindings.runtime", reason="needs cuda-python (pip inst
 
 from engine.errors import ExecutorError  # noqa: E402
 from engine.executor import WeightExecutor, host_weights  # noqa: E402
-from engine.executor.cuda import POOL_CHUNK, CudaBackend, pool_slack_bytes  # noqa: E402
+from engine.executor.cuda import CudaBackend  # noqa: E402
+from engine.policy.placement import POOL_CHUNK, pool_slack_bytes  # noqa: E402
 from engine.models import forward, load_spec, make_inputs  # noqa: E402
 from engine.models.run import DictSource  # noqa: E402
 from engine.modes.execute import run_execute  # noqa: E402

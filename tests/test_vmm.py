@@ -18,7 +18,7 @@ from engine.executor.cpu import CpuBackend
 from engine.models import forward
 from engine.policy import AccessOrder
 from engine.policy.chunks import ChunkBooks, conversion_slack, layout
-from engine.policy.placement import RESIDENT_ALIGN, place, residency
+from engine.policy.placement import RESIDENT_ALIGN, place, pool_slack_bytes, residency
 from engine.policy.weights import floor
 from sim.simulator import simulate
 
@@ -333,3 +333,20 @@ def test_the_plan_floor_counts_the_vmm_placement(tiny):
                        backend=CpuBackend(vmm.floor.bytes, granule=GRANULE))
     WeightExecutor(tiny.order, tiny.wf.tensors(), budget_bytes=vmm.floor.bytes, eviction="lru",
                    backend=CpuBackend(vmm.floor.bytes, granule=GRANULE)).close()
+
+
+def test_the_device_bound_is_the_pools_cap_and_the_vmm_chunks_peak(tiny):
+    """`check` holds device_bound_bytes against the device: on the pool the weights at its
+    cap (capacity + slack, as the executor caps it), on vmm the chunks' predicted peak."""
+    p = place(tiny.order, None, GRANULE)
+    budget = p.resident_bytes + 3 * floor(p.order, 2).bytes
+    act = OmegaConf.structured(ActivationsConfig)
+    hw = OmegaConf.merge(load_hardware("h100_pcie5"), {"vmm_granule_bytes": GRANULE})
+    by_backend = {}
+    for backend in ("cuda", "vmm"):
+        weights = OmegaConf.merge(OmegaConf.structured(WeightsConfig), {"eviction": "lru", "backend": backend})
+        by_backend[backend] = simulate(tiny.trace, weights, act, hw, budget, 3, False).prediction
+    pool, vmm = by_backend["cuda"], by_backend["vmm"]
+    others = pool["peak_process_bytes"] - pool["peak_device_bytes"]  # nothing saved: activations and context
+    assert pool["device_bound_bytes"] == others + budget + pool_slack_bytes(max(tiny.order.sizes.values()))
+    assert vmm["device_bound_bytes"] == vmm["peak_process_bytes"]

@@ -19,8 +19,8 @@ Mapping of the runtime's requests to CUDA (cuda-python's runtime bindings):
 Fragmentation. The pool places blocks itself and never moves them; with
 weights of many sizes it can refuse a block while the policy's logical bytes
 are under the budget, and capped at exactly the budget it does. The pool is
-therefore capped at budget + `pool_slack_bytes` (4 x the largest weight, in
-whole 32 MiB chunks, which is also how the pool reserves); the policy still
+therefore capped at budget + `pool_slack_bytes` (engine/policy/placement.py:
+4 x the largest weight, in whole 32 MiB chunks, which is also how the pool reserves); the policy still
 plans with the exact budget. Over many steps a slack alone is not enough when
 every eviction goes back to the pool: its reserve creeps up step after step
 (benchmarks/soak.py). So freed blocks are kept by exact size and reused
@@ -39,6 +39,7 @@ import torch
 
 from engine.errors import ExecutorError, PlacementError
 from engine.executor.backend import Block, FreeBlocks, LiveBlocks, warm_sizes
+from engine.policy.placement import POOL_CHUNK
 
 try:
     from cuda.bindings import driver as cudadrv
@@ -47,17 +48,6 @@ except ImportError:  # reported when a CUDA backend is asked for, not at import
     cudart = cudadrv = None
 
 _UNLIMITED = 2**64 - 1
-POOL_CHUNK = 32 << 20  # bytes; the pool reserves device memory in 32 MiB chunks
-SLACK_LARGEST = 4  # slack, in units of the largest weight (module docstring)
-
-
-def pool_slack_bytes(largest_weight_bytes: int) -> int:
-    """Bytes the pool may reserve beyond the budget so that fragmentation never
-    refuses a block the policy's accounting allows: four of the largest weight,
-    in whole pool chunks, at least one (never 0: a pool's maxSize of 0 would
-    mean no cap at all)."""
-    slack = max(SLACK_LARGEST * largest_weight_bytes, 1)
-    return -(-slack // POOL_CHUNK) * POOL_CHUNK
 
 
 def _check(result: tuple, what: str, fix: str) -> Any:

@@ -77,7 +77,8 @@ def make_backend(name: str, capacity_bytes: int, largest_weight_bytes: int) -> B
 
         return CpuBackend(capacity_bytes)
     if name == "cuda":
-        from engine.executor.cuda import CudaBackend, pool_slack_bytes
+        from engine.executor.cuda import CudaBackend
+        from engine.policy.placement import pool_slack_bytes
 
         return CudaBackend(capacity_bytes, pool_slack_bytes(largest_weight_bytes))
     if name == "vmm":
@@ -129,9 +130,8 @@ class WeightExecutor:
         _check_host(order, host)
         self.host = {w: host[w] for w in order.sizes}
         placed = self.placement.order.sizes
-        capacity = budget_bytes if budget_bytes is not None else sum(placed.values()) + self.placement.resident_bytes
         if isinstance(backend, str):
-            backend = make_backend(backend, capacity, max(order.sizes.values(), default=0))
+            backend = make_backend(backend, self.placement.capacity_bytes, max(order.sizes.values(), default=0))
         self.backend = backend
         self.backend.warm(list(placed.values()) + ([self.placement.resident_bytes] if self.placement.resident else []))
         self._reads = [tuple(dict.fromkeys(r)) for r in order.reads]

@@ -66,6 +66,8 @@ def prediction_md(pred: dict, job: Job) -> str:
          f"{pred['peak_device_bytes']:,} ({fmt_bytes(pred['peak_device_bytes'])})"],
         ["peak process bytes (+ activations in flight, CUDA context)",
          f"{pred['peak_process_bytes']:,} ({fmt_bytes(pred['peak_process_bytes'])})"],
+        ["device bytes at most (the weight pool at its cap, its slack included)",
+         f"{pred['device_bound_bytes']:,} ({fmt_bytes(pred['device_bound_bytes'])})"],
         ["activations kept / spilled", f"{pred['kept']} / {pred['spilled']}"],
         ["pool hits / misses", f"{pred['pool_hits']} / {pred['pool_misses']}"],
         *([["pinned pool", _pool_md(cfg.activations.pool)]] if cfg.activations.mode != "off" else []),
@@ -153,6 +155,11 @@ def slo_failures(job: Job, pred: dict) -> list[str]:
         out.append(f"peak process bytes {fmt_bytes(pred['peak_process_bytes'])} (weights "
                    f"{fmt_bytes(pred['peak_device_bytes'])}, activations and the CUDA context) exceed the "
                    f"{cfg.hardware.name}'s {fmt_bytes(device)}")
+    elif slo.require_fits_device and pred["device_bound_bytes"] > device:
+        out.append(f"the device may have to hold {fmt_bytes(pred['device_bound_bytes'])}: the process peak "
+                   f"{fmt_bytes(pred['peak_process_bytes'])} with the weight pool at its cap (its slack against "
+                   f"fragmentation, which the driver reserves as placement needs), over the {cfg.hardware.name}'s "
+                   f"{fmt_bytes(device)}; lower the budget, or weights.backend=vmm (its slack is predicted)")
     if slo.require_above_floor and job.plan.below_floor:
         out.append(f"budget {cfg.budget} MB is under the floor "
                    f"{job.plan.floor.bytes / 1e6:.3f} MB ({' + '.join(job.plan.floor.kernels)})")

@@ -232,6 +232,7 @@ def predict(trace: Trace, hardware: Any, budget: int | None, lookahead: int | st
             "step_ms_range": p["step_ms_range"], "h2d_bytes": p["mean_h2d_bytes"],
             "d2h_bytes": p["d2h_bytes"], "stall_ms": p["stall_ms"], "overlap": p["overlap"],
             "peak_device_bytes": p["peak_device_bytes"], "peak_process_bytes": p["peak_process_bytes"],
+            "device_bound_bytes": p["device_bound_bytes"],
             "peak_pool_torch_bytes": p["peak_pool_torch_bytes"],
             "hardware": hardware.name, "candidates": choice.candidates_ms}
 

@@ -24,6 +24,18 @@ from engine.policy import AccessOrder
 from engine.policy.weights import WeightResidency
 
 RESIDENT_ALIGN = 256  # bytes; each resident weight starts at a multiple of this in its block
+POOL_CHUNK = 32 << 20  # bytes; the CUDA pool reserves device memory in 32 MiB chunks
+POOL_SLACK_LARGEST = 4  # the pool's slack, in units of the largest weight
+
+
+def pool_slack_bytes(largest_weight_bytes: int) -> int:
+    """Bytes the stream-ordered pool may reserve beyond its capacity so that fragmentation
+    never refuses a block the policy's accounting allows (engine/executor/cuda.py): four of
+    the largest weight, in whole pool chunks, at least one (never 0: a pool's maxSize of 0
+    would mean no cap at all). The driver places the blocks, so how much of it a run
+    reserves is not predicted; all of it is what the device may have to hold."""
+    slack = max(POOL_SLACK_LARGEST * largest_weight_bytes, 1)
+    return -(-slack // POOL_CHUNK) * POOL_CHUNK
 
 
 @dataclass(frozen=True)
@@ -34,6 +46,13 @@ class Placement:
     resident_bytes: int  # the resident block, in whole granules
     budget_bytes: int | None  # the budget left to the policy
     resident_kernels: frozenset[int] = frozenset()  # positions whose weights are all in the resident block
+
+    @property
+    def capacity_bytes(self) -> int:
+        """The weights' device bytes a backend is sized for: the budget, or with none every
+        weight as placed."""
+        streamed = self.budget_bytes if self.budget_bytes is not None else sum(self.order.sizes.values())
+        return streamed + self.resident_bytes
 
 
 def round_up(nbytes: int, granule: int) -> int:
