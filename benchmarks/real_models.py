@@ -259,6 +259,7 @@ def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
             times, out = timed(lambda: module(**inputs), args.warmup, args.steps)
             timed_rows = h.telemetry()[-args.steps:]  # the executor keeps its last 16 steps
             free_ms = free_running(lambda: module(**inputs), args.steps)
+            free_relocations = sum(r["relocations"] for r in h.telemetry()[-args.steps:])
             if args.timeline:  # one more step with its kernels and copies timed on the device
                 h.executor.time_steps = True
                 module(**inputs)
@@ -273,7 +274,8 @@ def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
         step = statistics.median(times)
         mean = statistics.mean(times)  # belady's steps differ: the prediction is their long-run mean
         counts = getattr(h.executor.backend, "map_counts", None)
-        row = {"budget_mb": budget, "grouping": grouping, "backend": backend, "relocations": sum(r["relocations"] for r in timed_rows),
+        row = {"budget_mb": budget, "grouping": grouping, "backend": backend,
+               "relocations": sum(r["relocations"] for r in timed_rows), "free_running_relocations": free_relocations,
                "vmm": counts() if counts else None, "eviction": pred["eviction"], "lookahead": pred["lookahead"], "step_ms": step,
                "free_running_ms": free_ms, "limit_ms": limit_ms,
                "over_limit": step / limit_ms, "predicted_ms": pred["step_ms"], "mean_ms": mean, "times": times,
@@ -329,7 +331,7 @@ def peer_row(module: Any, cfg: Any, table: Any, path: Path, inputs: dict, outcom
 
 def table_md(results: list[dict]) -> str:
     lines = ["| model | budget MB | backend | grouping / eviction / lookahead | step ms (median / mean) | limit ms | x limit | predicted ms | "
-             "error (of the mean) | H2D GB a step (mean / predicted) | set-up s | bitwise | relocations | "
+             "error (of the mean) | H2D GB a step (mean / predicted) | set-up s | bitwise | relocations (synced / free) | "
              "free-running ms (x limit, error) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
@@ -345,7 +347,7 @@ def table_md(results: list[dict]) -> str:
                          f"{row['limit_ms']:.1f} | {row['over_limit']:.3f} | {row['predicted_ms']:.1f} | "
                          f"{100 * row['prediction_error']:+.1f}% | {row['mean_h2d_bytes'] / 1e9:.2f} / "
                          f"{row['predicted_h2d_bytes'] / 1e9:.2f} | {row['setup_s']:.1f} | {row['bitwise']} | "
-                         f"{row['relocations']} | {row['free_running_ms']:.1f} "
+                         f"{row['relocations']} / {row.get('free_running_relocations', '-')} | {row['free_running_ms']:.1f} "
                          f"({row['free_running_ms'] / row['limit_ms']:.3f}, "
                          f"{100 * (row['predicted_ms'] / row['free_running_ms'] - 1):+.1f}%) |")
         if "peer" in r:
