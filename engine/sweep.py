@@ -35,7 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from engine.report import table
 
-COLUMNS = ("job", "overrides", "model", "workload", "mode", "budget_mb", "eviction", "lookahead",
+COLUMNS = ("job", "overrides", "model", "trace", "workload", "mode", "budget_mb", "eviction", "lookahead",
            "activations", "floor_mb", "model_mb", "step_ms", "predicted_step_ms", "stall_ms", "overlap",
            "h2d_gb_per_step",
            "peak_device_mb", "node", "gpus", "node_steps_per_s", "passed", "failures", "error")
@@ -72,7 +72,8 @@ def point_row(job_dir: Path) -> dict[str, Any] | None:
     measured = (r.get("measurement") or {}).get("step_ms")
     return {
         "job": int(job_dir.name), "overrides": overrides,
-        "model": c.get("model_option", c.get("model")), "workload": c.get("workload"), "mode": c.get("mode"),
+        "model": c.get("model_option", c.get("model")), "trace": c.get("trace"),
+        "workload": c.get("workload"), "mode": c.get("mode"),
         "budget_mb": c.get("budget_mb"), "eviction": c.get("eviction"),
         "lookahead": c.get("lookahead"), "activations": c.get("activations"),
         "floor_mb": r["floor_bytes"] / 1e6, "model_mb": r["model_bytes"] / 1e6,
@@ -220,8 +221,10 @@ def write_summary(sweep_dir: Path, rows: list[dict[str, Any]], result: Answer, s
         w.writeheader()
         for r in rows:
             w.writerow({k: "; ".join(r[k]) if k == "failures" and r.get(k) else r.get(k) for k in COLUMNS})
+    # the trace only where the sweep replays more than one (recordings of one model's groupings, say)
     shown = [c for c in COLUMNS if c not in ("overrides", "model_mb")
-             and any(r.get(c) not in (None, "", []) for r in rows)]
+             and any(r.get(c) not in (None, "", []) for r in rows)
+             and (c != "trace" or len({r.get("trace") for r in rows if r.get("trace")}) > 1)]
     md = [f"# Sweep summary: {len(rows)} points", "", *result.lines, "",
           table(shown, [[_cell(c, r.get(c)) for c in shown] for r in rows])]
     if result.best is not None:

@@ -231,3 +231,26 @@ def test_an_execute_points_step_is_the_measured_one_with_the_prediction_beside_i
     del report["measurement"]
     (job / "report.json").write_text(json.dumps(report))
     assert point_row(job)["step_ms"] == point_row(job)["predicted_step_ms"] == 560.02
+
+
+def test_a_sweep_over_recordings_names_each_points_trace(tmp_path):
+    """A module recorded once per grouping, both recordings swept (`trace=A,B`): the summary
+    says which recording each point replays, and only when there is more than one."""
+    from engine.sweep import Answer, point_row, write_summary
+
+    rows = []
+    for job, (trace, step) in enumerate((("rec-block/trace.jsonl", 250.0), ("rec-leaf/trace.jsonl", 240.0))):
+        d = tmp_path / str(job)
+        d.mkdir()
+        (d / "report.json").write_text(json.dumps({
+            "config": {"model": "flux_diffusers", "trace": trace, "mode": "simulate", "budget_mb": 12000,
+                       "eviction": "priority", "lookahead": 2},
+            "floor_bytes": 10**9, "model_bytes": 2 * 10**10, "prediction": {"step_ms": step}}))
+        rows.append(point_row(d))
+    assert [r["trace"] for r in rows] == ["rec-block/trace.jsonl", "rec-leaf/trace.jsonl"]
+    write_summary(tmp_path, rows, Answer(), None)
+    header = next(ln for ln in (tmp_path / "summary.md").read_text().splitlines() if ln.startswith("| job"))
+    assert "| trace " in header
+    write_summary(tmp_path, rows[:1], Answer(), None)
+    header = next(ln for ln in (tmp_path / "summary.md").read_text().splitlines() if ln.startswith("| job"))
+    assert "trace" not in header
