@@ -187,6 +187,8 @@ def predict(launcher: Launcher, compute: ComputeStream, pool: DevicePool,
     weights = pool.weight_peak if launcher.chunks is None else \
         max(pool.weight_peak, launcher.chunks.peak_held * launcher.chunks.granule)
     held = weights + pool.activation_peak
+    capped = weights if launcher.chunks is not None else pool_cap_bytes(launcher, pool)  # the weights at the cap
+    context = context_bytes(launcher.trace, launcher.hardware)
     return {
         "step_ms": (t1 - t0) / NS_PER_MS,
         "first_step_ms": ends[0] / NS_PER_MS,
@@ -200,9 +202,8 @@ def predict(launcher: Launcher, compute: ComputeStream, pool: DevicePool,
         "d2h_bytes": sum(c.nbytes for s, d, c in launcher.copies if s == last and d == D2H),
         "peak_device_bytes": pool.peak,
         "peak_pool_torch_bytes": held + transient,
-        "peak_process_bytes": held + transient + context_bytes(launcher.trace, launcher.hardware),
-        "device_bound_bytes": (weights if launcher.chunks is not None else pool_cap_bytes(launcher, pool))
-        + pool.activation_peak + transient + context_bytes(launcher.trace, launcher.hardware),
+        "peak_process_bytes": held + transient + context,
+        "device_bound_bytes": capped + pool.activation_peak + transient + context,
         "pool_hits": counts.pool_hits,
         "pool_misses": counts.pool_misses,
         "spilled": counts.spilled,

@@ -19,9 +19,9 @@ Mapping of the runtime's requests to CUDA (cuda-python's runtime bindings):
 Fragmentation. The pool places blocks itself and never moves them; with
 weights of many sizes it can refuse a block while the policy's logical bytes
 are under the budget, and capped at exactly the budget it does. The pool is
-therefore capped at budget + `pool_slack_bytes` (engine/policy/placement.py:
-4 x the largest weight, in whole 32 MiB chunks, which is also how the pool reserves); the policy still
-plans with the exact budget. Over many steps a slack alone is not enough when
+therefore capped at budget + `pool_slack_bytes` (engine/policy/placement.py: 4 x
+the largest weight, in whole 32 MiB chunks, which is also how the pool reserves);
+the policy still plans with the exact budget. Over many steps a slack alone is not enough when
 every eviction goes back to the pool: its reserve creeps up step after step
 (benchmarks/soak.py). So freed blocks are kept by exact size and reused
 (FreeBlocks), and the pool is asked less often; and a refusal of a block the

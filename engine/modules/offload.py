@@ -10,8 +10,8 @@ keeps the fastest; `handle.prediction` holds the simulator's figures beside
 `handle.telemetry()`'s measured ones.
 
 Where every streamed weight fits the budget as the backend places it
-(engine/policy/placement.py `all_resident`), nothing would ever be evicted: the weights are fetched once at
-set-up and bound for good, and the module's hooks come off
+(engine/policy/placement.py `all_resident`), nothing would ever be evicted: the
+weights are fetched once at set-up and bound for good, and the module's hooks come off
 (`KernelHooks.bound`), so each forward is the plain module's; the executor only
 times it (`WeightExecutor.step(bound=True)`).
 """
