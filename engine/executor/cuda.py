@@ -39,7 +39,6 @@ import torch
 
 from engine.errors import ExecutorError, PlacementError
 from engine.executor.backend import Block, FreeBlocks, LiveBlocks, warm_sizes
-from engine.policy.placement import POOL_CHUNK
 
 try:
     from cuda.bindings import driver as cudadrv
