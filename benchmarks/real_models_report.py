@@ -9,7 +9,8 @@ measured rows) and each model's recording (KEY.trace.jsonl.gz). Every measured r
 predicted as real_models.py predicts it (engine.modules.offload.predict, the row's budget,
 eviction, lookahead and backend) from the recording, its header edited by each --set
 KEY=JSON (to replay an older recording under a newer simulator, or the other way round).
-Prints measured against predicted (the mean of the measured steps), the mean, max and mean
+Prints measured against predicted (the mean of the measured steps; a run that measured them
+in a synced loop, row key predicted_synced_ms, is predicted with loop="synced"), the mean, max and mean
 signed error, and at each run's budget whether the configuration the simulator ranks first
 is the one measured fastest.
 """
@@ -68,8 +69,9 @@ def main() -> None:
             at: dict[float, list[tuple[float, float, str]]] = {}
             for r in result["rows"]:
                 budget = round(r["budget_mb"] * 1e6) if r["budget_mb"] else None  # 0: all resident
-                p = predict(trace, hw, budget, r["lookahead"], r["eviction"],
-                            backend=r["backend"])["step_ms"]
+                loop = "synced" if "predicted_synced_ms" in r else "free"
+                p = predict(trace, hw, budget, r["lookahead"], r["eviction"], backend=r["backend"],
+                            loop=loop)["step_ms"]
                 err = p / r["mean_ms"] - 1
                 errors.append(err)
                 config = f"{r['backend']} {r['eviction']}/{r['lookahead']}"

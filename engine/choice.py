@@ -79,9 +79,10 @@ def unsimulated_lookahead(order: AccessOrder, budget: int | None, granule: int =
 
 
 def choose(trace: Trace, weights: Any, activations: Any, hardware: Any, budget: int | None,
-           allow_below_floor: bool = False) -> Choice:
-    """The eviction and lookahead the simulator predicts fastest for `trace`: each of
-    `weights.eviction` and `weights.lookahead` is "auto" (chosen) or a value (kept).
+           allow_below_floor: bool = False, loop: str = "free") -> Choice:
+    """The eviction and lookahead the simulator predicts fastest for `trace` run as `loop`
+    (engine.policy.LOOPS): each of `weights.eviction` and `weights.lookahead` is "auto"
+    (chosen) or a value (kept).
     Everything resident, an "auto" eviction is priority. Below the floor (with
     `allow_below_floor`) fewer use-after-evict hazards win whatever the speed."""
     from sim.simulator import backend_granule
@@ -96,7 +97,7 @@ def choose(trace: Trace, weights: Any, activations: Any, hardware: Any, budget: 
     def rank(name: str, la: int) -> tuple[int, float]:
         if (name, la) not in results:
             cfg = OmegaConf.merge(weights, {"eviction": name, "lookahead": la})
-            results[name, la] = _long_run(trace, cfg, activations, hardware, budget, allow_below_floor)
+            results[name, la] = _long_run(trace, cfg, activations, hardware, budget, allow_below_floor, loop)
         p = results[name, la].prediction
         return len(p["hazards"]), p["mean_step_ms"]
 
@@ -115,13 +116,13 @@ def choose(trace: Trace, weights: Any, activations: Any, hardware: Any, budget: 
 
 
 def _long_run(trace: Trace, weights: Any, activations: Any, hardware: Any, budget: int | None,
-             allow_below_floor: bool = False) -> SimResult:
+             allow_below_floor: bool, loop: str) -> SimResult:
     """The simulation of `weights` on `trace` over enough steps for its long-run mean."""
     from sim import simulate
 
     result = simulate(trace, weights, activations, hardware, budget_bytes=budget, steps=SHORT_RUN_STEPS,
-                      allow_below_floor=allow_below_floor)
+                      allow_below_floor=allow_below_floor, loop=loop)
     if result.settled():  # later steps repeat the last: the short run's mean is the long run's
         return result
     return simulate(trace, weights, activations, hardware, budget_bytes=budget, steps=LONG_RUN_STEPS,
-                    allow_below_floor=allow_below_floor)
+                    allow_below_floor=allow_below_floor, loop=loop)

@@ -19,6 +19,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from engine.errors import ConfigError
 from engine.modes import MODES
+from engine.policy import LOOPS
 from engine.policy.weights import EVICTIONS
 
 ACTIVATION_MODES = ("off", "watermark", "sync")
@@ -82,6 +83,7 @@ class WorkloadConfig:
     lora_rank: int = 0
     checkpointing: bool = False  # train_lora on a real module: per-block activation checkpointing
     steps: int = 3  # steps simulated / executed; the first warms the pool
+    loop: str = "free"  # free | synced: whether the host waits for each step's end (engine.policy.LOOPS)
 
 
 @dataclass
@@ -261,6 +263,7 @@ def check_config(cfg: Any) -> None:
     _one_of("weights.backend", cfg.weights.backend, BACKENDS)
     _one_of("activations.mode", cfg.activations.mode, ACTIVATION_MODES)
     _one_of("workload.kind", cfg.workload.kind, WORKLOAD_KINDS)
+    _one_of("workload.loop", cfg.workload.loop, LOOPS)
     if cfg.budget is not None and cfg.budget < 0:
         raise ConfigError(f"budget={cfg.budget} is negative; give MB of GPU memory (>= 0) or budget=null")
     lookahead = cfg.weights.lookahead

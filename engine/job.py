@@ -189,11 +189,12 @@ def _choose_weights(cfg: DictConfig, trace: Trace, source: tuple) -> tuple[Choic
     made: list[Choice] = []
 
     def run() -> Choice:
-        made.append(choose(trace, w, cfg.activations, hardware, budget, allow_below_floor=allow))
+        made.append(choose(trace, w, cfg.activations, hardware, budget, allow_below_floor=allow,
+                           loop=cfg.workload.loop))
         return made[0].without_result()  # the memo keeps the figures, not the simulation
 
     key = ("weights", *source, cfg.budget, OmegaConf.to_yaml(w), OmegaConf.to_yaml(cfg.activations),
-           OmegaConf.to_yaml(hardware), allow)
+           OmegaConf.to_yaml(hardware), allow, cfg.workload.loop)
     choice = _memo(key, run)
     w.eviction, w.lookahead = choice.eviction, choice.lookahead
     result = made[0].result if made else None

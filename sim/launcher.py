@@ -26,7 +26,9 @@ launch_queue_depth kernels are launched but unfinished, and once after the first
 step, until it has run: the warm-up barrier every run has. A recorded module
 whose forward synchronizes the host (header "host_syncs": the positions its host
 reached only once every kernel launched before had run, e.g. a tensor made from a
-Python list on the device) blocks there the same way, every step. A recorded
+Python list on the device) blocks there the same way, every step; so does a
+synced loop (`synced`) at the end of every step, as a loop that reads each step's
+output waits for its last kernel. A recorded
 module's record is a block of many launches (header "block_records"): its GPU
 work starts once the host has made the first launch (kernel_launch_us) and ends
 no sooner than the host has issued the rest of it.
@@ -104,6 +106,7 @@ class Launcher:
     blocked: list[tuple[int, int]] = field(default_factory=list)
     step: int = 0
     placement: Placement | None = None  # where the backend places weights (None: each at its own size)
+    synced: bool = False  # the host waits for each step's last kernel before the next step (LOOPS)
 
     def __post_init__(self) -> None:
         hw = self.hardware
@@ -203,11 +206,12 @@ class Launcher:
             yield from self._ask(schedule.end(), (step + 1) * n - 1, [])
             if self.saved is not None:
                 self.saved.new_step()
-            if step == 0 and self.steps > 1:
+            if self.synced or (step == 0 and self.steps > 1):
                 # The warm-up barrier: the cold first step copies every weight in while the
                 # host issues the next steps; a run waits for its warm-up, so the host's lead
-                # banked there must not carry into the steps the prediction reports.
-                done = self.compute.done_event(n - 1)
+                # banked there must not carry into the steps the prediction reports. A synced
+                # loop waits so after every step.
+                done = self.compute.done_event((step + 1) * n - 1)
                 if done is not None:
                     yield done
 

@@ -12,7 +12,7 @@ from typing import Any
 import simpy
 
 from engine.gc_pause import paused_gc
-from engine.policy import ActivationPolicy, Decision, WeightPolicy
+from engine.policy import LOOPS, ActivationPolicy, Decision, WeightPolicy
 from engine.policy.activations import build_activation_policy
 from engine.policy.placement import Placement, all_resident, place, residency
 from engine.trace import Trace
@@ -58,8 +58,9 @@ class SimResult:
 
 
 def simulate(trace: Trace, weights_cfg: Any, activations_cfg: Any, hardware: Any,
-             budget_bytes: int | None, steps: int, allow_below_floor: bool) -> SimResult:
-    """Predict `steps` steps of `trace` under the configured policies.
+             budget_bytes: int | None, steps: int, allow_below_floor: bool, loop: str = "free") -> SimResult:
+    """Predict `steps` steps of `trace` under the configured policies, run as `loop`
+    (engine.policy.LOOPS) runs them.
 
     Below the floor the weight policy raises BelowFloorError unless
     `allow_below_floor`; then the hazards are in the prediction.
@@ -71,7 +72,7 @@ def simulate(trace: Trace, weights_cfg: Any, activations_cfg: Any, hardware: Any
     if activations_cfg is not None and any(r.saved for r in trace.records):
         activations = build_activation_policy(activations_cfg, trace.num_layers)
     return drive(trace, weights, activations, hardware, activations_cfg,
-                 source_gbps(hardware, weights_cfg.source), budget_bytes, steps, placement)
+                 source_gbps(hardware, weights_cfg.source), budget_bytes, steps, placement, loop)
 
 
 def as_run(trace: Trace, placement: Placement) -> Trace:
@@ -92,11 +93,13 @@ def backend_granule(weights_cfg: Any, hardware: Any) -> int:
 
 def drive(trace: Trace, weights: WeightPolicy, activations: ActivationPolicy | None, hardware: Any,
           activations_cfg: Any, weight_gbps: float, budget_bytes: int | None, steps: int,
-          placement: Placement | None = None) -> SimResult:
+          placement: Placement | None = None, loop: str = "free") -> SimResult:
     """Run the given policy objects on the simulated hardware (simulate() builds them).
     `placement`: where the backend places the weights (None: each at its own size)."""
     if steps < 1:
         raise ValueError(f"steps={steps}; simulate at least one step")
+    if loop not in LOOPS:
+        raise ValueError(f"loop={loop!r} is not one of {', '.join(LOOPS)}")
     if activations is not None and activations_cfg is None:
         raise ValueError("an activation policy needs its activations config (the in-flight caps); "
                          "pass activations_cfg")
@@ -115,7 +118,7 @@ def drive(trace: Trace, weights: WeightPolicy, activations: ActivationPolicy | N
     compute = ComputeStream(env, link, float(slowdown), log, trace_sustained_slowdown(trace.header, hardware),
                             float(hardware.sustained_window_ms) * 1e6)
     launcher = Launcher(env, trace, weights, activations, link, pool, compute, hardware, weight_gbps, steps, log,
-                        placement=placement)
+                        placement=placement, synced=loop == "synced")
     if any(r.saved for r in trace.records):
         launcher.saved = SavedActivations(env, link, pool, compute, hardware,
                                           activations_cfg if activations is not None else None,

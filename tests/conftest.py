@@ -8,7 +8,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_WORKLOAD = dict(name="infer", kind="infer", batch=1, video_tokens=24, audio_tokens=6, text_tokens=5,
-                     context_tokens=0, lora_rank=0, steps=3)
+                     context_tokens=0, lora_rank=0, steps=3, loop="free")
 
 
 @pytest.fixture(scope="module")

@@ -85,6 +85,7 @@ def test_lru_copies_more_than_belady_and_priority(run_cli, tmp_path):
     (("+model=tiny", "budget=0.2"), "under the floor"),
     (("+model=tiny", "mode=dance"), "mode='dance' is not one of"),
     (("+model=tiny", "hardware=tpu"), "unknown hardware 'tpu'"),
+    (("+model=tiny", "workload.loop=sometimes"), "workload.loop='sometimes' is not one of free, synced"),
 ])
 def test_bad_input_is_one_line_and_exit_2(run_cli, tmp_path, args, fragment):
     line = _one_line_error(run_cli(*args))

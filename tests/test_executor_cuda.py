@@ -26,7 +26,7 @@ from engine.weightfile import WeightFile, materialize  # noqa: E402
 
 MiB = 1 << 20
 WORKLOAD = dict(name="infer", kind="infer", batch=1, video_tokens=64, audio_tokens=16, text_tokens=8,
-                context_tokens=0, lora_rank=0, steps=3)
+                context_tokens=0, lora_rank=0, steps=3, loop="free")
 
 
 def chunks(cap: int) -> int:

@@ -43,7 +43,7 @@ from engine.weightfile import WeightFile, materialize  # noqa: E402
 GPU = pytest.param("cuda", marks=[pytest.mark.cuda,
                                   pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")])
 WORKLOAD = dict(name="infer", kind="infer", batch=1, video_tokens=8, audio_tokens=4, text_tokens=3,
-                context_tokens=0, lora_rank=0, steps=2)
+                context_tokens=0, lora_rank=0, steps=2, loop="free")
 STEPS = 3
 
 

@@ -85,6 +85,26 @@ def test_a_host_sync_starts_each_step_behind_the_last_one() -> None:
     assert all(start >= end for start, end in zip(starts[1:], ends))
 
 
+def test_a_synced_loop_waits_for_each_steps_last_kernel() -> None:
+    # GPU-bound, all resident: a synced loop (workload.loop=synced) starts each step as a
+    # host sync before its first kernel does, one launch behind the last step's end.
+    t = cyclic(4, MB, 1 * MS)
+    loop = simulate(t, WeightsConfig(source="pinned"), None, H100, None, 4, False, loop="synced")
+    before_k0 = run(replace(t, header={**t.header, "host_syncs": [0]}), None, steps=4)
+    assert loop.prediction["step_ms"] == pytest.approx(4.0 + H100.kernel_launch_us / 1e3, rel=1e-9)
+    assert loop.step_ends_ns == before_k0.step_ends_ns
+    # Host-bound (kernels of 1 us under 5 us launches): free-running the host paces the GPU;
+    # synced, each step also waits for its last kernel to run.
+    fast = cyclic(50, MB, 1 * US)
+    free = run(fast, None, steps=4).prediction["step_ms"]
+    synced = simulate(fast, WeightsConfig(source="pinned"), None, H100, None, 4, False,
+                      loop="synced").prediction["step_ms"]
+    assert free == pytest.approx(50 * H100.kernel_launch_us / 1e3, rel=1e-9)
+    assert synced == pytest.approx(free + 1 / 1e3, rel=1e-9)
+    with pytest.raises(ValueError, match="loop='sometimes'"):
+        simulate(t, WeightsConfig(), None, H100, None, 1, False, loop="sometimes")
+
+
 def test_a_block_record_runs_as_its_host_issues_it() -> None:
     # A recorded module's record is a block of many launches (header block_records): after the
     # host sync, the GPU starts it once the host has made its first launch, not after the

@@ -24,7 +24,7 @@ from engine.trace import synthesize
 from engine.weightfile import WeightFile, materialize
 
 WORKLOAD = dict(name="train_lora", kind="train_lora", batch=1, video_tokens=24, audio_tokens=6, text_tokens=5,
-                context_tokens=0, lora_rank=4, steps=2)
+                context_tokens=0, lora_rank=4, steps=2, loop="free")
 HW = HardwareConfig(
     name="test", source="test", device_memory_mb=80000, h2d_gbps=50.0, d2h_gbps=50.0, duplex_gbps=80.0,
     pageable_gbps=7.0, mmap_gbps=7.0, mmap_registered_gbps=50.0, matmul_tflops=500.0, hbm_gbps=2000.0)

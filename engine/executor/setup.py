@@ -149,6 +149,14 @@ def step_times(rows: list[dict]) -> dict:
             "first_step_ms": rows[0]["step_ms"]}
 
 
+def end_of_step(loop: str, device: torch.device) -> None:
+    """The end of a step as `loop` (engine.policy.LOOPS) runs it: a synced loop's host
+    waits for the step's last kernel (the current stream), as reading its output would;
+    a free one goes on."""
+    if loop == "synced" and device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
+
+
 def weight_counts(last: dict, prefix: str = "") -> dict:
     """The weight pool's counts in the last step's telemetry row (its keys under
     `prefix`). Counts are deterministic but settle over a few steps: the last

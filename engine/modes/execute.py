@@ -27,8 +27,8 @@ import torch
 
 from engine.errors import BelowFloorError, ConfigError, ExecutorError
 from engine.executor.offloader import ActivationOffloader
-from engine.executor.setup import (bitwise_equal, compute_device, fits_resident, open_weight_file, run_settings,
-                                   step_times, streamed_executor, weight_counts)
+from engine.executor.setup import (bitwise_equal, compute_device, end_of_step, fits_resident, open_weight_file,
+                                   run_settings, step_times, streamed_executor, weight_counts)
 from engine.executor.training import (AsManaged, StreamedWeights, check_train_order,
                                       match_reference, max_abs_diff, reference_steps, telemetry_row, to_host,
                                       train_step)
@@ -364,6 +364,7 @@ def run_execute(cfg: Any, spec: ModelSpec, trace: Any, out_dir: str | Path) -> d
                     wf.check_intact()
                     with executor.step(timed=i == cfg.workload.steps - 1):  # the steady state, on the timeline
                         outputs.append(forward(spec, executor, inputs))
+                    end_of_step(cfg.workload.loop, device)
             telemetry = executor.telemetry()  # waits for the last step
             torch_peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
             timeline = executor.step_timeline()
@@ -439,6 +440,7 @@ def run_train_execute(cfg: Any, spec: ModelSpec, trace: Any, out_dir: str | Path
             wf.check_intact()
             executor.time_steps = i == steps - 1  # the steady state, on the timeline
             results.append(to_host(train_step(spec, executor, streamed, offloader, inputs, lora, device)))
+            end_of_step(cfg.workload.loop, device)
             peaks.append(torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None)
         weight_rows = executor.telemetry()  # waits for the last step
         timeline = executor.step_timeline()

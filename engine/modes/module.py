@@ -33,7 +33,7 @@ from omegaconf import OmegaConf
 
 from engine.config import WEIGHT_SOURCES, ActivationsConfig
 from engine.errors import ConfigError
-from engine.executor.setup import bitwise_equal, compute_device, device_name, fits_resident
+from engine.executor.setup import bitwise_equal, compute_device, device_name, end_of_step, fits_resident
 from engine.executor.training import LEARNING_RATE, match_reference, max_abs_diff
 from engine.models.lora import lora_sgd
 from engine.job import Job, Outcome, config_summary, plan_keys
@@ -150,7 +150,7 @@ def _timeline(job: Job, trace: Trace, budget: int | None, pred: dict, measured: 
     cfg = job.cfg
     weights = OmegaConf.merge(cfg.weights, {"eviction": pred["eviction"], "lookahead": pred["lookahead"]})
     result = simulate(trace, weights, _activations(cfg, trace), cfg.hardware, budget,
-                      cfg.workload.steps, allow_below_floor=False)
+                      cfg.workload.steps, allow_below_floor=False, loop=cfg.workload.loop)
     timeline_files(job, result, measured)
 
 
@@ -166,7 +166,7 @@ def execute_module(job: Job) -> Outcome:
         write_trace(job.out_dir / "trace.jsonl", trace)  # replay it with trace=PATH
     budget = budget_bytes(cfg.budget)
     pred = predict(trace, cfg.hardware, budget, cfg.weights.lookahead, cfg.weights.eviction, cfg.weights.source,
-                   cfg.weights.backend, _activations(cfg, trace))
+                   cfg.weights.backend, _activations(cfg, trace), cfg.workload.loop)
     # What an "auto" chose on the trace recorded just now (job.prepare chose on trace=PATH's).
     cfg.weights.eviction, cfg.weights.lookahead = pred["eviction"], pred["lookahead"]
     if _training(cfg):
@@ -185,14 +185,16 @@ def execute_module(job: Job) -> Outcome:
                     source=cfg.weights.source, **_kernels(cfg))
     cuda = device.type == "cuda"
     try:
-        same = []
+        outs = []
         if cuda:
             torch.cuda.reset_peak_memory_stats(device)
         with torch.no_grad():
             for i in range(cfg.workload.steps):
                 h.executor.time_steps = i == cfg.workload.steps - 1  # the steady state, on the timeline
-                out = first_output(module(**inputs))
-                same.append(None if reference is None else bitwise_equal(out, reference))
+                outs.append(first_output(module(**inputs)))
+                end_of_step(cfg.workload.loop, device)
+        same = [None if reference is None else bitwise_equal(out, reference) for out in outs]  # after the loop:
+        # comparing reads the output on the host, which would sync a free loop
         rows = h.telemetry()
         timeline = h.executor.step_timeline()
     finally:

@@ -21,7 +21,7 @@ def run_simulation(job: Job, allow_below_floor: bool, write_timeline: bool = Tru
     else:
         result = simulate(job.trace, cfg.weights, cfg.activations, replica_hardware(cfg),
                           budget_bytes=job.plan.budget_bytes, steps=cfg.workload.steps,
-                          allow_below_floor=allow_below_floor)
+                          allow_below_floor=allow_below_floor, loop=cfg.workload.loop)
     if write_timeline:
         timeline_files(job, result)
     return result
@@ -55,7 +55,8 @@ def prediction_md(pred: dict, job: Job) -> str:
     lo, hi = pred["step_ms_range"]
     varies = steps_vary(pred)  # the decisions do not repeat (belady): say the long run
     rows = [
-        ["step time", f"{pred['step_ms']:.2f} ms (first step {pred['first_step_ms']:.2f} ms)"],
+        ["step time" + (" (synced loop: the host waits for each step's end)" if cfg.workload.loop == "synced" else ""),
+         f"{pred['step_ms']:.2f} ms (first step {pred['first_step_ms']:.2f} ms)"],
         *([["warm steps vary (the long run: simulate more with workload.steps=16)",
             f"mean {pred['mean_step_ms']:.2f} ms, {lo:.2f} to {hi:.2f} ms"]] if varies else []),
         ["compute", f"{pred['compute_ms']:.2f} ms"],

@@ -37,6 +37,7 @@ from engine.modules.record import record_module
 from engine.modules.streamed import StreamedModule, stage
 from engine.modules.training import TrainingHandle, activations_config, sized_for
 from engine.modules.untouched import untouched
+from engine.policy import LOOPS
 from engine.policy.placement import all_resident
 from engine.policy.weights import EVICTIONS, WeightResidency
 from engine.trace import Trace
@@ -95,8 +96,8 @@ def offload(module: nn.Module, *, budget_mb: float | None, example_inputs: Any =
             lookahead: int | str | None = None, backend: str = "cuda", grouping: str = "block",
             blocks: Sequence[str] | None = None, checkpoint: str | Path | None = None,
             source: str = "mmap_registered", hardware: Any = None, training: bool = False,
-            activations: Any = None, loss_fn: Callable[[Any], torch.Tensor] | None = None
-            ) -> OffloadHandle | TrainingHandle:
+            activations: Any = None, loss_fn: Callable[[Any], torch.Tensor] | None = None,
+            loop: str = "free") -> OffloadHandle | TrainingHandle:
     """Stream `module`'s parameters through a pool capped at `budget_mb` (None: all resident).
 
     `example_inputs` (a tuple of positional arguments, a dict of keyword arguments,
@@ -111,7 +112,9 @@ def offload(module: nn.Module, *, budget_mb: float | None, example_inputs: Any =
     trace and `hardware` (a conf/hardware name, path or mapping; default h100_pcie5);
     `lookahead="auto"` picks the lookahead with it, among LOOKAHEADS; None (the default)
     is "auto" where the simulator chooses (eviction="auto" or `hardware` given), else
-    DEFAULT_LOOKAHEAD.
+    DEFAULT_LOOKAHEAD. `loop` says how the caller runs its steps, for the simulator's pick:
+    "free" (back to back) or "synced" (each step's output read on the host first, as a
+    decode loop sampling its tokens does).
     `backend`: "cuda" (the capped pool), "vmm" (chunks mapped on demand: never
     relocates) or "cpu" (the test backend).
     A budget under the floor raises BelowFloorError with the exact minimum in MB;
@@ -125,9 +128,11 @@ def offload(module: nn.Module, *, budget_mb: float | None, example_inputs: Any =
     output -> the loss) and keeps the policy the simulator predicts fastest for it and
     the activations policy (`h.prediction`); without `loss_fn` it is priority.
     """
+    if loop not in LOOPS:
+        raise ConfigError(f"loop={loop!r} is not one of {', '.join(LOOPS)}; pick one of those")
     if training:
         return _offload_training(module, budget_mb, example_inputs, eviction, lookahead, backend, grouping, blocks,
-                                 checkpoint, source, hardware, activations, loss_fn)
+                                 checkpoint, source, hardware, activations, loss_fn, loop)
     if example_inputs is None:
         raise ConfigError("example_inputs is required: the arguments of one forward, to record its order")
     device = _check_common(module, budget_mb, backend)
@@ -152,7 +157,7 @@ def offload(module: nn.Module, *, budget_mb: float | None, example_inputs: Any =
                 with stage(streamed.setup_s, "record"):
                     trace = record_module(streamed, name=type(module).__name__, backend=backend)
                 with stage(streamed.setup_s, "simulate"):
-                    prediction = predict(trace, hw, budget, lookahead, eviction, source, backend)
+                    prediction = predict(trace, hw, budget, lookahead, eviction, source, backend, loop=loop)
                 eviction, lookahead = prediction["eviction"], prediction["lookahead"]
             binding = None
             with stage(streamed.setup_s, "executor"):
@@ -177,7 +182,7 @@ def offload(module: nn.Module, *, budget_mb: float | None, example_inputs: Any =
 def _offload_training(module: nn.Module, budget_mb: float | None, example_inputs: Any, eviction: str,
                       lookahead: int | str | None, backend: str, grouping: str, blocks: Sequence[str] | None,
                       checkpoint: str | Path | None, source: str, hardware: Any, activations: Any,
-                      loss_fn: Callable[[Any], torch.Tensor] | None) -> TrainingHandle:
+                      loss_fn: Callable[[Any], torch.Tensor] | None, loop: str) -> TrainingHandle:
     """offload(training=True): the TrainingHandle, its policy chosen by simulation when it can be."""
     device = _check_common(module, budget_mb, backend)
     if budget_mb is None and checkpoint is None:
@@ -203,7 +208,7 @@ def _offload_training(module: nn.Module, budget_mb: float | None, example_inputs
                 trace = record_module(streamed, name=type(module).__name__, backend=backend, loss_fn=loss_fn)
                 act = sized_for(activations_config(activations), trace) if activations is not None else None
                 prediction = predict(trace, load_hardware(hardware or DEFAULT_HARDWARE), budget, lookahead, "auto",
-                                     source, backend, act)
+                                     source, backend, act, loop)
                 eviction, lookahead = prediction["eviction"], prediction["lookahead"]
                 activations = act
             elif eviction == "auto":
@@ -218,15 +223,16 @@ def _offload_training(module: nn.Module, budget_mb: float | None, example_inputs
 
 
 def predict(trace: Trace, hardware: Any, budget: int | None, lookahead: int | str, eviction: str,
-            source: str = "mmap_registered", backend: str = "cuda", activations: Any = None) -> dict:
+            source: str = "mmap_registered", backend: str = "cuda", activations: Any = None,
+            loop: str = "free") -> dict:
     """The simulator on `trace`: every candidate's step (ms, keyed "eviction/lookahead") and
     the fastest one's prediction, as engine.choice.choose picks it (eviction and lookahead
-    each a value or "auto"). `activations` (an ActivationsConfig; default off) spills a
-    training trace's saved tensors."""
+    each a value or "auto"), the steps run as `loop` runs them (engine.policy.LOOPS).
+    `activations` (an ActivationsConfig; default off) spills a training trace's saved tensors."""
     act = activations if activations is not None else OmegaConf.structured(ActivationsConfig)
     weights = OmegaConf.merge(OmegaConf.structured(WeightsConfig), {
         "eviction": eviction, "lookahead": lookahead, "source": source, "backend": backend})
-    choice = choose(trace, weights, act, hardware, budget)
+    choice = choose(trace, weights, act, hardware, budget, loop=loop)
     p = choice.result.prediction
     return {"eviction": choice.eviction, "lookahead": choice.lookahead, "step_ms": p["mean_step_ms"],
             "step_ms_range": p["step_ms_range"], "h2d_bytes": p["mean_h2d_bytes"],
@@ -234,7 +240,7 @@ def predict(trace: Trace, hardware: Any, budget: int | None, lookahead: int | st
             "peak_device_bytes": p["peak_device_bytes"], "peak_process_bytes": p["peak_process_bytes"],
             "device_bound_bytes": p["device_bound_bytes"],
             "peak_pool_torch_bytes": p["peak_pool_torch_bytes"],
-            "hardware": hardware.name, "candidates": choice.candidates_ms}
+            "hardware": hardware.name, "loop": loop, "candidates": choice.candidates_ms}
 
 
 def _wrap_forward(module: nn.Module, streamed: StreamedModule, executor: WeightExecutor, bound: bool) -> None:

@@ -37,6 +37,10 @@ class Decision:
     detail: int = -1
 
 
+# How a driver runs its steps: "free", the host launches the next step without waiting
+# (a loop that never reads its output); "synced", the host waits for each step's last
+# kernel first (a loop that reads each output: a sampled token, a latent on the host).
+LOOPS = ("free", "synced")
 KEEP_STEPS = 16  # steps of decisions and telemetry a long-running driver keeps (keep_last_steps)
 
 
