@@ -417,7 +417,7 @@ def ranking_md(results: list[dict]) -> list[str]:
     for r in results:
         for budget in sorted({row["budget_mb"] for row in r["rows"]}):
             rows = [row for row in r["rows"] if row["budget_mb"] == budget]
-            if len(rows) < 2:
+            if len(rows) < 2 or not budget:  # all resident (0): every configuration runs the same
                 continue
             for key, what, predicted in (("mean_ms", "synced steps' mean", synced_prediction),
                                          ("free_running_ms", "free-running", lambda row: row["predicted_ms"])):

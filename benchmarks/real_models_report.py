@@ -44,6 +44,12 @@ def edited(trace: Trace, sets: list[str]) -> Trace:
     return out
 
 
+def grouping(trace: Trace, path: Path) -> str:
+    """How `trace` grouped its kernels: its header's, else (an older recording) real_models.py's
+    file name, KEY-leaf.trace.jsonl.gz for leaf."""
+    return trace.header.get("grouping") or ("leaf" if path.name.endswith("-leaf.trace.jsonl.gz") else "block")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("dirs", nargs="+", type=Path)
@@ -55,31 +61,33 @@ def main() -> None:
             raise ConfigError(f"{d}: no real_models.json here; give directories benchmarks/real_models.py --out wrote")
     hw = load_hardware(args.hardware)
     print(f"hardware={args.hardware}{''.join(f' --set {s}' for s in args.set)}\n")
-    print("| run | model | budget MB | backend | eviction/lookahead | measured ms (mean) | predicted ms | error |")
+    print("| run | model | budget MB | backend | grouping/eviction/lookahead | measured ms (mean) | predicted ms | error |")
     print("|---|---|---|---|---|---|---|---|")
     errors, picks = [], []
     for d in args.dirs:
         data = json.loads((d / "real_models.json").read_text())
-        traces = {t.header["model"]: t for t in map(read_trace, sorted(d.glob("*.trace.jsonl.gz")))}
+        traces = {(t.header["model"], grouping(t, path)): t
+                  for path, t in ((p, read_trace(p)) for p in sorted(d.glob("*.trace.jsonl.gz")))}
         for result in data["results"]:
-            if result["model"] not in traces:
-                raise ConfigError(f"{d} has no recording of {result['model']} (KEY.trace.jsonl.gz); "
-                                  "pass the --out directory of one real_models.py run")
-            trace = edited(traces[result["model"]], args.set)
             at: dict[float, list[tuple[float, float, str]]] = {}
             for r in result["rows"]:
+                key = (result["model"], r.get("grouping", "block"))
+                if key not in traces:
+                    raise ConfigError(f"{d} has no {key[1]} recording of {result['model']} (KEY.trace.jsonl.gz, "
+                                      "KEY-leaf.trace.jsonl.gz); pass the --out directory of one real_models.py run")
+                trace = edited(traces[key], args.set)
                 budget = round(r["budget_mb"] * 1e6) if r["budget_mb"] else None  # 0: all resident
                 loop = "synced" if "predicted_synced_ms" in r else "free"
                 p = predict(trace, hw, budget, r["lookahead"], r["eviction"], backend=r["backend"],
                             loop=loop)["step_ms"]
                 err = p / r["mean_ms"] - 1
                 errors.append(err)
-                config = f"{r['backend']} {r['eviction']}/{r['lookahead']}"
+                config = f"{r['backend']} {key[1]}/{r['eviction']}/{r['lookahead']}"
                 at.setdefault(r["budget_mb"], []).append((r["mean_ms"], p, config))
                 print(f"| {d.name} | {result['model']} | {r['budget_mb']:.0f} | {r['backend']} | "
-                      f"{r['eviction']}/{r['lookahead']} | {r['mean_ms']:.1f} | {p:.1f} | {err:+.1%} |")
+                      f"{key[1]}/{r['eviction']}/{r['lookahead']} | {r['mean_ms']:.1f} | {p:.1f} | {err:+.1%} |")
             for budget, rows in at.items():
-                if len(rows) > 1:
+                if len(rows) > 1 and budget:  # all resident (0), every configuration runs the same
                     best = min(rows)[0]
                     pick = min(rows, key=lambda x: x[1])
                     picks.append(pick[0] / best - 1)

@@ -504,7 +504,7 @@ def record_module(streamed: StreamedModule, *, name: str, backend: str, workload
         "format": FORMAT, "version": VERSION, "records": len(records), "source": "recorded",
         "model": name, "num_layers": max(rec.layers, default=-1) + 1,
         "params": sum(p.numel() for p in streamed.module.parameters()), "workload": dict(workload or {}),
-        "module": f"{module.__module__}.{module.__qualname__}",
+        "module": f"{module.__module__}.{module.__qualname__}", "grouping": streamed.grouping,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (cpu backend)",
         "torch": torch.__version__, "cuda": torch.version.cuda if device.type == "cuda" else None,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),

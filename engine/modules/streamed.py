@@ -103,6 +103,7 @@ class StreamedModule:
                  checkpoint: str | Path | None = None, source: str = "mmap_registered", training: bool = False):
         self.module = module
         self.device = device
+        self.grouping = grouping
         self.args, self.kwargs = call_args(example_inputs)
         self._restore = _Restore(module)
         self._holder = host_registrar(backend)  # keeps the host registration for every executor
