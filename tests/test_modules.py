@@ -14,11 +14,14 @@ from safetensors.torch import save_file
 from torch import nn
 
 import engine
+from engine.config import load_hardware
 from engine.errors import ConfigError, ExecutorError, WeightFileError
 from engine.modules.build import build_module, parameters_on_meta
+from engine.modules.offload import predict
 from engine.modules.packing import SUFFIX
 from engine.modules.record import fit_to_pipelined
 from engine.trace import KernelRecord, Trace, read_trace, write_trace
+from engine.units import budget_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -233,6 +236,19 @@ def test_auto_lookahead_walks_the_lookaheads_the_budget_allows(checkpoint):
     with pytest.raises(ConfigError, match="lookahead='auto' is chosen by simulation"):
         engine.offload(meta_net(), budget_mb=0.5, example_inputs=(x,), checkpoint=path, backend="cpu",
                        eviction="lru", lookahead="auto")
+
+
+def test_a_synced_loop_is_what_the_pick_simulates(checkpoint):
+    path, x, ref = checkpoint
+    h = engine.offload(meta_net(), budget_mb=0.5, example_inputs=(x,), checkpoint=path, source="mmap",
+                       backend="cpu", loop="synced")
+    free = predict(h.trace, load_hardware("h100_pcie5"), budget_bytes(0.5), h.lookahead, h.eviction)
+    assert h.prediction["loop"] == "synced" and free["loop"] == "free"
+    assert h.prediction["step_ms"] >= free["step_ms"]  # the host loses its lead at every step's end
+    h.remove()
+    with pytest.raises(ConfigError, match="loop='sometimes' is not one of free, synced"):
+        engine.offload(meta_net(), budget_mb=0.5, example_inputs=(x,), checkpoint=path, backend="cpu",
+                       loop="sometimes")
 
 
 def test_a_target_that_cannot_be_imported_names_the_extra():
