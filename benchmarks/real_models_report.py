@@ -17,6 +17,7 @@ is the one measured fastest.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import statistics
 import sys
@@ -44,6 +45,11 @@ def edited(trace: Trace, sets: list[str]) -> Trace:
     return out
 
 
+def measured_file(d: Path) -> Path | None:
+    """The run's measured rows: real_models.json, or gzipped (a kept run with timelines)."""
+    return next((p for p in (d / "real_models.json", d / "real_models.json.gz") if p.is_file()), None)
+
+
 def grouping(trace: Trace, path: Path) -> str:
     """How `trace` grouped its kernels: its header's, else (an older recording) real_models.py's
     file name, KEY-leaf.trace.jsonl.gz for leaf."""
@@ -57,15 +63,17 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=JSON", help="edit each recording's header")
     args = ap.parse_args()
     for d in args.dirs:
-        if not (d / "real_models.json").is_file():
-            raise ConfigError(f"{d}: no real_models.json here; give directories benchmarks/real_models.py --out wrote")
+        if measured_file(d) is None:
+            raise ConfigError(f"{d}: no real_models.json(.gz) here; give directories benchmarks/real_models.py --out "
+                              "wrote")
     hw = load_hardware(args.hardware)
     print(f"hardware={args.hardware}{''.join(f' --set {s}' for s in args.set)}\n")
     print("| run | model | budget MB | backend | grouping/eviction/lookahead | measured ms (mean) | predicted ms | error |")
     print("|---|---|---|---|---|---|---|---|")
     errors, picks = [], []
     for d in args.dirs:
-        data = json.loads((d / "real_models.json").read_text())
+        with gzip.open(measured_file(d), "rt") if measured_file(d).suffix == ".gz" else measured_file(d).open() as f:
+            data = json.load(f)
         traces = {(t.header["model"], grouping(t, path)): t
                   for path, t in ((p, read_trace(p)) for p in sorted(d.glob("*.trace.jsonl.gz")))}
         for result in data["results"]:
