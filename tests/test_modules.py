@@ -15,7 +15,7 @@ from torch import nn
 
 import engine
 from engine.config import load_hardware
-from engine.errors import ConfigError, ExecutorError, WeightFileError
+from engine.errors import BelowFloorError, ConfigError, ExecutorError, WeightFileError
 from engine.modules.build import build_module, parameters_on_meta
 from engine.modules.offload import predict
 from engine.modules.packing import SUFFIX
@@ -249,6 +249,49 @@ def test_a_synced_loop_is_what_the_pick_simulates(checkpoint):
     with pytest.raises(ConfigError, match="loop='sometimes' is not one of free, synced"):
         engine.offload(meta_net(), budget_mb=0.5, example_inputs=(x,), checkpoint=path, backend="cpu",
                        loop="sometimes")
+
+
+def test_auto_grouping_keeps_the_grouping_the_simulator_predicts_fastest(checkpoint):
+    """grouping="auto" records block and leaf and keeps the faster prediction, its recording
+    that grouping's; the forward stays bitwise."""
+    path, x, ref = checkpoint
+    net = meta_net()
+    h = engine.offload(net, budget_mb=0.5, example_inputs=(x,), checkpoint=path, source="mmap", backend="cpu",
+                       grouping="auto")
+    assert set(h.prediction["groupings_ms"]) == {"block", "leaf"}
+    assert h.grouping == h.prediction["grouping"] == min(h.prediction["groupings_ms"],
+                                                         key=h.prediction["groupings_ms"].get)
+    assert len(h.order.reads) == len(h.trace.records) and h.trace.header["grouping"] == h.grouping
+    assert h.setup_s["other_groupings"] > 0
+    with torch.no_grad():
+        assert torch.equal(net(x), ref)
+    h.remove()
+    with pytest.raises(ConfigError, match="grouping='auto' is chosen by simulation"):
+        engine.offload(meta_net(), budget_mb=0.5, example_inputs=(x,), checkpoint=path, backend="cpu",
+                       eviction="lru", grouping="auto")
+    with pytest.raises(ConfigError, match="training=True takes one of block, leaf"):
+        engine.offload(meta_net(), budget_mb=0.5, example_inputs=(x,), checkpoint=path, backend="cpu",
+                       training=True, grouping="auto")
+
+
+def test_auto_grouping_passes_over_a_grouping_under_its_floor(checkpoint):
+    path, x, ref = checkpoint
+    floors = {}
+    for grouping in ("block", "leaf"):
+        with pytest.raises(BelowFloorError) as err:
+            engine.offload(meta_net(), budget_mb=0.001, example_inputs=(x,), checkpoint=path, backend="cpu",
+                           grouping=grouping)
+        floors[grouping] = err.value.floor_bytes
+    assert floors["leaf"] < floors["block"]  # a leaf is smaller than its block
+    between = (floors["leaf"] + floors["block"]) / 2 / 1e6
+    h = engine.offload(meta_net(), budget_mb=between, example_inputs=(x,), checkpoint=path, source="mmap",
+                       backend="cpu", grouping="auto")
+    assert h.grouping == "leaf" and set(h.prediction["groupings_ms"]) == {"leaf"}
+    h.remove()
+    with pytest.raises(BelowFloorError) as err:
+        engine.offload(meta_net(), budget_mb=0.001, example_inputs=(x,), checkpoint=path, backend="cpu",
+                       grouping="auto")
+    assert err.value.floor_bytes == floors["leaf"]  # the lowest floor names the budget to give
 
 
 def test_a_target_that_cannot_be_imported_names_the_extra():

@@ -30,9 +30,10 @@ from torch import nn
 
 from engine.choice import DEFAULT_LOOKAHEAD, LOOKAHEADS, choose
 from engine.config import ActivationsConfig, WeightsConfig, load_hardware
-from engine.errors import ConfigError, ExecutorError, WeightFileError
+from engine.errors import BelowFloorError, ConfigError, ExecutorError, WeightFileError
 from engine.executor.runtime import WeightExecutor
 from engine.executor.setup import compute_device
+from engine.modules.kernels import GROUPINGS
 from engine.modules.record import record_module
 from engine.modules.streamed import StreamedModule, stage
 from engine.modules.training import TrainingHandle, activations_config, sized_for
@@ -60,6 +61,7 @@ class OffloadHandle:
         self.executor = executor
         self.order = streamed.order
         self.resident_params = streamed.resident_params
+        self.grouping = streamed.grouping
         self.eviction = executor.policy.eviction
         self.lookahead = executor.policy.lookahead
         self.trace = trace  # the recorded trace (eviction="auto" or hardware given), else None
@@ -105,7 +107,9 @@ def offload(module: nn.Module, *, budget_mb: float | None, example_inputs: Any =
     must run the same kernels in the same order (else ExecutorError naming the first
     divergent kernel). Forwards run under torch.no_grad() (inference).
     `grouping="block"` fetches each repeated block whole (`blocks` names them, else
-    they are found); "leaf" fetches each leaf module. `checkpoint` (a .safetensors
+    they are found); "leaf" fetches each leaf module; "auto" records both and keeps the
+    one the simulator predicts fastest (set-up records twice; `handle.prediction`'s
+    "groupings_ms" has both). `checkpoint` (a .safetensors
     file or a diffusers/transformers directory) supplies the weights, mapped and
     registered (`source`), so the module may be built on the meta device.
     `eviction="auto"` picks the policy the simulator predicts fastest on the recorded
@@ -145,23 +149,18 @@ def offload(module: nn.Module, *, budget_mb: float | None, example_inputs: Any =
     if lookahead != "auto" and (isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 0):
         raise ConfigError(f"lookahead={lookahead!r}: give kernels to prefetch ahead (an integer >= 0) or 'auto'")
     hw = load_hardware(hardware or DEFAULT_HARDWARE) if (eviction == "auto" or hardware is not None) else None
+    if grouping == "auto" and hw is None:
+        raise ConfigError("grouping='auto' is chosen by simulation: give eviction='auto' or a hardware profile")
+    setup = _SetUp(module, example_inputs, device, backend, blocks, checkpoint, source, budget_bytes(budget_mb),
+                   lookahead, eviction, hw, loop)
     with untouched(module):  # set-up's forwards leave buffers and the random generators as they were
-        streamed = StreamedModule(module, example_inputs, device=device, backend=backend, grouping=grouping,
-                                  blocks=blocks, checkpoint=checkpoint, source=source)
+        streamed, trace, prediction = setup.choose_grouping() if grouping == "auto" else setup.streamed(grouping)
         try:
-            budget = budget_bytes(budget_mb)
-            # Under the floor (of the smallest lookahead tried): fail now, before recording.
-            WeightResidency(streamed.order, budget, "priority", min(LOOKAHEADS) if lookahead == "auto" else lookahead)
-            trace = prediction = None
-            if hw is not None:
-                with stage(streamed.setup_s, "record"):
-                    trace = record_module(streamed, name=type(module).__name__, backend=backend)
-                with stage(streamed.setup_s, "simulate"):
-                    prediction = predict(trace, hw, budget, lookahead, eviction, source, backend, loop=loop)
+            if prediction is not None:
                 eviction, lookahead = prediction["eviction"], prediction["lookahead"]
             binding = None
             with stage(streamed.setup_s, "executor"):
-                executor = WeightExecutor(streamed.order, streamed.host, budget_bytes=budget,
+                executor = WeightExecutor(streamed.order, streamed.host, budget_bytes=setup.budget,
                                           eviction=eviction, lookahead=lookahead, backend=backend)
                 if all_resident(executor.placement):
                     binding = streamed.bind(executor)
@@ -179,12 +178,82 @@ def offload(module: nn.Module, *, budget_mb: float | None, example_inputs: Any =
 
 
 
+class _SetUp:
+    """offload's set-up for inference: the module made streamable by a grouping, recorded and
+    its policy chosen by simulation where there is a hardware profile (`hw`)."""
+
+    def __init__(self, module: nn.Module, example_inputs: Any, device: torch.device, backend: str,
+                 blocks: Sequence[str] | None, checkpoint: str | Path | None, source: str, budget: int | None,
+                 lookahead: int | str, eviction: str, hw: Any, loop: str):
+        self.module, self.example_inputs, self.device, self.backend = module, example_inputs, device, backend
+        self.blocks, self.checkpoint, self.source, self.budget = blocks, checkpoint, source, budget
+        self.lookahead, self.eviction, self.hw, self.loop = lookahead, eviction, hw, loop
+
+    def build(self, grouping: str) -> StreamedModule:
+        return StreamedModule(self.module, self.example_inputs, device=self.device, backend=self.backend,
+                              grouping=grouping, blocks=self.blocks, checkpoint=self.checkpoint, source=self.source)
+
+    def streamed(self, grouping: str) -> tuple[StreamedModule, Trace | None, dict | None]:
+        """The module streamed by `grouping`, its recording and the simulator's choice (None
+        without `hw`). Under the floor (of the smallest lookahead tried) it fails before recording."""
+        streamed = self.build(grouping)
+        try:
+            WeightResidency(streamed.order, self.budget, "priority",
+                            min(LOOKAHEADS) if self.lookahead == "auto" else self.lookahead)
+            if self.hw is None:
+                return streamed, None, None
+            with stage(streamed.setup_s, "record"):
+                trace = record_module(streamed, name=type(self.module).__name__, backend=self.backend)
+            with stage(streamed.setup_s, "simulate"):
+                prediction = predict(trace, self.hw, self.budget, self.lookahead, self.eviction, self.source,
+                                     self.backend, loop=self.loop)
+            return streamed, trace, {**prediction, "grouping": grouping}
+        except BaseException as err:
+            traceback.clear_frames(err.__traceback__)  # its frames hold views of the checkpoint's mapping
+            streamed.remove()
+            raise
+
+    def choose_grouping(self) -> tuple[StreamedModule, Trace, dict]:
+        """grouping="auto": each of GROUPINGS recorded and simulated, the one predicted fastest
+        kept (the last one tried stays built; an earlier winner is built again, its recording
+        kept). A grouping under its floor is passed over; under every one's, the error of the
+        lowest floor."""
+        tried: dict[str, tuple[Trace, dict, float]] = {}
+        refused: BelowFloorError | None = None
+        kept = None
+        for i, grouping in enumerate(GROUPINGS):
+            try:
+                streamed, trace, prediction = self.streamed(grouping)
+            except BelowFloorError as err:
+                refused = err if refused is None or err.floor_bytes < refused.floor_bytes else refused
+                continue
+            tried[grouping] = (trace, prediction, sum(streamed.setup_s.values()))
+            if i == len(GROUPINGS) - 1:
+                kept = streamed
+            else:
+                streamed.remove()
+        if not tried:
+            raise refused
+        best = min(tried, key=lambda g: tried[g][1]["step_ms"])
+        if kept is None or kept.grouping != best:
+            if kept is not None:
+                kept.remove()
+            kept = self.build(best)
+        trace, prediction, _ = tried[best]
+        # The other groupings' set-up (built, recorded, simulated) is this one's too.
+        kept.setup_s["other_groupings"] = sum(s for g, (_, _, s) in tried.items() if g != best)
+        return kept, trace, {**prediction, "groupings_ms": {g: p["step_ms"] for g, (_, p, _) in tried.items()}}
+
+
 def _offload_training(module: nn.Module, budget_mb: float | None, example_inputs: Any, eviction: str,
                       lookahead: int | str | None, backend: str, grouping: str, blocks: Sequence[str] | None,
                       checkpoint: str | Path | None, source: str, hardware: Any, activations: Any,
                       loss_fn: Callable[[Any], torch.Tensor] | None, loop: str) -> TrainingHandle:
     """offload(training=True): the TrainingHandle, its policy chosen by simulation when it can be."""
     device = _check_common(module, budget_mb, backend)
+    if grouping == "auto":
+        raise ConfigError("grouping='auto' chooses by simulating inference steps; training=True takes "
+                          f"one of {', '.join(GROUPINGS)}")
     if budget_mb is None and checkpoint is None:
         return TrainingHandle(module, activations, blocks)
     if example_inputs is None:
