@@ -225,17 +225,21 @@ def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         h = engine.offload(module, budget_mb=args.budgets[0] or None, example_inputs=inputs, checkpoint=path,
-                           hardware=hw)
+                           hardware=hw, grouping=args.auto_grouping)
     result["auto_setup_s"] = round(time.perf_counter() - t0, 1)
     result["auto_setup_stages_s"] = h.setup_s
     with torch.no_grad():
         result["auto_bitwise"] = all(one_of(first_output(module(**inputs)), outcomes) for _ in range(3))
     result["auto_eviction"] = h.eviction
     result["auto_lookahead"] = h.lookahead
+    result["auto_grouping"] = h.grouping
+    result["auto_groupings_ms"] = (h.prediction or {}).get("groupings_ms")
     h.remove()
     stages = ", ".join(f"{k} {v:.1f}" for k, v in h.setup_s.items())
-    log(f"{key} @ {args.budgets[0]}: eviction=auto set-up {result['auto_setup_s']} s ({stages}; chose "
-        f"{result['auto_eviction']} / {result['auto_lookahead']}), bitwise={result['auto_bitwise']}")
+    log(f"{key} @ {args.budgets[0]}: eviction=auto grouping={args.auto_grouping} set-up {result['auto_setup_s']} s "
+        f"({stages}; chose {h.grouping} / {result['auto_eviction']} / {result['auto_lookahead']}"
+        f"{', predicted ' + str(result['auto_groupings_ms']) if result['auto_groupings_ms'] else ''}), "
+        f"bitwise={result['auto_bitwise']}")
     gc.collect()
     torch.cuda.empty_cache()
 
@@ -379,6 +383,9 @@ def main() -> None:
     ap.add_argument("--evictions", default="auto", help="eviction policies per budget (auto: the simulator's pick)")
     ap.add_argument("--groupings", default="block",
                     help="kernel groupings (block, leaf), each recorded once and run at every budget")
+    ap.add_argument("--auto-grouping", default="block", choices=("block", "leaf", "auto"),
+                    help="the grouping of the API's default path, run once at the first budget (auto: both "
+                         "recorded, the faster kept)")
     ap.add_argument("--timeline", action="store_true",
                     help="time one more step's kernels and copies per row (measured_timeline in the json)")
     ap.add_argument("--out", default="outputs/real_models")
