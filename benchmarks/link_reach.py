@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from link_sources import copy_rate
+
 REGISTER_READ_ONLY = 8  # cudaHostRegisterReadOnly
 REGISTER_PORTABLE = 1
 NEAR_SRC, NEAR_DST = 4 * 2**30, 512 * 2**20
@@ -65,17 +67,9 @@ def main() -> None:
             far_src, far_dst = case.split("/")[0] == "far", case.split("/")[1] == "far"
             src_span = (nbytes if far_src else NEAR_SRC) // chunk * chunk
             dst_span = (pool if far_dst else NEAR_DST) // chunk * chunk
-            n = nbytes // chunk
-            with torch.cuda.stream(stream):
-                torch.cuda._sleep(2_000_000)
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record(stream)
-                for i in range(n):
-                    s, d = (i * chunk) % src_span, (i * chunk) % dst_span
-                    dev[d:d + chunk].copy_(src[s:s + chunk], non_blocking=True)
-                b.record(stream)
-            b.synchronize()
-            return n * chunk / (a.elapsed_time(b) * 1e6)
+            steps = (i * chunk for i in range(nbytes // chunk))
+            return copy_rate(stream, ((dev[k % dst_span:k % dst_span + chunk], src[k % src_span:k % src_span + chunk])
+                                      for k in steps))
 
         cols = [(case, c) for c in chunks for case in CASES]
         for case, c in cols[:len(CASES)]:
