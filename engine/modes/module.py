@@ -34,7 +34,7 @@ from omegaconf import OmegaConf
 from engine.config import WEIGHT_SOURCES, ActivationsConfig
 from engine.errors import ConfigError
 from engine.executor.setup import bitwise_equal, compute_device, device_name, end_of_step, fits_resident
-from engine.executor.training import LEARNING_RATE, match_reference, max_abs_diff
+from engine.executor.training import LEARNING_RATE, match_reference, max_abs_diff, to_host
 from engine.models.lora import lora_sgd
 from engine.job import Job, Outcome, config_summary, plan_keys
 from engine.plan import make_plan
@@ -267,10 +267,14 @@ def _train_run(job: Job, module: Any, inputs: dict, initial: dict[str, torch.Ten
                 loss = loss.detach()  # the graph's nodes keep the step's saved-tensor hooks alive
             grads = lora_sgd({n: p for n, p in adapters.items() if p.grad is not None}, LEARNING_RATE)
             # On the host: a run's device memory is what it measures. The device gradients go
-            # now, else the next step's peak counts this step's too.
-            steps.append((loss.to("cpu"), {n: g.to("cpu") for n, g in grads.items()}))
+            # now, else the next step's peak counts this step's too; the copies do not wait,
+            # so the loop runs as workload.loop says.
+            steps.append(to_host((loss, grads)))
             del grads
             peaks.append(torch.cuda.max_memory_allocated() if cuda else None)
+            end_of_step(cfg.workload.loop, loss.device)
+        if cuda:
+            torch.cuda.synchronize()  # the steps' copies to the host have landed
         rows = [{**row, "torch_peak_bytes": peak} for row, peak in zip(h.telemetry(), peaks)]
         timeline = h.executor.step_timeline() if timed else None
     finally:
