@@ -390,6 +390,40 @@ def test_the_cli_records_then_simulates_a_transformers_model(tmp_path):
 
 
 
+def test_the_cli_chooses_the_grouping_by_simulation(tmp_path):
+    """model.grouping=auto: mode=record writes each grouping's trace; mode=execute records both,
+    keeps the one predicted faster and runs it bitwise; trace=PATH runs that trace's grouping."""
+    pytest.importorskip("transformers", reason="needs the models extra: pip install 'offload-engine[models]'")
+    ckpt = tmp_path / "tl.safetensors"
+    common = [sys.executable, "-m", "engine", "model=tiny_llama_hf", "workload=decode", "workload.context_tokens=16",
+              "weights.backend=cpu", "model.grouping=auto", "sim.timeline=false"]
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*common, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+    assert run("mode=materialize", f"out={ckpt}").returncode == 0
+    rec = run("mode=record", f"weights.file={ckpt}", f"hydra.run.dir={tmp_path / 'rec'}")
+    assert rec.returncode == 0, rec.stderr
+    traces = {g: read_trace(tmp_path / "rec" / f"trace-{g}.jsonl") for g in ("block", "leaf")}
+    assert {g: t.header["grouping"] for g, t in traces.items()} == {"block": "block", "leaf": "leaf"}
+    ex = run("budget=0.35", "mode=execute", f"weights.file={ckpt}", f"hydra.run.dir={tmp_path / 'ex'}")
+    assert ex.returncode == 0, ex.stderr
+    report = json.loads((tmp_path / "ex" / "report.json").read_text())
+    pred = report["prediction"]
+    assert set(pred["groupings_ms"]) == {"block", "leaf"}
+    assert pred["grouping"] == min(pred["groupings_ms"], key=pred["groupings_ms"].get)
+    assert report["bitwise"] == [True] * 3 and report["measured"]["h2d_bytes"] == pred["h2d_bytes"]
+    assert f"model.grouping=auto kept {pred['grouping']}" in ex.stdout
+    kept = read_trace(tmp_path / "ex" / f"trace-{pred['grouping']}.jsonl")
+    assert kept.header["grouping"] == pred["grouping"]
+    replay = run(f"trace={tmp_path / 'rec' / 'trace-leaf.jsonl'}", "budget=0.35", "mode=execute",
+                 f"weights.file={ckpt}", f"hydra.run.dir={tmp_path / 'replay'}")
+    assert replay.returncode == 0, replay.stderr
+    assert json.loads((tmp_path / "replay" / "report.json").read_text())["bitwise"] == [True] * 3
+    train = run("workload=train_lora", "workload.lora_rank=4", "mode=record", f"weights.file={ckpt}")
+    assert train.returncode == 2 and "workload=train_lora takes one of block, leaf" in train.stderr
+
+
 def test_the_pipelined_step_decides_which_times_are_scaled():
     """Kernel-by-kernel times against the all-resident step (recorded H100 figures, ms): a
     GPU-bound module scales its compute to the step, even 7% up (Wan 14B's clocks sag), and

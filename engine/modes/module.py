@@ -18,7 +18,9 @@ steps all resident (within that run's own spread on a GPU, bitwise on the CPU).
 The weights come from weights.file: a .safetensors file or a diffusers /
 transformers model directory, mapped and registered, never copied whole. The
 model config's `grouping` (block, the default, or leaf) and `blocks` (module
-names) choose the kernels (engine/modules/kernels.py).
+names) choose the kernels (engine/modules/kernels.py). `grouping: auto` (inference)
+records each grouping (record writes trace-block.jsonl and trace-leaf.jsonl) and
+execute keeps the one the simulator predicts fastest, as engine.offload(grouping="auto").
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 
 from engine.config import WEIGHT_SOURCES, ActivationsConfig
 from engine.errors import ConfigError
@@ -41,8 +43,9 @@ from engine.plan import make_plan
 from engine.modules.adapters import ALL_LINEAR, TrainingLoss, add_lora, enable_checkpointing
 from engine.modules.build import build_module, example_inputs, first_output
 from engine.modules.checkpoint import module_weights
+from engine.modules.kernels import GROUPINGS
 from engine.modes.simulate import timeline_files
-from engine.modules.offload import offload, predict, record
+from engine.modules.offload import fastest_grouping, offload, predict, record
 from engine.modules.training import sized_for
 from engine.report import fmt_bytes, table
 from engine.trace import Trace, write_trace
@@ -90,16 +93,37 @@ def _kernels(cfg: Any) -> dict:
             "blocks": None if blocks is None else list(blocks)}
 
 
-def _record(job: Job, module: Any, inputs: dict) -> Trace:
+def _groupings(cfg: Any) -> tuple[str, ...]:
+    """The groupings a module mode records: the model config's, or each of GROUPINGS for
+    `grouping: auto` (inference: execute keeps the one the simulator predicts fastest)."""
+    grouping = _kernels(cfg)["grouping"]
+    if grouping != "auto":
+        return (grouping,)
+    if _training(cfg):
+        raise ConfigError("model.grouping=auto chooses by simulating inference steps; workload=train_lora takes "
+                          f"one of {', '.join(GROUPINGS)}")
+    return GROUPINGS
+
+
+def _record(job: Job, module: Any, inputs: dict, grouping: str) -> Trace:
     cfg = job.cfg
     return record(module, inputs, backend=cfg.weights.backend, checkpoint=_checkpoint(job),
-                  source=cfg.weights.source, name=cfg.model.name,
-                  workload=_workload(cfg), loss_fn=_loss(cfg), **_kernels(cfg))
+                  source=cfg.weights.source, name=cfg.model.name, workload=_workload(cfg), loss_fn=_loss(cfg),
+                  **{**_kernels(cfg), "grouping": grouping})
+
+
+def _trace_file(grouping: str, recorded: int) -> str:
+    """Where a module mode writes its recording: trace.jsonl, or one per grouping."""
+    return "trace.jsonl" if recorded == 1 else f"trace-{grouping}.jsonl"
+
+
+def _keep_grouping(cfg: Any, grouping: str) -> None:
+    """Write the grouping an "auto" came to into the config, so the offloads and the report see it."""
+    with open_dict(cfg.model):
+        cfg.model.grouping = grouping
 
 
 def _workload(cfg: Any) -> dict:
-    from omegaconf import OmegaConf
-
     return OmegaConf.to_container(cfg.workload, resolve=True)
 
 
@@ -117,10 +141,20 @@ def materialize_module(job: Job) -> Outcome:
 
 
 def record_module_mode(job: Job) -> Outcome:
+    groupings = _groupings(job.cfg)
     module, inputs, device = _setup(job)
-    trace = _record(job, module, inputs)
-    path = job.out_dir / "trace.jsonl"
-    write_trace(path, trace)
+    paths = []
+    for grouping in groupings:
+        trace = _record(job, module, inputs, grouping)
+        paths.append(job.out_dir / _trace_file(grouping, len(groupings)))
+        write_trace(paths[-1], trace)
+    if len(paths) > 1:  # grouping: auto
+        md = f"## Recorded {job.cfg.model.name} ({job.cfg.workload.name}), each grouping\n\n" + table(
+            ["grouping", "trace"], [[g, str(p)] for g, p in zip(groupings, paths)])
+        return Outcome({"config": config_summary(job), "traces": {g: str(p) for g, p in zip(groupings, paths)}},
+                       md + "\n\nrank them: python -m engine -m model=<this model> budget=MB "
+                       f"trace={','.join(str(p) for p in paths)}")
+    path = paths[0]
     h = trace.header
     rows = [["trace", str(path)], ["kernels", f"{len(trace.records):,}"],
             ["kernel compute, sum", f"{sum(r.compute_ns for r in trace.records) / 1e6:.3f} ms"],
@@ -158,15 +192,19 @@ def execute_module(job: Job) -> Outcome:
     cfg = job.cfg
     if cfg.weights.source not in WEIGHT_SOURCES:
         raise ConfigError(f"weights.source={cfg.weights.source!r} is not one of {', '.join(WEIGHT_SOURCES)}")
+    groupings = _groupings(cfg)
     module, inputs, device = _setup(job)
     path = _checkpoint(job)
-    trace = job.trace
-    if trace is None:
-        trace = _record(job, module, inputs)
-        write_trace(job.out_dir / "trace.jsonl", trace)  # replay it with trace=PATH
     budget = budget_bytes(cfg.budget)
-    pred = predict(trace, cfg.hardware, budget, cfg.weights.lookahead, cfg.weights.eviction, cfg.weights.source,
-                   cfg.weights.backend, _activations(cfg, trace), cfg.workload.loop)
+    if job.trace is not None:
+        if len(groupings) > 1:  # the trace's kernels are the ones to run
+            if job.trace.header.get("grouping") not in GROUPINGS:
+                raise ConfigError("model.grouping=auto with trace=PATH: this recording does not name its grouping; "
+                                  f"set model.grouping to the one it was recorded with ({', '.join(GROUPINGS)})")
+            _keep_grouping(cfg, job.trace.header["grouping"])
+        trace, pred = job.trace, _predict(cfg, job.trace, budget)
+    else:
+        trace, pred = _choose_recording(job, module, inputs, groupings, budget)
     # What an "auto" chose on the trace recorded just now (job.prepare chose on trace=PATH's).
     cfg.weights.eviction, cfg.weights.lookahead = pred["eviction"], pred["lookahead"]
     if _training(cfg):
@@ -215,9 +253,35 @@ def execute_module(job: Job) -> Outcome:
               ["peak pool bytes", fmt_bytes(pred["peak_device_bytes"]), fmt_bytes(measured["peak_device_bytes"])],
               ["peak pool + torch bytes", fmt_bytes(pred["peak_pool_torch_bytes"]),
                fmt_bytes(measured["peak_pool_torch_bytes"]) if cuda else "not measured (cpu)"]])
+          + ("" if "groupings_ms" not in pred else "\n\nmodel.grouping=auto kept " + pred["grouping"] + ", predicted "
+             + ", ".join(f"{g} {ms:.2f} ms" for g, ms in pred["groupings_ms"].items()))
           + "\n\noutputs bitwise equal to the resident run: "
           + ("not compared (the model does not fit)" if reference is None else str(all(same))))
     return Outcome(report, md, exit_code=0 if reference is None or all(same) else 1)
+
+
+def _predict(cfg: Any, trace: Trace, budget: int | None) -> dict:
+    return predict(trace, cfg.hardware, budget, cfg.weights.lookahead, cfg.weights.eviction, cfg.weights.source,
+                   cfg.weights.backend, _activations(cfg, trace), cfg.workload.loop)
+
+
+def _choose_recording(job: Job, module: Any, inputs: dict, groupings: tuple[str, ...],
+                      budget: int | None) -> tuple[Trace, dict]:
+    """Record `groupings` (each written beside the report: replay it with trace=PATH) and
+    predict it; for several, keep the one the simulator predicts fastest, as
+    engine.offload(grouping="auto") does (engine.modules.offload.fastest_grouping)."""
+    cfg = job.cfg
+
+    def attempt(grouping: str) -> tuple[Trace, dict]:
+        trace = _record(job, module, inputs, grouping)
+        write_trace(job.out_dir / _trace_file(grouping, len(groupings)), trace)
+        return trace, _predict(cfg, trace, budget)
+
+    if len(groupings) == 1:
+        return attempt(groupings[0])
+    best, tried = fastest_grouping(attempt)
+    _keep_grouping(cfg, best)
+    return tried[best]
 
 
 def _plan(job: Job, trace: Trace) -> dict:

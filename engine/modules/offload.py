@@ -214,35 +214,47 @@ class _SetUp:
             raise
 
     def choose_grouping(self) -> tuple[StreamedModule, Trace, dict]:
-        """grouping="auto": each of GROUPINGS recorded and simulated, the one predicted fastest
-        kept (the last one tried stays built; an earlier winner is built again, its recording
-        kept). A grouping under its floor is passed over; under every one's, the error of the
-        lowest floor."""
-        tried: dict[str, tuple[Trace, dict, float]] = {}
-        refused: BelowFloorError | None = None
-        kept = None
-        for i, grouping in enumerate(GROUPINGS):
-            try:
-                streamed, trace, prediction = self.streamed(grouping)
-            except BelowFloorError as err:
-                refused = err if refused is None or err.floor_bytes < refused.floor_bytes else refused
-                continue
-            tried[grouping] = (trace, prediction, sum(streamed.setup_s.values()))
-            if i == len(GROUPINGS) - 1:
-                kept = streamed
+        """grouping="auto" (`fastest_grouping`): the last grouping tried stays built; an
+        earlier winner is built again, its recording kept."""
+        built: list[StreamedModule] = []
+
+        def attempt(grouping: str) -> tuple[tuple[Trace, float], dict]:
+            streamed, trace, prediction = self.streamed(grouping)
+            if grouping == GROUPINGS[-1]:
+                built.append(streamed)
             else:
                 streamed.remove()
-        if not tried:
-            raise refused
-        best = min(tried, key=lambda g: tried[g][1]["step_ms"])
+            return (trace, sum(streamed.setup_s.values())), prediction
+
+        best, tried = fastest_grouping(attempt)
+        kept = built[0] if built else None
         if kept is None or kept.grouping != best:
             if kept is not None:
                 kept.remove()
             kept = self.build(best)
-        trace, prediction, _ = tried[best]
+        (trace, _), prediction = tried[best]
         # The other groupings' set-up (built, recorded, simulated) is this one's too.
-        kept.setup_s["other_groupings"] = sum(s for g, (_, _, s) in tried.items() if g != best)
-        return kept, trace, {**prediction, "groupings_ms": {g: p["step_ms"] for g, (_, p, _) in tried.items()}}
+        kept.setup_s["other_groupings"] = sum(s for g, ((_, s), _) in tried.items() if g != best)
+        return kept, trace, prediction
+
+
+def fastest_grouping(attempt: Callable[[str], tuple[Any, dict]]) -> tuple[str, dict[str, tuple[Any, dict]]]:
+    """grouping="auto": each of GROUPINGS through `attempt` (-> what it made, the simulator's
+    prediction for it); the one predicted fastest, and every one tried, each prediction given
+    "grouping" and "groupings_ms". A grouping whose floor the budget is under (BelowFloorError)
+    is passed over; under every one's, the error of the lowest floor, the budget to give, is raised."""
+    tried: dict[str, tuple[Any, dict]] = {}
+    refused: BelowFloorError | None = None
+    for grouping in GROUPINGS:
+        try:
+            tried[grouping] = attempt(grouping)
+        except BelowFloorError as err:
+            refused = err if refused is None or err.floor_bytes < refused.floor_bytes else refused
+    if not tried:
+        raise refused
+    steps = {g: p["step_ms"] for g, (_, p) in tried.items()}
+    return min(steps, key=steps.get), {g: (made, {**p, "grouping": g, "groupings_ms": steps})
+                                        for g, (made, p) in tried.items()}
 
 
 def _offload_training(module: nn.Module, budget_mb: float | None, example_inputs: Any, eviction: str,
