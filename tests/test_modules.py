@@ -420,6 +420,9 @@ def test_the_cli_chooses_the_grouping_by_simulation(tmp_path):
                  f"weights.file={ckpt}", f"hydra.run.dir={tmp_path / 'replay'}")
     assert replay.returncode == 0, replay.stderr
     assert json.loads((tmp_path / "replay" / "report.json").read_text())["bitwise"] == [True] * 3
+    mismatch = run(f"trace={tmp_path / 'rec' / 'trace-leaf.jsonl'}", "budget=0.35", "mode=execute",
+                   f"weights.file={ckpt}", "model.grouping=block")
+    assert mismatch.returncode == 2 and "recorded with grouping leaf and model.grouping is block" in mismatch.stderr
     train = run("workload=train_lora", "workload.lora_rank=4", "mode=record", f"weights.file={ckpt}")
     assert train.returncode == 2 and "workload=train_lora takes one of block, leaf" in train.stderr
 

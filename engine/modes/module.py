@@ -197,11 +197,15 @@ def execute_module(job: Job) -> Outcome:
     path = _checkpoint(job)
     budget = budget_bytes(cfg.budget)
     if job.trace is not None:
+        recorded = job.trace.header.get("grouping")
         if len(groupings) > 1:  # the trace's kernels are the ones to run
-            if job.trace.header.get("grouping") not in GROUPINGS:
+            if recorded not in GROUPINGS:
                 raise ConfigError("model.grouping=auto with trace=PATH: this recording does not name its grouping; "
                                   f"set model.grouping to the one it was recorded with ({', '.join(GROUPINGS)})")
-            _keep_grouping(cfg, job.trace.header["grouping"])
+            _keep_grouping(cfg, recorded)
+        elif recorded is not None and recorded != groupings[0]:
+            raise ConfigError(f"trace={cfg.trace} was recorded with grouping {recorded} and model.grouping is "
+                              f"{groupings[0]}: set model.grouping={recorded} (or auto, which runs the trace's)")
         trace, pred = job.trace, _predict(cfg, job.trace, budget)
     else:
         trace, pred = _choose_recording(job, module, inputs, groupings, budget)
