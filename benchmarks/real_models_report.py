@@ -45,9 +45,13 @@ def edited(trace: Trace, sets: list[str]) -> Trace:
     return out
 
 
-def measured_file(d: Path) -> Path | None:
+def measured(d: Path) -> dict:
     """The run's measured rows: real_models.json, or gzipped (a kept run with timelines)."""
-    return next((p for p in (d / "real_models.json", d / "real_models.json.gz") if p.is_file()), None)
+    for path, opener in ((d / "real_models.json", open), (d / "real_models.json.gz", gzip.open)):
+        if path.is_file():
+            with opener(path, "rt") as f:
+                return json.load(f)
+    raise ConfigError(f"{d}: no real_models.json(.gz) here; give directories benchmarks/real_models.py --out wrote")
 
 
 def grouping(trace: Trace, path: Path) -> str:
@@ -62,18 +66,13 @@ def main() -> None:
     ap.add_argument("--hardware", default="h100_calibrated", help="as real_models.py's --hardware")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=JSON", help="edit each recording's header")
     args = ap.parse_args()
-    for d in args.dirs:
-        if measured_file(d) is None:
-            raise ConfigError(f"{d}: no real_models.json(.gz) here; give directories benchmarks/real_models.py --out "
-                              "wrote")
+    runs = [(d, measured(d)) for d in args.dirs]
     hw = load_hardware(args.hardware)
     print(f"hardware={args.hardware}{''.join(f' --set {s}' for s in args.set)}\n")
     print("| run | model | budget MB | backend | grouping/eviction/lookahead | measured ms (mean) | predicted ms | error |")
     print("|---|---|---|---|---|---|---|---|")
     errors, picks = [], []
-    for d in args.dirs:
-        with gzip.open(measured_file(d), "rt") if measured_file(d).suffix == ".gz" else measured_file(d).open() as f:
-            data = json.load(f)
+    for d, data in runs:
         traces = {(t.header["model"], grouping(t, path)): t
                   for path, t in ((p, read_trace(p)) for p in sorted(d.glob("*.trace.jsonl.gz")))}
         for result in data["results"]:
