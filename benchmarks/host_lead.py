@@ -1,0 +1,243 @@
+"""How far a step's host runs ahead of the GPU, and what holds it back: measured against simulated.
+
+    python benchmarks/host_lead.py --label train -- +model=ltx model.num_layers=8 workload=train_lora \\
+        workload.video_tokens=16384 trace=data/traces/ltx2_train_lora.jsonl.gz activations=sync budget=null
+    python benchmarks/host_lead.py --label decode -- model=llama8b workload=decode budget=12000 \\
+        weights.eviction=belady trace=data/traces/full/llama8b-decode-full.jsonl.gz
+
+On a CUDA machine: writes the model's random weights into --dir (`mode=materialize`) unless the
+overrides name weights.file, then runs `mode=execute`'s loop (engine.modes.execute) twice, plain
+and under torch.profiler (CPU and CUDA activities), each executor step tagged. From the profile,
+for each of the last --steps executor steps:
+  launches      CUDA launches the host made in the step (kernels, copies, memsets), and per record
+  queued        at each launch, how many launched GPU operations had not yet finished, on the
+                stream that ran the most kernels (median, 90th percentile, max)
+  lead ms       how long after its launch each operation started on the GPU (median, max)
+  blocked       the host's time inside calls that wait for the device (synchronizes, blocking
+                copies, cudaFree/Malloc/HostAlloc) and inside launches over --slow-launch-us
+                (a launch waits there when the device's queue is full), with the queue at each
+The simulator's run of the same trace and config reports its launcher's lead in records. Writes
+OUT/host_lead-LABEL.json (and the profile, gzipped, with --keep-profile); prints a table last.
+"""
+from __future__ import annotations
+
+import argparse
+import bisect
+import gzip
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
+# Host calls that return only once the device has reached some point.
+BLOCKING = ("Synchronize", "cudaMemcpy", "cudaFree", "cudaMalloc", "cudaHostAlloc", "cudaHostRegister",
+            "cudaHostUnregister", "cuMemFree", "cuMemAlloc", "cuMemMap", "cuMemUnmap", "cuMemCreate",
+            "cuMemRelease", "cuMemSetAccess")
+STEP_TAG = "host_lead step "
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def blocking(name: str) -> bool:
+    return any(b in name for b in BLOCKING) and not name.endswith("Async")
+
+
+def pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))] if s else 0.0
+
+
+def analyse(events: list[dict], records_per_step: int, slow_launch_us: float) -> list[dict]:
+    """Per tagged step of a Kineto chrome trace's events: launches, queue at each, lead, blocked calls."""
+    launches = {e["args"]["correlation"]: e for e in events
+                if e.get("cat") in LAUNCH_CATS and "correlation" in e.get("args", {})}
+    gpu = [e for e in events if e.get("cat") in GPU_CATS and e.get("args", {}).get("correlation") in launches]
+    streams = Counter(e["args"].get("stream") for e in gpu if e["cat"] == "kernel")
+    main_stream = streams.most_common(1)[0][0] if streams else None
+    ops = sorted(((launches[e["args"]["correlation"]]["ts"], e["ts"], e["ts"] + e.get("dur", 0))
+                  for e in gpu if e["args"].get("stream") == main_stream))
+    launch_ts = [o[0] for o in ops]
+    host_calls = sorted((e for e in events if e.get("cat") in LAUNCH_CATS), key=lambda e: e["ts"])
+    steps = sorted((e for e in events if e.get("cat") == "user_annotation" and e["name"].startswith(STEP_TAG)),
+                   key=lambda e: e["ts"])
+    out = []
+    for tag in steps:
+        a, b = tag["ts"], tag["ts"] + tag["dur"]
+        mine = [o for o in ops[bisect.bisect_left(launch_ts, a):bisect.bisect_right(launch_ts, b)]]
+        ends_before = sorted(o[2] for o in ops[:bisect.bisect_right(launch_ts, b)])
+
+        def queued(t: float) -> int:
+            launched = bisect.bisect_right(launch_ts, t)
+            return launched - bisect.bisect_right(ends_before, t)
+
+        depth = [queued(o[0]) for o in mine]
+        lead = [(o[1] - o[0]) / 1e3 for o in mine]
+        calls = [c for c in host_calls if a <= c["ts"] <= b]
+        held: dict[str, list[float]] = defaultdict(list)
+        held_at: dict[str, list[int]] = defaultdict(list)
+        for c in calls:
+            slow = c["name"].startswith(("cudaLaunch", "cuLaunch")) and c.get("dur", 0) > slow_launch_us
+            if blocking(c["name"]) or slow:
+                key = c["name"] + (" (slow)" if slow else "")
+                held[key].append(c.get("dur", 0) / 1e3)
+                held_at[key].append(queued(c["ts"]))
+        n_launch = sum(1 for c in calls if c.get("args", {}).get("correlation") in launches
+                       and c["name"].startswith(("cudaLaunch", "cuLaunch", "cudaMemcpy", "cudaMemset")))
+        out.append({
+            "step": tag["name"][len(STEP_TAG):],
+            "host_ms": (b - a) / 1e3,
+            "launches": n_launch,
+            "stream_ops": len(mine),
+            "launches_per_record": n_launch / records_per_step,
+            "queued_median": statistics.median(depth) if depth else 0,
+            "queued_p90": pct(depth, 0.9),
+            "queued_max": max(depth, default=0),
+            "lead_ms_median": statistics.median(lead) if lead else 0.0,
+            "lead_ms_max": max(lead, default=0.0),
+            "blocked": {k: {"calls": len(v), "ms": round(sum(v), 3), "queued_median": statistics.median(held_at[k])}
+                        for k, v in sorted(held.items(), key=lambda kv: -sum(kv[1]))},
+        })
+    return out
+
+
+def simulated_lead(result: Any, records: int) -> dict:
+    """The simulated launcher's lead, in records, at each launch of the last step."""
+    host = sorted(t for t, track, what in result.events if track == "host" and what.startswith("start "))
+    ends = sorted(t for t, track, what in result.events if track == "compute" and what.startswith("end "))
+    last = host[-records:]
+    depth = [(len(host) - records + i) - bisect.bisect_right(ends, t) for i, t in enumerate(last)]
+    return {"queued_median": statistics.median(depth), "queued_p90": pct(depth, 0.9), "queued_max": max(depth),
+            "step_ms": result.prediction["step_ms"]}
+
+
+@contextmanager
+def tagged_steps(execute: Any, prof: Any) -> Iterator[None]:
+    """Each executor step of engine.modes.execute's loops inside a profiler range; the
+    profiler starts at the first (the reference runs before it are not profiled)."""
+    import torch
+
+    count = iter(range(10**6))
+    originals = {name: getattr(execute, name) for name in ("forward", "train_step")}
+
+    def tag(fn: Any, executor_step: bool) -> Any:
+        def wrapped(*args: Any, **kw: Any) -> Any:
+            # forward runs the reference too (a plain dict of weights); train_step only the executor
+            if not executor_step and not getattr(args[1], "in_step", False):
+                return fn(*args, **kw)
+            i = next(count)
+            if i == 0:
+                prof.start()
+            with torch.profiler.record_function(f"{STEP_TAG}{i}"):
+                return fn(*args, **kw)
+        return wrapped
+
+    execute.forward = tag(originals["forward"], False)
+    execute.train_step = tag(originals["train_step"], True)
+    try:
+        yield
+    finally:
+        for name, fn in originals.items():
+            setattr(execute, name, fn)
+        if next(count) > 0:  # it started
+            prof.stop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--label", required=True)
+    ap.add_argument("--steps", type=int, default=3, help="executor steps analysed (the last ones)")
+    ap.add_argument("--run-steps", type=int, default=6, help="workload.steps of each run")
+    ap.add_argument("--slow-launch-us", type=float, default=50.0)
+    ap.add_argument("--dir", default="/dev/shm")
+    ap.add_argument("--keep-profile", action="store_true")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("overrides", nargs="*")
+    args = ap.parse_args()
+
+    import torch
+    from hydra import compose, initialize_config_dir
+
+    import engine.modes.execute as execute
+    from engine.config import register
+    from engine.job import prepare
+    from engine.units import budget_bytes
+    from sim import simulate
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    overrides = [*args.overrides, "mode=execute", f"workload.steps={args.run_steps}"]
+    weights = None
+    if not any(o.startswith("weights.file=") for o in overrides):
+        weights = Path(args.dir) / f"host-lead-{args.label}.ptd"
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "engine", *args.overrides, "mode=materialize", f"out={weights}",
+                        f"hydra.run.dir=/tmp/host-lead-{args.label}-materialize"], check=True, cwd=ROOT)
+        log(f"materialized {weights} in {time.perf_counter() - t:.0f} s")
+        overrides.append(f"weights.file={weights}")
+    try:
+        register()
+        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+            # compose takes a config group as `model=X` where the command line takes `+model=X`
+            cfg = compose("config", overrides=[o.removeprefix("+") if o.startswith("+model=") else o
+                                               for o in overrides])
+        job = prepare(cfg, Path(f"/tmp/host-lead-{args.label}"))
+        training = cfg.workload.kind == "train_lora"
+        run = execute.run_train_execute if training else execute.run_execute
+        plain = run(cfg, job.spec, job.trace, job.out_dir)
+        log(f"plain run: step {plain['step_ms']:.2f} ms")
+        profile_path = out / f"host_lead-{args.label}.trace.json"
+        prof = torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA])
+        with tagged_steps(execute, prof):
+            profiled = run(cfg, job.spec, job.trace, job.out_dir)
+        prof.export_chrome_trace(str(profile_path))
+        log(f"profiled run: step {profiled['step_ms']:.2f} ms")
+    finally:
+        if weights is not None:
+            weights.unlink(missing_ok=True)
+    events = json.loads(profile_path.read_text())["traceEvents"]
+    if args.keep_profile:
+        with gzip.open(str(profile_path) + ".gz", "wt") as f:
+            json.dump({"traceEvents": events}, f)
+    profile_path.unlink()
+    records = len(job.trace.records)
+    steps = analyse(events, records, args.slow_launch_us)[-args.steps:]
+    sim = simulate(job.trace, cfg.weights, cfg.activations, cfg.hardware, budget_bytes(cfg.budget), args.run_steps,
+                   allow_below_floor=False, loop=cfg.workload.loop)
+    sim_lead = simulated_lead(sim, records)
+    result = {"label": args.label, "overrides": args.overrides, "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+              "torch": torch.__version__, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+              "records_per_step": records, "plain_step_ms": plain["step_ms"], "profiled_step_ms": profiled["step_ms"],
+              "steps": steps, "simulated": {**sim_lead, "launch_queue_depth": cfg.hardware.launch_queue_depth,
+                                            "hardware": cfg.hardware.name}}
+    (out / f"host_lead-{args.label}.json").write_text(json.dumps(result, indent=1))
+    print(f"\n{args.label}: {records} records a step; step {plain['step_ms']:.2f} ms plain, "
+          f"{profiled['step_ms']:.2f} ms profiled; simulated {sim_lead['step_ms']:.2f} ms ({cfg.hardware.name})")
+    print("| step | host ms | launches (per record) | queued median / p90 / max | lead ms median / max |")
+    print("|---|---|---|---|---|")
+    for s in steps:
+        print(f"| {s['step']} | {s['host_ms']:.1f} | {s['launches']} ({s['launches_per_record']:.1f}) | "
+              f"{s['queued_median']:.0f} / {s['queued_p90']:.0f} / {s['queued_max']} | "
+              f"{s['lead_ms_median']:.2f} / {s['lead_ms_max']:.2f} |")
+    print(f"| simulated, in records | | | {sim_lead['queued_median']:.0f} / {sim_lead['queued_p90']:.0f} / "
+          f"{sim_lead['queued_max']} (depth {cfg.hardware.launch_queue_depth}) | |")
+    print("\nthe host blocked in (last step): call: calls, ms, queued median")
+    for k, v in steps[-1]["blocked"].items() if steps else ():
+        print(f"  {k}: {v['calls']}, {v['ms']:.2f} ms, {v['queued_median']:.0f}")
+
+
+if __name__ == "__main__":
+    main()
