@@ -108,7 +108,7 @@ def main() -> None:
           "predicted | measured | error | H2D pred / meas GB | D2H pred / meas GB | spill misses, stall ms | losses, grads |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        p, m, c = r["prediction"], r["measured"], r["config"]
+        p, m, c = r["prediction"], r["measurement"], r["config"]
         peak, resident = m.get("peak_pool_torch_bytes"), m.get("resident_step_ms")
         ratio = f"{m['step_ms'] / resident:.3f}" if resident else "-"
         print(f"| {c['budget_mb']} | {c['activations']} | {p['step_ms']:.1f} | {m['step_ms']:.1f} | "

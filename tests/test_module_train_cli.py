@@ -75,7 +75,7 @@ def test_execute_spills_what_the_simulator_predicts_and_trains_bitwise(recorded,
             f"workload.checkpointing={checkpointing}", f"hydra.run.dir={tmp_path}")
     assert r.returncode == 0, r.stderr
     report = json.loads((tmp_path / "report.json").read_text())
-    pred, meas = report["prediction"], report["measured"]
+    pred, meas = report["prediction"], report["measurement"]
     assert report["loss_match_reference"] is True and report["grads_match_reference"] is True
     assert report["reference_spread"] is None  # the CPU: compared bitwise
     # The recording saw what the offloader sees: the same spills and restores, byte for byte.

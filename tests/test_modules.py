@@ -21,6 +21,7 @@ from engine.modules.offload import predict
 from engine.modules.packing import SUFFIX
 from engine.modules.record import fit_to_pipelined
 from engine.trace import KernelRecord, Trace, read_trace, write_trace
+from engine.sweep import point_row
 from engine.units import budget_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -381,11 +382,17 @@ def test_the_cli_records_then_simulates_a_transformers_model(tmp_path):
     assert ex.returncode == 0, ex.stderr
     report = json.loads((tmp_path / "ex" / "report.json").read_text())
     assert report["bitwise"] == [True] * 3  # workload.steps forwards, each against the resident one
-    assert report["measured"]["h2d_bytes"] == report["prediction"]["h2d_bytes"]
+    assert report["measurement"]["h2d_bytes"] == report["prediction"]["h2d_bytes"]
     events = json.loads((tmp_path / "ex" / "timeline.json").read_text())["traceEvents"]
     measured = [e["name"] for e in events if e.get("pid") == 2 and e["ph"] == "X" and e["tid"] == 1]
     assert measured == [r.name for r in by_block.records]  # the last step's kernels, beside the prediction
-    assert report["measured"]["h2d_bytes"] > 0  # 0.35 MB streams the 0.43 MB of weights
+    assert report["measurement"]["h2d_bytes"] > 0  # 0.35 MB streams the 0.43 MB of weights
+    # A sweep's row is the measured step, as for a spec model's execute point.
+    point = tmp_path / "sweep" / "0"
+    point.mkdir(parents=True)
+    (point / "report.json").write_text(json.dumps(report))
+    row = point_row(point)
+    assert row["step_ms"] == report["measurement"]["step_ms"] != row["predicted_step_ms"]
 
 
 
@@ -412,7 +419,7 @@ def test_the_cli_chooses_the_grouping_by_simulation(tmp_path):
     pred = report["prediction"]
     assert set(pred["groupings_ms"]) == {"block", "leaf"}
     assert pred["grouping"] == min(pred["groupings_ms"], key=pred["groupings_ms"].get)
-    assert report["bitwise"] == [True] * 3 and report["measured"]["h2d_bytes"] == pred["h2d_bytes"]
+    assert report["bitwise"] == [True] * 3 and report["measurement"]["h2d_bytes"] == pred["h2d_bytes"]
     assert f"model.grouping=auto kept {pred['grouping']}" in ex.stdout
     kept = read_trace(tmp_path / "ex" / f"trace-{pred['grouping']}.jsonl")
     assert kept.header["grouping"] == pred["grouping"]

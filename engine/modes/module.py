@@ -248,7 +248,7 @@ def execute_module(job: Job) -> Outcome:
     if cuda:  # the whole device less the context: the weights' held peak plus torch's allocator's
         measured["peak_pool_torch_bytes"] = (max(r["held_device_bytes"] for r in rows)
                                              + torch.cuda.max_memory_allocated(device))
-    report = {"config": config_summary(job), **_plan(job, trace), "prediction": pred, "measured": measured,
+    report = {"config": config_summary(job), **_plan(job, trace), "prediction": pred, "measurement": measured,
               "bitwise": same, "device": device_name(device), "resident_params": h.resident_params}
     md = (f"## Executed {cfg.model.name} at budget {cfg.budget} MB ({pred['eviction']})\n\n"
           + table(["", "predicted", "measured"], [
@@ -390,7 +390,7 @@ def _execute_training(job: Job, module: Any, inputs: dict, device: torch.device,
         measured["peak_pool_torch_bytes"] = measured["pool_peak_bytes"] + measured["torch_peak_bytes"]
     losses, grads = (None, None) if reference is None else match_reference(steps, reference, spread)
     (job.out_dir / "telemetry.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    report = {"config": config_summary(job), **_plan(job, trace), "prediction": pred, "measured": measured,
+    report = {"config": config_summary(job), **_plan(job, trace), "prediction": pred, "measurement": measured,
               "reference_spread": spread,
               "loss_match_reference": losses, "grads_match_reference": grads, "device": device_name(device)}
     table_rows = [
