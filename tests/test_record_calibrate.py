@@ -272,6 +272,24 @@ def test_training_report_from_shipped_measurements_on_cpu() -> None:
     assert rep["held_out"]["step_ms"]["mean"] < 0.05 and rep["held_out"]["step_ms"]["max"] < 0.08
 
 
+@pytest.mark.parametrize("row", [0, 1])
+def test_the_whole_ltx2_lora_recording_replays_its_gpu_prediction(run_cli, tmp_path, row) -> None:
+    """The shipped 48-block diffusers LTX-2 LoRA recording (data/README.md) replayed on the CPU
+    predicts what the GPU run printed beside its measurement, streams exactly the bytes it
+    measured, and its peak (pool and torch) is the measured one within 1%."""
+    measured = json.loads((DATA / "modules" / "ltx2-diffusers-train-full.measured.json").read_text())["rows"][row]
+    r = run_cli("model=ltx2_diffusers", "workload=train_lora", "workload.checkpointing=true",
+                f"trace={DATA / 'modules' / 'ltx2-diffusers-train-full.jsonl.gz'}", f"budget={measured['budget_mb']}",
+                f"weights.eviction={measured['eviction']}", f"weights.lookahead={measured['lookahead']}",
+                "sim.timeline=false")
+    assert r.returncode == 0, r.stderr
+    pred = json.loads((tmp_path / "run" / "report.json").read_text())["prediction"]
+    assert pred["step_ms"] == pytest.approx(measured["predicted_then"]["step_ms"], rel=1e-6)
+    assert pred["h2d_bytes"] == measured["measured"]["h2d_bytes"]
+    assert pred["peak_pool_torch_bytes"] == pytest.approx(measured["measured"]["peak_pool_torch_bytes"], rel=0.01)
+    assert abs(pred["step_ms"] / measured["measured"]["step_ms"] - 1) < 0.07
+
+
 def test_record_on_the_cpu_backend_probes_the_streamed_and_the_pipelined_step(run_cli, tmp_path) -> None:
     """The recorder runs end to end on the CPU backend: a cold streamed forward copies every
     weight in, timed fetch by fetch, and a pipelined step is timed; the cpu clock times the
