@@ -290,6 +290,29 @@ def test_the_whole_ltx2_lora_recording_replays_its_gpu_prediction(run_cli, tmp_p
     assert abs(pred["step_ms"] / measured["measured"]["step_ms"] - 1) < 0.07
 
 
+def test_the_shipped_module_recordings_replay_their_measured_rows() -> None:
+    """data/traces/modules: five real modules recorded on the H100, each row measured beside it
+    (benchmarks/real_models.py). Replayed on the CPU, every row predicts what the GPU run printed
+    within 1%, the copies exactly where the run measured its prediction exact, and the rows
+    within 6% of measured (a host-bound all-resident row is the host's; the mean is tighter)."""
+    from engine.config import load_hardware as hardware_profile
+    from engine.modules.offload import predict
+
+    data = json.loads((DATA / "modules" / "real_models.json").read_text())
+    hw = hardware_profile(data["hardware_profile"])
+    traces = {read_trace(p).header["model"]: read_trace(p) for p in (DATA / "modules").glob("*.trace.jsonl.gz")}
+    errors = []
+    for result in data["results"]:
+        for r in result["rows"]:
+            budget = round(r["budget_mb"] * 1e6) if r["budget_mb"] else None
+            p = predict(traces[result["model"]], hw, budget, r["lookahead"], r["eviction"], backend=r["backend"])
+            assert p["step_ms"] == pytest.approx(r["predicted_ms"], rel=0.01), (result["model"], r["budget_mb"])
+            if r["predicted_h2d_bytes"] == r["h2d_bytes"]:
+                assert p["h2d_bytes"] == r["h2d_bytes"]
+            errors.append(abs(p["step_ms"] / r["mean_ms"] - 1))
+    assert len(errors) == 18 and max(errors) < 0.06 and sum(errors) / len(errors) < 0.03
+
+
 def test_record_on_the_cpu_backend_probes_the_streamed_and_the_pipelined_step(run_cli, tmp_path) -> None:
     """The recorder runs end to end on the CPU backend: a cold streamed forward copies every
     weight in, timed fetch by fetch, and a pipelined step is timed; the cpu clock times the
