@@ -169,6 +169,7 @@ def main() -> None:
 
     import torch
     from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
 
     import engine.modes.execute as execute
     from engine.config import register
@@ -179,14 +180,14 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     overrides = [*args.overrides, "mode=execute", f"workload.steps={args.run_steps}"]
-    weights = None
+    weight_file = None
     if not any(o.startswith("weights.file=") for o in overrides):
-        weights = Path(args.dir) / f"host-lead-{args.label}.ptd"
+        weight_file = Path(args.dir) / f"host-lead-{args.label}.ptd"
         t = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "engine", *args.overrides, "mode=materialize", f"out={weights}",
+        subprocess.run([sys.executable, "-m", "engine", *args.overrides, "mode=materialize", f"out={weight_file}",
                         f"hydra.run.dir=/tmp/host-lead-{args.label}-materialize"], check=True, cwd=ROOT)
-        log(f"materialized {weights} in {time.perf_counter() - t:.0f} s")
-        overrides.append(f"weights.file={weights}")
+        log(f"materialized {weight_file} in {time.perf_counter() - t:.0f} s")
+        overrides.append(f"weights.file={weight_file}")
     try:
         register()
         with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
@@ -206,8 +207,8 @@ def main() -> None:
         prof.export_chrome_trace(str(profile_path))
         log(f"profiled run: step {profiled['step_ms']:.2f} ms")
     finally:
-        if weights is not None:
-            weights.unlink(missing_ok=True)
+        if weight_file is not None:
+            weight_file.unlink(missing_ok=True)
     events = json.loads(profile_path.read_text())["traceEvents"]
     if args.keep_profile:
         with gzip.open(str(profile_path) + ".gz", "wt") as f:
@@ -215,7 +216,10 @@ def main() -> None:
     profile_path.unlink()
     records = len(job.trace.records)
     steps = analyse(events, records, args.slow_launch_us)[-args.steps:]
-    sim = simulate(job.trace, cfg.weights, cfg.activations, cfg.hardware, budget_bytes(cfg.budget), args.run_steps,
+    weights = cfg.weights
+    if job.choice is not None:  # eviction or lookahead "auto": simulate what the run used
+        weights = OmegaConf.merge(weights, {"eviction": job.choice.eviction, "lookahead": job.choice.lookahead})
+    sim = simulate(job.trace, weights, cfg.activations, cfg.hardware, budget_bytes(cfg.budget), args.run_steps,
                    allow_below_floor=False, loop=cfg.workload.loop)
     sim_lead = simulated_lead(sim, records)
     result = {"label": args.label, "overrides": args.overrides, "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
