@@ -16,6 +16,8 @@ for each of the last --steps executor steps:
   blocked       the host's time inside calls that wait for the device (synchronizes, blocking
                 copies, cudaFree/Malloc/HostAlloc) and inside launches over --slow-launch-us
                 (a launch waits there when the device's queue is full), with the queue at each
+With --stacks the profile keeps Python stacks and the engine's functions are listed by the host
+time spent inside them in the last step (inclusive; they nest, so the times do not add up).
 The simulator's run of the same trace and config reports its launcher's lead in records. Writes
 OUT/host_lead-LABEL.json (and the profile, gzipped, with --keep-profile); prints a table last.
 """
@@ -98,6 +100,7 @@ def analyse(events: list[dict], records_per_step: int, slow_launch_us: float) ->
                        and c["name"].startswith(("cudaLaunch", "cuLaunch", "cudaMemcpy", "cudaMemset")))
         out.append({
             "step": tag["name"][len(STEP_TAG):],
+            "window": [a, b],
             "host_ms": (b - a) / 1e3,
             "launches": n_launch,
             "stream_ops": len(mine),
@@ -111,6 +114,27 @@ def analyse(events: list[dict], records_per_step: int, slow_launch_us: float) ->
                         for k, v in sorted(held.items(), key=lambda kv: -sum(kv[1]))},
         })
     return out
+
+
+def engine_functions(events: list[dict], window: list[float], top: int = 25) -> list[tuple[str, tuple[int, float]]]:
+    """The engine's Python functions (a with_stack profile's python_function events, on any
+    thread) by total inclusive ms inside `window`, outermost calls of each name only."""
+    a, b = window
+    spans: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for e in events:
+        if e.get("cat") == "python_function" and a <= e["ts"] <= b and "engine/" in e["name"]:
+            spans[e["name"]].append((e["ts"], e["ts"] + e.get("dur", 0)))
+    totals = {}
+    for name, ss in spans.items():
+        ss.sort()
+        calls, ms, end = 0, 0.0, -1.0
+        for s0, s1 in ss:
+            if s0 >= end:  # not inside an earlier call of the same function (recursion)
+                calls += 1
+                ms += (s1 - s0) / 1e3
+                end = s1
+        totals[name] = (calls, ms)
+    return sorted(totals.items(), key=lambda kv: -kv[1][1])[:top]
 
 
 def simulated_lead(result: Any, records: int) -> dict:
@@ -163,6 +187,7 @@ def main() -> None:
     ap.add_argument("--slow-launch-us", type=float, default=50.0)
     ap.add_argument("--dir", default="/dev/shm")
     ap.add_argument("--keep-profile", action="store_true")
+    ap.add_argument("--stacks", action="store_true", help="profile Python stacks; list the engine's functions")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
@@ -201,7 +226,8 @@ def main() -> None:
         log(f"plain run: step {plain['step_ms']:.2f} ms")
         profile_path = out / f"host_lead-{args.label}.trace.json"
         prof = torch.profiler.profile(
-            activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA])
+            activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA],
+            with_stack=args.stacks)
         with tagged_steps(execute, prof):
             profiled = run(cfg, job.spec, job.trace, job.out_dir)
         prof.export_chrome_trace(str(profile_path))
@@ -238,6 +264,10 @@ def main() -> None:
               f"{s['lead_ms_median']:.2f} / {s['lead_ms_max']:.2f} |")
     print(f"| simulated, in records | | | {sim_lead['queued_median']:.0f} / {sim_lead['queued_p90']:.0f} / "
           f"{sim_lead['queued_max']} (depth {cfg.hardware.launch_queue_depth}) | |")
+    if args.stacks and steps:
+        print("\nengine functions by inclusive host ms in the last step: function: calls, ms")
+        for name, (calls, ms) in engine_functions(events, steps[-1]["window"]):
+            print(f"  {name}: {calls}, {ms:.2f}")
     print("\nthe host blocked in (last step): call: calls, ms, queued median")
     for k, v in steps[-1]["blocked"].items() if steps else ():
         print(f"  {k}: {v['calls']}, {v['ms']:.2f} ms, {v['queued_median']:.0f}")
