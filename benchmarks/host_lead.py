@@ -4,11 +4,15 @@
         workload.video_tokens=16384 trace=data/traces/ltx2_train_lora.jsonl.gz activations=sync budget=null
     python benchmarks/host_lead.py --label decode -- model=llama8b workload=decode budget=12000 \\
         weights.eviction=belady trace=data/traces/full/llama8b-decode-full.jsonl.gz
+    python benchmarks/host_lead.py --label hf-decode -- model=llama8b_hf workload=decode budget=12000 \\
+        weights.eviction=belady weights.lookahead=1
 
 On a CUDA machine: writes the model's random weights into --dir (`mode=materialize`) unless the
-overrides name weights.file, then runs `mode=execute`'s loop (engine.modes.execute) twice, plain
-and under torch.profiler (CPU and CUDA activities), each executor step tagged. From the profile,
-for each of the last --steps executor steps:
+overrides name weights.file, records a real module's trace (`mode=record`) unless they name
+trace=, then runs `mode=execute` twice, plainly and under torch.profiler (CPU and CUDA
+activities), marking the end of each step (engine.executor.setup.end_of_step, which every
+execute loop calls). From the profile, for each of the last --steps steps (the host's time
+from one step's end to the next):
   launches      CUDA launches the host made in the step (kernels, copies, memsets), and per record
   queued        at each launch, how many launched GPU operations had not yet finished, on the
                 stream that ran the most kernels (median, 90th percentile, max)
@@ -73,11 +77,11 @@ def analyse(events: list[dict], records_per_step: int, slow_launch_us: float) ->
                   for e in gpu if e["args"].get("stream") == main_stream))
     launch_ts = [o[0] for o in ops]
     host_calls = sorted((e for e in events if e.get("cat") in LAUNCH_CATS), key=lambda e: e["ts"])
-    steps = sorted((e for e in events if e.get("cat") == "user_annotation" and e["name"].startswith(STEP_TAG)),
+    marks = sorted((e for e in events if e.get("cat") == "user_annotation" and e["name"].startswith(STEP_TAG)),
                    key=lambda e: e["ts"])
     out = []
-    for tag in steps:
-        a, b = tag["ts"], tag["ts"] + tag["dur"]
+    for before, tag in zip(marks, marks[1:]):  # a step: from the previous step's end to its own
+        a, b = before["ts"], tag["ts"]
         mine = [o for o in ops[bisect.bisect_left(launch_ts, a):bisect.bisect_right(launch_ts, b)]]
         ends_before = sorted(o[2] for o in ops[:bisect.bisect_right(launch_ts, b)])
 
@@ -148,33 +152,31 @@ def simulated_lead(result: Any, records: int) -> dict:
 
 
 @contextmanager
-def tagged_steps(execute: Any, prof: Any) -> Iterator[None]:
-    """Each executor step of engine.modes.execute's loops inside a profiler range; the
-    profiler starts at the first (the reference runs before it are not profiled)."""
+def marked_steps(modes: list[Any], prof: Any) -> Iterator[None]:
+    """A profiler mark at each step's end in the execute loops of `modes` (the modules that
+    call end_of_step); the profiler starts at the first, after the reference runs."""
     import torch
 
     count = iter(range(10**6))
-    originals = {name: getattr(execute, name) for name in ("forward", "train_step")}
+    originals = [(m, m.end_of_step) for m in modes]
 
-    def tag(fn: Any, executor_step: bool) -> Any:
+    def marking(fn: Any) -> Any:
         def wrapped(*args: Any, **kw: Any) -> Any:
-            # forward runs the reference too (a plain dict of weights); train_step only the executor
-            if not executor_step and not getattr(args[1], "in_step", False):
-                return fn(*args, **kw)
+            fn(*args, **kw)
             i = next(count)
             if i == 0:
                 prof.start()
             with torch.profiler.record_function(f"{STEP_TAG}{i}"):
-                return fn(*args, **kw)
+                pass
         return wrapped
 
-    execute.forward = tag(originals["forward"], False)
-    execute.train_step = tag(originals["train_step"], True)
+    for m, fn in originals:
+        m.end_of_step = marking(fn)
     try:
         yield
     finally:
-        for name, fn in originals.items():
-            setattr(execute, name, fn)
+        for m, fn in originals:
+            m.end_of_step = fn
         if next(count) > 0:  # it started
             prof.stop()
 
@@ -182,7 +184,7 @@ def tagged_steps(execute: Any, prof: Any) -> Iterator[None]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--label", required=True)
-    ap.add_argument("--steps", type=int, default=3, help="executor steps analysed (the last ones)")
+    ap.add_argument("--steps", type=int, default=3, help="steps analysed (the last ones)")
     ap.add_argument("--run-steps", type=int, default=6, help="workload.steps of each run")
     ap.add_argument("--slow-launch-us", type=float, default=50.0)
     ap.add_argument("--dir", default="/dev/shm")
@@ -197,39 +199,49 @@ def main() -> None:
     from omegaconf import OmegaConf
 
     import engine.modes.execute as execute
+    import engine.modes.module as module_mode
     from engine.config import register
-    from engine.job import prepare
+    from engine.job import is_module_model, prepare
     from engine.units import budget_bytes
     from sim import simulate
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    overrides = [*args.overrides, "mode=execute", f"workload.steps={args.run_steps}"]
-    weight_file = None
-    if not any(o.startswith("weights.file=") for o in overrides):
-        weight_file = Path(args.dir) / f"host-lead-{args.label}.ptd"
-        t = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "engine", *args.overrides, "mode=materialize", f"out={weight_file}",
-                        f"hydra.run.dir=/tmp/host-lead-{args.label}-materialize"], check=True, cwd=ROOT)
-        log(f"materialized {weight_file} in {time.perf_counter() - t:.0f} s")
-        overrides.append(f"weights.file={weight_file}")
-    try:
-        register()
+    register()
+
+    def config(extra: list[str]) -> Any:
         with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
             # compose takes a config group as `model=X` where the command line takes `+model=X`
-            cfg = compose("config", overrides=[o.removeprefix("+") if o.startswith("+model=") else o
-                                               for o in overrides])
+            return compose("config", overrides=[o.removeprefix("+") if o.startswith("+model=") else o
+                                                for o in [*args.overrides, *extra]])
+
+    def engine_cli(*extra: str) -> None:
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "engine", *args.overrides, *extra], check=True, cwd=ROOT)
+        log(f"{extra[0]} in {time.perf_counter() - t:.0f} s")
+
+    extra = ["mode=execute", f"workload.steps={args.run_steps}", "sim.timeline=false"]
+    module = is_module_model(config([]).model)
+    weight_file = None
+    if not any(o.startswith("weights.file=") for o in args.overrides):
+        weight_file = Path(args.dir) / f"host-lead-{args.label}{'.safetensors' if module else '.ptd'}"
+        engine_cli("mode=materialize", f"out={weight_file}", f"hydra.run.dir=/tmp/host-lead-{args.label}-materialize")
+        extra.append(f"weights.file={weight_file}")
+    try:
+        if module and not any(o.startswith("trace=") for o in args.overrides):
+            rec = Path(f"/tmp/host-lead-{args.label}-record")
+            engine_cli("mode=record", *extra[3:], f"hydra.run.dir={rec}")
+            extra.append(f"trace={rec / 'trace.jsonl'}")
+        cfg = config(extra)
         job = prepare(cfg, Path(f"/tmp/host-lead-{args.label}"))
-        training = cfg.workload.kind == "train_lora"
-        run = execute.run_train_execute if training else execute.run_execute
-        plain = run(cfg, job.spec, job.trace, job.out_dir)
+        plain = execute.execute_mode(job).report["measurement"]
         log(f"plain run: step {plain['step_ms']:.2f} ms")
         profile_path = out / f"host_lead-{args.label}.trace.json"
         prof = torch.profiler.profile(
             activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA],
             with_stack=args.stacks)
-        with tagged_steps(execute, prof):
-            profiled = run(cfg, job.spec, job.trace, job.out_dir)
+        with marked_steps([execute, module_mode], prof):
+            profiled = execute.execute_mode(job).report["measurement"]
         prof.export_chrome_trace(str(profile_path))
         log(f"profiled run: step {profiled['step_ms']:.2f} ms")
     finally:
@@ -242,13 +254,13 @@ def main() -> None:
     profile_path.unlink()
     records = len(job.trace.records)
     steps = analyse(events, records, args.slow_launch_us)[-args.steps:]
-    weights = cfg.weights
-    if job.choice is not None:  # eviction or lookahead "auto": simulate what the run used
+    weights = cfg.weights  # a module's execute wrote what an "auto" chose into it
+    if job.choice is not None:  # a spec model's eviction or lookahead "auto": simulate what the run used
         weights = OmegaConf.merge(weights, {"eviction": job.choice.eviction, "lookahead": job.choice.lookahead})
     sim = simulate(job.trace, weights, cfg.activations, cfg.hardware, budget_bytes(cfg.budget), args.run_steps,
                    allow_below_floor=False, loop=cfg.workload.loop)
     sim_lead = simulated_lead(sim, records)
-    result = {"label": args.label, "overrides": args.overrides, "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+    result = {"label": args.label, "overrides": args.overrides, "device": (torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"),
               "torch": torch.__version__, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "records_per_step": records, "plain_step_ms": plain["step_ms"], "profiled_step_ms": profiled["step_ms"],
               "steps": steps, "simulated": {**sim_lead, "launch_queue_depth": cfg.hardware.launch_queue_depth,
