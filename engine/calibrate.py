@@ -33,8 +33,10 @@ each trace; with several traces, the median over them):
                             spec kernel with its op and shape, and the header's probe grid of
                             bare ops; host time per kernel by op and phase, times each
                             trace's host_scale; the memory passes' cost (fit_pass_cost), and
-                            matmul kernels' cores (their time less their passes); written
-                            beside the profile as NAME.kernels.json
+                            matmul kernels' cores (their time less their passes); the mean
+                            CUDA launches per record by op and phase, and saved-tensor hook
+                            calls per training forward record by op (records' "launches",
+                            "packs"); written beside the profile as NAME.kernels.json
 
 Fields nothing measures (pageable and unregistered-mmap rates, device memory,
 launch queue depth, the sustained-load window) are the base profile's, and the `source` line says so.
@@ -204,7 +206,7 @@ def fit_kernel_table(traces: Sequence[Trace], source: str, probes: Sequence[dict
     "host" "kernel_ns" and, training, "backward_kernel_ns"). With the grid's add and
     the probes' or the records' passes, the pass cost (fit_pass_cost), and each forward matmul
     record's point is its core: its time less its passes, at least CORE_FLOOR of it."""
-    grid_rows, host, probed = [], [], []
+    grid_rows, host, probed, launches, packs = [], [], [], [], []
     for grid in [t.header.get("probes", {}).get("compute", {}) for t in traces] + list(probes):
         probed += grid.get("passes", ())
         grid_rows += [("linear", features("linear", (m, n, k), 0), 2 * m * n * k, ns)
@@ -228,6 +230,10 @@ def fit_kernel_table(traces: Sequence[Trace], source: str, probes: Sequence[dict
                          if r.op]
         for r in t.records:
             fwd = r.phase == "fwd"
+            if r.op and r.launches:
+                launches.append((host_key(r.op, r.phase, training), r.launches))
+            if r.op and r.packs:
+                packs.append((r.op, r.packs))
             feats = features(r.op, r.shape, r.io_bytes, r.passes if fwd else ()) if r.op else None
             if feats is None:
                 continue
@@ -235,7 +241,7 @@ def fit_kernel_table(traces: Sequence[Trace], source: str, probes: Sequence[dict
             if fwd and r.op in MATMUL_OPS and r.passes and cost:
                 ns = max(CORE_FLOOR * ns, ns - cost.ns(r.passes))
             rows.append((r.op + ("" if fwd else BACKWARD), feats, work(r.op, r.flops, r.io_bytes), ns))
-    return table_from_measurements(rows, source, host, cost)
+    return table_from_measurements(rows, source, host, cost, launches, packs)
 
 
 def write_kernel_table(profile: dict, traces: Sequence[Trace], target: Path, probes: Sequence[dict] = ()) -> Path | None:

@@ -119,14 +119,20 @@ class Point:
 class KernelTable:
     """Measured rates by op: `rate(op, features)` interpolates them (module docstring);
     `host_ns[host_key(...)]` is the median host time of launching one kernel of that op
-    and phase, measured in resident recorded steps (its torch calls and the fetch)."""
+    and phase, measured in resident recorded steps (its torch calls and the fetch);
+    `launches[host_key(...)]` the mean CUDA launches a record of it makes, and
+    `packs[op]` the mean tensors a training forward record of it hands the saved-tensor
+    hooks (recorded traces' "launches" and "packs")."""
 
     def __init__(self, points: Mapping[str, Sequence[Point]], source: str = "",
-                 host_ns: Mapping[str, int] | None = None, pass_cost: PassCost | None = None):
+                 host_ns: Mapping[str, int] | None = None, pass_cost: PassCost | None = None,
+                 launches: Mapping[str, float] | None = None, packs: Mapping[str, float] | None = None):
         self.points = {op: tuple(ps) for op, ps in points.items() if ps}
         self.source = source
         self.host_ns = dict(host_ns or {})
         self.pass_cost = pass_cost
+        self.launches = dict(launches or {})
+        self.packs = dict(packs or {})
         self._rates: dict[tuple[str, tuple[float, ...]], float | None] = {}  # a model repeats its shapes
 
     def exact_rate(self, op: str, feats: tuple[float, ...]) -> float | None:
@@ -151,6 +157,7 @@ class KernelTable:
 
     def to_json(self) -> dict:
         return {"format": TABLE_FORMAT, "source": self.source, "host_ns": dict(sorted(self.host_ns.items())),
+                "launches": dict(sorted(self.launches.items())), "packs": dict(sorted(self.packs.items())),
                 "passes": self.pass_cost.to_json() if self.pass_cost else None, "ops": {op: [[*p.features, p.rate] for p in ps] for op, ps in sorted(self.points.items())}}
 
 
@@ -166,9 +173,11 @@ def _interpolate(points: Sequence[Point], feats: tuple[float, ...]) -> float:
 
 def table_from_measurements(rows: Iterable[tuple[str, tuple[float, ...], int, float]], source: str,
                             host: Iterable[tuple[str, int]] = (),
-                            pass_cost: PassCost | None = None) -> KernelTable:
+                            pass_cost: PassCost | None = None, launches: Iterable[tuple[str, int]] = (),
+                            packs: Iterable[tuple[str, int]] = ()) -> KernelTable:
     """A table from (op, features, work, ns) rows: rows of one op and features become
-    one point at their median rate; from (op, host ns) rows, the median per op."""
+    one point at their median rate; from (op, host ns) rows, the median per op; from
+    (key, count) rows of launches and packs, the mean per key."""
     grouped: dict[tuple[str, tuple[float, ...]], list[float]] = {}
     for op, feats, amount, ns in rows:
         if ns > 0 and amount > 0:
@@ -176,7 +185,14 @@ def table_from_measurements(rows: Iterable[tuple[str, tuple[float, ...], int, fl
     points: dict[str, list[Point]] = {}
     for (op, feats), rates in sorted(grouped.items()):
         points.setdefault(op, []).append(Point(feats, statistics.median(rates)))
-    return KernelTable(points, source, medians_by_op(host), pass_cost)
+    return KernelTable(points, source, medians_by_op(host), pass_cost, means_by_key(launches), means_by_key(packs))
+
+
+def means_by_key(rows: Iterable[tuple[str, int]]) -> dict[str, float]:
+    grouped: dict[str, list[int]] = {}
+    for key, n in rows:
+        grouped.setdefault(key, []).append(n)
+    return {k: round(statistics.fmean(v), 3) for k, v in sorted(grouped.items())}
 
 
 def slowdown_under_copy(alone_ns: float, with_copy_ns: float) -> float:
@@ -239,13 +255,15 @@ def load_table(name: str) -> KernelTable:
                           f"(format {TABLE_FORMAT!r}); write it with mode=calibrate")
     points = {op: [Point(tuple(row[:-1]), float(row[-1])) for row in rows] for op, rows in data["ops"].items()}
     host = data.get("host_ns", {})
+    counts = {key: {str(k): float(v) for k, v in data.get(key, {}).items()} for key in ("launches", "packs")}
     cost = data.get("passes")
     cost = PassCost({str(k): float(v) for k, v in cost["ns_per_byte"].items()}) if cost else None
     missing = [k for k in PASSES if cost is not None and k not in cost.ns_per_byte]
     if missing:
         raise ConfigError(f"hardware.kernel_table={name}: {path} has no cost for the memory pass kind "
                           f"{missing[0]!r} (fitted before it existed); write it again with mode=calibrate")
-    return KernelTable(points, str(data.get("source", "")), {str(op): int(ns) for op, ns in host.items()}, cost)
+    return KernelTable(points, str(data.get("source", "")), {str(op): int(ns) for op, ns in host.items()}, cost,
+                       counts["launches"], counts["packs"])
 
 
 class ExecutionTimePredictor:
@@ -282,6 +300,18 @@ class ExecutionTimePredictor:
         """Host time to launch one kernel of `op` in `phase`, from the table; 0 (the
         profile's kernel_launch_us applies) where the table has none."""
         return self.table.host_ns.get(host_key(op, phase, training), 0) if self.table is not None else 0
+
+    def launches(self, op: str, phase: str = "fwd", training: bool = False) -> int:
+        """CUDA launches one kernel of `op` in `phase` makes, from the table; 0 (not
+        counted: the simulator takes one) where the table has none."""
+        n = self.table.launches.get(host_key(op, phase, training), 0.0) if self.table is not None else 0.0
+        return max(1, round(n)) if n else 0
+
+    def packs(self, op: str, saved: int) -> int:
+        """Tensors a training forward kernel of `op` that saves `saved` activations hands the
+        saved-tensor hooks: the table's mean for the op, at least `saved`."""
+        n = self.table.packs.get(op, 0.0) if self.table is not None else 0.0
+        return max(saved, round(n))
 
 
 def _table_ns(table: KernelTable, op: str, flops: int, io_bytes: int, shape: Sequence[int], backward: bool,

@@ -53,7 +53,12 @@ class HardwareConfig:
     kernel_launch_us: float = 5.0  # host cost to issue one kernel
     fetch_host_us: float = 10.0  # host cost of one weight fetch (policy + alloc + copy issue)
     alloc_us: float = 2.0  # pool allocation latency
-    launch_queue_depth: int = 1024  # kernels the host may run ahead of the GPU
+    launch_queue_depth: int = 1024  # CUDA launches (kernels, copies, memsets) queued ahead of the GPU
+    # Host cost of the activation offloader's hooks (engine/executor/offloader.py), under an
+    # activation policy: per forward kernel, per tensor autograd saves, per unpack of one.
+    offload_kernel_us: float = 0.0
+    pack_hook_us: float = 0.0
+    unpack_hook_us: float = 0.0
     compute_slowdown_under_copy: float = 0.0  # fraction compute slows while copies run
     # Fraction compute runs slower than its recorded kernels under sustained load (the clocks
     # under the power limit), at a duty of 1; the duty is the busy share over sustained_window_ms.
@@ -222,7 +227,8 @@ def _check_finite(node: Any, key: str) -> None:
 _POSITIVE_HARDWARE = ("device_memory_mb", "h2d_gbps", "d2h_gbps", "duplex_gbps", "pageable_gbps", "mmap_gbps",
                       "mmap_registered_gbps", "matmul_tflops", "hbm_gbps", "launch_queue_depth",
                       "sustained_window_ms")
-_NON_NEGATIVE_HARDWARE = ("kernel_launch_us", "fetch_host_us", "alloc_us", "context_mb")
+_NON_NEGATIVE_HARDWARE = ("kernel_launch_us", "fetch_host_us", "alloc_us", "context_mb", "offload_kernel_us",
+                          "pack_hook_us", "unpack_hook_us")
 
 
 def check_hardware(hw: DictConfig) -> None:

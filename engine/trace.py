@@ -58,6 +58,13 @@ Lines 2.., one JSON object per kernel, in launch order:
                        what mode=calibrate fits kernel time against
     passes      [[str, int]]  optional: the spec kernel's memory passes, (kind, bytes
                        moved) each (Kernel.passes; engine/compute.py PASSES)
+    launches    int    optional: the CUDA launches (kernels, copies, memsets) the record's
+                       host work makes, counted by the recorder (engine/measure/launches.py)
+                       or from the kernel table (synthesized); absent or 0: not counted,
+                       and the simulator takes one launch a record
+    packs       int    optional, forward records: the tensors autograd hands the saved-tensor
+                       hooks while the record runs (weights and duplicates among them, so at
+                       least len(saved)); absent or 0: len(saved)
 
 Order: all forward records first; a training trace then has one backward
 record per forward record, in reverse order. `read_trace` checks all of this
@@ -107,6 +114,8 @@ class KernelRecord:
     op: str = ""
     shape: tuple[int, ...] = ()
     passes: tuple[tuple[str, int], ...] = ()
+    launches: int = 0
+    packs: int = 0
 
 
 @dataclass(frozen=True)
@@ -174,7 +183,8 @@ def synthesize(spec: ModelSpec, workload: Any, hardware: Any) -> Trace:
             name=k.name, layer=k.layer, phase="fwd", weights=tuple(k.weights),
             compute_ns=predictor.kernel_ns(k.op, k.flops, k.io_bytes, k.shape, passes=k.passes),
             flops=k.flops, io_bytes=k.io_bytes, saved=saved, host_ns=predictor.host_ns(k.op, "fwd", training), op=k.op,
-            shape=k.shape, passes=k.passes))
+            shape=k.shape, passes=k.passes, launches=predictor.launches(k.op, "fwd", training),
+            packs=predictor.packs(k.op, len(saved)) if training else 0))
     backward = []
     if training:
         for k, f in zip(reversed(spec.kernels), reversed(forward)):
@@ -184,7 +194,8 @@ def synthesize(spec: ModelSpec, workload: Any, hardware: Any) -> Trace:
                 name=k.name + BACKWARD_SUFFIX, layer=k.layer, phase="bwd", weights=tuple(k.weights),
                 compute_ns=predictor.kernel_ns(k.op, flops, io_bytes, k.shape, backward=True),
                 flops=flops, io_bytes=io_bytes, needs=tuple(s.name for s in f.saved),
-                host_ns=predictor.host_ns(k.op, "bwd", training), op=k.op, shape=k.shape))
+                host_ns=predictor.host_ns(k.op, "bwd", training), op=k.op, shape=k.shape,
+                launches=predictor.launches(k.op, "bwd", training)))
     records = tuple(forward + backward)
     header = {
         "format": FORMAT, "version": VERSION, "records": len(records), "source": "synthesized",
@@ -227,6 +238,10 @@ def _record_json(r: KernelRecord) -> dict:
         out["shape"] = list(r.shape)
     if r.passes:
         out["passes"] = [list(p) for p in r.passes]
+    if r.launches:
+        out["launches"] = r.launches
+    if r.packs:
+        out["packs"] = r.packs
     return out
 
 
@@ -267,7 +282,9 @@ _OPTIONAL = {"copies": (lambda v: isinstance(v, list) and all(isinstance(c, dict
                        "a list of integers > 0"),
              "passes": (lambda v: isinstance(v, list) and all(
                  isinstance(p, list) and len(p) == 2 and p[0] in PASSES and _is_int(p[1]) and p[1] >= 0
-                 for p in v), f"a list of [kind, bytes] pairs, kind one of {', '.join(PASSES)}")}
+                 for p in v), f"a list of [kind, bytes] pairs, kind one of {', '.join(PASSES)}"),
+             "launches": (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (CUDA launches)"),
+             "packs": (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (saved-tensor hook calls)")}
 _RECORD_FIELDS = tuple(f.name for f in fields(KernelRecord))
 
 
@@ -303,7 +320,8 @@ def _parse_record(obj: Any, where: str) -> KernelRecord:
         compute_ns=obj["compute_ns"], flops=obj["flops"], io_bytes=obj["io_bytes"],
         saved=_parse_saved(obj["saved"], where), needs=tuple(obj["needs"]),
         copies=tuple(obj.get("copies", ())), host_ns=obj.get("host_ns", 0), op=obj.get("op", ""),
-        shape=tuple(obj.get("shape", ())), passes=tuple((p[0], p[1]) for p in obj.get("passes", ())))
+        shape=tuple(obj.get("shape", ())), passes=tuple((p[0], p[1]) for p in obj.get("passes", ())),
+        launches=obj.get("launches", 0), packs=obj.get("packs", 0))
 
 
 def _parse_header(line: str) -> dict:

@@ -58,8 +58,6 @@ class ComputeStream:
         self.run_ns: list[int] = []  # per kernel seq: its own run time (end - start less any wait for its host)
         self._after: dict[int, list[Callable[[], None]]] = {}
         self._wake: simpy.Event | None = None
-        self._slot: simpy.Event | None = None
-        self._slot_limit = 0
         # The running kernel's work left (ns at its own pace), since when, at what rate; its end.
         self._left = 0.0
         self._since = 0
@@ -92,12 +90,6 @@ class ComputeStream:
         ev = self.env.event()
         self.after(seq, ev.succeed)
         return ev
-
-    def slot(self, in_flight: int) -> simpy.Event:
-        """Fires when fewer than `in_flight` launched kernels are still unfinished."""
-        self._slot = self.env.event()
-        self._slot_limit = in_flight
-        return self._slot
 
     def _run(self):
         env = self.env
@@ -132,9 +124,6 @@ class ComputeStream:
             self.completed = seq + 1
             for fn in self._after.pop(seq, ()):
                 fn()
-            if self._slot is not None and len(self.launched_ns) - self.completed < self._slot_limit:
-                self._slot.succeed()
-                self._slot = None
 
     def _work(self, ns: int) -> simpy.Event:
         """An event for the end of `ns` of the kernel's own work, slowed while the link is busy."""

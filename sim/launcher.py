@@ -21,9 +21,14 @@ CUDA kernels) or, without one, kernel_launch_us. A weight allocation that must w
 does not block the launcher: as in the executor's stream-ordered pool, the copy
 waits in the copy engine's queue (gated) until the free, and behind every
 eviction's last reader (the executor's copy stream waits for it to free). The
-launcher blocks when an in-flight copy cap forces an inline finalize, and when
-launch_queue_depth kernels are launched but unfinished, and once after the first
-step, until it has run: the warm-up barrier every run has. A recorded module
+launcher blocks when an in-flight copy cap forces an inline finalize, and when a
+record's launches would take CUDA's queue past launch_queue_depth launched but
+unfinished operations (each record's recorded "launches", one where not counted),
+and once after the first step, until it has run: the warm-up barrier every run has.
+Under an activation policy the executor's saved-tensor hooks cost the host too:
+offload_kernel_us per forward record, pack_hook_us per tensor autograd saves in it
+(its "packs", else its saved tensors) and unpack_hook_us per unpack of them in its
+backward mirror. A recorded module
 whose forward synchronizes the host (header "host_syncs": the positions its host
 reached only once every kernel launched before had run, e.g. a tensor made from a
 Python list on the device) blocks there the same way, every step; so does a
@@ -37,6 +42,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
+
+import bisect
+from itertools import accumulate
 
 import simpy
 
@@ -131,6 +139,10 @@ class Launcher:
                             "creates": hw.vmm_create_us * US, "releases": hw.vmm_release_us * US}
         self.launch_ns = round(hw.kernel_launch_us * US)
         self.depth = int(hw.launch_queue_depth)
+        records = self.trace.records
+        launches = [max(1, r.launches) for r in records]
+        self.queued = [0, *accumulate(launches)]  # launches before each position of a step, and the step's
+        self.hooks_ns = self._hook_costs() if self.activations is not None else [0] * len(records)
         # Resident weights -> the copy that brought them in; the last issued kernel reading each.
         self.resident: dict[str, Copy] = {}
         self.last_reader: dict[str, int] = {}
@@ -138,6 +150,33 @@ class Launcher:
         self._barrier: tuple[int, simpy.Event | None] | None = None  # (that reader, its completion)
         self.syncs = frozenset(self.trace.header.get("host_syncs") or ())
         self.blocks = bool(self.trace.header.get("block_records"))
+
+    def _hook_costs(self) -> list[int]:
+        """Host ns the offloader's hooks add to each record (module docstring)."""
+        hw, records = self.hardware, self.trace.records
+        forward = [r for r in records if r.phase == "fwd"]
+        packs = [max(r.packs, len(r.saved)) for r in forward]
+        out = [round((hw.offload_kernel_us + n * hw.pack_hook_us) * US) for n in packs]
+        # Backward records mirror the forward's, in reverse.
+        out += [round(n * hw.unpack_hook_us * US) for n in reversed(packs)][:len(records) - len(forward)]
+        return out
+
+    def _launched(self, seq: int) -> int:
+        """Launches the host has made before kernel `seq` (all steps)."""
+        n = len(self.trace.records)
+        return seq // n * self.queued[-1] + self.queued[seq % n]
+
+    def _queue_room(self, seq: int) -> simpy.Event | None:
+        """What the host waits for before launching kernel `seq`: the completion that leaves
+        CUDA's queue room for its launches (the queue empty, for a record of more launches
+        than it holds), or None."""
+        n = len(self.trace.records)
+        over = self._launched(seq + 1) - self.depth  # launches that must have finished first
+        if over <= self._launched(self.compute.completed):
+            return None
+        step, rest = divmod(over, self.queued[-1])
+        first = step * n + bisect.bisect_left(self.queued, rest)  # the first kernel whose start is that far
+        return self.compute.done_event(min(first, seq) - 1)
 
     def issued(self, direction: str, c: Copy) -> None:
         self.copies.append((self.step, direction, c))
@@ -158,8 +197,9 @@ class Launcher:
             schedule = StepSchedule(act.min_tensor_bytes if act is not None else 0)
             for pos, rec in enumerate(records):
                 seq = step * n + pos
-                if seq - self.compute.completed >= self.depth:
-                    yield self.compute.slot(self.depth)
+                room = self._queue_room(seq)
+                if room is not None:
+                    yield room
                 if pos in self.syncs and seq > 0:
                     done = self.compute.done_event(seq - 1)
                     if done is not None:
@@ -187,7 +227,7 @@ class Launcher:
                         self.saved.unpacking = None
                 for name in held:  # under min_tensor_bytes: held on the device, never asked about
                     self.saved.release(name, seq, deps)
-                host_ns = rec.host_ns or self.launch_ns
+                host_ns = (rec.host_ns or self.launch_ns) + self.hooks_ns[pos]
                 if self.blocks:  # the block's first launch, then the rest of its host work
                     first = min(self.launch_ns, host_ns)
                     yield env.timeout(first)

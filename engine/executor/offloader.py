@@ -66,10 +66,11 @@ measure: stalls, copied bytes, inline waits, peaks, handles and held tensors.
 """
 from __future__ import annotations
 
+import time
 import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Hashable, Iterator, Mapping, Protocol
+from typing import Any, Callable, Hashable, Iterator, Mapping, Protocol
 
 import torch
 from torch import nn
@@ -237,16 +238,29 @@ class ActivationOffloader:
     def on_kernel(self, name: str, layer: int) -> None:
         """Forward: spec kernel `name` of `layer` (-1 outside the blocks) runs next.
         Its saved tensors are named `{name}/t{n}`; a change of layer is a boundary."""
-        self._enter_forward(layer)
+        self._timed("kernel", self._enter_forward, layer)
         self._kernel = name
         self._kernel_saves = 0
 
     def enter_layer(self, layer: int) -> int:
         """Forward: the model enters `layer`; later saves are named `t{n}` and carry
         this layer. Returns the index of the boundary (for `layer_boundary`)."""
-        self._enter_forward(layer)
+        self._timed("kernel", self._enter_forward, layer)
         self._kernel = None
         return len(self._path) - 1
+
+    def _timed(self, hook: str, fn: Callable[[Any], Any], arg: Any) -> Any:
+        """fn(arg), its host time less any finalize wait inside kept under `hook` (HOOKS):
+        what the simulator charges the host per hook call (hardware offload_kernel_us,
+        pack_hook_us, unpack_hook_us)."""
+        m = self._saved.measures
+        start, waited = time.perf_counter_ns(), m.finalize_wait_s
+        try:
+            return fn(arg)
+        finally:
+            cell = m.hooks[hook]
+            cell[0] += 1
+            cell[1] += time.perf_counter_ns() - start - round((m.finalize_wait_s - waited) * 1e9)
 
     def layer_hooks(self, layers: Mapping[nn.Module, int]) -> list[RemovableHandle]:
         """Forward pre-hooks that enter each module's layer; remove them when done.
@@ -302,6 +316,10 @@ class ActivationOffloader:
             "d2h_bytes": m.d2h_bytes,
             "h2d_bytes": m.h2d_bytes,
             "finalize_wait_ms": m.finalize_wait_s * 1e3,
+            # The hooks' host time a call, finalize waits left out (hardware offload_kernel_us,
+            # pack_hook_us, unpack_hook_us).
+            **{f"{hook}_hook_calls": n for hook, (n, _) in m.hooks.items()},
+            **{f"{hook}_hook_us": ns / n / 1e3 if n else 0.0 for hook, (n, ns) in m.hooks.items()},
         }
 
     @property
@@ -437,6 +455,12 @@ class ActivationOffloader:
     # -- the hooks -----------------------------------------------------------------
 
     def _pack(self, t: Tensor) -> Any:
+        return self._timed("pack", self._save, t)
+
+    def _unpack(self, ref: Any) -> Tensor:
+        return self._timed("unpack", self._use, ref)
+
+    def _save(self, t: Tensor) -> Any:
         # Runs for every tensor autograd saves (thousands a step): kept lean.
         if self._broken:
             self._check_alive()
@@ -501,7 +525,7 @@ class ActivationOffloader:
         self._ask(self._schedule.save(name, g.nbytes, layer))
         return g
 
-    def _unpack(self, ref: Any) -> Tensor:
+    def _use(self, ref: Any) -> Tensor:
         if isinstance(ref, _Held):
             return ref.tensor
         if isinstance(ref, _WeightRef):

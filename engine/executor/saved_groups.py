@@ -14,7 +14,7 @@ import time
 import warnings
 import zlib
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -55,6 +55,9 @@ class SavedGroup:
     checksum: int | None = None
 
 
+HOOKS = ("kernel", "pack", "unpack")  # a forward kernel or layer entered; a tensor saved; one unpacked
+
+
 @dataclass
 class StepMeasures:
     """What the offloader measured in a step (the policy counts its own decisions)."""
@@ -64,6 +67,8 @@ class StepMeasures:
     d2h_bytes: int = 0
     h2d_bytes: int = 0
     finalize_wait_s: float = 0.0
+    # The offloader's host time in its hooks, finalize waits left out: (calls, ns) per hook.
+    hooks: dict[str, list[int]] = field(default_factory=lambda: {k: [0, 0] for k in HOOKS})
     saved_peak_bytes: int = 0
     vram_peak_bytes: int = 0
 

@@ -30,6 +30,7 @@ import torch
 from engine.errors import ExecutorError
 from engine.executor.model_hooks import KernelTracking
 from engine.executor.offloader import ActivationOffloader
+from engine.executor.saved_groups import HOOKS
 from engine.executor.runtime import WeightExecutor
 from engine.executor.setup import bitwise_equal
 from engine.models.lora import lora_backward, lora_sgd
@@ -48,6 +49,8 @@ ACTIVATION_FIELDS = ("activations_saved", "activations_kept", "activations_spill
                      "spill_bytes", "restore_bytes",
                      "stall_time_ms", "stall_count", "pool_hits", "pool_misses")
 
+
+HOOK_FIELDS = tuple(f"{hook}_hook_{what}" for hook in HOOKS for what in ("calls", "us"))
 
 # Reduction-order noise on a tensor's scale: bf16's epsilon (match_reference).
 NOISE_RTOL = 2.0 ** -7
@@ -281,7 +284,7 @@ def telemetry_row(weights: dict, acts: dict | None, cuda_peak: int | None) -> di
     row["vram_peak_mb"] = None if activation_peak is None else activation_peak / MB
     if acts is not None:
         row.update({k: acts[k] for k in ("saved_peak_mb", "weight_handles", "held", "d2h_bytes", "h2d_bytes",
-                                         "finalize_wait_ms")})
+                                         "finalize_wait_ms", *HOOK_FIELDS)})
         row["activation_h2d_bytes"] = row.pop("h2d_bytes")
     row.update({f"weight_{k}": weights[k] for k in ("h2d_bytes", "fetches", "prefetches", "hits", "evictions",
                                                    "peak_device_bytes", "held_device_bytes", "peak_resident_bytes",

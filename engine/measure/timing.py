@@ -13,6 +13,7 @@ from engine.executor.offloader import held_as_is
 from engine.models.lora import lora_loss
 from engine.models import forward
 from engine.measure.clocks import Clock
+from engine.measure.launches import Census
 from engine.models.spec import ModelSpec, SavedTensor
 from engine.compute import ExecutionTimePredictor, medians_by_op, unblocked_sum
 from engine.trace import (BACKWARD_FLOPS_FACTOR, BACKWARD_SUFFIX, FORMAT, VERSION,
@@ -45,9 +46,12 @@ class KernelStamps:
         self.host_fetch: list[int] = []  # ns the host spent inside fetch i
         self.end: Any = None
         self.host_end = 0
+        self.census: Census | None = None  # marks each kernel's start where launches are counted
 
     def fetch(self, i: int) -> Mapping[str, torch.Tensor]:
         t0 = time.perf_counter_ns()
+        if self.census is not None:
+            self.census.mark(i)
         self.before.append(self.clock.stamp())
         out = self.source.fetch(i)
         self.after.append(self.clock.stamp())
@@ -84,11 +88,13 @@ class SavedTensorLog:
     last_saver: dict[tuple[int, int], int] = field(default_factory=dict)
     first_unpack: dict[int, Any] = field(default_factory=dict)  # kernel -> stamp
     first_unpack_host: dict[int, int] = field(default_factory=dict)  # kernel -> perf_counter_ns
+    packs: dict[int, int] = field(default_factory=dict)  # kernel -> tensors autograd saved (hook calls)
     _seen: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     def note(self, t: torch.Tensor) -> None:
         """Log a saved tensor under the running kernel, unless the offloader would hold it as it is."""
         i = self.stamps.current
+        self.packs[i] = self.packs.get(i, 0) + 1
         storage = t.untyped_storage()
         ptr = storage.data_ptr()
         if ptr in self.weight_ptrs or held_as_is(t, t._base if t._base is not None else t, self.stamps.clock.device):
@@ -110,6 +116,8 @@ class SavedTensorLog:
     def unpack(self, packed: tuple[int, torch.Tensor]) -> torch.Tensor:
         i, t = packed
         if i not in self.first_unpack:
+            if self.stamps.census is not None:
+                self.stamps.census.mark((BACKWARD_SUFFIX, i))
             self.first_unpack_host[i] = time.perf_counter_ns()
             self.first_unpack[i] = self.stamps.clock.stamp()
         return t
@@ -165,6 +173,10 @@ class StepTiming:
     last_saver: dict[tuple[int, int], int]  # SavedTensorLog.last_saver
     step_ns: int
     fetch_ns: int  # median host time of one fetch from the (resident) source
+    packs: dict[int, int] = field(default_factory=dict)  # SavedTensorLog.packs (training)
+    # CUDA launches of each forward kernel, and of each kernel's backward (count_launches)
+    launches: list[int] | None = None
+    backward_launches: list[int] | None = None
 
 
 def time_steps(spec: ModelSpec, source: Any, inputs: Mapping[str, torch.Tensor], clock: Clock, *,
@@ -184,6 +196,7 @@ def time_steps(spec: ModelSpec, source: Any, inputs: Mapping[str, torch.Tensor],
     fwd_rows, bwd_rows, host_rows, bwd_host_rows, step_rows, fetch_rows = [], [], [], [], [], []
     saved: dict[int, list[int]] = {}
     last_saver: dict[tuple[int, int], int] = {}
+    packs: dict[int, int] = {}
     for s in range(warmup + steps):
         clock.synchronize()
         clock.hold(hold_ns)
@@ -232,12 +245,46 @@ def time_steps(spec: ModelSpec, source: Any, inputs: Mapping[str, torch.Tensor],
             bwd[-1] += loss_ns
             bwd_rows.append(bwd)
             bwd_host_rows.append(bwd_host_split)
-            saved, last_saver = hooks.saved, hooks.last_saver
+            saved, last_saver, packs = hooks.saved, hooks.last_saver, hooks.packs
     return StepTiming(forward_ns=_median(fwd_rows), backward_ns=_median(bwd_rows) if training else None,
                       host_ns=_median(host_rows), backward_host_ns=_median(bwd_host_rows) if training else None,
                       saved=saved, last_saver=last_saver,
                       step_ns=_median(step_rows)[0],
-                      fetch_ns=round(statistics.median(fetch_rows)))
+                      fetch_ns=round(statistics.median(fetch_rows)), packs=packs)
+
+
+def count_launches(spec: ModelSpec, source: Any, inputs: Mapping[str, torch.Tensor], clock: Clock, *,
+                   lora: Mapping[str, torch.Tensor] | None = None) -> tuple[list[int], list[int] | None] | None:
+    """The CUDA launches of each forward kernel of one more step, and (training) of each
+    kernel's backward: counted between the marks of engine/measure/launches.py, the
+    backward's at each kernel's first unpack, split over the kernels between two marks
+    in proportion to their forward launches. None off CUDA."""
+    n = len(spec.kernels)
+    with Census(clock.device.type == "cuda") as census:
+        if not census.on:
+            return None
+        stamps = KernelStamps(source, clock)
+        stamps.census = census
+        if lora is None:
+            with torch.no_grad():
+                forward(spec, stamps, inputs)
+        else:
+            for t in lora.values():
+                t.grad = None
+            with SavedTensorLog(stamps, set()).hooks():
+                out = forward(spec, stamps, inputs, lora)
+                census.mark((BACKWARD_SUFFIX, n - 1))  # the loss and the backward's start: the last kernel's
+                lora_loss(out).backward()
+        stamps.close()
+    fwd = [census.counts.get(i, 0) for i in range(n)]
+    if lora is None:
+        return fwd, None
+    marks, total = {}, 0
+    for key, count in census.counts.items():  # in the order the marks came
+        if isinstance(key, tuple):
+            marks[key[1]] = total
+            total += count
+    return fwd, split_backward(marks, total, n, [float(c) for c in fwd])
 
 
 def _backward_weights(spec: ModelSpec) -> list[float]:
@@ -293,7 +340,9 @@ def build_trace(spec: ModelSpec, timing: StepTiming, header: dict,
         forward.append(KernelRecord(name=k.name, layer=k.layer, phase="fwd", weights=tuple(k.weights),
                                     compute_ns=timing.forward_ns[i], flops=k.flops, io_bytes=k.io_bytes,
                                     saved=saved, copies=tuple(copies.get(i, ())), host_ns=host.get(k.op, 0),
-                                    op=k.op, shape=k.shape, passes=k.passes))
+                                    op=k.op, shape=k.shape, passes=k.passes,
+                                    launches=timing.launches[i] if timing.launches else 0,
+                                    packs=timing.packs.get(i, 0)))
     if training:
         # A tensor is needed where backward first unpacks it: the mirror of its last saver.
         needs: dict[int, list[str]] = {}
@@ -306,7 +355,8 @@ def build_trace(spec: ModelSpec, timing: StepTiming, header: dict,
                 name=k.name + BACKWARD_SUFFIX, layer=k.layer, phase="bwd", weights=tuple(k.weights),
                 compute_ns=timing.backward_ns[i], flops=BACKWARD_FLOPS_FACTOR * k.flops,
                 io_bytes=BACKWARD_FLOPS_FACTOR * k.io_bytes, needs=tuple(needs.get(i, ())),
-                host_ns=backward_host.get(k.op, 0), op=k.op, shape=k.shape))
+                host_ns=backward_host.get(k.op, 0), op=k.op, shape=k.shape,
+                launches=timing.backward_launches[i] if timing.backward_launches else 0))
     records = tuple(forward + backward)
     trace = Trace(header={**header, "format": FORMAT, "version": VERSION, "records": len(records),
                           "source": "recorded"},

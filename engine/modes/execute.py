@@ -29,9 +29,8 @@ from engine.errors import BelowFloorError, ConfigError, ExecutorError
 from engine.executor.offloader import ActivationOffloader
 from engine.executor.setup import (bitwise_equal, compute_device, end_of_step, fits_resident, open_weight_file,
                                    run_settings, step_times, streamed_executor, weight_counts)
-from engine.executor.training import (AsManaged, StreamedWeights, check_train_order,
-                                      match_reference, max_abs_diff, reference_steps, telemetry_row, to_host,
-                                      train_step)
+from engine.executor.training import (HOOK_FIELDS, AsManaged, StreamedWeights, check_train_order, match_reference,
+                                      max_abs_diff, reference_steps, telemetry_row, to_host, train_step)
 from engine.job import Job, Outcome, plan_report
 from engine.node import node_failures
 from engine.models import forward, make_inputs
@@ -472,6 +471,9 @@ def run_train_execute(cfg: Any, spec: ModelSpec, trace: Any, out_dir: str | Path
         "pool_hits": last["pool_hits"],
         "pool_misses": last["pool_misses"],
         "stall_ms": statistics.median(r["stall_time_ms"] for r in rows[1:] or rows),
+        # The offloader's hooks, host us a call (median over the steps after the first).
+        **({k: statistics.median(r[k] for r in rows[1:] or rows) for k in HOOK_FIELDS} if offloader is not None
+           else {}),
         "loss_match_reference": losses,
         "grads_match_reference": grads,
         "weights_file": w.file,  # None: a temporary file, gone now

@@ -21,7 +21,7 @@ from engine.measure.clocks import clock_for
 from engine.measure.compute import probe_compute
 from engine.measure.probes import (copy_stream_beside, probe_copies, probe_vmm, resident_steps,
                                    streamed_forward)
-from engine.measure.timing import TIMED_STEPS, build_trace, host_bound, host_scale, time_steps
+from engine.measure.timing import TIMED_STEPS, build_trace, count_launches, host_bound, host_scale, time_steps
 from engine.report import table
 from engine.models.spec import ModelSpec
 from engine.trace import Trace, write_trace
@@ -74,6 +74,9 @@ def record(cfg: Any, spec: ModelSpec, out_dir: str | Path) -> tuple[Path, Trace]
         lora = init_lora(spec, cfg.workload.lora_rank, device=device, seed=cfg.seed + 1) if training else None
         source = DictSource(spec, weights)
         timing = time_steps(spec, source, inputs, clock, lora=lora)
+        counted = count_launches(spec, source, inputs, clock, lora=lora)
+        if counted is not None:
+            timing = replace(timing, launches=counted[0], backward_launches=counted[1])
         log.info("recorded %s: step %.3f ms", spec.name, timing.step_ns / 1e6)
         probes: dict[str, Any] = {"host": {"resident_fetch_ns": timing.fetch_ns}}
         if timing.backward_host_ns is not None:

@@ -65,6 +65,7 @@ from engine.executor.training import RECOMPUTE, StreamedWeights, train_order, we
 from engine.compute import slowdown_under_copy
 from engine.gc_pause import paused_gc
 from engine.measure.clocks import Clock, clock_for
+from engine.measure.launches import Census
 from engine.measure.probes import copy_stream_beside
 from engine.measure.timing import HOLD_FACTOR, KernelStamps, SavedTensorLog, host_bound
 from engine.models.spec import SavedTensor
@@ -169,8 +170,10 @@ class KernelTimes:
 
     compute_ns: list[int]
     host_ns: list[int]
+    launches: list[int] = field(default_factory=list)  # CUDA launches per position (none off CUDA)
     saved: dict[int, list[int]] = field(default_factory=dict)
     last_saver: dict[tuple[int, int], int] = field(default_factory=dict)
+    packs: dict[int, int] = field(default_factory=dict)  # SavedTensorLog.packs
 
 
 def time_kernels(streamed: StreamedModule, clock: Clock, loss_fn: LossFn | None = None,
@@ -197,13 +200,12 @@ def time_kernels(streamed: StreamedModule, clock: Clock, loss_fn: LossFn | None 
     hold = free
     compute_rows, host_rows = [], []
     log = None
-    warmup, host_steps, held_steps = TRAINING_STEPS if training else INFERENCE_STEPS
-    for f in range(warmup + host_steps + held_steps):
-        timing_host = f < warmup + host_steps
-        if f == warmup + host_steps:
-            hold = [round(HOLD_FACTOR * h) + HOLD_MARGIN_NS for h in _median(host_rows)]
+
+    def one_step(hold: list[int], census: Census | None = None) -> tuple[_Stamped, Any, SavedTensorLog | None]:
         bring = _Bring(order, streamed.host, streamed.device, clock, hold, resident)
         stamps = _Stamped(bring, clock)
+        stamps.census = census
+        log = None
         clock.synchronize()
         with paused_gc():  # a collection inside a timed step would land in one kernel's time
             start = clock.stamp()
@@ -227,6 +229,14 @@ def time_kernels(streamed: StreamedModule, clock: Clock, loss_fn: LossFn | None 
             stamps.close()
         clock.synchronize()
         bring.close()
+        return stamps, start, log
+
+    warmup, host_steps, held_steps = TRAINING_STEPS if training else INFERENCE_STEPS
+    for f in range(warmup + host_steps + held_steps):
+        timing_host = f < warmup + host_steps
+        if f == warmup + host_steps:
+            hold = [round(HOLD_FACTOR * h) + HOLD_MARGIN_NS for h in _median(host_rows)]
+        stamps, start, log = one_step(hold)
         if f < warmup:
             continue
         if timing_host:
@@ -235,10 +245,15 @@ def time_kernels(streamed: StreamedModule, clock: Clock, loss_fn: LossFn | None 
             compute = stamps.compute_ns()
             compute[0] += clock.ns(start, stamps.before[0])  # the parent's work before the first kernel
             compute_rows.append(compute)
+    # One more step, the stream free, counts each position's CUDA launches (engine/measure/launches.py).
+    with Census(streamed.device.type == "cuda") as census:
+        if census.on:
+            one_step(free, census)
     streamed.hooks.recompute = None
-    times = KernelTimes(_median(compute_rows), _median(host_rows))
+    times = KernelTimes(_median(compute_rows), _median(host_rows),
+                        launches=[census.counts.get(i, 0) for i in range(len(order))] if census.counts else [])
     if log is not None:
-        times.saved, times.last_saver = log.saved, log.last_saver
+        times.saved, times.last_saver, times.packs = log.saved, log.last_saver, log.packs
     return times
 
 
@@ -433,7 +448,8 @@ def _records(streamed: StreamedModule, times: KernelTimes, training: bool) -> tu
         compute_ns=times.compute_ns[i], flops=rec.flops[i],
         io_bytes=sum(order.sizes[w] for w in order.reads[i]), host_ns=times.host_ns[i],
         saved=tuple(SavedTensor(f"{order.kernels[i]}/t{k}", nbytes, layer)
-                    for k, nbytes in enumerate(times.saved.get(i, ()))))
+                    for k, nbytes in enumerate(times.saved.get(i, ()))),
+        launches=times.launches[i] if times.launches else 0, packs=times.packs.get(i, 0))
         for i, layer in enumerate(saving_layers(rec.layers))]
     if not training:
         return tuple(forward)
@@ -444,7 +460,8 @@ def _records(streamed: StreamedModule, times: KernelTimes, training: bool) -> tu
     backward = [KernelRecord(
         name=order.kernels[i] + BACKWARD_SUFFIX, layer=rec.layers[i], phase="bwd", weights=order.reads[i],
         compute_ns=times.compute_ns[2 * n - 1 - i], flops=BACKWARD_FLOPS_FACTOR * rec.flops[i],
-        io_bytes=forward[i].io_bytes, host_ns=times.host_ns[2 * n - 1 - i], needs=tuple(needs.get(i, ())))
+        io_bytes=forward[i].io_bytes, host_ns=times.host_ns[2 * n - 1 - i], needs=tuple(needs.get(i, ())),
+        launches=times.launches[2 * n - 1 - i] if times.launches else 0)
         for i in reversed(range(n))]
     return tuple(forward + backward)
 
