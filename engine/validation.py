@@ -301,7 +301,7 @@ def _measure_training(spec: Any, trace: Trace, wf: Any, inputs: dict, row: dict,
 
     from engine.executor.model_hooks import ResidentWeights
     from engine.executor.offloader import ActivationOffloader
-    from engine.executor.training import lora_step
+    from engine.executor.training import HOOK_FIELDS, lora_step
     from engine.models.lora import init_lora
     from engine.models.run import DictSource
     from engine.policy.activations import build_activation_policy
@@ -328,15 +328,18 @@ def _measure_training(spec: Any, trace: Trace, wf: Any, inputs: dict, row: dict,
             clock.synchronize()
             times.append(clock.ns(start, end) / 1e6)
             peaks.append(spec.model_bytes + torch.cuda.max_memory_allocated(device) - before)
-        stall = ([t["stall_time_ms"] for t in offloader.telemetry()[1:]] if offloader is not None
-                 else [0.0])
+        rows = offloader.telemetry()[1:] if offloader is not None else []
+        stall = [t["stall_time_ms"] for t in rows] or [0.0]
+        # The offloader's hooks, host us a call: what the profile's offload_kernel_us,
+        # pack_hook_us and unpack_hook_us are taken from.
+        hooks = {k: statistics.median(t[k] for t in rows) for k in HOOK_FIELDS} if rows else {}
     finally:
         if offloader is not None:
             offloader.close()
         del weights
         torch.cuda.empty_cache()
     return {"step_ms": statistics.median(times[1:]), "first_step_ms": times[0],
-            "stall_ms": statistics.median(stall), "peak_device_bytes": max(peaks[1:]), "steps_ms": times}
+            "stall_ms": statistics.median(stall), "peak_device_bytes": max(peaks[1:]), "steps_ms": times, **hooks}
 
 
 def write_measurements(path: str | Path, data: dict) -> None:

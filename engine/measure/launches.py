@@ -7,9 +7,12 @@ each record makes: 3 to 4 for a spec decode kernel, over 150 for a diffusers
 transformer block. The recorders run one extra step under torch.profiler with a
 mark (a profiler annotation) where each record starts, and count the device
 operations (kernels, copies, memsets) whose launch falls between one mark and the
-next. Launches before the first mark belong to the first record.
+next. Launches before the first mark belong to the first record; launches inside a
+`fetch()` span (the recorder bringing a record's weights in, which a run does on its
+copy stream) are not counted.
 
-    Census        the profiler around one step; `mark(key)` where record `key` starts
+    Census        the profiler around one step; `mark(key)` where record `key` starts,
+                  `fetch()` around work not to count
     launches_by_mark   the count per mark from a Kineto trace's events (pure: tested on the CPU)
 """
 from __future__ import annotations
@@ -18,11 +21,13 @@ import bisect
 import json
 import os
 import tempfile
+from contextlib import nullcontext
 from typing import Any, Hashable, Iterable, Mapping
 
 import torch
 
 MARK = "offload-engine record "
+FETCH = "offload-engine fetch"
 DEVICE_OPS = ("kernel", "gpu_memcpy", "gpu_memset")  # Kineto categories of work a launch queues
 HOST_CALLS = ("cuda_runtime", "cuda_driver")
 
@@ -33,10 +38,12 @@ def launches_by_mark(events: Iterable[Mapping[str, Any]]) -> dict[str, int]:
     events = list(events)
     calls = {e["args"]["correlation"]: e["ts"] for e in events
              if e.get("cat") in HOST_CALLS and "correlation" in e.get("args", {})}
-    marks = sorted((e["ts"], e["name"][len(MARK):]) for e in events
-                   if e.get("cat") == "user_annotation" and e.get("name", "").startswith(MARK))
+    notes = [e for e in events if e.get("cat") == "user_annotation"]
+    marks = sorted((e["ts"], e["name"][len(MARK):]) for e in notes if e.get("name", "").startswith(MARK))
     if not marks:
         return {}
+    fetches = sorted((e["ts"], e["ts"] + e.get("dur", 0)) for e in notes if e.get("name") == FETCH)
+    starts = [a for a, _ in fetches]
     times = [t for t, _ in marks]
     counts = dict.fromkeys((label for _, label in marks), 0)
     for e in events:
@@ -45,6 +52,9 @@ def launches_by_mark(events: Iterable[Mapping[str, Any]]) -> dict[str, int]:
         ts = calls.get(e.get("args", {}).get("correlation"))
         if ts is None:
             continue
+        f = bisect.bisect_right(starts, ts) - 1
+        if f >= 0 and ts <= fetches[f][1]:
+            continue  # the recorder's own weight copies
         counts[marks[max(0, bisect.bisect_right(times, ts) - 1)][1]] += 1
     return counts
 
@@ -68,6 +78,10 @@ class Census:
         self._keys.setdefault(label, key)
         with torch.profiler.record_function(MARK + label):
             pass
+
+    def fetch(self) -> Any:
+        """A span whose launches are not counted (a context manager)."""
+        return torch.profiler.record_function(FETCH) if self.on else nullcontext()
 
     def __enter__(self) -> Census:
         if self.on:

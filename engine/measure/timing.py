@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Callable, Mapping, Sequence
@@ -53,7 +54,8 @@ class KernelStamps:
         if self.census is not None:
             self.census.mark(i)
         self.before.append(self.clock.stamp())
-        out = self.source.fetch(i)
+        with self.census.fetch() if self.census is not None else nullcontext():
+            out = self.source.fetch(i)
         self.after.append(self.clock.stamp())
         self.host_start.append(t0)
         self.host_fetch.append(time.perf_counter_ns() - t0)
@@ -253,8 +255,18 @@ def time_steps(spec: ModelSpec, source: Any, inputs: Mapping[str, torch.Tensor],
                       fetch_ns=round(statistics.median(fetch_rows)), packs=packs)
 
 
+@dataclass(frozen=True)
+class Launches:
+    """count_launches: CUDA launches per forward kernel and (training) per kernel's backward;
+    the tensors each forward kernel handed the saved-tensor hooks (SavedTensorLog.packs)."""
+
+    forward: list[int]
+    backward: list[int] | None
+    packs: dict[int, int]
+
+
 def count_launches(spec: ModelSpec, source: Any, inputs: Mapping[str, torch.Tensor], clock: Clock, *,
-                   lora: Mapping[str, torch.Tensor] | None = None) -> tuple[list[int], list[int] | None] | None:
+                   lora: Mapping[str, torch.Tensor] | None = None) -> Launches | None:
     """The CUDA launches of each forward kernel of one more step, and (training) of each
     kernel's backward: counted between the marks of engine/measure/launches.py, the
     backward's at each kernel's first unpack, split over the kernels between two marks
@@ -265,26 +277,27 @@ def count_launches(spec: ModelSpec, source: Any, inputs: Mapping[str, torch.Tens
             return None
         stamps = KernelStamps(source, clock)
         stamps.census = census
+        hooks = SavedTensorLog(stamps, set())
         if lora is None:
             with torch.no_grad():
                 forward(spec, stamps, inputs)
         else:
             for t in lora.values():
                 t.grad = None
-            with SavedTensorLog(stamps, set()).hooks():
+            with hooks.hooks():
                 out = forward(spec, stamps, inputs, lora)
                 census.mark((BACKWARD_SUFFIX, n - 1))  # the loss and the backward's start: the last kernel's
                 lora_loss(out).backward()
         stamps.close()
     fwd = [census.counts.get(i, 0) for i in range(n)]
     if lora is None:
-        return fwd, None
+        return Launches(fwd, None, {})
     marks, total = {}, 0
     for key, count in census.counts.items():  # in the order the marks came
         if isinstance(key, tuple):
             marks[key[1]] = total
             total += count
-    return fwd, split_backward(marks, total, n, [float(c) for c in fwd])
+    return Launches(fwd, split_backward(marks, total, n, [float(c) for c in fwd]), hooks.packs)
 
 
 def _backward_weights(spec: ModelSpec) -> list[float]:

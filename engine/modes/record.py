@@ -76,7 +76,7 @@ def record(cfg: Any, spec: ModelSpec, out_dir: str | Path) -> tuple[Path, Trace]
         timing = time_steps(spec, source, inputs, clock, lora=lora)
         counted = count_launches(spec, source, inputs, clock, lora=lora)
         if counted is not None:
-            timing = replace(timing, launches=counted[0], backward_launches=counted[1])
+            timing = replace(timing, launches=counted.forward, backward_launches=counted.backward)
         log.info("recorded %s: step %.3f ms", spec.name, timing.step_ns / 1e6)
         probes: dict[str, Any] = {"host": {"resident_fetch_ns": timing.fetch_ns}}
         if timing.backward_host_ns is not None:
