@@ -94,6 +94,9 @@ def test_lora_step_is_bitwise_identical_and_counts_match_the_policy(tiny, mode):
     assert t["activations_spilled"] >= 0.6 * t["activations_saved"]
     assert t["activations_restored"] == t["activations_spilled"] and t["h2d_bytes"] == t["restore_bytes"]
     assert t["weight_handles"] > 0  # frozen weights are held as handles, not spilled
+    # The hooks timed their calls: every tensor autograd saved is unpacked once in backward.
+    assert t["pack_hook_calls"] == t["unpack_hook_calls"] >= t["activations_saved"] > 0
+    assert t["kernel_hook_calls"] > 0 and min(t[f"{h}_hook_us"] for h in ("pack", "unpack", "kernel")) > 0
     assert t["held"] > 0  # LoRA adapters: trainable leaves stay
     actions = {d.action for d in off.log}
     if mode == "sync":

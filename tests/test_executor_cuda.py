@@ -221,3 +221,22 @@ def test_offload_a_diffusers_ltx_transformer():
                   encoder_attention_mask=torch.ones(1, 7, device="cuda"),
                   num_frames=f, height=hh, width=ww, return_dict=False)
     _offload_matches(model, inputs, budget_mb=4.0)
+
+
+def test_count_launches_counts_each_kernels_launches_on_the_gpu(tiny):
+    """The recorder's census (engine/measure/launches.py): every spec kernel launches at least
+    one device operation, the forward's counts are the same step after step, and a LoRA step's
+    backward and saved-tensor hook calls are counted too."""
+    from engine.measure.clocks import CudaClock
+    from engine.measure.timing import count_launches
+    from engine.models.lora import init_lora
+
+    spec, inputs = tiny.spec, tiny.inputs
+    device = torch.device("cuda")
+    weights = {n: t.to(device) for n, t in tiny.wf.tensors().items()}
+    first, again = (count_launches(spec, DictSource(spec, weights), inputs, CudaClock(device)) for _ in range(2))
+    assert min(first.forward) >= 1 and first.forward == again.forward and first.backward is None
+    lora = init_lora(spec, 4, device=device)
+    train = count_launches(spec, DictSource(spec, weights), inputs, CudaClock(device), lora=lora)
+    assert len(train.backward) == len(spec.kernels) and sum(train.backward) > sum(train.forward) / 2
+    assert sum(train.packs.values()) >= sum(len(k.saved) for k in spec.kernels)

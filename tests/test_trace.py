@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -223,3 +224,16 @@ def test_a_tensor_saved_again_is_needed_at_its_last_savers_mirror(tmp_path: Path
     objs[4]["needs"] = objs[4]["needs"] + [name]  # the first backward record: the last forward's mirror
     trace = read_trace(_write(path, objs))
     assert name in trace.records[3].needs
+
+
+def test_launches_and_packs_round_trip_and_must_be_counts(tmp_path: Path) -> None:
+    t = synthesize(_spec(), _train(), HW)
+    counted = replace(t, records=tuple(replace(r, launches=3 + i, packs=2 if r.phase == "fwd" else 0)
+                                       for i, r in enumerate(t.records)))
+    write_trace(tmp_path / "t.jsonl", counted)
+    assert read_trace(tmp_path / "t.jsonl") == counted
+    lines = (tmp_path / "t.jsonl").read_text().splitlines()
+    lines[1] = lines[1].replace('"launches": 3', '"launches": -1')
+    (tmp_path / "bad.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(TraceError, match="line 2: field 'launches' must be an integer >= 0"):
+        read_trace(tmp_path / "bad.jsonl")

@@ -1,0 +1,83 @@
+"""The run-ahead in CUDA launches: the census's counting, the launcher's queue, the hooks' host cost."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from engine.config import ActivationsConfig, PoolConfig
+from engine.measure.launches import FETCH, MARK, launches_by_mark
+from test_sim import H100, MS, US, cyclic, run, training
+
+
+def _call(ts: float, corr: int) -> dict:
+    return {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": ts, "args": {"correlation": corr}}
+
+
+def _op(corr: int, cat: str = "kernel") -> dict:
+    return {"cat": cat, "name": "k", "ts": 1e9, "args": {"correlation": corr}}
+
+
+def _note(name: str, ts: float, dur: float = 0.0) -> dict:
+    return {"cat": "user_annotation", "name": name, "ts": ts, "dur": dur}
+
+
+def test_the_census_counts_device_operations_under_the_mark_their_launch_follows() -> None:
+    events = [_note(MARK + "0", 10), _note(MARK + "1", 20), _note(MARK + "(\'.bwd\', 1)", 40),
+              _note(FETCH, 21, 3),  # the recorder's weight copies inside record 1's fetch
+              _call(5, 1), _call(12, 2), _call(15, 3), _call(22, 4), _call(25, 5), _call(41, 6), _call(42, 7),
+              _op(1), _op(2), _op(3, "gpu_memset"), _op(4, "gpu_memcpy"), _op(5), _op(6), _op(7, "gpu_memcpy"),
+              {"cat": "cuda_runtime", "name": "cudaEventRecord", "ts": 13, "args": {"correlation": 8}}]
+    # Before the first mark: the first record's. An event record queues no device operation.
+    assert launches_by_mark(events) == {"0": 3, "1": 1, "('.bwd', 1)": 2}
+    assert launches_by_mark([_call(1, 1), _op(1)]) == {}  # no marks: nothing to count under
+
+
+def _lead(result, n: int) -> int:
+    """The most records the simulated host had launched but the GPU not finished, in the last step."""
+    host = sorted(t for t, track, what in result.events if track == "host" and what.startswith("start "))
+    ends = sorted(t for t, track, what in result.events if track == "compute" and what.startswith("end "))
+    return max(i - sum(e <= t for e in ends) for i, t in enumerate(host) if i >= len(host) - n)
+
+
+@pytest.mark.parametrize("launches, depth, lead", [(1, 8, 7), (4, 8, 1), (3, 8, 1), (9, 8, 0), (1, 1024, 39)])
+def test_the_host_runs_as_many_records_ahead_as_their_launches_fit_the_queue(launches, depth, lead) -> None:
+    # 40 records of 1 ms on the GPU and 5 us on the host: the host launches a record once
+    # CUDA's queue has room for all its launches (`depth` at most; a record of more than
+    # that waits for an empty queue), so as it starts one, `lead` records are unfinished;
+    # with room, the whole step (a step's end waits for nothing here).
+    t = cyclic(40, 1, 1 * MS)
+    t = replace(t, records=tuple(replace(r, launches=launches) for r in t.records))
+    r = run(t, None, hardware=replace(H100, launch_queue_depth=depth), steps=2)
+    assert _lead(r, 40) == lead
+
+
+def test_a_record_counts_one_launch_where_none_was_counted() -> None:
+    t = cyclic(40, 1, 1 * MS)
+    counted = replace(t, records=tuple(replace(r, launches=1) for r in t.records))
+    hw = replace(H100, launch_queue_depth=8)
+    assert run(t, None, hardware=hw, steps=2).events == run(counted, None, hardware=hw, steps=2).events
+
+
+def _host_ns(result, name: str) -> int:
+    starts = [t for t, track, what in result.events if track == "host" and what == "start " + name]
+    ends = [t for t, track, what in result.events if track == "host" and what == "end " + name]
+    return ends[-1] - starts[-1]
+
+
+def test_under_an_activation_policy_the_host_pays_for_the_offloaders_hooks() -> None:
+    # Each forward kernel of `training` saves one tensor; with packs=3 autograd handed the hooks
+    # three (the weight and a view beside it): the forward pays offload_kernel_us and three packs,
+    # its backward mirror three unpacks, on top of the launch (kernel_launch_us, 5 us).
+    t = training(4, 1, 1 * MS, 4096)
+    t = replace(t, records=tuple(replace(r, packs=3) if r.phase == "fwd" else r for r in t.records))
+    hw = replace(H100, offload_kernel_us=7.0, pack_hook_us=11.0, unpack_hook_us=13.0)
+    act = ActivationsConfig(mode="watermark", high_watermark_mb=1000, low_watermark_mb=500,
+                            pool=PoolConfig([16], [4]))
+    r = run(t, None, hardware=hw, act=act, steps=2)
+    assert _host_ns(r, "k2") == (5 + 7 + 3 * 11) * US
+    assert _host_ns(r, "k2.bwd") == (5 + 3 * 13) * US
+    off = run(t, None, hardware=hw, steps=2)  # activations off: no offloader, no hooks
+    assert _host_ns(off, "k2") == _host_ns(off, "k2.bwd") == 5 * US
+    unpacked = replace(t, records=tuple(replace(r, packs=0) for r in t.records))
+    assert _host_ns(run(unpacked, None, hardware=hw, act=act, steps=2), "k2") == (5 + 7 + 1 * 11) * US
