@@ -5,6 +5,8 @@
 """
 from __future__ import annotations
 
+import logging
+
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +23,8 @@ from engine.models import build_spec
 from engine.models.spec import ModelSpec
 from engine.trace import Trace, check_matches, read_trace, synthesize
 from engine.units import budget_bytes
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -120,7 +124,7 @@ def _prepare_module(cfg: DictConfig, out_dir: Path) -> Job:
                           f"(mode=record weights.file=CHECKPOINT), then pass trace=PATH to mode={cfg.mode}")
     stat = Path(cfg.trace).stat()
     source: tuple = ("file", str(Path(cfg.trace).resolve()), stat.st_mtime_ns, stat.st_size)
-    trace = _memo(("trace", *source), lambda: read_trace(cfg.trace))
+    trace = _memo(("trace", *source), lambda: _read(cfg.trace))
     check_matches(trace, cfg.model.name, trace.header.get("num_layers"), cfg.workload)
     if cfg.activations.mode != "off" and cfg.activations.pool.exact:
         _size_pool_exactly(cfg, trace, source)
@@ -140,6 +144,17 @@ def _granule(cfg: DictConfig) -> int:
     return backend_granule(cfg.weights, cfg.hardware)
 
 
+def _read(path: str) -> Trace:
+    """The trace at `path`; a recording without launch counts (on the cpu backend, or made
+    before the recorders counted them) says what the simulator takes instead."""
+    trace = read_trace(path)
+    if trace.header.get("source") == "recorded" and not any(r.launches for r in trace.records):
+        log.warning("%s counts no CUDA launches (recorded on the cpu backend, or before the recorders counted "
+                    "them): the simulator takes one launch a record, so its host may run further ahead than "
+                    "on a GPU; record it on the GPU again, or count them there with benchmarks/restamp_launches.py", path)
+    return trace
+
+
 def prepare(cfg: DictConfig, out_dir: Path) -> Job:
     """Check the config and build the job's spec, trace and plan."""
     check_config(cfg)
@@ -150,7 +165,7 @@ def prepare(cfg: DictConfig, out_dir: Path) -> Job:
     if cfg.trace and not Path(cfg.trace).is_dir():  # a directory: mode=calibrate reads it itself
         stat = Path(cfg.trace).stat()
         source: tuple = ("file", str(Path(cfg.trace).resolve()), stat.st_mtime_ns, stat.st_size)
-        trace = _memo(("trace", *source), lambda: read_trace(cfg.trace))
+        trace = _memo(("trace", *source), lambda: _read(cfg.trace))
         check_matches(trace, spec.name, spec.num_layers, cfg.workload)
     else:
         source = ("synthesized", *shape)

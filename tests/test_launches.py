@@ -81,3 +81,22 @@ def test_under_an_activation_policy_the_host_pays_for_the_offloaders_hooks() -> 
     assert _host_ns(off, "k2") == _host_ns(off, "k2.bwd") == 5 * US
     unpacked = replace(t, records=tuple(replace(r, packs=0) for r in t.records))
     assert _host_ns(run(unpacked, None, hardware=hw, act=act, steps=2), "k2") == (5 + 7 + 1 * 11) * US
+
+
+def test_a_recording_without_launch_counts_says_what_the_simulator_takes(run_cli, tmp_path) -> None:
+    from engine.config import WorkloadConfig
+    from engine.models import load_spec
+    from engine.trace import synthesize, write_trace
+
+    wl = WorkloadConfig(name="infer", kind="infer", video_tokens=6144, audio_tokens=128, text_tokens=256)
+    t = synthesize(load_spec("tiny", wl), wl, H100)
+    recorded = replace(t, header={**t.header, "source": "recorded"},
+                       records=tuple(replace(r, launches=0) for r in t.records))
+    write_trace(tmp_path / "old.jsonl", recorded)
+    r = run_cli("+model=tiny", f"trace={tmp_path / 'old.jsonl'}", "sim.timeline=false")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout + r.stderr
+    assert "counts no CUDA launches" in out and "one launch a record" in out
+    write_trace(tmp_path / "new.jsonl", replace(recorded, records=tuple(replace(rec, launches=2) for rec in t.records)))
+    r = run_cli("+model=tiny", f"trace={tmp_path / 'new.jsonl'}", "sim.timeline=false")
+    assert r.returncode == 0 and "counts no CUDA launches" not in r.stdout + r.stderr

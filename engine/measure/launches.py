@@ -19,12 +19,17 @@ from __future__ import annotations
 
 import bisect
 import json
+import logging
 import os
 import tempfile
+import threading
 from contextlib import nullcontext
 from typing import Any, Hashable, Iterable, Mapping
 
 import torch
+
+log = logging.getLogger(__name__)
+_ONE_PROFILER = threading.Lock()  # torch's profiler is the process's: one census at a time
 
 MARK = "offload-engine record "
 FETCH = "offload-engine fetch"
@@ -63,7 +68,9 @@ class Census:
     """One step's launches per record: run the step inside (`with Census(on) as c:`), calling
     `c.mark(key)` where each record's host work starts; `counts` after the block maps each
     key to its launches. Off (`on` False, or no CUDA device) it marks nothing and counts
-    stay empty: a recording on the cpu backend has no launches to count."""
+    stay empty: a recording on the cpu backend has no launches to count. Censuses in two
+    threads take turns (launches another thread makes meanwhile count too); under a profiler
+    the caller runs, it counts nothing (one warning): torch runs one profiler a process."""
 
     def __init__(self, on: bool):
         self.on = on and torch.cuda.is_available()
@@ -84,17 +91,28 @@ class Census:
         return torch.profiler.record_function(FETCH) if self.on else nullcontext()
 
     def __enter__(self) -> Census:
-        if self.on:
-            self._prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                                            torch.profiler.ProfilerActivity.CUDA])
-            self._prof.__enter__()
+        if not self.on:
+            return self
+        _ONE_PROFILER.acquire()
+        if torch.autograd.profiler._is_profiler_enabled:
+            _ONE_PROFILER.release()
+            self.on = False
+            log.warning("a torch profiler is running: the recording's launches are not counted (the simulator "
+                        "takes one a record); record outside the profiler to count them")
+            return self
+        self._prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                        torch.profiler.ProfilerActivity.CUDA])
+        self._prof.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self._prof is None:
             return
-        torch.cuda.synchronize()
-        self._prof.__exit__(*exc)
+        try:
+            torch.cuda.synchronize()
+            self._prof.__exit__(*exc)
+        finally:
+            _ONE_PROFILER.release()
         if exc[0] is not None:
             return
         fd, path = tempfile.mkstemp(suffix=".json")
