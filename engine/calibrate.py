@@ -316,7 +316,7 @@ def fit_profile(traces: Sequence[Trace], base: Any, name: str, names: Sequence[s
     profile["source"] = (f"calibrated {datetime.now(timezone.utc).date()} by mode=calibrate from "
                          f"{len(traces)} recorded trace(s) ({', '.join(names) or 'unnamed'}; {', '.join(devices)}, "
                          f"recorded {dates[0]}..{dates[-1]}); fitted: {', '.join(FITTED)}; pageable_gbps, "
-                         f"mmap_gbps, device_memory_mb, launch_queue_depth, the offloader's hook costs and sustained_window_ms "
+                         f"mmap_gbps, device_memory_mb, launch_queue_depth, the offloader hook costs and sustained_window_ms "
                          f"from {_base(base, 'name')}")
     return profile
 

@@ -121,7 +121,10 @@ def predict(trace: Trace, row: dict, hardware: Any, source: str) -> dict:
     budget = None if row["budget_mb"] is None else int(row["budget_mb"] * MB)
     weights = WeightsConfig(eviction=row["eviction"], lookahead=row["lookahead"], source=source)
     act = activations_config(row["activations"], trace)
-    pred = simulate(trace, weights, act, hardware, budget, SIM_STEPS, allow_below_floor=False).prediction
+    # The loop `measure` runs: a training row synchronizes before each step (its peak is the
+    # step's own), an inference row's steps run free.
+    loop = "synced" if row["kind"] == "train_lora" else "free"
+    pred = simulate(trace, weights, act, hardware, budget, SIM_STEPS, allow_below_floor=False, loop=loop).prediction
     return {k: pred[k] for k in ("step_ms", "stall_ms", "peak_device_bytes", "compute_ms", "h2d_bytes")}
 
 
