@@ -274,7 +274,7 @@ def _measure_streamed(spec: Any, trace: Trace, wf: Any, inputs: dict, row: dict,
                       clock: Any) -> dict:
     import torch
 
-    from engine.executor.setup import streamed_executor
+    from engine.executor.setup import end_of_step, streamed_executor
     from engine.models import forward
     from engine.measure.timing import KernelStamps
 
@@ -285,12 +285,13 @@ def _measure_streamed(spec: Any, trace: Trace, wf: Any, inputs: dict, row: dict,
                                      lookahead=row["lookahead"], keep_steps=None)
         stalls = []
         with torch.no_grad():
-            for _ in range(1 + TIMED_STEPS):
+            for i in range(1 + TIMED_STEPS):
                 stamps = KernelStamps(executor, clock)
                 with executor.step():
                     forward(spec, stamps, inputs)
                 stamps.close()
                 stalls.append(stamps)
+                end_of_step("free", clock.device, i)
         tele = executor.telemetry()
         stall_ms = [sum(s.stall_ns()) / 1e6 for s in stalls[1:]]
     return {"step_ms": statistics.median(t["step_ms"] for t in tele[1:]), "first_step_ms": tele[0]["step_ms"],

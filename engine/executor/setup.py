@@ -149,11 +149,14 @@ def step_times(rows: list[dict]) -> dict:
             "first_step_ms": rows[0]["step_ms"]}
 
 
-def end_of_step(loop: str, device: torch.device) -> None:
-    """The end of a step as `loop` (engine.policy.LOOPS) runs it: a synced loop's host
-    waits for the step's last kernel (the current stream), as reading its output would;
-    a free one goes on."""
-    if loop == "synced" and device.type == "cuda":
+def end_of_step(loop: str, device: torch.device, step: int) -> None:
+    """The end of step `step` as `loop` (engine.policy.LOOPS) runs it: a synced loop's host
+    waits for the step's last kernel (the current stream), as reading its output would; a
+    free one goes on, but for the warm-up: after the first step every loop waits for it, as
+    the simulator's launcher does. The cold first step copies every weight in, and a host
+    that queued the next steps meanwhile would have them run back to back at the GPU's pace,
+    which a host-bound loop does not keep up."""
+    if (loop == "synced" or step == 0) and device.type == "cuda":
         torch.cuda.current_stream(device).synchronize()
 
 

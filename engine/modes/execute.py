@@ -363,7 +363,7 @@ def run_execute(cfg: Any, spec: ModelSpec, trace: Any, out_dir: str | Path) -> d
                     wf.check_intact()
                     with executor.step(timed=i == cfg.workload.steps - 1):  # the steady state, on the timeline
                         outputs.append(forward(spec, executor, inputs))
-                    end_of_step(cfg.workload.loop, device)
+                    end_of_step(cfg.workload.loop, device, i)
             telemetry = executor.telemetry()  # waits for the last step
             torch_peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
             timeline = executor.step_timeline()
@@ -439,7 +439,7 @@ def run_train_execute(cfg: Any, spec: ModelSpec, trace: Any, out_dir: str | Path
             wf.check_intact()
             executor.time_steps = i == steps - 1  # the steady state, on the timeline
             results.append(to_host(train_step(spec, executor, streamed, offloader, inputs, lora, device)))
-            end_of_step(cfg.workload.loop, device)
+            end_of_step(cfg.workload.loop, device, i)
             peaks.append(torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None)
         weight_rows = executor.telemetry()  # waits for the last step
         timeline = executor.step_timeline()

@@ -234,7 +234,7 @@ def execute_module(job: Job) -> Outcome:
             for i in range(cfg.workload.steps):
                 h.executor.time_steps = i == cfg.workload.steps - 1  # the steady state, on the timeline
                 outs.append(first_output(module(**inputs)))
-                end_of_step(cfg.workload.loop, device)
+                end_of_step(cfg.workload.loop, device, i)
         same = [None if reference is None else bitwise_equal(out, reference) for out in outs]  # after the loop:
         # comparing reads the output on the host, which would sync a free loop
         rows = h.telemetry()
@@ -340,7 +340,7 @@ def _train_run(job: Job, module: Any, inputs: dict, initial: dict[str, torch.Ten
             steps.append(to_host((loss, grads)))
             del grads
             peaks.append(torch.cuda.max_memory_allocated() if cuda else None)
-            end_of_step(cfg.workload.loop, loss.device)
+            end_of_step(cfg.workload.loop, loss.device, i)
         if cuda:
             torch.cuda.synchronize()  # the steps' copies to the host have landed
         rows = [{**row, "torch_peak_bytes": peak} for row, peak in zip(h.telemetry(), peaks)]
