@@ -275,7 +275,7 @@ def main() -> None:
               f"{s['queued_median']:.0f} / {s['queued_p90']:.0f} / {s['queued_max']} | "
               f"{s['lead_ms_median']:.2f} / {s['lead_ms_max']:.2f} |")
     print(f"| simulated, in records | | | {sim_lead['queued_median']:.0f} / {sim_lead['queued_p90']:.0f} / "
-          f"{sim_lead['queued_max']} (depth {cfg.hardware.launch_queue_depth}) | |")
+          f"{sim_lead['queued_max']} (a queue of {cfg.hardware.launch_queue_depth} launches) | |")
     if args.stacks and steps:
         print("\nengine functions by inclusive host ms in the last step: function: calls, ms")
         for name, (calls, ms) in engine_functions(events, steps[-1]["window"]):
