@@ -8,6 +8,8 @@ express (low watermark above high, overlapping size classes) live in
 """
 from __future__ import annotations
 
+import logging
+
 import math
 import os
 from pathlib import Path
@@ -21,6 +23,8 @@ from engine.errors import ConfigError
 from engine.modes import MODES
 from engine.policy import LOOPS
 from engine.policy.weights import EVICTIONS
+
+log = logging.getLogger(__name__)
 
 ACTIVATION_MODES = ("off", "watermark", "sync")
 WORKLOAD_KINDS = ("infer", "train_lora", "decode")
@@ -227,6 +231,8 @@ def _check_finite(node: Any, key: str) -> None:
 _POSITIVE_HARDWARE = ("device_memory_mb", "h2d_gbps", "d2h_gbps", "duplex_gbps", "pageable_gbps", "mmap_gbps",
                       "mmap_registered_gbps", "matmul_tflops", "hbm_gbps", "launch_queue_depth",
                       "sustained_window_ms")
+# A launch queue shallower than this is a depth in records (profiles before launches were counted).
+FEW_LAUNCHES = 128
 _NON_NEGATIVE_HARDWARE = ("kernel_launch_us", "fetch_host_us", "alloc_us", "context_mb", "offload_kernel_us",
                           "pack_hook_us", "unpack_hook_us")
 
@@ -254,6 +260,10 @@ def check_hardware(hw: DictConfig) -> None:
     if any(a >= b for a, b in zip(mib, mib[1:])) or any(v <= 0 for v in mib + gbps):
         raise ConfigError(f"hardware.small_copy_mib must be positive and increasing, and small_copy_gbps "
                           f"positive; fix the profile {name}")
+    if hw.launch_queue_depth < FEW_LAUNCHES:
+        log.warning("hardware.launch_queue_depth=%d in the profile %s: it counts CUDA launches (about 1,024 on "
+                    "an H100); profiles written before it did held 64 records. Set 1024 unless you measured less",
+                    hw.launch_queue_depth, name)
 
 
 def check_config(cfg: Any) -> None:

@@ -100,3 +100,11 @@ def test_a_recording_without_launch_counts_says_what_the_simulator_takes(run_cli
     write_trace(tmp_path / "new.jsonl", replace(recorded, records=tuple(replace(rec, launches=2) for rec in t.records)))
     r = run_cli("+model=tiny", f"trace={tmp_path / 'new.jsonl'}", "sim.timeline=false")
     assert r.returncode == 0 and "counts no CUDA launches" not in r.stdout + r.stderr
+
+
+def test_a_shallow_launch_queue_is_taken_for_a_depth_in_records(run_cli) -> None:
+    r = run_cli("+model=tiny", "hardware.launch_queue_depth=64", "sim.timeline=false")
+    out = r.stdout + r.stderr
+    assert r.returncode == 0 and "launch_queue_depth=64" in out and "counts CUDA launches" in out
+    default = run_cli("+model=tiny", "sim.timeline=false")
+    assert "counts CUDA launches" not in default.stdout + default.stderr
