@@ -70,7 +70,8 @@ FITTED = ("h2d_gbps", "d2h_gbps", "duplex_gbps", "small_copy_mib", "small_copy_g
 PROFILE_FIELDS = ("name", "source", "device_memory_mb", "h2d_gbps", "d2h_gbps", "duplex_gbps", "pageable_gbps",
                   "mmap_gbps", "mmap_registered_gbps", "small_copy_mib", "small_copy_gbps", "matmul_tflops",
                   "hbm_gbps", "kernel_table", "kernel_launch_us", "fetch_host_us", "alloc_us", "launch_queue_depth",
-                  "offload_kernel_us", "pack_hook_us", "unpack_hook_us", "compute_slowdown_under_copy", "compute_sustained_slowdown", "sustained_window_ms",
+                  "offload_kernel_us", "pack_hook_us", "unpack_hook_us", "compute_slowdown_under_copy",
+                  "compute_sustained_slowdown", "sustained_window_ms",
                   "context_mb", "vmm_granule_bytes", "vmm_map_us",
                   "vmm_unmap_us", "vmm_create_us", "vmm_release_us")
 
@@ -316,8 +317,8 @@ def fit_profile(traces: Sequence[Trace], base: Any, name: str, names: Sequence[s
     profile["source"] = (f"calibrated {datetime.now(timezone.utc).date()} by mode=calibrate from "
                          f"{len(traces)} recorded trace(s) ({', '.join(names) or 'unnamed'}; {', '.join(devices)}, "
                          f"recorded {dates[0]}..{dates[-1]}); fitted: {', '.join(FITTED)}; pageable_gbps, "
-                         f"mmap_gbps, device_memory_mb, launch_queue_depth, the offloader hook costs and sustained_window_ms "
-                         f"from {_base(base, 'name')}")
+                         f"mmap_gbps, device_memory_mb, launch_queue_depth, the offloader hook costs and "
+                         f"sustained_window_ms from {_base(base, 'name')}")
     return profile
 
 

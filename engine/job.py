@@ -151,7 +151,8 @@ def _read(path: str) -> Trace:
     if trace.header.get("source") == "recorded" and not any(r.launches for r in trace.records):
         log.warning("%s counts no CUDA launches (recorded on the cpu backend, or before the recorders counted "
                     "them): the simulator takes one launch a record, so its host may run further ahead than "
-                    "on a GPU; record it on the GPU again, or count them there with benchmarks/restamp_launches.py", path)
+                    "on a GPU; record it on the GPU again, or count them there with "
+                    "benchmarks/restamp_launches.py", path)
     return trace
 
 
