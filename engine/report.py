@@ -78,3 +78,12 @@ def write_report(out_dir: Path, report: dict, markdown: str) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out_dir / "report.json", json.dumps(report, indent=2, sort_keys=False) + "\n")
     write_text_atomic(out_dir / "report.md", markdown + "\n")
+
+
+def launches_cell(launches: Sequence[int]) -> str:
+    """A recorded step's CUDA launches (one count per record) as a report cell: the total and
+    per record, or why there are none."""
+    total = sum(launches)
+    if not total:
+        return "not counted (no CUDA device)"
+    return f"{total:,} ({total / len(launches):.1f} a record)"

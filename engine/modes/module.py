@@ -47,7 +47,7 @@ from engine.modules.kernels import GROUPINGS
 from engine.modes.simulate import timeline_files
 from engine.modules.offload import fastest_grouping, offload, predict, record
 from engine.modules.training import sized_for
-from engine.report import fmt_bytes, table
+from engine.report import fmt_bytes, launches_cell, table
 from engine.trace import Trace, write_trace
 from engine.units import budget_bytes
 from engine.weightfile import materialize
@@ -160,6 +160,7 @@ def record_module_mode(job: Job) -> Outcome:
             ["kernel compute, sum", f"{sum(r.compute_ns for r in trace.records) / 1e6:.3f} ms"],
             ["host launch, sum", f"{sum(r.host_ns for r in trace.records) / 1e6:.3f} ms"],
             ["streamed bytes", fmt_bytes(sum(trace.weight_sizes.values()))],
+            ["CUDA launches a step", launches_cell([r.launches for r in trace.records])],
             ["device", f"{h['device']} (torch {h['torch']})"]]
     if _training(job.cfg):
         rows.insert(4, ["saved for backward", fmt_bytes(sum(s.nbytes for r in trace.records for s in r.saved))])

@@ -22,7 +22,7 @@ from engine.measure.compute import probe_compute
 from engine.measure.probes import (copy_stream_beside, probe_copies, probe_vmm, resident_steps,
                                    streamed_forward)
 from engine.measure.timing import TIMED_STEPS, build_trace, count_launches, host_bound, host_scale, time_steps
-from engine.report import table
+from engine.report import launches_cell, table
 from engine.models.spec import ModelSpec
 from engine.trace import Trace, write_trace
 from engine.units import budget_bytes
@@ -46,6 +46,7 @@ def record_mode(job: Job) -> Outcome:
             ["kernel compute, sum", f"{sum(r.compute_ns for r in trace.records) / 1e6:.3f} ms"],
             ["saved for backward", f"{sum(s.nbytes for r in trace.records for s in r.saved) / 1e9:.3f} GB"],
             ["weight copies observed", f"{sum(len(r.copies) for r in trace.records):,}"],
+            ["CUDA launches a step", launches_cell([r.launches for r in trace.records])],
             ["device", f"{h['device']} (torch {h['torch']}, CUDA {h['cuda']})"]]
     if "compute_under_copy" in probes:
         c = probes["compute_under_copy"]
