@@ -21,6 +21,10 @@ path perf_counter timestamps for the cpu backend and CPU tests):
   spec kernels.
 - **Host costs.** perf_counter around each kernel's host work (the forward's
   Python and launches) and around each fetch of a streamed forward.
+- **Launches** (launches.py, CUDA only). One more step under torch.profiler, a
+  mark where each kernel starts (backward: at its first unpack): the CUDA
+  launches of each record, and the tensors each forward kernel hands the
+  saved-tensor hooks (the simulator's launch queue and hook costs).
 - **Copies** (probes.py, CUDA only). A streamed forward through the
   WeightExecutor at the configured budget: each weight copy is timed on the
   copy stream and kept in its kernel's record (`copies`). Probes: pinned H2D
