@@ -40,15 +40,14 @@ no sooner than the host has issued the rest of it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator
-
 import bisect
+from dataclasses import dataclass, field
 from itertools import accumulate
+from typing import Any, Callable, Iterable, Iterator
 
 import simpy
 
-from engine.policy import ActivationPolicy, Decision, StepCounters, WeightPolicy
+from engine.policy import ActivationPolicy, Decision, StepCounters, WeightPolicy, waits_for_step
 from engine.policy.chunks import ChunkBooks, CountingDriver, conversion_slack
 from engine.policy.placement import Placement
 from engine.policy.schedule import Question, StepSchedule, ask
@@ -114,7 +113,7 @@ class Launcher:
     blocked: list[tuple[int, int]] = field(default_factory=list)
     step: int = 0
     placement: Placement | None = None  # where the backend places weights (None: each at its own size)
-    synced: bool = False  # the host waits for each step's last kernel before the next step (LOOPS)
+    loop: str = "free"  # how the driver's host waits between steps (engine.policy.LOOPS, waits_for_step)
 
     def __post_init__(self) -> None:
         hw = self.hardware
@@ -246,11 +245,7 @@ class Launcher:
             yield from self._ask(schedule.end(), (step + 1) * n - 1, [])
             if self.saved is not None:
                 self.saved.new_step()
-            if self.synced or (step == 0 and self.steps > 1):
-                # The warm-up barrier: the cold first step copies every weight in while the
-                # host issues the next steps; a run waits for its warm-up, so the host's lead
-                # banked there must not carry into the steps the prediction reports. A synced
-                # loop waits so after every step.
+            if waits_for_step(self.loop, step):  # the warm-up barrier; a synced loop's every step
                 done = self.compute.done_event((step + 1) * n - 1)
                 if done is not None:
                     yield done

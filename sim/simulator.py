@@ -118,7 +118,7 @@ def drive(trace: Trace, weights: WeightPolicy, activations: ActivationPolicy | N
     compute = ComputeStream(env, link, float(slowdown), log, trace_sustained_slowdown(trace.header, hardware),
                             float(hardware.sustained_window_ms) * 1e6)
     launcher = Launcher(env, trace, weights, activations, link, pool, compute, hardware, weight_gbps, steps, log,
-                        placement=placement, synced=loop == "synced")
+                        placement=placement, loop=loop)
     if any(r.saved for r in trace.records):
         launcher.saved = SavedActivations(env, link, pool, compute, hardware,
                                           activations_cfg if activations is not None else None,

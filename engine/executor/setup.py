@@ -28,7 +28,7 @@ from engine.executor.backend import Backend
 from engine.executor.runtime import WeightExecutor, backend_granule, host_registrar, make_backend
 from engine.policy.placement import round_up
 from engine.executor.sources import host_weights
-from engine.policy import KEEP_STEPS, AccessOrder
+from engine.policy import KEEP_STEPS, AccessOrder, waits_for_step
 from engine.models.spec import ModelSpec
 from engine.weightfile import WeightFile, materialize
 
@@ -150,13 +150,10 @@ def step_times(rows: list[dict]) -> dict:
 
 
 def end_of_step(loop: str, device: torch.device, step: int) -> None:
-    """The end of step `step` as `loop` (engine.policy.LOOPS) runs it: a synced loop's host
-    waits for the step's last kernel (the current stream), as reading its output would; a
-    free one goes on, but for the warm-up: after the first step every loop waits for it, as
-    the simulator's launcher does. The cold first step copies every weight in, and a host
-    that queued the next steps meanwhile would have them run back to back at the GPU's pace,
-    which a host-bound loop does not keep up."""
-    if (loop == "synced" or step == 0) and device.type == "cuda":
+    """The end of step `step` as `loop` (engine.policy.LOOPS) runs it: where
+    `waits_for_step` says so, the host waits for the step's last kernel (the current
+    stream), as reading its output would."""
+    if waits_for_step(loop, step) and device.type == "cuda":
         torch.cuda.current_stream(device).synchronize()
 
 

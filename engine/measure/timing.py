@@ -282,7 +282,7 @@ def count_launches(spec: ModelSpec, source: Any, inputs: Mapping[str, torch.Tens
             with torch.no_grad():
                 forward(spec, stamps, inputs)
         else:
-            for t in lora.values():
+            for t in lora.values():  # lora_backward's step, with a mark between forward and loss
                 t.grad = None
             with hooks.hooks():
                 out = forward(spec, stamps, inputs, lora)

@@ -41,6 +41,14 @@ class Decision:
 # (a loop that never reads its output); "synced", the host waits for each step's last
 # kernel first (a loop that reads each output: a sampled token, a latent on the host).
 LOOPS = ("free", "synced")
+
+
+def waits_for_step(loop: str, step: int) -> bool:
+    """Whether a driver's host waits for step `step`'s last kernel before it starts the next:
+    a synced loop after every step; every loop after its first, the warm-up. The cold first
+    step copies every weight in, and a host that queued the next steps meanwhile would have
+    them run back to back at the GPU's pace, which a host-bound loop does not keep up."""
+    return loop == "synced" or step == 0
 KEEP_STEPS = 16  # steps of decisions and telemetry a long-running driver keeps (keep_last_steps)
 
 
