@@ -1,10 +1,10 @@
 """Counting the CUDA launches each record of a step makes (the launch census).
 
 CUDA queues a bounded number of launched, unfinished operations per device
-(about a thousand); a host that has filled it waits in its next launch. How many
-records the host can run ahead of the GPU therefore depends on how many launches
-each record makes: 3 to 4 for a spec decode kernel, over 150 for a diffusers
-transformer block. The recorders run one extra step under torch.profiler with a
+(hardware launch_queue_depth); a host that has filled it waits in its next launch.
+How many records the host can run ahead of the GPU therefore depends on how many
+launches each record makes: a few for a spec kernel, hundreds for a real module's
+block. The recorders run one extra step under torch.profiler with a
 mark (a profiler annotation) where each record starts, and count the device
 operations (kernels, copies, memsets) whose launch falls between one mark and the
 next. Launches before the first mark belong to the first record; launches inside a
