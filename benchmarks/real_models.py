@@ -100,12 +100,13 @@ def one_of(output: torch.Tensor, outcomes: list[torch.Tensor]) -> bool:
     return any(bitwise_equal(output, o) for o in outcomes)
 
 
-def timed(fn: Callable[[], Any], warmup: int, steps: int) -> tuple[list[float], Any]:
-    """A synced loop's last `steps` steps (ms, CUDA events): the host waits for each step's
+def timed(fn: Callable[[], Any], warmup: int, steps: int) -> tuple[list[float], list[float], Any]:
+    """A synced loop's last `steps` steps (ms, CUDA events) and when each ended (Unix
+    seconds, to set beside a log of the GPU's clocks): the host waits for each step's
     last kernel before the next, as reading the output does (the copy stream's prefetches
     go on across the wait, as they do there)."""
     out = None
-    times = []
+    times, ends = [], []
     torch.cuda.synchronize()
     for i in range(warmup + steps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -115,7 +116,8 @@ def timed(fn: Callable[[], Any], warmup: int, steps: int) -> tuple[list[float], 
         b.synchronize()
         if i >= warmup:
             times.append(a.elapsed_time(b))
-    return times, out
+            ends.append(time.time())
+    return times, ends, out
 
 
 # The recording's all-resident step this far from the plain module's is flagged: the hooks
@@ -169,14 +171,14 @@ def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
             out = ref_module(**inputs)
             kept.append(first_output(out).clone())
             return out
-        times, out = timed(resident_step, args.warmup, args.steps)
+        times, _, out = timed(resident_step, args.warmup, args.steps)
         resident_ms = statistics.median(times)
         beside = copy_stream_beside(round(resident_ms * 1e6), device)
 
         def with_copies() -> Any:
             beside()
             return resident_step()
-        copy_times, _ = timed(with_copies, 1, args.steps)
+        copy_times, _, _ = timed(with_copies, 1, args.steps)
         slowdown = statistics.median(copy_times) / resident_ms - 1
         outcomes = distinct(kept)
         del ref_module, out, kept
@@ -265,7 +267,7 @@ def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
         copied = h.streamed.copied_bytes
         torch.cuda.reset_peak_memory_stats()  # the steps' peak: set-up copies each kernel in once, on its own
         with torch.no_grad():
-            times, out = timed(lambda: module(**inputs), args.warmup, args.steps)
+            times, ends, out = timed(lambda: module(**inputs), args.warmup, args.steps)
             timed_rows = h.telemetry()[-args.steps:]  # the executor keeps its last 16 steps
             free_ms = free_running(lambda: module(**inputs), args.steps)
             free_relocations = sum(r["relocations"] for r in h.telemetry()[-args.steps:])
@@ -288,7 +290,7 @@ def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
                "vmm": counts() if counts else None, "eviction": pred["eviction"], "lookahead": pred["lookahead"], "step_ms": step,
                "free_running_ms": free_ms, "limit_ms": limit_ms,
                "over_limit": step / limit_ms, "predicted_ms": pred["step_ms"], "predicted_synced_ms": synced_ms,
-               "mean_ms": mean, "times": times,
+               "mean_ms": mean, "times": times, "step_ends_unix": ends,
                "prediction_error": synced_ms / mean - 1, "candidates_ms": pred["candidates"],
                "h2d_bytes": h2d, "mean_h2d_bytes": mean_h2d, "host_copied_bytes": copied, "predicted_h2d_bytes": pred["h2d_bytes"], "setup_s": setup_s,
                "bitwise": one_of(first_output(out), outcomes),
@@ -329,7 +331,7 @@ def peer_row(module: Any, cfg: Any, table: Any, path: Path, inputs: dict, outcom
                                   offload_type="block_level", num_blocks_per_group=1, use_stream=True)
         setup_s = time.perf_counter() - t0
         with torch.no_grad():
-            times, out = timed(lambda: peer(**inputs), 1, max(2, args.steps // 2))
+            times, _, out = timed(lambda: peer(**inputs), 1, max(2, args.steps // 2))
         row = {"step_ms": statistics.median(times), "setup_s": setup_s,
                "bitwise": one_of(first_output(out), outcomes), "rss": host_rss()}
         del peer, out

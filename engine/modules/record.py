@@ -21,15 +21,18 @@ Otherwise the host bounds it (a decode step of small kernels): the host times ar
 scaled so they sum to it. The first all-resident warm-up step of an inference runs
 under torch's sync debug mode: the kernels before which its host synchronized with
 the device (header "host_syncs"; the simulator's host waits there for every kernel
-launched before, each step). Each timed all-resident step of an inference is
-followed by one beside a stream of H2D copies, in turns so the device's drift falls
-on both: the module's own slowdown under copies (header
+launched before, each step). The all-resident steps are timed back to back after a
+second of warm-up, at the clocks a GPU settles to under sustained load; then pairs of a
+step alone and one beside a stream of H2D copies, in turns so the device's drift falls
+on both, give the module's own slowdown under copies (header
 "compute_slowdown_under_copy", which the simulator takes over the profile's).
 Where the host bounds the step, as many steps of the plain module follow, its
 weights bound once and the hooks off, as offload runs a module whose weights all
 fit (header "plain_step_ns"; "plain_host_factor" takes the host times to that
 step, for the simulator where every weight is resident; where the GPU bounds the
-step, the hooks' host work hides behind it). A record's host time is spread over
+step, the hooks' host work hides behind it). The plain step bounds the GPU's work too: where
+it is shorter than the pipelined step, the kernels are scaled to it, not to a step the hooks'
+host work lengthened. A record's host time is spread over
 its block's launches (header "block_records"): the simulator starts its GPU work
 with the first launch.
 
@@ -95,7 +98,9 @@ INFERENCE_STEPS = TimedSteps(warmup=1, host=2, held=1)
 TRAINING_STEPS = TimedSteps(warmup=1, host=2, held=2)
 PIPELINED_STEPS = 3  # all-resident steps timed whole, at least: odd, so one slow step does not move the median
 PIPELINED_NS = 500_000_000  # and until their time adds up to this: a host-bound decode step is a few ms
-WARMUP_NS = 250_000_000  # all-resident warm-up steps: at least one, and until this long
+# All-resident warm-up steps: at least one, and until this long. Under sustained load the GPU
+# settles at its power limit within about a second; a step timed sooner runs at higher clocks.
+WARMUP_NS = 1_000_000_000
 HOLD_MARGIN_NS = 50_000
 SYNC_WARNING = "called a synchronizing CUDA operation"  # torch's sync debug mode, per synchronizing call
 
@@ -283,8 +288,11 @@ def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss
     """The median step of the module with every weight resident (`executor`, or one made
     here and closed after: `resident_executor`; `loss_fn`: a training step), and what more
     these steps measure (`Pipelined`). Warm-up steps until WARMUP_NS (an inference's first:
-    the `host_syncs` forward), then at least PIPELINED_STEPS and until PIPELINED_NS (each at
-    most 10 x PIPELINED_STEPS steps). An inference whose last warm-up step the host bounded
+    the `host_syncs` forward), then at least PIPELINED_STEPS and until PIPELINED_NS, back to
+    back (each at most 10 x PIPELINED_STEPS steps). An inference on CUDA then runs
+    PIPELINED_STEPS pairs of a step alone and one beside H2D copies, for their ratio only: a
+    step after one beside copies starts at clocks the copies let rise, so the pairs' steps
+    alone run faster than back-to-back steps. An inference whose last warm-up step the host bounded
     (against `kernels_ns`, its kernels' time) then times as many steps of the plain module,
     its weights bound once."""
     training = loss_fn is not None
@@ -333,7 +341,7 @@ def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss
 
     try:
         times: list[int] = []
-        beside: list[int] = []  # inference on CUDA: a step beside copies after each timed one
+        beside: list[int] = []  # inference on CUDA: steps beside copies, each after one alone
         plain: list[int] = []  # where the host bounds an inference: as many steps of the plain module
         copies, copies_bytes = None, 0
         warm, warm_ns, last_warm = 0, 0, 0
@@ -355,7 +363,10 @@ def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss
                     copies_bytes = torch.cuda.memory_allocated(streamed.device) - held
                 torch.cuda.reset_peak_memory_stats(streamed.device)
             times.append(one_step())
-            if copies is not None:  # in turns with the steps alone, so drift falls on both
+        alone: list[int] = []
+        if copies is not None:  # in turns with steps alone, so drift falls on both
+            for _ in range(PIPELINED_STEPS):
+                alone.append(one_step())
                 beside.append(one_step(copies))
         if not training and host_bound(kernels_ns, last_warm):
             # Bound once, as offload binds: binding before every step slows the step after it.
@@ -375,7 +386,8 @@ def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss
         plain_ns = round(statistics.median(plain)) if plain else None
         if not cuda:
             return Pipelined(step, peak, plain_ns=plain_ns)
-        return Pipelined(step, peak, syncs, slowdown_under_copy(step, statistics.median(beside)), plain_ns)
+        return Pipelined(step, peak, syncs, slowdown_under_copy(statistics.median(alone), statistics.median(beside)),
+                         plain_ns)
     finally:
         streamed.hooks.recompute = None
         if own:
@@ -416,13 +428,17 @@ def host_syncs(streamed: StreamedModule, executor: WeightExecutor) -> tuple[int,
     return tuple(sorted(set(found)))
 
 
-def fit_to_pipelined(compute_ns: int, host_ns: int, pipelined_ns: int) -> tuple[float, float]:
+def fit_to_pipelined(compute_ns: int, host_ns: int, pipelined_ns: int,
+                     plain_ns: int | None = None) -> tuple[float, float]:
     """The factors (compute, host) on the kernel-by-kernel times that make them agree with
-    the pipelined all-resident step (module docstring)."""
-    if not host_bound(compute_ns, pipelined_ns):  # the GPU bounds the step
+    the pipelined all-resident step (module docstring). The plain module's step (`plain_ns`,
+    the hooks off) bounds the GPU's work: where the hooks' host work lengthens the pipelined
+    step past it, the kernels are fitted to the plain step, not to the host's."""
+    gpu_ns = min(pipelined_ns, plain_ns) if plain_ns else pipelined_ns
+    if not host_bound(compute_ns, gpu_ns):  # the GPU bounds the step
         # The host's work of a step fits in the step it ran in: a position that queues more
         # launches than the device holds waits on the GPU even with the stream free.
-        return pipelined_ns / max(1, compute_ns), min(1.0, pipelined_ns / max(1, host_ns))
+        return gpu_ns / max(1, compute_ns), min(1.0, pipelined_ns / max(1, host_ns))
     # The host bounds it: its work per kernel in a pipelined step, the executor's included.
     return 1.0, pipelined_ns / max(1, host_ns)
 
@@ -509,7 +525,7 @@ def record_module(streamed: StreamedModule, *, name: str, backend: str, workload
     pipelined = None
     if run.step_ns:
         pipelined = run.step_ns
-        scale, host_scale = fit_to_pipelined(sum(times.compute_ns), sum(times.host_ns), pipelined)
+        scale, host_scale = fit_to_pipelined(sum(times.compute_ns), sum(times.host_ns), pipelined, run.plain_ns)
         if run.plain_ns:
             plain_factor = fit_to_pipelined(sum(times.compute_ns), sum(times.host_ns), run.plain_ns)[1] / host_scale
         times.compute_ns = [round(c * scale) for c in times.compute_ns]
