@@ -299,9 +299,10 @@ def test_the_whole_ltx2_lora_recording_predicts_its_measured_steps(run_cli, tmp_
 
 def test_the_shipped_module_recordings_replay_their_measured_rows() -> None:
     """data/traces/modules: five real modules recorded on the H100, each row measured beside it
-    (benchmarks/real_models.py). Replayed on the CPU, every row predicts what the GPU run printed
-    within 1%, the copies exactly where the run measured its prediction exact, and the rows
-    within 6% of measured (a host-bound all-resident row is the host's; the mean is tighter)."""
+    in a synced loop (benchmarks/real_models.py). Replayed on the CPU as synced loops, every row
+    predicts what the GPU run printed within 1%, the copies exactly where the run measured its
+    prediction exact, and the rows within 5% of measured (a host-bound all-resident row is the
+    host's; the mean is tighter)."""
     from engine.config import load_hardware as hardware_profile
     from engine.modules.offload import predict
 
@@ -312,12 +313,13 @@ def test_the_shipped_module_recordings_replay_their_measured_rows() -> None:
     for result in data["results"]:
         for r in result["rows"]:
             budget = round(r["budget_mb"] * 1e6) if r["budget_mb"] else None
-            p = predict(traces[result["model"]], hw, budget, r["lookahead"], r["eviction"], backend=r["backend"])
-            assert p["step_ms"] == pytest.approx(r["predicted_ms"], rel=0.01), (result["model"], r["budget_mb"])
+            p = predict(traces[result["model"]], hw, budget, r["lookahead"], r["eviction"], backend=r["backend"],
+                        loop="synced")
+            assert p["step_ms"] == pytest.approx(r["predicted_synced_ms"], rel=0.01), (result["model"], r["budget_mb"])
             if r["predicted_h2d_bytes"] == r["h2d_bytes"]:
                 assert p["h2d_bytes"] == r["h2d_bytes"]
             errors.append(abs(p["step_ms"] / r["mean_ms"] - 1))
-    assert len(errors) == 18 and max(errors) < 0.06 and sum(errors) / len(errors) < 0.03
+    assert len(errors) == 18 and max(errors) < 0.05 and sum(errors) / len(errors) < 0.02
 
 
 def test_record_on_the_cpu_backend_probes_the_streamed_and_the_pipelined_step(run_cli, tmp_path) -> None:
