@@ -12,7 +12,7 @@ KEY=JSON (to replay an older recording under a newer simulator, or the other way
 Prints measured against predicted (the mean of the measured steps; a run that measured them
 in a synced loop, row key predicted_synced_ms, is predicted with loop="synced"), the mean, max and mean
 signed error, and at each run's budget whether the configuration the simulator ranks first
-is the one measured fastest. Rows without that key (runs before 2026-11-27 12:21 UTC) timed
+is the one measured fastest. Rows without that key (older runs) timed
 each step after a device-wide synchronize, which also waits for the copy stream, a loop the
 simulator does not model; they are predicted free-running, as they were compared then.
 """
