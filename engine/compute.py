@@ -189,6 +189,7 @@ def table_from_measurements(rows: Iterable[tuple[str, tuple[float, ...], int, fl
 
 
 def means_by_key(rows: Iterable[tuple[str, int]]) -> dict[str, float]:
+    """The mean of each key's counts from (key, count) rows."""
     grouped: dict[str, list[int]] = {}
     for key, n in rows:
         grouped.setdefault(key, []).append(n)

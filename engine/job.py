@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import logging
-
 import math
 from dataclasses import dataclass
 from pathlib import Path

@@ -49,6 +49,8 @@ def waits_for_step(loop: str, step: int) -> bool:
     step copies every weight in, and a host that queued the next steps meanwhile would have
     them run back to back at the GPU's pace, which a host-bound loop does not keep up."""
     return loop == "synced" or step == 0
+
+
 KEEP_STEPS = 16  # steps of decisions and telemetry a long-running driver keeps (keep_last_steps)
 
 
