@@ -3,6 +3,7 @@
     python benchmarks/real_models_report.py benchmarks/results/real-2026-11-26/run*
     python benchmarks/real_models_report.py DIR... --hardware h100_pcie5
     python benchmarks/real_models_report.py DIR... --set host_syncs=[0] --set block_records=true
+    python benchmarks/real_models_report.py data/traces/modules --synthesized [--leave-one-out]
 
 Each DIR holds what `benchmarks/real_models.py --out DIR` wrote: real_models.json (the
 measured rows) and each model's recording (KEY.trace.jsonl.gz). Every measured row is
@@ -15,6 +16,13 @@ signed error, and at each run's budget whether the configuration the simulator r
 is the one measured fastest. Rows without that key (older runs) timed
 each step after a device-wide synchronize, which also waits for the copy stream, a loop the
 simulator does not model; they are predicted free-running, as they were compared then.
+
+--synthesized predicts each row from a trace synthesized on this CPU instead
+(engine/modules/synthesize.py: the model config whose name the recording carries, built on the
+meta device, on the recording's workload), as `python -m engine model=NAME` predicts a module
+nobody recorded; --leave-one-out prices it with a kernel table whose module costs are fitted
+without that model's recording (the spec recordings, probes and other module recordings as
+shipped: TABLE_* below).
 """
 from __future__ import annotations
 
@@ -23,10 +31,14 @@ import gzip
 import json
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
+
+from engine.calibrate import fit_kernel_table, read_probe_file  # noqa: E402
 from engine.config import load_hardware  # noqa: E402
 from engine.modules.offload import predict  # noqa: E402
 from engine.errors import ConfigError, TraceError  # noqa: E402
@@ -62,21 +74,68 @@ def grouping(trace: Trace, path: Path) -> str:
     return trace.header.get("grouping") or ("leaf" if path.name.endswith("-leaf.trace.jsonl.gz") else "block")
 
 
+ROOT = Path(__file__).resolve().parents[1]
+TABLE_TRACES = ROOT / "data" / "traces" / "full"  # what the shipped kernel table is fitted from
+TABLE_MODULES = ROOT / "data" / "traces" / "modules"
+
+
+def model_config(name: str) -> DictConfig:
+    """The shipped model config (conf/model/*.yaml) named `name`."""
+    for path in sorted((ROOT / "conf" / "model").glob("*.yaml")):
+        cfg = OmegaConf.load(path)
+        if cfg.get("name") == name and "module" in cfg:
+            return cfg
+    raise ConfigError(f"no model config in conf/model names the real module {name!r}")
+
+
+def held_out_hardware(hw: DictConfig, model: str, tmp: Path) -> DictConfig:
+    """`hw` with a kernel table fitted as shipped, less `model`'s module recording."""
+    traces = [read_trace(p) for p in sorted(TABLE_TRACES.glob("*.jsonl.gz"))]
+    probes = [read_probe_file(p) for p in sorted(TABLE_TRACES.glob("probes-*.json"))]
+    modules = [t for t in (read_trace(p) for p in sorted(TABLE_MODULES.glob("*.jsonl.gz")))
+               if t.header.get("model") != model]
+    path = tmp / f"without-{model}.kernels.json"
+    path.write_text(json.dumps(fit_kernel_table(traces, f"held out: {model}", probes, modules).to_json()))
+    out = OmegaConf.create(OmegaConf.to_container(hw))
+    out.kernel_table = str(path)
+    return out
+
+
+def synthesized(trace: Trace, hw: DictConfig, leave_out: bool, tmp: Path) -> Trace:
+    """The trace synthesized for the model and workload `trace` recorded (module docstring)."""
+    from engine.modules.synthesize import synthesize_module
+
+    model = trace.header["model"]
+    cfg = model_config(model)
+    cfg.grouping = trace.header.get("grouping", "block")
+    return synthesize_module(cfg, OmegaConf.create(trace.header["workload"]),
+                             held_out_hardware(hw, model, tmp) if leave_out else hw)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("dirs", nargs="+", type=Path)
     ap.add_argument("--hardware", default="h100_calibrated", help="as real_models.py's --hardware")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=JSON", help="edit each recording's header")
+    ap.add_argument("--synthesized", action="store_true", help="predict from traces synthesized on this CPU")
+    ap.add_argument("--leave-one-out", action="store_true",
+                    help="with --synthesized: module costs fitted without the model's own recording")
     args = ap.parse_args()
+    if args.leave_one_out and not args.synthesized:
+        raise ConfigError("--leave-one-out changes what --synthesized prices with; pass both")
     runs = [(d, measured(d)) for d in args.dirs]
     hw = load_hardware(args.hardware)
-    print(f"hardware={args.hardware}{''.join(f' --set {s}' for s in args.set)}\n")
+    tmp = Path(tempfile.mkdtemp(prefix="real-models-report-"))
+    print(f"hardware={args.hardware}{''.join(f' --set {s}' for s in args.set)}"
+          f"{' --synthesized' if args.synthesized else ''}{' --leave-one-out' if args.leave_one_out else ''}\n")
     print("| run | model | budget MB | backend | grouping/eviction/lookahead | measured ms (mean) | predicted ms | error |")
     print("|---|---|---|---|---|---|---|---|")
     errors, picks = [], []
     for d, data in runs:
         traces = {(t.header["model"], grouping(t, path)): t
                   for path, t in ((p, read_trace(p)) for p in sorted(d.glob("*.trace.jsonl.gz")))}
+        if args.synthesized:
+            traces = {key: synthesized(t, hw, args.leave_one_out, tmp) for key, t in traces.items()}
         for result in data["results"]:
             at: dict[float, list[tuple[float, float, str]]] = {}
             for r in result["rows"]:

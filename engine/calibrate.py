@@ -36,7 +36,9 @@ each trace; with several traces, the median over them):
                             matmul kernels' cores (their time less their passes); the mean
                             CUDA launches per record by op and phase, and saved-tensor hook
                             calls per training forward record by op (records' "launches",
-                            "packs"); written beside the profile as NAME.kernels.json
+                            "packs"); with module recordings (--modules), what a real module's
+                            blocks cost beside their cores (fit_module_cost); written beside
+                            the profile as NAME.kernels.json
 
 Fields no recording measures (pageable and unregistered-mmap rates, device memory,
 launch queue depth, the activation offloader's hook costs, which mode=validate's training
@@ -51,15 +53,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from engine.compute import (BACKWARD, BLOCKED, CORE_FLOOR, MATMUL_OPS, PASSES, KernelTable, PassCost, features,
-                            host_key, pass_bytes, slowdown_under_copy, table_from_measurements, tables_dir, work)
+from engine.compute import (BACKWARD, BLOCKED, CORE_FLOOR, MATMUL_OPS, PASSES, KernelTable, ModuleCost, PassCost,
+                            core_flops, features, host_key, pass_bytes, slowdown_under_copy, table_from_measurements,
+                            tables_dir, work)
 from engine.trace import KernelRecord
 from engine.config import HardwareConfig
 from engine.errors import ConfigError, TraceError
 from engine.trace import Trace, read_trace
 from engine.units import MIB
 
-PROBE_ROWS = {"linear": 4, "attention": 5, "memory": 2, "passes": 5}  # the compute probe's row widths
+PROBE_ROWS = {"linear": 4, "attention": 5, "attention_masked": 5, "memory": 2, "passes": 5}  # probe row widths
 MIN_PASS_BYTES = 1 << 24  # smaller memory kernels wait on the host's launches, not on HBM
 RIDGE = 100.0  # FLOP per byte above which a kernel counts as compute-bound
 LARGE_COPY = 64 * MIB
@@ -199,11 +202,13 @@ def _recorded_rates(records: Sequence[KernelRecord]) -> dict[str, float] | None:
     return {k: best.get(j, 0.0) for j, k in enumerate(PASSES) if j in seen}
 
 
-def fit_kernel_table(traces: Sequence[Trace], source: str, probes: Sequence[dict] = ()) -> KernelTable:
+def fit_kernel_table(traces: Sequence[Trace], source: str, probes: Sequence[dict] = (),
+                     modules: Sequence[Trace] = ()) -> KernelTable:
     """Kernel rates by op and shape: each recorded spec kernel (records with an op and,
     for matmul ops, a shape; backward records under op + BACKWARD) and the probe grid of
-    each trace (header probes "compute": ops "linear", "attention", "memory") and of each
-    of `probes` (compute probes from probe files, read_probe_file), alike; the host
+    each trace (header probes "compute": ops "linear", "attention", "attention_masked",
+    "memory") and of each of `probes` (compute probes from probe files, read_probe_file),
+    alike; with `modules` (recorded real modules), their ModuleCost (fit_module_cost); the host
     time of each record in the resident step by op and phase (compute.host_key; probes
     "host" "kernel_ns" and, training, "backward_kernel_ns"). With the grid's add and
     the probes' or the records' passes, the pass cost (fit_pass_cost), and each forward matmul
@@ -213,8 +218,8 @@ def fit_kernel_table(traces: Sequence[Trace], source: str, probes: Sequence[dict
         probed += grid.get("passes", ())
         grid_rows += [("linear", features("linear", (m, n, k), 0), 2 * m * n * k, ns)
                       for m, n, k, ns in grid.get("linear", ())]
-        grid_rows += [("attention", features("attention", (bh, lq, lk, d), 0), 4 * bh * lq * lk * d, ns)
-                      for bh, lq, lk, d, ns in grid.get("attention", ())]
+        grid_rows += [(op, features(op, (bh, lq, lk, d), 0), 4 * bh * lq * lk * d, ns)
+                      for op in ("attention", "attention_masked") for bh, lq, lk, d, ns in grid.get(op, ())]
         grid_rows += [("memory", features("norm", (), nbytes), nbytes, ns) for nbytes, ns in grid.get("memory", ())]
     adds = [(nbytes, ns) for op, _feats, nbytes, ns in grid_rows if op == "memory"]
     largest = max(adds, default=None)
@@ -243,15 +248,80 @@ def fit_kernel_table(traces: Sequence[Trace], source: str, probes: Sequence[dict
             if fwd and r.op in MATMUL_OPS and r.passes and cost:
                 ns = max(CORE_FLOOR * ns, ns - cost.ns(r.passes))
             rows.append((r.op + ("" if fwd else BACKWARD), feats, work(r.op, r.flops, r.io_bytes), ns))
-    return table_from_measurements(rows, source, host, cost, launches, packs)
+    table = table_from_measurements(rows, source, host, cost, launches, packs)
+    if modules:
+        table.module_cost = fit_module_cost(modules, table)
+    return table
 
 
-def write_kernel_table(profile: dict, traces: Sequence[Trace], target: Path, probes: Sequence[dict] = ()) -> Path | None:
-    """Fit the kernel table of `traces` and `probes` (compute probes, read_probe_file), write
-    it beside the profile file `target` (NAME.kernels.json) and point the profile at it: by
-    name when it lies in conf/hardware/, else by absolute path. Traces without op and shape
-    (recorded before the table existed) and without a probe grid give no table: None."""
-    table = fit_kernel_table(traces, profile["source"], probes)
+def fit_module_cost(modules: Sequence[Trace], table: KernelTable) -> ModuleCost:
+    """What recorded real modules' blocks cost beside their cores, from the records' census
+    (engine/modules/census.py), each recording weighted alike (its rows by its step), by least
+    squares with both terms at least 0:
+    - GPU: each record's compute at the held kernels' pace (its time over the header's
+      compute_scale), less its cores at `table`'s rates, as ns_per_byte x memory_bytes +
+      ns_per_op x ops. Decode recordings are left out: the table's one-row matmul points
+      come from recorded decode kernels, whose small ops they hold already.
+    - host: each record's host time (through the hooks) as host_ns_per_op x dispatches +
+      host_ns_per_kernel, decode included."""
+    gpu, gpu_w, host, host_w = [], [], [], []
+    for t in modules:
+        records = [r for r in t.records if r.phase == "fwd" and r.dispatches]
+        kind = (t.header.get("workload") or {}).get("kind")
+        if t.header.get("source") != "recorded" or kind == "train_lora" or not records:
+            continue
+        host += [(r.host_ns, r.dispatches, 1) for r in records]
+        host_w += [1.0 / sum(r.host_ns for r in records)] * len(records)
+        if kind == "decode":
+            continue
+        scale = float(t.header.get("compute_scale") or 1.0)
+        step = sum(r.compute_ns for r in records) / scale
+        for r in records:
+            cores = sum(core_flops(op, shape) / (table.rate(op, features(op, shape, 0)) or float("inf"))
+                        for op, shape in r.cores)
+            gpu.append((r.compute_ns / scale - cores, r.memory_bytes, r.ops))
+            gpu_w.append(1.0 / step)
+    if not gpu:
+        raise TraceError("calibrate --modules: no inference recording of a real module (other than a decode) "
+                         "with its op census (records' \"dispatches\"); record one with mode=record, or restamp an "
+                         "older one with benchmarks/restamp_census.py")
+    per_byte, per_op = _two_term_nnls(gpu, gpu_w)
+    host_op, host_kernel = _two_term_nnls(host, host_w)
+    return ModuleCost(round(per_byte, 9), round(per_op, 1), round(host_op, 1), round(host_kernel, 1))
+
+
+def _two_term_nnls(rows: Sequence[tuple[float, float, float]], weights: Sequence[float]) -> tuple[float, float]:
+    """Weighted least squares of y = a x1 + b x2 over (y, x1, x2) rows with a, b >= 0."""
+    def single(i: int) -> float:
+        num = sum(w * w * r[0] * r[i] for r, w in zip(rows, weights))
+        den = sum(w * w * r[i] * r[i] for r, w in zip(rows, weights))
+        return max(0.0, num / den) if den else 0.0
+
+    s11 = sum(w * w * r[1] * r[1] for r, w in zip(rows, weights))
+    s22 = sum(w * w * r[2] * r[2] for r, w in zip(rows, weights))
+    s12 = sum(w * w * r[1] * r[2] for r, w in zip(rows, weights))
+    s1y = sum(w * w * r[1] * r[0] for r, w in zip(rows, weights))
+    s2y = sum(w * w * r[2] * r[0] for r, w in zip(rows, weights))
+    det = s11 * s22 - s12 * s12
+    if det > 0:
+        a, b = (s1y * s22 - s2y * s12) / det, (s2y * s11 - s1y * s12) / det
+        if a >= 0 and b >= 0:
+            return a, b
+    fits = [(single(1), 0.0), (0.0, single(2))]
+
+    def loss(ab: tuple[float, float]) -> float:
+        return sum((w * (r[0] - ab[0] * r[1] - ab[1] * r[2])) ** 2 for r, w in zip(rows, weights))
+    return min(fits, key=loss)
+
+
+def write_kernel_table(profile: dict, traces: Sequence[Trace], target: Path, probes: Sequence[dict] = (),
+                       modules: Sequence[Trace] = ()) -> Path | None:
+    """Fit the kernel table of `traces`, `probes` (compute probes, read_probe_file) and
+    `modules` (recorded real modules), write it beside the profile file `target`
+    (NAME.kernels.json) and point the profile at it: by name when it lies in
+    conf/hardware/, else by absolute path. Traces without op and shape (recorded before
+    the table existed) and without a probe grid give no table: None."""
+    table = fit_kernel_table(traces, profile["source"], probes, modules)
     if not table.points:
         profile["kernel_table"] = None
         return None
@@ -372,11 +442,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--probes", action="append", default=[], type=Path,
                    help="a compute probe file (python -m engine.measure.compute --out FILE) for the kernel table; "
                         "repeatable")
+    p.add_argument("--modules", action="append", default=[],
+                   help="recordings of real modules (files or directories) whose op census prices a real "
+                        "module's blocks beside their cores in the kernel table; repeatable")
     args = p.parse_args(argv)
     try:
         paths = trace_paths(args.traces)
         traces = [read_trace(q) for q in paths]
         probes = [read_probe_file(q) for q in args.probes]
+        module_paths = trace_paths(args.modules) if args.modules else []
+        modules = [read_trace(q) for q in module_paths]
         base = load_hardware(args.base)
         profile = fit_profile(traces, base, args.out.name.split(".")[0], [q.name for q in paths])
     except (TraceError, ConfigError) as err:
@@ -384,7 +459,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(2)
     if args.probes:
         profile["source"] += f"; kernel table also from {', '.join(q.name for q in args.probes)}"
-    write_kernel_table(profile, traces, args.out, probes)
+    if module_paths:
+        profile["source"] += f"; module costs from {', '.join(q.name for q in module_paths)}"
+    try:
+        write_kernel_table(profile, traces, args.out, probes, modules)
+    except TraceError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
     args.out.write_text(profile_yaml(profile))
     print(f"wrote {args.out} from {len(paths)} trace(s)" + (f" and {len(probes)} probe file(s)" if probes else ""))
 

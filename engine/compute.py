@@ -37,19 +37,22 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from engine.errors import ConfigError, TraceError
 
-MATMUL_OPS = ("linear", "attention")
+MATMUL_OPS = ("linear", "attention", "attention_masked")
+CORE_DIMS = {"linear": 3, "attention": 4, "attention_masked": 4}  # a matmul op's shape: (m, n, k), (bh, lq, lk, d)
 MEMORY_OPS = ("norm", "elementwise", "embed")
 BACKWARD = "_bwd"
 TRAINING = "_train"  # the kernel table's host time of a training forward's kernel
-GRID_OPS = {"linear": "linear", "attention": "attention", "norm": "memory", "elementwise": "memory",
-            "embed": "memory"}
+# The probe grid an op falls back to where the table has no point of its own (a table probed
+# before masked attention prices it as unmasked: ExecutionTimePredictor.lacks).
+GRID_OPS = {"linear": "linear", "attention": "attention", "attention_masked": "attention", "norm": "memory",
+            "elementwise": "memory", "embed": "memory"}
 # Memory-bound passes a spec kernel may run around its core op (Kernel.passes), by what
 # sets their cost per byte (engine/models/builder.py).
 PASSES = ("rms_norm", "head_rms_norm", "layer_norm", "pointwise", "broadcast", "head_copy", "transposed",
@@ -68,8 +71,7 @@ def features(op: str, shape: Sequence[int], io_bytes: int,
     forward memory kernel with passes is keyed by its bytes of each pass kind."""
     base = op.removesuffix(BACKWARD)
     if base in MATMUL_OPS:
-        want = 3 if base == "linear" else 4
-        return tuple(math.log2(d) for d in shape) if len(shape) == want else None
+        return tuple(math.log2(d) for d in shape) if len(shape) == CORE_DIMS[base] else None
     if passes and op == base:
         moved = pass_bytes(passes)
         return tuple(math.log2(1 + moved[kind]) for kind in PASSES)
@@ -93,6 +95,21 @@ def host_key(op: str, phase: str, training: bool) -> str:
     return op + (BACKWARD if phase == "bwd" else TRAINING if training else "")
 
 
+def core_flops(op: str, shape: Sequence[int]) -> int:
+    """FLOPs of a matmul-bound op: 2mnk for a linear (m, n, k), 4 x bh x lq x lk x d for attention."""
+    return (2 if op == "linear" else 4) * math.prod(shape)
+
+
+def core_io_bytes(op: str, shape: Sequence[int], itemsize: int = 2) -> int:
+    """Bytes a matmul-bound op moves in device memory at `itemsize` bytes an element: a linear's
+    input, weight and output; attention's query, key, value and output."""
+    if op == "linear":
+        m, n, k = shape
+        return itemsize * (m * k + n * k + m * n)
+    bh, lq, lk, d = shape
+    return itemsize * bh * d * 2 * (lq + lk)
+
+
 def work(op: str, flops: int, io_bytes: int) -> int:
     return flops if op.removesuffix(BACKWARD) in MATMUL_OPS else io_bytes
 
@@ -111,6 +128,25 @@ class PassCost:
 
 
 @dataclass(frozen=True)
+class ModuleCost:
+    """What a real module's block costs besides its cores (engine/modules/census.py): its
+    memory-bound ops' bytes at `ns_per_byte`, `ns_per_op` of GPU time for each op it
+    launches (the gap and tail of a small kernel); on the host `host_ns_per_op` for each
+    op torch dispatches, views included (dispatch, the Python around it, the launch) and
+    `host_ns_per_kernel` for each block (the offload hooks and the fetch, which a module
+    whose weights all fit runs without), fitted to recorded modules."""
+
+    ns_per_byte: float
+    ns_per_op: float
+    host_ns_per_op: float
+    host_ns_per_kernel: float
+
+    def to_json(self) -> dict:
+        return {"ns_per_byte": self.ns_per_byte, "ns_per_op": self.ns_per_op, "host_ns_per_op": self.host_ns_per_op,
+                "host_ns_per_kernel": self.host_ns_per_kernel}
+
+
+@dataclass(frozen=True)
 class Point:
     features: tuple[float, ...]
     rate: float  # work per ns
@@ -122,17 +158,20 @@ class KernelTable:
     and phase, measured in resident recorded steps (its torch calls and the fetch);
     `launches[host_key(...)]` the mean CUDA launches a record of it makes, and
     `packs[op]` the mean tensors a training forward record of it hands the saved-tensor
-    hooks (recorded traces' "launches" and "packs")."""
+    hooks (recorded traces' "launches" and "packs"); `module_cost` prices a real module's
+    blocks beside their cores."""
 
     def __init__(self, points: Mapping[str, Sequence[Point]], source: str = "",
                  host_ns: Mapping[str, int] | None = None, pass_cost: PassCost | None = None,
-                 launches: Mapping[str, float] | None = None, packs: Mapping[str, float] | None = None):
+                 launches: Mapping[str, float] | None = None, packs: Mapping[str, float] | None = None,
+                 module_cost: ModuleCost | None = None):
         self.points = {op: tuple(ps) for op, ps in points.items() if ps}
         self.source = source
         self.host_ns = dict(host_ns or {})
         self.pass_cost = pass_cost
         self.launches = dict(launches or {})
         self.packs = dict(packs or {})
+        self.module_cost = module_cost
         self._rates: dict[tuple[str, tuple[float, ...]], float | None] = {}  # a model repeats its shapes
 
     def exact_rate(self, op: str, feats: tuple[float, ...]) -> float | None:
@@ -158,7 +197,8 @@ class KernelTable:
     def to_json(self) -> dict:
         return {"format": TABLE_FORMAT, "source": self.source, "host_ns": dict(sorted(self.host_ns.items())),
                 "launches": dict(sorted(self.launches.items())), "packs": dict(sorted(self.packs.items())),
-                "passes": self.pass_cost.to_json() if self.pass_cost else None, "ops": {op: [[*p.features, p.rate] for p in ps] for op, ps in sorted(self.points.items())}}
+                "passes": self.pass_cost.to_json() if self.pass_cost else None,
+                "modules": self.module_cost.to_json() if self.module_cost else None, "ops": {op: [[*p.features, p.rate] for p in ps] for op, ps in sorted(self.points.items())}}
 
 
 def _interpolate(points: Sequence[Point], feats: tuple[float, ...]) -> float:
@@ -263,8 +303,15 @@ def load_table(name: str) -> KernelTable:
     if missing:
         raise ConfigError(f"hardware.kernel_table={name}: {path} has no cost for the memory pass kind "
                           f"{missing[0]!r} (fitted before it existed); write it again with mode=calibrate")
+    modules = data.get("modules")
+    module_fields = [f.name for f in fields(ModuleCost)]
+    if modules and any(k not in modules for k in module_fields):
+        raise ConfigError(f"hardware.kernel_table={name}: {path} prices real modules without "
+                          f"{', '.join(k for k in module_fields if k not in modules)} (fitted before it existed); "
+                          "write it again with mode=calibrate")
+    module_cost = ModuleCost(**{k: float(modules[k]) for k in module_fields}) if modules else None
     return KernelTable(points, str(data.get("source", "")), {str(op): int(ns) for op, ns in host.items()}, cost,
-                       counts["launches"], counts["packs"])
+                       counts["launches"], counts["packs"], module_cost)
 
 
 class ExecutionTimePredictor:
@@ -273,8 +320,32 @@ class ExecutionTimePredictor:
     def __init__(self, hardware: Any):
         self.flops_per_ns = float(hardware.matmul_tflops) * 1e3  # 1e12 FLOP/s = 1e3 FLOP/ns
         self.hbm_bytes_per_ns = float(hardware.hbm_gbps)  # 1e9 B/s = 1 B/ns
+        self.launch_ns = float(getattr(hardware, "kernel_launch_us", 0.0)) * 1e3
         name = getattr(hardware, "kernel_table", None)
         self.table = load_table(name) if name else None
+
+    @property
+    def module_cost(self) -> ModuleCost | None:
+        return self.table.module_cost if self.table is not None else None
+
+    def module_kernel_ns(self, cores: Sequence[tuple[str, Sequence[int]]], memory_bytes: int, ops: int) -> int:
+        """A real module's block from its census (engine/modules/census.py): each core by op
+        and shape, the rest by the table's ModuleCost; without one, the rest at hbm_gbps."""
+        cores_ns = sum(self.kernel_ns(op, core_flops(op, shape), core_io_bytes(op, shape), shape)
+                       for op, shape in cores)
+        cost = self.module_cost
+        rest = memory_bytes / self.hbm_bytes_per_ns if cost is None else \
+            memory_bytes * cost.ns_per_byte + ops * cost.ns_per_op
+        return max(1, round(cores_ns + rest))
+
+    def module_host_ns(self, ops: int, dispatches: int, hooked: bool = True) -> int:
+        """Host time of a real module's block that launches `ops` ops of `dispatches`, through
+        offload's hooks or (`hooked` False) without: the table's ModuleCost, else the profile's
+        kernel_launch_us a launch."""
+        cost = self.module_cost
+        if cost is None:
+            return round(ops * self.launch_ns)
+        return round(dispatches * cost.host_ns_per_op + (cost.host_ns_per_kernel if hooked else 0.0))
 
     def kernel_ns(self, op: str, flops: int, io_bytes: int, shape: Sequence[int] = (),
                   backward: bool = False, passes: Sequence[tuple[str, int]] = ()) -> int:

@@ -115,16 +115,20 @@ def is_module_model(model_cfg: DictConfig) -> bool:
 
 
 def _prepare_module(cfg: DictConfig, out_dir: Path) -> Job:
-    """A real module's job: its recorded trace and plan when trace= names one."""
+    """A real module's job: the trace trace= names, else (plan, simulate, check) one
+    synthesized from the module built on the meta device (engine/modules/synthesize.py)."""
     if cfg.trace is None:
         if cfg.mode in ("record", "execute", "materialize"):
             return Job(cfg, out_dir, None, None, None)
-        raise ConfigError(f"model {cfg.model.name} is a real module: record its trace first "
-                          f"(mode=record weights.file=CHECKPOINT), then pass trace=PATH to mode={cfg.mode}")
-    stat = Path(cfg.trace).stat()
-    source: tuple = ("file", str(Path(cfg.trace).resolve()), stat.st_mtime_ns, stat.st_size)
-    trace = _memo(("trace", *source), lambda: _read(cfg.trace))
-    check_matches(trace, cfg.model.name, trace.header.get("num_layers"), cfg.workload)
+        from engine.modules.synthesize import synthesize_module
+
+        source: tuple = ("synthesized", *(OmegaConf.to_yaml(cfg[k]) for k in ("model", "workload", "hardware")))
+        trace = _memo(("trace", *source), lambda: synthesize_module(cfg.model, cfg.workload, cfg.hardware))
+    else:
+        stat = Path(cfg.trace).stat()
+        source = ("file", str(Path(cfg.trace).resolve()), stat.st_mtime_ns, stat.st_size)
+        trace = _memo(("trace", *source), lambda: _read(cfg.trace))
+        check_matches(trace, cfg.model.name, trace.header.get("num_layers"), cfg.workload)
     if cfg.activations.mode != "off" and cfg.activations.pool.exact:
         _size_pool_exactly(cfg, trace, source)
     params = trace.header.get("params") or sum(trace.weight_sizes.values()) // 2

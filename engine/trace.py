@@ -65,6 +65,12 @@ Lines 2.., one JSON object per kernel, in launch order:
     packs       int    optional, forward records: the tensors autograd hands the saved-tensor
                        hooks while the record runs (weights and duplicates among them, so at
                        least len(saved)); absent or 0: len(saved)
+    cores       [[str, int...]]  optional, module records: the matmul-bound ops the block runs,
+                       [op, *shape] each ("linear" m, n, k; "attention" or "attention_masked"
+                       bh, lq, lk, d), counted op by op (engine/modules/census.py)
+    memory_bytes int   optional, module records: the bytes its other ops read and write
+    ops         int    optional, module records: the ops it runs that make a tensor, views aside
+    dispatches  int    optional, module records: every op torch dispatches for it, views included
 
 Order: all forward records first; a training trace then has one backward
 record per forward record, in reverse order. `read_trace` checks all of this
@@ -83,7 +89,7 @@ from typing import IO, Any, Iterator, Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
-from engine.compute import PASSES, ExecutionTimePredictor
+from engine.compute import CORE_DIMS, PASSES, ExecutionTimePredictor
 from engine.errors import TraceError
 from engine.policy import AccessOrder
 from engine.models.spec import Kernel, ModelSpec, SavedTensor
@@ -116,6 +122,10 @@ class KernelRecord:
     passes: tuple[tuple[str, int], ...] = ()
     launches: int = 0
     packs: int = 0
+    cores: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    memory_bytes: int = 0
+    ops: int = 0
+    dispatches: int = 0
 
 
 @dataclass(frozen=True)
@@ -242,6 +252,14 @@ def _record_json(r: KernelRecord) -> dict:
         out["launches"] = r.launches
     if r.packs:
         out["packs"] = r.packs
+    if r.cores:
+        out["cores"] = [[op, *shape] for op, shape in r.cores]
+    if r.memory_bytes:
+        out["memory_bytes"] = r.memory_bytes
+    if r.ops:
+        out["ops"] = r.ops
+    if r.dispatches:
+        out["dispatches"] = r.dispatches
     return out
 
 
@@ -284,7 +302,14 @@ _OPTIONAL = {"copies": (lambda v: isinstance(v, list) and all(isinstance(c, dict
                  isinstance(p, list) and len(p) == 2 and p[0] in PASSES and _is_int(p[1]) and p[1] >= 0
                  for p in v), f"a list of [kind, bytes] pairs, kind one of {', '.join(PASSES)}"),
              "launches": (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (CUDA launches)"),
-             "packs": (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (saved-tensor hook calls)")}
+             "packs": (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (saved-tensor hook calls)"),
+             "cores": (lambda v: isinstance(v, list) and all(
+                 isinstance(c, list) and len(c) == 1 + CORE_DIMS.get(c[0] if c else None, -1)
+                 and all(_is_int(d) and d > 0 for d in c[1:]) for c in v),
+                 'a list of [op, *shape]: ["linear", m, n, k] or ["attention" | "attention_masked", bh, lq, lk, d]'),
+             "memory_bytes": (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (bytes)"),
+             "ops": (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (ops)"),
+             "dispatches": (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (ops dispatched)")}
 _RECORD_FIELDS = tuple(f.name for f in fields(KernelRecord))
 
 
@@ -321,7 +346,9 @@ def _parse_record(obj: Any, where: str) -> KernelRecord:
         saved=_parse_saved(obj["saved"], where), needs=tuple(obj["needs"]),
         copies=tuple(obj.get("copies", ())), host_ns=obj.get("host_ns", 0), op=obj.get("op", ""),
         shape=tuple(obj.get("shape", ())), passes=tuple((p[0], p[1]) for p in obj.get("passes", ())),
-        launches=obj.get("launches", 0), packs=obj.get("packs", 0))
+        launches=obj.get("launches", 0), packs=obj.get("packs", 0),
+        cores=tuple((c[0], tuple(c[1:])) for c in obj.get("cores", ())), memory_bytes=obj.get("memory_bytes", 0),
+        ops=obj.get("ops", 0), dispatches=obj.get("dispatches", 0))
 
 
 def _parse_header(line: str) -> dict:

@@ -366,8 +366,15 @@ def test_the_cli_records_then_simulates_a_transformers_model(tmp_path):
     assert sim.returncode == 0, sim.stderr
     report = json.loads((tmp_path / "sim" / "report.json").read_text())
     assert report["prediction"]["step_ms"] > 0
-    no_trace = run("budget=0.5")
-    assert no_trace.returncode == 2 and "record its trace first" in no_trace.stderr
+    # Without a recording the module is synthesized on the meta device: the same kernels and bytes.
+    synthesized = run("budget=0.5", f"hydra.run.dir={tmp_path / 'syn'}")
+    assert synthesized.returncode == 0, synthesized.stderr
+    syn = json.loads((tmp_path / "syn" / "report.json").read_text())
+    assert syn["plan"]["model_bytes"] == report["plan"]["model_bytes"]
+    assert syn["prediction"]["h2d_bytes"] == report["prediction"]["h2d_bytes"]
+    training = subprocess.run([sys.executable, "-m", "engine", "model=tiny_llama_hf", "workload=train_lora",
+                               "budget=0.5"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert training.returncode == 2 and "recorded, not synthesized" in training.stderr
     leaf = run("mode=record", f"weights.file={ckpt}", "weights.backend=cpu", "model.grouping=leaf",
                f"hydra.run.dir={tmp_path / 'leaf'}")
     assert leaf.returncode == 0, leaf.stderr

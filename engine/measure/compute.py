@@ -107,11 +107,28 @@ def probe_passes(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> l
     return out
 
 
+def probe_attention(device: torch.device, dtype: torch.dtype = torch.bfloat16, masked: bool = False) -> list[list]:
+    """[[bh, lq, lk, d, ns]]: SDPA over (1, bh, l, d) at HEADS x SEQ x SEQ x HEAD_DIMS; `masked`
+    with a boolean key mask (1, 1, 1, lk), as a model that pads its text passes it (torch then
+    runs another kernel than the unmasked flash one)."""
+    out = []
+    for bh, lq, lk, d in itertools.product(HEADS, SEQ, SEQ, HEAD_DIMS):
+        if 4.0 * bh * lq * lk * d > MAX_FLOPS:
+            continue
+        q = torch.randn(1, bh, lq, d, device=device, dtype=dtype)
+        kv = torch.randn(1, bh, lk, d, device=device, dtype=dtype)
+        mask = torch.ones(1, 1, 1, lk, device=device, dtype=torch.bool) if masked else None
+        out.append([bh, lq, lk, d, round(_time_ns(lambda: F.scaled_dot_product_attention(q, kv, kv, attn_mask=mask),
+                                                 device))])
+        del q, kv, mask
+    return out
+
+
 def probe_compute(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> dict:
-    """{"linear": [[m, n, k, ns]], "attention": [[bh, lq, lk, d, ns]], "memory": [[bytes, ns]],
-    "passes": probe_passes}: y = x @ w.T + b for x (m, k), w (n, k); SDPA over (1, bh, l, d);
-    y = x + y over bytes."""
-    out: dict[str, list[list]] = {"linear": [], "attention": [], "memory": []}
+    """{"linear": [[m, n, k, ns]], "attention": [[bh, lq, lk, d, ns]], "attention_masked": the same
+    with a key mask, "memory": [[bytes, ns]], "passes": probe_passes}: y = x @ w.T + b for x (m, k),
+    w (n, k); SDPA (probe_attention); y = x + y over bytes."""
+    out: dict[str, list[list]] = {"linear": [], "memory": []}
     for m, n, k in itertools.product(ROWS, WIDTHS, WIDTHS):
         if 2.0 * m * n * k > MAX_FLOPS:
             continue
@@ -120,14 +137,8 @@ def probe_compute(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> 
         b = torch.randn(n, device=device, dtype=dtype)
         out["linear"].append([m, n, k, round(_time_ns(lambda: F.linear(x, w, b), device))])
         del x, w, b
-    for bh, lq, lk, d in itertools.product(HEADS, SEQ, SEQ, HEAD_DIMS):
-        if 4.0 * bh * lq * lk * d > MAX_FLOPS:
-            continue
-        q = torch.randn(1, bh, lq, d, device=device, dtype=dtype)
-        kv = torch.randn(1, bh, lk, d, device=device, dtype=dtype)
-        out["attention"].append(
-            [bh, lq, lk, d, round(_time_ns(lambda: F.scaled_dot_product_attention(q, kv, kv), device))])
-        del q, kv
+    out["attention"] = probe_attention(device, dtype)
+    out["attention_masked"] = probe_attention(device, dtype, masked=True)
     for nbytes in MEMORY_BYTES:
         x = torch.empty(nbytes // 2, device=device, dtype=dtype).normal_()
         y = torch.empty_like(x).normal_()
@@ -149,13 +160,16 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     p = argparse.ArgumentParser(prog="python -m engine.measure.compute", description=main.__doc__)
     p.add_argument("--out", required=True, type=Path, help="the probe file to write (JSON)")
+    p.add_argument("--only", choices=("attention_masked",),
+                   help="probe this op alone (a probe file to add beside an older one)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("error: the compute probe times kernels on a CUDA device, and torch sees none here; "
               "run it on the GPU the profile is for", file=sys.stderr)
         sys.exit(2)
     device = torch.device("cuda", torch.cuda.current_device())
-    data = {"probes": {"compute": probe_compute(device)}, "device": torch.cuda.get_device_name(device),
+    grid = {"attention_masked": probe_attention(device, masked=True)} if args.only else probe_compute(device)
+    data = {"probes": {"compute": grid}, "device": torch.cuda.get_device_name(device),
             "torch": torch.__version__, "cuda": torch.version.cuda,
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     args.out.write_text(json.dumps(data) + "\n")

@@ -32,7 +32,7 @@ from engine.models.spec import ModelSpec, WorkloadShape
 META = torch.device("meta")
 
 
-class _LiveBytes(TorchDispatchMode):
+class LiveBytes(TorchDispatchMode):
     """Bytes of the storages ops made that a tensor still refers to, and their peak, over
     `held` (tensors alive all along: their bytes count once, their views not again)."""
 
@@ -119,7 +119,7 @@ def traced_peak_bytes(spec: ModelSpec, workload: WorkloadShape) -> int:
 
     weights = {n: torch.empty(w.shape, dtype=TORCH_DTYPES[w.dtype], device=META) for n, w in spec.weights.items()}
     inputs = _inputs(spec, workload)
-    live = _LiveBytes([*weights.values(), *inputs.values()])
+    live = LiveBytes([*weights.values(), *inputs.values()])
     with torch.no_grad(), live, _FusedAttention():
         forward(spec, DictSource(spec, weights), inputs)
     return live.peak + sum(t.untyped_storage().nbytes() for t in inputs.values())

@@ -31,6 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
 from engine.errors import ConfigError, ExecutorError
+from engine.modules.census import KernelCensus, OpCensus
 from engine.modules.checkpoint import state_dict_name
 from engine.policy import AccessOrder
 
@@ -65,6 +66,7 @@ class Recording:
     layers: tuple[int, ...]  # per position: the kernel's block index (-1 outside)
     flops: tuple[int, ...]  # per position: FLOPs torch's counter saw (matmuls, attention, convolutions)
     outside: tuple[nn.Parameter, ...]  # read while their kernel was not running: kept resident
+    census: tuple[KernelCensus, ...]  # per position: its ops (engine/modules/census.py)
 
 
 def weight_names(module: nn.Module) -> dict[int, str]:
@@ -228,12 +230,13 @@ def record_order(module: nn.Module, run: Callable[[], Any], kernels: list[Module
                  ) -> Recording:
     """Run `run()` (one forward of `module`) once, each kernel's parameters brought in
     by `bring(name, p)` as it starts and `release(name, p)` after; returns the order
-    the kernels ran in and what was read outside its kernel (brought in, and left
-    in, on first read)."""
+    the kernels ran in, what was read outside its kernel (brought in, and left
+    in, on first read) and each position's ops (OpCensus)."""
     owner = {id(p): i for i, k in enumerate(kernels) for p in k.params.values()}
     names = {id(p): w for k in kernels for w, p in k.params.items()}
     reads = _OutsideReads(owner, lambda p: bring(names[id(p)], p))
     counter = _FlopCount()
+    census = OpCensus()
     ran: list[tuple[int, int]] = []  # (kernel index, FLOPs counted when it started)
 
     def pre(i: int) -> Callable:
@@ -243,6 +246,7 @@ def record_order(module: nn.Module, run: Callable[[], Any], kernels: list[Module
                 if id(p) not in reads.outside:
                     bring(w, p)
             reads.active.append(i)
+            census.start(len(ran))
             ran.append((i, counter.total))
             reads.paused = False
         return hook
@@ -262,7 +266,7 @@ def record_order(module: nn.Module, run: Callable[[], Any], kernels: list[Module
         handles.append(k.module.register_forward_pre_hook(pre(i)))
         handles.append(k.module.register_forward_hook(post(i)))
     try:
-        with counter, reads:
+        with counter, census, census.attention(), reads:
             run()
     finally:
         for h in handles:
@@ -278,4 +282,4 @@ def record_order(module: nn.Module, run: Callable[[], Any], kernels: list[Module
     read = {w for r in order_reads for w in r}
     sizes = {w: p.numel() * p.element_size() for k in kernels for w, p in k.params.items() if w in read}
     order = AccessOrder(tuple(kernels[i].name for i, _ in ran), order_reads, sizes)
-    return Recording(order, tuple(kernels[i].layer for i, _ in ran), flops, outside)
+    return Recording(order, tuple(kernels[i].layer for i, _ in ran), flops, outside, tuple(census.kernels))

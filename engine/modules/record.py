@@ -43,7 +43,9 @@ where autograd first unpacks one of its weights or recomputes it (activation
 checkpointing), and the recording fetches and holds there as in the forward. Each
 forward record also lists what autograd saved while it ran (the tensors the
 activation offloader would see: weights and adapters are not among them), and each
-backward record the saved tensors it unpacks first.
+backward record the saved tensors it unpacks first. Each forward record carries its op
+census from the order forward (engine/modules/census.py), which mode=calibrate --modules
+fits a real module's memory-bound work and host time to.
 
     record_module      timed steps of a StreamedModule -> Trace (source "recorded")
     pipelined_step_ns  an all-resident step, timed whole, alone and beside H2D copies
@@ -465,7 +467,9 @@ def _records(streamed: StreamedModule, times: KernelTimes, training: bool) -> tu
         io_bytes=sum(order.sizes[w] for w in order.reads[i]), host_ns=times.host_ns[i],
         saved=tuple(SavedTensor(f"{order.kernels[i]}/t{k}", nbytes, layer)
                     for k, nbytes in enumerate(times.saved.get(i, ()))),
-        launches=times.launches[i] if times.launches else 0, packs=times.packs.get(i, 0))
+        launches=times.launches[i] if times.launches else 0, packs=times.packs.get(i, 0),
+        cores=tuple(rec.census[i].cores), memory_bytes=rec.census[i].memory_bytes, ops=rec.census[i].ops,
+        dispatches=rec.census[i].dispatches)
         for i, layer in enumerate(saving_layers(rec.layers))]
     if not training:
         return tuple(forward)

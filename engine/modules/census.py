@@ -1,0 +1,141 @@
+"""What each kernel of a real module runs, counted op by op on any device.
+
+A block of a diffusers or transformers model is dozens of torch ops: a few
+matmul-bound cores (its linears, its attention) and many memory-bound ops
+around them (norms written out as casts, powers and means; modulation; rotary
+embeddings; residual adds). `OpCensus` watches one forward and, per kernel
+position, keeps
+
+    cores         the matmul-bound ops, (op, shape) each: "linear" (m, n, k) for a
+                  matmul or convolution (its implicit GEMM); "attention" or
+                  "attention_masked" (batch x heads, query length, key length,
+                  head dim) for scaled_dot_product_attention, without or with a mask
+                  (torch runs another kernel with one);
+    memory_bytes  the bytes every other op reads and writes (a broadcast input
+                  counted once, not at its expanded size);
+    ops           the ops that make a tensor, views aside: about one CUDA launch
+                  each;
+    dispatches    every op torch dispatches, views included: the host's work.
+
+The kernel table prices the cores by shape and the rest by bytes and ops
+(engine/compute.py ModuleCost). On the meta device the census costs nothing,
+so a model nobody recorded is counted from its config alone
+(engine/modules/synthesize.py); the recorder counts its forward too, and
+mode=calibrate fits the memory side to what it timed.
+
+Work between two kernels (a model's own glue) counts with the kernel before,
+as the recorder times it; work before the first kernel counts with the first.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+ATTENTION, ATTENTION_MASKED = "attention", "attention_masked"
+_aten = torch.ops.aten
+_MATMULS = {_aten.mm, _aten.addmm, _aten.bmm, _aten.baddbmm}
+# Ops that launch nothing: allocation without a fill, views torch does not mark as views, and
+# reads of a host scalar.
+_NO_KERNEL = {_aten.empty, _aten.empty_strided, _aten.empty_like, _aten.detach, _aten.alias, _aten.lift_fresh,
+              _aten._local_scalar_dense, _aten.lift_fresh_copy, _aten._unsafe_view}
+
+
+@dataclass
+class KernelCensus:
+    """One kernel position's ops (module docstring)."""
+
+    cores: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
+    memory_bytes: int = 0
+    ops: int = 0
+    dispatches: int = 0
+
+
+def touched_bytes(t: torch.Tensor) -> int:
+    """The bytes a kernel reads of `t`: a dimension broadcast by stride 0 counts once."""
+    return t.element_size() * math.prod(s for s, st in zip(t.shape, t.stride()) if st != 0)
+
+
+class OpCensus(TorchDispatchMode):
+    """Counts the ops of the forward run inside it, by kernel position (`start(i)`), into
+    `kernels`. Enter `attention()` inside it too, so SDPA counts as one core rather than as
+    the ops a device without a fused kernel decomposes it into."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kernels: list[KernelCensus] = [KernelCensus()]
+        self.paused = False
+        self._current = 0
+
+    def start(self, position: int) -> None:
+        """Ops from here on belong to kernel `position` (positions start in order)."""
+        while len(self.kernels) <= position:
+            self.kernels.append(KernelCensus())
+        self._current = position
+
+    @property
+    def current(self) -> KernelCensus:
+        return self.kernels[self._current]
+
+    def attention(self) -> TorchFunctionMode:
+        return _Attention(self)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if self.paused:
+            return out
+        k = self.current
+        k.dispatches += 1
+        if func.is_view or func._overloadpacket in _NO_KERNEL:
+            return out
+        k.ops += 1
+        packet = func._overloadpacket
+        if packet in _MATMULS:
+            a, b = (args[1], args[2]) if packet in (_aten.addmm, _aten.baddbmm) else (args[0], args[1])
+            inner = a.shape[-1]
+            k.cores.append(("linear", (max(1, a.numel() // max(1, inner)), b.shape[-1], inner)))
+        elif packet is _aten.convolution:
+            weight, result = args[1], out
+            per_output = max(1, weight[0].numel())
+            k.cores.append(("linear", (max(1, result.numel() // weight.shape[0]), weight.shape[0], per_output)))
+        else:
+            tensors = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)]
+            k.memory_bytes += sum(touched_bytes(t) for t in tensors)
+        return out
+
+
+class _Attention(TorchFunctionMode):
+    """scaled_dot_product_attention as one core of its census; what runs inside it is not
+    counted. On the meta device it makes its output only, as the fused kernel does."""
+
+    def __init__(self, census: OpCensus):
+        super().__init__()
+        self.census = census
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func is not F.scaled_dot_product_attention or self.census.paused:
+            return func(*args, **kwargs)
+        named = ("query", "key", "value", "attn_mask")
+        given = {**dict(zip(named, args)), **kwargs}
+        q, key = given["query"], given["key"]
+        op = ATTENTION if given.get("attn_mask") is None else ATTENTION_MASKED
+        heads = max(1, q.numel() // (q.shape[-1] * q.shape[-2]))
+        k = self.census.current
+        k.ops += 1
+        k.dispatches += 1
+        k.cores.append((op, (heads, q.shape[-2], key.shape[-2], q.shape[-1])))
+        if q.is_meta:  # the fused kernel's output only, not the scores a decomposition would make
+            return torch.empty(*q.shape[:-1], given["value"].shape[-1], dtype=q.dtype, device=q.device)
+        self.census.paused = True
+        try:
+            return func(*args, **kwargs)
+        finally:
+            self.census.paused = False

@@ -1,0 +1,132 @@
+"""A real module's trace without a GPU: its forward run on the meta device, each
+kernel priced from its op census.
+
+`python -m engine model=flux_diffusers budget=12000` on a CPU predicts the diffusers
+FLUX.1-dev as the main command predicts a spec model. The module is built from the
+model config with every parameter and buffer on the meta device (nothing allocated,
+no checkpoint read), its kernels found as offload finds them
+(engine/modules/kernels.py), its inputs made by the config's builder, and one
+forward recorded as the recorder's first forward is (`record_order`): the access
+order, and each position's op census (engine/modules/census.py). A record's
+compute time is its cores by op and shape plus the rest at the kernel table's
+ModuleCost, its host time its ops' (ExecutionTimePredictor.module_kernel_ns,
+module_host_ns); its weight is the kernel's packed span, sized as offload packs it
+(engine/modules/packing.py). The header carries the bytes the forward holds at its
+peak beside the streamed weights (its inputs, the parameters kept resident, every
+live tensor its ops made), traced in the same forward.
+
+Inference only: a training step's backward is recorded (mode=record), not
+synthesized.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from importlib import metadata
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+from torch.utils._pytree import tree_flatten
+
+from engine.compute import ExecutionTimePredictor, core_flops
+from engine.errors import ConfigError
+from engine.models.liveness import LiveBytes
+from engine.modules.build import build_module, example_inputs
+from engine.modules.kernels import GROUPINGS, Recording, partition, record_order
+from engine.modules.packing import pack_kernels
+from engine.policy import AccessOrder
+from engine.trace import FORMAT, VERSION, KernelRecord, Trace, check_trace
+
+log = logging.getLogger(__name__)
+
+META = torch.device("meta")
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _plain(cfg: Any) -> dict:
+    return OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+
+
+@dataclass(frozen=True)
+class MetaForward:
+    """What one forward of a module on the meta device saw (`meta_forward`)."""
+
+    recording: Recording  # its access order (unpacked), layers and each position's census
+    order: AccessOrder  # the order packed as offload packs it: one weight a kernel
+    resident_bytes: int  # parameters kept resident (outside the kernels, or read outside their own)
+    input_bytes: int
+    live_peak: int  # the most bytes its ops' outputs held at once
+    params: int
+    module_class: str
+    grouping: str
+
+
+def meta_forward(model_cfg: Any, workload: Any) -> MetaForward:
+    """One forward of the module `model_cfg` builds, on the meta device, on `workload`'s inputs."""
+    grouping = model_cfg.get("grouping", "block")
+    if grouping not in GROUPINGS:
+        raise ConfigError(f"model.grouping={grouping} chooses between recordings of each grouping (mode=record); "
+                          f"a synthesized trace takes one: set model.grouping to one of {', '.join(GROUPINGS)}")
+    module = nn.Module.to(build_module(model_cfg), META)
+    inputs = example_inputs(model_cfg, module, workload, META)
+    blocks = model_cfg.get("blocks")
+    kernels, kept = partition(module, grouping, None if blocks is None else list(blocks))
+    given = [t for t in tree_flatten(inputs)[0] if isinstance(t, torch.Tensor)]
+    # A transformers KV cache is no pytree: its layers' keys and values are inputs too.
+    given += [t for v in inputs.values() for layer in getattr(v, "layers", ())
+              for t in (getattr(layer, "keys", None), getattr(layer, "values", None)) if isinstance(t, torch.Tensor)]
+    live = LiveBytes([*module.parameters(), *module.buffers(), *given])
+    with torch.no_grad(), live:
+        rec = record_order(module, lambda: module(**inputs), kernels, lambda w, p: None, lambda w, p: None)
+    host = {w: p for k in kernels for w, p in k.params.items()}
+    packed = pack_kernels(rec.order, host, None, lambda n: torch.empty(n, dtype=torch.uint8, device=META))
+    cls = type(module)
+    return MetaForward(rec, packed.order, sum(_nbytes(p) for p in [*kept, *rec.outside]),
+                       sum(_nbytes(t) for t in given), live.peak, sum(p.numel() for p in module.parameters()),
+                       f"{cls.__module__}.{cls.__qualname__}", grouping)
+
+
+def synthesize_module(model_cfg: Any, workload: Any, hardware: Any) -> Trace:
+    """The one-step inference trace of the real module `model_cfg` builds, on `workload`'s
+    inputs, priced for `hardware` (module docstring)."""
+    if workload.kind == "train_lora":
+        raise ConfigError(f"model {model_cfg.name} is a real module: a LoRA step is recorded, not synthesized "
+                          "(mode=record weights.file=CHECKPOINT, then trace=PATH)")
+    predictor = ExecutionTimePredictor(hardware)
+    if predictor.table is not None and predictor.module_cost is None:
+        log.warning("hardware.kernel_table=%s prices no real module (fitted without module recordings): each "
+                    "block's memory-bound ops run at hbm_gbps and launch at kernel_launch_us; fit one with "
+                    "python -m engine.calibrate ... --modules RECORDINGS", hardware.kernel_table)
+    seen = meta_forward(model_cfg, workload)
+    rec, order = seen.recording, seen.order
+    records = []
+    for i, (name, reads) in enumerate(zip(order.kernels, order.reads)):
+        c = rec.census[i]
+        records.append(KernelRecord(
+            name=name, layer=rec.layers[i], phase="fwd", weights=reads,
+            compute_ns=predictor.module_kernel_ns(c.cores, c.memory_bytes, c.ops),
+            flops=sum(core_flops(op, shape) for op, shape in c.cores),
+            io_bytes=sum(order.sizes[w] for w in reads), host_ns=predictor.module_host_ns(c.ops, c.dispatches),
+            launches=c.ops, cores=tuple(c.cores), memory_bytes=c.memory_bytes, ops=c.ops, dispatches=c.dispatches))
+    header = {
+        "format": FORMAT, "version": VERSION, "records": len(records), "source": "synthesized",
+        "model": model_cfg.name, "num_layers": max(rec.layers, default=-1) + 1, "params": seen.params,
+        "workload": _plain(workload), "module": seen.module_class, "grouping": seen.grouping,
+        "hardware": _plain(hardware), "torch": metadata.version("torch"), "cuda": None,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        # As a recording's: what torch holds beside the pool at the forward's peak.
+        "activation_peak_bytes": seen.live_peak + seen.input_bytes + seen.resident_bytes,
+        "block_records": True, "resident_bytes": seen.resident_bytes,
+        # Every weight resident, offload drops the hooks (engine/modules/offload.py): the host's share then.
+        "plain_host_factor": round(sum(predictor.module_host_ns(c.ops, c.dispatches, hooked=False) for c in rec.census)
+                                   / max(1, sum(r.host_ns for r in records)), 6),
+    }
+    trace = Trace(header=header, weight_sizes=dict(order.sizes), records=tuple(records))
+    check_trace(trace)
+    return trace
