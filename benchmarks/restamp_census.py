@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine.modules.synthesize import meta_forward  # noqa: E402
+from engine.modules.synthesize import meta_forward, on_meta  # noqa: E402
 from engine.trace import read_trace, write_trace  # noqa: E402
 
 
@@ -35,8 +35,9 @@ def main() -> None:
         path, _, model = pair.partition("=")
         trace = read_trace(path)
         cfg = OmegaConf.load(ROOT / "conf" / "model" / f"{model}.yaml")
-        cfg.grouping = trace.header.get("grouping", "block")
-        seen = meta_forward(cfg, SimpleNamespace(**trace.header["workload"]))
+        module, inputs = on_meta(cfg, SimpleNamespace(**trace.header["workload"]))
+        blocks = cfg.get("blocks")
+        seen = meta_forward(module, inputs, trace.header.get("grouping", "block"), blocks and list(blocks))
         names = [r.name for r in trace.records if r.phase == "fwd"]
         if list(seen.order.kernels) != names:
             raise SystemExit(f"{path}: the meta forward of {model} runs other kernels than the recording; "

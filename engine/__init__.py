@@ -6,7 +6,7 @@ so the CLI's planning and simulation modes never import torch.
 """
 from typing import Any
 
-__all__ = ["offload", "record", "data_parallel", "replica_pool_mb"]
+__all__ = ["offload", "record", "synthesize", "data_parallel", "replica_pool_mb"]
 
 
 def __getattr__(name: str) -> Any:
@@ -14,6 +14,10 @@ def __getattr__(name: str) -> Any:
         from engine.modules import offload as api
 
         return getattr(api, name)
+    if name == "synthesize":
+        from engine.modules.synthesize import synthesize
+
+        return synthesize
     if name == "data_parallel":
         from engine.modules.data_parallel import data_parallel
 

@@ -133,7 +133,13 @@ class _Attention(TorchFunctionMode):
         k.dispatches += 1
         k.cores.append((op, (heads, q.shape[-2], key.shape[-2], q.shape[-1])))
         if q.is_meta:  # the fused kernel's output only, not the scores a decomposition would make
-            return torch.empty(*q.shape[:-1], given["value"].shape[-1], dtype=q.dtype, device=q.device)
+            shape = (*q.shape[:-1], given["value"].shape[-1])
+            if q.dim() != 4:
+                return torch.empty(shape, dtype=q.dtype, device=q.device)
+            # Laid out (batch, query, heads, dim) as the fused kernels write it, so a model's
+            # transpose(1, 2).contiguous() after it copies nothing, as on the GPU.
+            b, h, lq, dv = shape
+            return torch.empty(b, lq, h, dv, dtype=q.dtype, device=q.device).transpose(1, 2)
         self.census.paused = True
         try:
             return func(*args, **kwargs)

@@ -234,9 +234,18 @@ def record_order(module: nn.Module, run: Callable[[], Any], kernels: list[Module
     in, on first read) and each position's ops (OpCensus)."""
     owner = {id(p): i for i, k in enumerate(kernels) for p in k.params.values()}
     names = {id(p): w for k in kernels for w, p in k.params.items()}
-    reads = _OutsideReads(owner, lambda p: bring(names[id(p)], p))
-    counter = _FlopCount()
     census = OpCensus()
+
+    def uncounted(fn: Callable[[], None]) -> None:
+        """Run `fn` (bringing weights in or out) outside the census: the module's ops only."""
+        was, census.paused = census.paused, True
+        try:
+            fn()
+        finally:
+            census.paused = was
+
+    reads = _OutsideReads(owner, lambda p: uncounted(lambda: bring(names[id(p)], p)))
+    counter = _FlopCount()
     ran: list[tuple[int, int]] = []  # (kernel index, FLOPs counted when it started)
 
     def pre(i: int) -> Callable:
@@ -244,7 +253,7 @@ def record_order(module: nn.Module, run: Callable[[], Any], kernels: list[Module
             reads.paused = True
             for w, p in kernels[i].params.items():
                 if id(p) not in reads.outside:
-                    bring(w, p)
+                    uncounted(lambda: bring(w, p))
             reads.active.append(i)
             census.start(len(ran))
             ran.append((i, counter.total))
@@ -257,7 +266,7 @@ def record_order(module: nn.Module, run: Callable[[], Any], kernels: list[Module
             reads.active.pop()
             for w, p in kernels[i].params.items():
                 if id(p) not in reads.outside:
-                    release(w, p)
+                    uncounted(lambda: release(w, p))
             reads.paused = False
         return hook
 

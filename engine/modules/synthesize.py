@@ -24,7 +24,7 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from importlib import metadata
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -67,23 +67,39 @@ class MetaForward:
     grouping: str
 
 
-def meta_forward(model_cfg: Any, workload: Any) -> MetaForward:
-    """One forward of the module `model_cfg` builds, on the meta device, on `workload`'s inputs."""
-    grouping = model_cfg.get("grouping", "block")
-    if grouping not in GROUPINGS:
-        raise ConfigError(f"model.grouping={grouping} chooses between recordings of each grouping (mode=record); "
-                          f"a synthesized trace takes one: set model.grouping to one of {', '.join(GROUPINGS)}")
+def on_meta(model_cfg: Any, workload: Any) -> tuple[nn.Module, dict]:
+    """The module `model_cfg` builds, every parameter and buffer on the meta device, and
+    its inputs for `workload` there."""
     module = nn.Module.to(build_module(model_cfg), META)
-    inputs = example_inputs(model_cfg, module, workload, META)
-    blocks = model_cfg.get("blocks")
-    kernels, kept = partition(module, grouping, None if blocks is None else list(blocks))
+    return module, example_inputs(model_cfg, module, workload, META)
+
+
+def meta_forward(module: nn.Module, inputs: Any, grouping: str = "block",
+                 blocks: Sequence[str] | None = None) -> MetaForward:
+    """One forward of `module` (on the meta device) on `inputs` (a dict of keyword
+    arguments, or a tuple of positional ones), its kernels grouped as offload groups them."""
+    if grouping not in GROUPINGS:
+        raise ConfigError(f"grouping={grouping} chooses between recordings of each grouping (mode=record); "
+                          f"a synthesized trace takes one of {', '.join(GROUPINGS)}")
+    if not all(t.is_meta for t in [*module.parameters(), *module.buffers()]):
+        raise ConfigError(f"this {type(module).__name__} holds tensors off the meta device; a synthesized trace "
+                          "reads shapes only: build it under `with torch.device('meta'):` (or "
+                          "engine.modules.build.parameters_on_meta()) and move its buffers with .to('meta')")
+    kernels, kept = partition(module, grouping, blocks)
     given = [t for t in tree_flatten(inputs)[0] if isinstance(t, torch.Tensor)]
     # A transformers KV cache is no pytree: its layers' keys and values are inputs too.
-    given += [t for v in inputs.values() for layer in getattr(v, "layers", ())
+    values = inputs.values() if isinstance(inputs, dict) else inputs
+    given += [t for v in values for layer in getattr(v, "layers", ())
               for t in (getattr(layer, "keys", None), getattr(layer, "values", None)) if isinstance(t, torch.Tensor)]
+    if any(not t.is_meta for t in given):
+        raise ConfigError("example_inputs hold tensors off the meta device; make them with device='meta'")
     live = LiveBytes([*module.parameters(), *module.buffers(), *given])
+
+    def run() -> Any:
+        return module(**inputs) if isinstance(inputs, dict) else module(*inputs)
+
     with torch.no_grad(), live:
-        rec = record_order(module, lambda: module(**inputs), kernels, lambda w, p: None, lambda w, p: None)
+        rec = record_order(module, run, kernels, lambda w, p: None, lambda w, p: None)
     host = {w: p for k in kernels for w, p in k.params.items()}
     packed = pack_kernels(rec.order, host, None, lambda n: torch.empty(n, dtype=torch.uint8, device=META))
     cls = type(module)
@@ -92,41 +108,63 @@ def meta_forward(model_cfg: Any, workload: Any) -> MetaForward:
                        f"{cls.__module__}.{cls.__qualname__}", grouping)
 
 
-def synthesize_module(model_cfg: Any, workload: Any, hardware: Any) -> Trace:
-    """The one-step inference trace of the real module `model_cfg` builds, on `workload`'s
-    inputs, priced for `hardware` (module docstring)."""
-    if workload.kind == "train_lora":
-        raise ConfigError(f"model {model_cfg.name} is a real module: a LoRA step is recorded, not synthesized "
-                          "(mode=record weights.file=CHECKPOINT, then trace=PATH)")
+def priced_trace(seen: MetaForward, hardware: Any, name: str, workload: Mapping[str, Any]) -> Trace:
+    """The one-step inference trace of what `seen` ran, priced for `hardware` (module docstring)."""
     predictor = ExecutionTimePredictor(hardware)
     if predictor.table is not None and predictor.module_cost is None:
         log.warning("hardware.kernel_table=%s prices no real module (fitted without module recordings): each "
                     "block's memory-bound ops run at hbm_gbps and launch at kernel_launch_us; fit one with "
                     "python -m engine.calibrate ... --modules RECORDINGS", hardware.kernel_table)
-    seen = meta_forward(model_cfg, workload)
     rec, order = seen.recording, seen.order
     records = []
-    for i, (name, reads) in enumerate(zip(order.kernels, order.reads)):
+    for i, (kernel, reads) in enumerate(zip(order.kernels, order.reads)):
         c = rec.census[i]
         records.append(KernelRecord(
-            name=name, layer=rec.layers[i], phase="fwd", weights=reads,
+            name=kernel, layer=rec.layers[i], phase="fwd", weights=reads,
             compute_ns=predictor.module_kernel_ns(c.cores, c.memory_bytes, c.ops),
             flops=sum(core_flops(op, shape) for op, shape in c.cores),
             io_bytes=sum(order.sizes[w] for w in reads), host_ns=predictor.module_host_ns(c.ops, c.dispatches),
             launches=c.ops, cores=tuple(c.cores), memory_bytes=c.memory_bytes, ops=c.ops, dispatches=c.dispatches))
     header = {
         "format": FORMAT, "version": VERSION, "records": len(records), "source": "synthesized",
-        "model": model_cfg.name, "num_layers": max(rec.layers, default=-1) + 1, "params": seen.params,
-        "workload": _plain(workload), "module": seen.module_class, "grouping": seen.grouping,
+        "model": name, "num_layers": max(rec.layers, default=-1) + 1, "params": seen.params,
+        "workload": dict(workload), "module": seen.module_class, "grouping": seen.grouping,
         "hardware": _plain(hardware), "torch": metadata.version("torch"), "cuda": None,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         # As a recording's: what torch holds beside the pool at the forward's peak.
         "activation_peak_bytes": seen.live_peak + seen.input_bytes + seen.resident_bytes,
         "block_records": True, "resident_bytes": seen.resident_bytes,
         # Every weight resident, offload drops the hooks (engine/modules/offload.py): the host's share then.
-        "plain_host_factor": round(sum(predictor.module_host_ns(c.ops, c.dispatches, hooked=False) for c in rec.census)
-                                   / max(1, sum(r.host_ns for r in records)), 6),
+        "plain_host_factor": round(sum(predictor.module_host_ns(c.ops, c.dispatches, hooked=False)
+                                       for c in rec.census) / max(1, sum(r.host_ns for r in records)), 6),
     }
     trace = Trace(header=header, weight_sizes=dict(order.sizes), records=tuple(records))
     check_trace(trace)
     return trace
+
+
+def synthesize_module(model_cfg: Any, workload: Any, hardware: Any) -> Trace:
+    """The one-step inference trace of the real module `model_cfg` builds, on `workload`'s
+    inputs, priced for `hardware` (module docstring)."""
+    if workload.kind == "train_lora":
+        raise ConfigError(f"model {model_cfg.name} is a real module: a LoRA step is recorded, not synthesized "
+                          "(mode=record weights.file=CHECKPOINT, then trace=PATH)")
+    module, inputs = on_meta(model_cfg, workload)
+    blocks = model_cfg.get("blocks")
+    seen = meta_forward(module, inputs, model_cfg.get("grouping", "block"), None if blocks is None else list(blocks))
+    return priced_trace(seen, hardware, model_cfg.name, _plain(workload))
+
+
+def synthesize(module: nn.Module, example_inputs: Any, *, hardware: str | Any = "h100_pcie5",
+               grouping: str = "block", blocks: Sequence[str] | None = None, name: str | None = None,
+               workload: Mapping[str, Any] | None = None) -> Trace:
+    """The trace of one inference forward of `module` on `example_inputs` (a dict of keyword
+    arguments or a tuple of positional ones), both on the meta device, priced for
+    `hardware` (a conf/hardware name, a yaml path or a profile): engine.record's trace
+    without a GPU or a checkpoint (module docstring). Write it with
+    engine.trace.write_trace and replay it with `python -m engine trace=PATH`."""
+    from engine.config import load_hardware
+
+    hw = load_hardware(hardware) if isinstance(hardware, str) else hardware
+    seen = meta_forward(module, example_inputs, grouping, blocks)
+    return priced_trace(seen, hw, name or type(module).__name__, workload or {})
