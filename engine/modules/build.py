@@ -206,6 +206,24 @@ def wan_inputs(module: nn.Module, workload: Any, device: torch.device, dtype: to
         return_dict=False)
 
 
+def hunyuan_video_inputs(module: nn.Module, workload: Any, device: torch.device, dtype: torch.dtype,
+                         seed: int = 0) -> dict:
+    """diffusers HunyuanVideoTransformer3DModel: a latent video (channels, frames, height, width),
+    LLaVA text states with their mask, CLIP pooled, timestep and the distilled guidance."""
+    c = module.config
+    g = torch.Generator().manual_seed(seed)
+    b, text = workload.batch, max(1, workload.text_tokens)
+    frames, height, width = _grid(workload.video_tokens)
+    shape = (b, c.in_channels, frames * c.patch_size_t, height * c.patch_size, width * c.patch_size)
+    return dict(
+        hidden_states=_randn(g, shape, device, dtype),
+        timestep=torch.full((b,), 500, device=device, dtype=torch.long),
+        encoder_hidden_states=_randn(g, (b, text, c.text_embed_dim), device, dtype),
+        encoder_attention_mask=torch.ones(b, text, device=device, dtype=torch.long),
+        pooled_projections=_randn(g, (b, c.pooled_projection_dim), device, dtype),
+        guidance=torch.full((b,), 6000.0, device=device, dtype=dtype), return_dict=False)
+
+
 def qwen_image_inputs(module: nn.Module, workload: Any, device: torch.device, dtype: torch.dtype,
                       seed: int = 0) -> dict:
     """diffusers QwenImageTransformer2DModel: packed image latents on a square grid, Qwen2.5-VL
