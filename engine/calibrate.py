@@ -259,7 +259,7 @@ def fit_module_cost(modules: Sequence[Trace], table: KernelTable) -> ModuleCost:
     (engine/modules/census.py), each recording weighted alike (its rows by its step), by least
     squares with both terms at least 0:
     - GPU: each record's compute at the held kernels' pace (its time over the header's
-      compute_scale), less its cores at `table`'s rates, as ns_per_byte x memory_bytes +
+      compute_scale), less its cores at `table`'s rates, as ns_per_element x memory_elements +
       ns_per_op x ops. Decode recordings are left out: the table's one-row matmul points
       come from recorded decode kernels, whose small ops they hold already.
     - host: each record's host time (through the hooks) as host_ns_per_op x dispatches +
@@ -279,15 +279,15 @@ def fit_module_cost(modules: Sequence[Trace], table: KernelTable) -> ModuleCost:
         for r in records:
             cores = sum(core_flops(op, shape) / (table.rate(op, features(op, shape, 0)) or float("inf"))
                         for op, shape in r.cores)
-            gpu.append((r.compute_ns / scale - cores, r.memory_bytes, r.ops))
+            gpu.append((r.compute_ns / scale - cores, r.memory_elements, r.ops))
             gpu_w.append(1.0 / step)
     if not gpu:
         raise TraceError("calibrate --modules: no inference recording of a real module (other than a decode) "
                          "with its op census (records' \"dispatches\"); record one with mode=record, or restamp an "
                          "older one with benchmarks/restamp_census.py")
-    per_byte, per_op = _two_term_nnls(gpu, gpu_w)
+    per_element, per_op = _two_term_nnls(gpu, gpu_w)
     host_op, host_kernel = _two_term_nnls(host, host_w)
-    return ModuleCost(round(per_byte, 9), round(per_op, 1), round(host_op, 1), round(host_kernel, 1))
+    return ModuleCost(round(per_element, 9), round(per_op, 1), round(host_op, 1), round(host_kernel, 1))
 
 
 def _two_term_nnls(rows: Sequence[tuple[float, float, float]], weights: Sequence[float]) -> tuple[float, float]:

@@ -130,20 +130,20 @@ class PassCost:
 @dataclass(frozen=True)
 class ModuleCost:
     """What a real module's block costs besides its cores (engine/modules/census.py): its
-    memory-bound ops' bytes at `ns_per_byte`, `ns_per_op` of GPU time for each op it
+    memory-bound ops' elements at `ns_per_element`, `ns_per_op` of GPU time for each op it
     launches (the gap and tail of a small kernel); on the host `host_ns_per_op` for each
     op torch dispatches, views included (dispatch, the Python around it, the launch) and
     `host_ns_per_kernel` for each block (the offload hooks and the fetch, which a module
     whose weights all fit runs without), fitted to recorded modules."""
 
-    ns_per_byte: float
+    ns_per_element: float
     ns_per_op: float
     host_ns_per_op: float
     host_ns_per_kernel: float
 
     def to_json(self) -> dict:
-        return {"ns_per_byte": self.ns_per_byte, "ns_per_op": self.ns_per_op, "host_ns_per_op": self.host_ns_per_op,
-                "host_ns_per_kernel": self.host_ns_per_kernel}
+        return {"ns_per_element": self.ns_per_element, "ns_per_op": self.ns_per_op,
+                "host_ns_per_op": self.host_ns_per_op, "host_ns_per_kernel": self.host_ns_per_kernel}
 
 
 @dataclass(frozen=True)
@@ -328,14 +328,15 @@ class ExecutionTimePredictor:
     def module_cost(self) -> ModuleCost | None:
         return self.table.module_cost if self.table is not None else None
 
-    def module_kernel_ns(self, cores: Sequence[tuple[str, Sequence[int]]], memory_bytes: int, ops: int) -> int:
+    def module_kernel_ns(self, cores: Sequence[tuple[str, Sequence[int]]], memory_elements: int, ops: int) -> int:
         """A real module's block from its census (engine/modules/census.py): each core by op
-        and shape, the rest by the table's ModuleCost; without one, the rest at hbm_gbps."""
+        and shape, the rest by the table's ModuleCost; without one, the rest's elements at
+        two bytes each through hbm_gbps."""
         cores_ns = sum(self.kernel_ns(op, core_flops(op, shape), core_io_bytes(op, shape), shape)
                        for op, shape in cores)
         cost = self.module_cost
-        rest = memory_bytes / self.hbm_bytes_per_ns if cost is None else \
-            memory_bytes * cost.ns_per_byte + ops * cost.ns_per_op
+        rest = 2 * memory_elements / self.hbm_bytes_per_ns if cost is None else \
+            memory_elements * cost.ns_per_element + ops * cost.ns_per_op
         return max(1, round(cores_ns + rest))
 
     def module_host_ns(self, ops: int, dispatches: int, hooked: bool = True) -> int:

@@ -68,7 +68,7 @@ Lines 2.., one JSON object per kernel, in launch order:
     cores       [[str, int...]]  optional, module records: the matmul-bound ops the block runs,
                        [op, *shape] each ("linear" m, n, k; "attention" or "attention_masked"
                        bh, lq, lk, d), counted op by op (engine/modules/census.py)
-    memory_bytes int   optional, module records: the bytes its other ops read and write
+    memory_elements int  optional, module records: the elements its other ops read and write
     ops         int    optional, module records: the ops it runs that make a tensor, views aside
     dispatches  int    optional, module records: every op torch dispatches for it, views included
 
@@ -123,7 +123,7 @@ class KernelRecord:
     launches: int = 0
     packs: int = 0
     cores: tuple[tuple[str, tuple[int, ...]], ...] = ()
-    memory_bytes: int = 0
+    memory_elements: int = 0
     ops: int = 0
     dispatches: int = 0
 
@@ -254,8 +254,8 @@ def _record_json(r: KernelRecord) -> dict:
         out["packs"] = r.packs
     if r.cores:
         out["cores"] = [[op, *shape] for op, shape in r.cores]
-    if r.memory_bytes:
-        out["memory_bytes"] = r.memory_bytes
+    if r.memory_elements:
+        out["memory_elements"] = r.memory_elements
     if r.ops:
         out["ops"] = r.ops
     if r.dispatches:
@@ -307,7 +307,7 @@ _OPTIONAL = {"copies": (lambda v: isinstance(v, list) and all(isinstance(c, dict
                  isinstance(c, list) and len(c) == 1 + CORE_DIMS.get(c[0] if c else None, -1)
                  and all(_is_int(d) and d > 0 for d in c[1:]) for c in v),
                  'a list of [op, *shape]: ["linear", m, n, k] or ["attention" | "attention_masked", bh, lq, lk, d]'),
-             "memory_bytes": (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (bytes)"),
+             "memory_elements": (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (elements)"),
              "ops": (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (ops)"),
              "dispatches": (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (ops dispatched)")}
 _RECORD_FIELDS = tuple(f.name for f in fields(KernelRecord))
@@ -347,7 +347,7 @@ def _parse_record(obj: Any, where: str) -> KernelRecord:
         copies=tuple(obj.get("copies", ())), host_ns=obj.get("host_ns", 0), op=obj.get("op", ""),
         shape=tuple(obj.get("shape", ())), passes=tuple((p[0], p[1]) for p in obj.get("passes", ())),
         launches=obj.get("launches", 0), packs=obj.get("packs", 0),
-        cores=tuple((c[0], tuple(c[1:])) for c in obj.get("cores", ())), memory_bytes=obj.get("memory_bytes", 0),
+        cores=tuple((c[0], tuple(c[1:])) for c in obj.get("cores", ())), memory_elements=obj.get("memory_elements", 0),
         ops=obj.get("ops", 0), dispatches=obj.get("dispatches", 0))
 
 

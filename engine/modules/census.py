@@ -11,8 +11,10 @@ position, keeps
                   "attention_masked" (batch x heads, query length, key length,
                   head dim) for scaled_dot_product_attention, without or with a mask
                   (torch runs another kernel with one);
-    memory_bytes  the bytes every other op reads and writes (a broadcast input
-                  counted once, not at its expanded size);
+    memory_elements  the elements every other op reads and writes (a broadcast
+                  input counted once, not at its expanded size): an elementwise
+                  kernel's time follows its elements more than its bytes (a bf16
+                  op costs about what the same op in fp32 does);
     ops           the ops that make a tensor, views aside: about one CUDA launch
                   each;
     dispatches    every op torch dispatches, views included: the host's work.
@@ -52,14 +54,14 @@ class KernelCensus:
     """One kernel position's ops (module docstring)."""
 
     cores: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
-    memory_bytes: int = 0
+    memory_elements: int = 0
     ops: int = 0
     dispatches: int = 0
 
 
-def touched_bytes(t: torch.Tensor) -> int:
-    """The bytes a kernel reads of `t`: a dimension broadcast by stride 0 counts once."""
-    return t.element_size() * math.prod(s for s, st in zip(t.shape, t.stride()) if st != 0)
+def touched_elements(t: torch.Tensor) -> int:
+    """The elements a kernel reads of `t`: a dimension broadcast by stride 0 counts once."""
+    return math.prod(s for s, st in zip(t.shape, t.stride()) if st != 0)
 
 
 class OpCensus(TorchDispatchMode):
@@ -107,7 +109,7 @@ class OpCensus(TorchDispatchMode):
             k.cores.append(("linear", (max(1, result.numel() // weight.shape[0]), weight.shape[0], per_output)))
         else:
             tensors = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)]
-            k.memory_bytes += sum(touched_bytes(t) for t in tensors)
+            k.memory_elements += sum(touched_elements(t) for t in tensors)
         return out
 
 

@@ -468,7 +468,7 @@ def _records(streamed: StreamedModule, times: KernelTimes, training: bool) -> tu
         saved=tuple(SavedTensor(f"{order.kernels[i]}/t{k}", nbytes, layer)
                     for k, nbytes in enumerate(times.saved.get(i, ()))),
         launches=times.launches[i] if times.launches else 0, packs=times.packs.get(i, 0),
-        cores=tuple(rec.census[i].cores), memory_bytes=rec.census[i].memory_bytes, ops=rec.census[i].ops,
+        cores=tuple(rec.census[i].cores), memory_elements=rec.census[i].memory_elements, ops=rec.census[i].ops,
         dispatches=rec.census[i].dispatches)
         for i, layer in enumerate(saving_layers(rec.layers))]
     if not training:
