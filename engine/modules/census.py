@@ -134,16 +134,19 @@ class _Attention(TorchFunctionMode):
         k.ops += 1
         k.dispatches += 1
         k.cores.append((op, (heads, q.shape[-2], key.shape[-2], q.shape[-1])))
-        if q.is_meta:  # the fused kernel's output only, not the scores a decomposition would make
-            shape = (*q.shape[:-1], given["value"].shape[-1])
-            if q.dim() != 4:
-                return torch.empty(shape, dtype=q.dtype, device=q.device)
-            # Laid out (batch, query, heads, dim) as the fused kernels write it, so a model's
-            # transpose(1, 2).contiguous() after it copies nothing, as on the GPU.
-            b, h, lq, dv = shape
-            return torch.empty(b, lq, h, dv, dtype=q.dtype, device=q.device).transpose(1, 2)
         self.census.paused = True
         try:
-            return func(*args, **kwargs)
+            return _fused_output(q, given["value"]) if q.is_meta else func(*args, **kwargs)
         finally:
             self.census.paused = False
+
+
+def _fused_output(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """SDPA's output on the meta device: the fused kernel's only, not the scores a decomposition
+    would make, laid out (batch, query, heads, dim) as the fused kernels write it, so a model's
+    transpose(1, 2).contiguous() after it copies nothing, as on the GPU."""
+    shape = (*q.shape[:-1], v.shape[-1])
+    if q.dim() != 4:
+        return torch.empty(shape, dtype=q.dtype, device=q.device)
+    b, h, lq, dv = shape
+    return torch.empty(b, lq, h, dv, dtype=q.dtype, device=q.device).transpose(1, 2)
