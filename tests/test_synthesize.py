@@ -72,7 +72,8 @@ def test_sdpa_is_one_core_masked_or_not_and_a_broadcast_counts_once() -> None:
 def test_the_recorder_counts_what_the_meta_forward_counts(tmp_path) -> None:
     """engine.record on the CPU (weights on the CPU, each kernel timed) and engine.synthesize on
     the meta device see the same ops: their census agrees record by record (the weights the
-    recorder copies in are not the module's ops)."""
+    recorder copies in are not the module's ops), but for the two views the CPU's attention
+    hands its output through (on the GPU a recording's dispatches matched too)."""
     import engine
 
     model = _tiny_llama()
@@ -81,8 +82,9 @@ def test_the_recorder_counts_what_the_meta_forward_counts(tmp_path) -> None:
     with torch.device("meta"):
         shapes = _tiny_llama()
     synthesized = engine.synthesize(shapes, {"input_ids": ids.to(META)})
-    assert [(r.name, r.cores, r.memory_elements, r.ops, r.dispatches) for r in recorded.records] == \
-        [(r.name, r.cores, r.memory_elements, r.ops, r.dispatches) for r in synthesized.records]
+    assert [(r.name, r.cores, r.memory_elements, r.ops) for r in recorded.records] == \
+        [(r.name, r.cores, r.memory_elements, r.ops) for r in synthesized.records]
+    assert [r.dispatches - s.dispatches for r, s in zip(recorded.records, synthesized.records)] == [0, 2, 2, 0, 0]
     write_trace(tmp_path / "t.jsonl.gz", recorded)
     assert read_trace(tmp_path / "t.jsonl.gz").records == recorded.records
 
