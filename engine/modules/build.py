@@ -85,7 +85,7 @@ def _instantiate(node: Any, key: str) -> Any:
 def build_module(model_cfg: Any) -> nn.Module:
     """The config's `module`, instantiated with its parameters on the meta device, in
     the config's dtype, in eval mode."""
-    node = _plain(model_cfg)
+    node = plain_config(model_cfg)
     if "module" not in node:
         raise ConfigError("this model config has no `module` (a `_target_` to build); it is a spec model")
     dtype = torch_dtype(node.get("dtype", "bf16"))
@@ -98,14 +98,15 @@ def build_module(model_cfg: Any) -> nn.Module:
     return nn.Module.to(module, dtype).eval()
 
 
-def _plain(cfg: Any) -> dict:
+def plain_config(cfg: Any) -> dict:
+    """A config node (or a mapping) as a plain dict."""
     return OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
 
 
 def example_inputs(model_cfg: Any, module: nn.Module, workload: Any, device: torch.device,
                    seed: int = 0) -> dict:
     """Keyword arguments of one forward, from the config's inputs builder."""
-    node = _plain(model_cfg)
+    node = plain_config(model_cfg)
     spec = node.get("inputs")
     if not (isinstance(spec, Mapping) and "_target_" in spec):
         raise ConfigError("model.inputs needs a `_target_` naming an inputs builder, e.g. "

@@ -27,14 +27,13 @@ from importlib import metadata
 from typing import Any, Mapping, Sequence
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from engine.compute import ExecutionTimePredictor, core_flops
 from engine.errors import ConfigError
 from engine.models.liveness import LiveBytes
-from engine.modules.build import build_module, example_inputs
+from engine.modules.build import build_module, example_inputs, plain_config
 from engine.modules.kernels import GROUPINGS, Recording, partition, record_order
 from engine.modules.packing import pack_kernels
 from engine.policy import AccessOrder
@@ -47,10 +46,6 @@ META = torch.device("meta")
 
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
-
-
-def _plain(cfg: Any) -> dict:
-    return OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
 
 
 @dataclass(frozen=True)
@@ -129,7 +124,7 @@ def priced_trace(seen: MetaForward, hardware: Any, name: str, workload: Mapping[
         "format": FORMAT, "version": VERSION, "records": len(records), "source": "synthesized",
         "model": name, "num_layers": max(rec.layers, default=-1) + 1, "params": seen.params,
         "workload": dict(workload), "module": seen.module_class, "grouping": seen.grouping,
-        "hardware": _plain(hardware), "torch": metadata.version("torch"), "cuda": None,
+        "hardware": plain_config(hardware), "torch": metadata.version("torch"), "cuda": None,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         # As a recording's: what torch holds beside the pool at the forward's peak.
         "activation_peak_bytes": seen.live_peak + seen.input_bytes + seen.resident_bytes,
@@ -152,7 +147,7 @@ def synthesize_module(model_cfg: Any, workload: Any, hardware: Any) -> Trace:
     module, inputs = on_meta(model_cfg, workload)
     blocks = model_cfg.get("blocks")
     seen = meta_forward(module, inputs, model_cfg.get("grouping", "block"), None if blocks is None else list(blocks))
-    return priced_trace(seen, hardware, model_cfg.name, _plain(workload))
+    return priced_trace(seen, hardware, model_cfg.name, plain_config(workload))
 
 
 def synthesize(module: nn.Module, example_inputs: Any, *, hardware: str | Any = "h100_pcie5",
