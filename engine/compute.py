@@ -198,7 +198,8 @@ class KernelTable:
         return {"format": TABLE_FORMAT, "source": self.source, "host_ns": dict(sorted(self.host_ns.items())),
                 "launches": dict(sorted(self.launches.items())), "packs": dict(sorted(self.packs.items())),
                 "passes": self.pass_cost.to_json() if self.pass_cost else None,
-                "modules": self.module_cost.to_json() if self.module_cost else None, "ops": {op: [[*p.features, p.rate] for p in ps] for op, ps in sorted(self.points.items())}}
+                "modules": self.module_cost.to_json() if self.module_cost else None,
+                "ops": {op: [[*p.features, p.rate] for p in ps] for op, ps in sorted(self.points.items())}}
 
 
 def _interpolate(points: Sequence[Point], feats: tuple[float, ...]) -> float:

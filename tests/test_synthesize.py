@@ -123,8 +123,8 @@ def test_calibrate_recovers_the_module_costs_it_was_given() -> None:
         cores = (("linear", (64, 64, 64)),) * (1 + i % 3)
         core_ns = len(cores) * 2 * 64 ** 3 / rate
         compute = 1.25 * (core_ns + 3e-4 * elements + 2000 * ops) if gpu else 1.0
-        return KernelRecord(f"k{i}", i, "fwd", (f"w{i}",), round(compute), 0, 0, host_ns=round(9000 * dispatches + 150_000),
-                            cores=cores, memory_elements=elements, ops=ops, dispatches=dispatches)
+        return KernelRecord(f"k{i}", i, "fwd", (f"w{i}",), round(compute), 0, 0,
+                            host_ns=round(9000 * dispatches + 150_000), cores=cores, memory_elements=elements, ops=ops, dispatches=dispatches)
 
     a = _module_trace([record(i, 10_000_000 * (1 + i), 40 + 7 * i, 90 + 11 * i) for i in range(6)], scale=1.25)
     b = _module_trace([record(i, 3_000_000 * (2 + i), 100 - 9 * i, 150 + 5 * i) for i in range(6)], scale=1.25)

@@ -119,7 +119,8 @@ def priced_trace(seen: MetaForward, hardware: Any, name: str, workload: Mapping[
             compute_ns=predictor.module_kernel_ns(c.cores, c.memory_elements, c.ops),
             flops=sum(core_flops(op, shape) for op, shape in c.cores),
             io_bytes=sum(order.sizes[w] for w in reads), host_ns=predictor.module_host_ns(c.ops, c.dispatches),
-            launches=c.ops, cores=tuple(c.cores), memory_elements=c.memory_elements, ops=c.ops, dispatches=c.dispatches))
+            launches=c.ops, cores=tuple(c.cores), memory_elements=c.memory_elements, ops=c.ops,
+            dispatches=c.dispatches))
     header = {
         "format": FORMAT, "version": VERSION, "records": len(records), "source": "synthesized",
         "model": name, "num_layers": max(rec.layers, default=-1) + 1, "params": seen.params,
