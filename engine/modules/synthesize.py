@@ -74,8 +74,8 @@ def meta_forward(module: nn.Module, inputs: Any, grouping: str = "block",
     """One forward of `module` (on the meta device) on `inputs` (a dict of keyword
     arguments, or a tuple of positional ones), its kernels grouped as offload groups them."""
     if grouping not in GROUPINGS:
-        raise ConfigError(f"grouping={grouping} chooses between recordings of each grouping (mode=record); "
-                          f"a synthesized trace takes one of {', '.join(GROUPINGS)}")
+        raise ConfigError(f"grouping={grouping} picks between recordings of each grouping (mode=record); a "
+                          f"synthesized trace takes one: set it (model.grouping) to one of {', '.join(GROUPINGS)}")
     if not all(t.is_meta for t in [*module.parameters(), *module.buffers()]):
         raise ConfigError(f"this {type(module).__name__} holds tensors off the meta device; a synthesized trace "
                           "reads shapes only: build it under `with torch.device('meta'):` (or "
