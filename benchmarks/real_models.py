@@ -5,6 +5,7 @@
     python benchmarks/real_models.py --models llama8b --budgets 4000,8000,12000 --out DIR
     python benchmarks/real_models.py --models ltx2 --budgets 16000 --backends cuda,vmm --out DIR
     python benchmarks/real_models.py --models llama8b --budgets 0,8000          # 0: all resident, our hooks
+    python benchmarks/real_models.py --models flux --budgets 16000,0 --workload video_tokens=16384   # another shape
     python benchmarks/real_models.py --models flux --budgets 12000 --groupings block,leaf \
         --evictions priority,belady,lru --lookahead 1,2,3                       # tuning: 18 candidates
 
@@ -142,8 +143,9 @@ def free_running(fn: Callable[[], Any], steps: int) -> float:
 def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
     cfg = OmegaConf.load(ROOT / "conf" / "model" / f"{MODELS[key]}.yaml")
     device = torch.device("cuda")
-    wl = SimpleNamespace(**WORKLOADS[key])
-    result: dict[str, Any] = {"model": cfg.name, "workload": WORKLOADS[key], "rows": []}
+    shape = {**WORKLOADS[key], **args.workload}
+    wl = SimpleNamespace(**shape)
+    result: dict[str, Any] = {"model": cfg.name, "workload": shape, "rows": []}
     path = Path(args.dir) / f"{key}.safetensors"
     module = build_module(cfg)
     table = module_weights(module, cfg.name)
@@ -197,7 +199,7 @@ def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
     traces = {}  # one recording per kernel grouping: its kernels, and so its trace, differ
     for grouping in args.groupings:
         t0 = time.perf_counter()
-        trace = engine.record(module, inputs, checkpoint=path, name=cfg.name, workload=WORKLOADS[key],
+        trace = engine.record(module, inputs, checkpoint=path, name=cfg.name, workload=shape,
                               grouping=grouping)
         traces[grouping] = trace
         suffix = "" if grouping == "block" else f"-{grouping}"
@@ -392,11 +394,20 @@ def main() -> None:
     ap.add_argument("--timeline", action="store_true",
                     help="time one more step's kernels and copies per row (measured_timeline in the json)")
     ap.add_argument("--out", default="outputs/real_models")
+    ap.add_argument("--workload", action="append", default=[], metavar="FIELD=INT",
+                    help="a workload field for every model, over its default (e.g. video_tokens=16384)")
     args = ap.parse_args()
     if not 1 <= args.steps <= KEEP_STEPS:
         print(f"--steps {args.steps}: use 1 to {KEEP_STEPS} (the executor keeps the telemetry of its last "
               f"{KEEP_STEPS} steps)", file=sys.stderr)
         sys.exit(2)
+    fields = {f.partition("=")[0]: f.partition("=")[2] for f in args.workload}
+    bad = [k for k, v in fields.items() if k not in WORKLOADS["ltx2"] or k == "kind" or not v.isdigit()]
+    if bad:
+        print(f"--workload {bad[0]}=...: give FIELD=INT, FIELD one of "
+              f"{', '.join(k for k in WORKLOADS['ltx2'] if k != 'kind')}", file=sys.stderr)
+        sys.exit(2)
+    args.workload = {k: int(v) for k, v in fields.items()}
     args.budgets = [float(b) for b in args.budgets.split(",")]
     args.backends = args.backends.split(",")
     args.evictions = args.evictions.split(",")
