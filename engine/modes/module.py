@@ -69,9 +69,9 @@ def _training(cfg: Any) -> bool:
 def _setup(job: Job) -> tuple[Any, dict, torch.device]:
     cfg = job.cfg
     device = compute_device(cfg.weights.backend, no_cuda=(
-        f"mode={cfg.mode} runs model {cfg.model.name} on a CUDA GPU and none is visible; record its trace "
-        "on a GPU machine and simulate it here with trace=PATH (weights.backend=cpu runs it on the CPU, "
-        "timings not a GPU's)"), replica=True)
+        f"mode={cfg.mode} runs model {cfg.model.name} on a CUDA GPU and none is visible; simulate it here "
+        "with mode=simulate (from its config, or trace=PATH recorded on a GPU machine), or run it on the CPU "
+        "with weights.backend=cpu (timings not a GPU's)"), replica=True)
     module = build_module(cfg.model)
     if _training(cfg):
         targets = cfg.model.get("lora_targets", ALL_LINEAR)
