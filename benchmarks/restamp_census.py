@@ -1,4 +1,5 @@
-"""Write each real-module recording's op census into its records (cores, memory_elements, ops, dispatches).
+"""Write each real-module recording's op census into its records (cores, memory_elements, ops, dispatches),
+and its meta forward's traced peak into its header (traced_peak_bytes).
 
     python benchmarks/restamp_census.py data/traces/modules/ltx2.trace.jsonl.gz=ltx2_diffusers ... --out OUT
 
@@ -46,7 +47,8 @@ def main() -> None:
                                        dispatches=c.dispatches)
                    for r, c in zip(trace.records, seen.recording.census)] + list(trace.records[len(names):])
         out = args.out / Path(path).name
-        write_trace(out, dataclasses.replace(trace, records=tuple(records)))
+        header = {**trace.header, "traced_peak_bytes": seen.traced_peak_bytes}
+        write_trace(out, dataclasses.replace(trace, header=header, records=tuple(records)))
         print(f"{out}: {len(names)} records, {sum(c.ops for c in seen.recording.census)} ops")
 
 

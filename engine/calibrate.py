@@ -263,8 +263,11 @@ def fit_module_cost(modules: Sequence[Trace], table: KernelTable) -> ModuleCost:
       ns_per_op x ops. Decode recordings are left out: the table's one-row matmul points
       come from recorded decode kernels, whose small ops they hold already.
     - host: each record's host time (through the hooks) as host_ns_per_op x dispatches +
-      host_ns_per_kernel, decode included."""
-    gpu, gpu_w, host, host_w = [], [], [], []
+      host_ns_per_kernel, decode included.
+    - workspace_bytes: the median over the recordings whose header has both (decode aside: its
+      traced KV cache counts twice) of the measured `activation_peak_bytes` less the meta
+      forward's `traced_peak_bytes` (benchmarks/restamp_census.py writes it); 0 without any."""
+    gpu, gpu_w, host, host_w, workspace = [], [], [], [], []
     for t in modules:
         records = [r for r in t.records if r.phase == "fwd" and r.dispatches]
         kind = (t.header.get("workload") or {}).get("kind")
@@ -274,6 +277,8 @@ def fit_module_cost(modules: Sequence[Trace], table: KernelTable) -> ModuleCost:
         host_w += [1.0 / sum(r.host_ns for r in records)] * len(records)
         if kind == "decode":
             continue
+        if "activation_peak_bytes" in t.header and "traced_peak_bytes" in t.header:
+            workspace.append(t.header["activation_peak_bytes"] - t.header["traced_peak_bytes"])
         scale = float(t.header.get("compute_scale") or 1.0)
         step = sum(r.compute_ns for r in records) / scale
         for r in records:
@@ -287,7 +292,8 @@ def fit_module_cost(modules: Sequence[Trace], table: KernelTable) -> ModuleCost:
                          "older one with benchmarks/restamp_census.py")
     per_element, per_op = _two_term_nnls(gpu, gpu_w)
     host_op, host_kernel = _two_term_nnls(host, host_w)
-    return ModuleCost(round(per_element, 9), round(per_op, 1), round(host_op, 1), round(host_kernel, 1))
+    return ModuleCost(round(per_element, 9), round(per_op, 1), round(host_op, 1), round(host_kernel, 1),
+                      float(max(0, round(statistics.median(workspace)))) if workspace else 0.0)
 
 
 def _two_term_nnls(rows: Sequence[tuple[float, float, float]], weights: Sequence[float]) -> tuple[float, float]:

@@ -134,16 +134,20 @@ class ModuleCost:
     launches (the gap and tail of a small kernel); on the host `host_ns_per_op` for each
     op torch dispatches, views included (dispatch, the Python around it, the launch) and
     `host_ns_per_kernel` for each block (the offload hooks and the fetch, which a module
-    whose weights all fit runs without), fitted to recorded modules."""
+    whose weights all fit runs without); and `workspace_bytes` torch's allocator holds at a
+    forward's peak beyond the tensors its ops make (library workspaces), fitted to recorded
+    modules."""
 
     ns_per_element: float
     ns_per_op: float
     host_ns_per_op: float
     host_ns_per_kernel: float
+    workspace_bytes: float
 
     def to_json(self) -> dict:
         return {"ns_per_element": self.ns_per_element, "ns_per_op": self.ns_per_op,
-                "host_ns_per_op": self.host_ns_per_op, "host_ns_per_kernel": self.host_ns_per_kernel}
+                "host_ns_per_op": self.host_ns_per_op, "host_ns_per_kernel": self.host_ns_per_kernel,
+                "workspace_bytes": self.workspace_bytes}
 
 
 @dataclass(frozen=True)

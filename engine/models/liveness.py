@@ -42,6 +42,24 @@ class LiveBytes(TorchDispatchMode):
         self.held = {t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in held}
         self.total = self.peak = 0
 
+    def adopt(self, tensors: list[torch.Tensor]) -> None:
+        """Count `tensors` as live from now until they are freed: inputs the forward replaces
+        (a KV cache's keys and values, each layer's concatenated anew), not held all along."""
+        for t in tensors:
+            self._count(t)
+
+    def _count(self, t: torch.Tensor) -> None:
+        storage = t.untyped_storage()
+        key = storage._cdata
+        if key in self.held:
+            return
+        if key not in self.refs:
+            self.refs[key] = [storage.nbytes(), 0]
+            self.total += storage.nbytes()
+            self.peak = max(self.peak, self.total)
+        self.refs[key][1] += 1
+        weakref.finalize(t, self._drop, key)
+
     def _drop(self, key: int) -> None:
         entry = self.refs[key]
         entry[1] -= 1
@@ -53,16 +71,7 @@ class LiveBytes(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
-                storage = t.untyped_storage()
-                key = storage._cdata
-                if key in self.held:
-                    continue
-                if key not in self.refs:
-                    self.refs[key] = [storage.nbytes(), 0]
-                    self.total += storage.nbytes()
-                    self.peak = max(self.peak, self.total)
-                self.refs[key][1] += 1
-                weakref.finalize(t, self._drop, key)
+                self._count(t)
         return out
 
 

@@ -61,6 +61,12 @@ class MetaForward:
     module_class: str
     grouping: str
 
+    @property
+    def traced_peak_bytes(self) -> int:
+        """What the forward holds at its peak beside the streamed weights: its ops' live
+        tensors, its inputs and the parameters kept resident."""
+        return self.live_peak + self.input_bytes + self.resident_bytes
+
 
 def on_meta(model_cfg: Any, workload: Any) -> tuple[nn.Module, dict]:
     """The module `model_cfg` builds, every parameter and buffer on the meta device, and
@@ -82,13 +88,16 @@ def meta_forward(module: nn.Module, inputs: Any, grouping: str = "block",
                           "engine.modules.build.parameters_on_meta()) and move its buffers with .to('meta')")
     kernels, kept = partition(module, grouping, blocks)
     given = [t for t in tree_flatten(inputs)[0] if isinstance(t, torch.Tensor)]
-    # A transformers KV cache is no pytree: its layers' keys and values are inputs too.
+    # A transformers KV cache is no pytree: its layers' keys and values are inputs too, live
+    # until the forward replaces them (each layer's concatenated anew), so counted as such.
     values = inputs.values() if isinstance(inputs, dict) else inputs
-    given += [t for v in values for layer in getattr(v, "layers", ())
-              for t in (getattr(layer, "keys", None), getattr(layer, "values", None)) if isinstance(t, torch.Tensor)]
-    if any(not t.is_meta for t in given):
+    cache = [t for v in values for layer in getattr(v, "layers", ())
+             for t in (getattr(layer, "keys", None), getattr(layer, "values", None)) if isinstance(t, torch.Tensor)]
+    if any(not t.is_meta for t in given + cache):
         raise ConfigError("example_inputs hold tensors off the meta device; make them with device='meta'")
     live = LiveBytes([*module.parameters(), *module.buffers(), *given])
+    live.adopt(cache)
+    del cache
 
     def run() -> Any:
         return module(**inputs) if isinstance(inputs, dict) else module(*inputs)
@@ -127,8 +136,10 @@ def priced_trace(seen: MetaForward, hardware: Any, name: str, workload: Mapping[
         "workload": dict(workload), "module": seen.module_class, "grouping": seen.grouping,
         "hardware": plain_config(hardware), "torch": metadata.version("torch"), "cuda": None,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        # As a recording's: what torch holds beside the pool at the forward's peak.
-        "activation_peak_bytes": seen.live_peak + seen.input_bytes + seen.resident_bytes,
+        # As a recording's: what torch holds beside the pool at the forward's peak, its workspaces too.
+        "traced_peak_bytes": seen.traced_peak_bytes,
+        "activation_peak_bytes": seen.traced_peak_bytes + round(predictor.module_cost.workspace_bytes
+                                                                if predictor.module_cost else 0),
         "block_records": True, "resident_bytes": seen.resident_bytes,
         # Every weight resident, offload drops the hooks (engine/modules/offload.py): the host's share then.
         "plain_host_factor": round(sum(predictor.module_host_ns(c.ops, c.dispatches, hooked=False)
