@@ -75,7 +75,9 @@ PASS_FNS: dict[str, tuple[str, int, Callable[[dict[str, torch.Tensor]], torch.Te
 }
 
 
-def _time_ns(fn: Callable[[], object], device: torch.device) -> float:
+def time_op_ns(fn: Callable[[], object], device: torch.device) -> float:
+    """ns of one call of `fn`: WARMUP calls, then REPEATS timed with CUDA events, then a rest
+    (module docstring)."""
     torch.cuda.synchronize(device)
     began = time.perf_counter()
     for _ in range(WARMUP):
@@ -105,7 +107,7 @@ def probe_passes(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> l
              "xt": torch.randn(1, width, rows, device=device, dtype=dtype).transpose(1, 2)}
         declared = rows * width * a["x"].element_size()
         for name, (kind, moved, fn) in PASS_FNS.items():
-            out.append([kind, rows, width, moved * declared, round(_time_ns(lambda: fn(a), device)), name])
+            out.append([kind, rows, width, moved * declared, round(time_op_ns(lambda: fn(a), device)), name])
         del a
     return out
 
@@ -122,7 +124,7 @@ def probe_attention(device: torch.device, dtype: torch.dtype = torch.bfloat16, m
         q = torch.randn(1, bh, lq, d, device=device, dtype=dtype)
         kv = torch.randn(1, bh, lk, d, device=device, dtype=dtype)
         mask = torch.ones(1, 1, 1, lk, device=device, dtype=torch.bool) if masked else None
-        out.append([bh, lq, lk, d, round(_time_ns(lambda: F.scaled_dot_product_attention(q, kv, kv, attn_mask=mask),
+        out.append([bh, lq, lk, d, round(time_op_ns(lambda: F.scaled_dot_product_attention(q, kv, kv, attn_mask=mask),
                                                  device))])
         del q, kv, mask
     return out
@@ -139,14 +141,14 @@ def probe_compute(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> 
         x = torch.randn(m, k, device=device, dtype=dtype)
         w = torch.randn(n, k, device=device, dtype=dtype)
         b = torch.randn(n, device=device, dtype=dtype)
-        out["linear"].append([m, n, k, round(_time_ns(lambda: F.linear(x, w, b), device))])
+        out["linear"].append([m, n, k, round(time_op_ns(lambda: F.linear(x, w, b), device))])
         del x, w, b
     out["attention"] = probe_attention(device, dtype)
     out["attention_masked"] = probe_attention(device, dtype, masked=True)
     for nbytes in MEMORY_BYTES:
         x = torch.empty(nbytes // 2, device=device, dtype=dtype).normal_()
         y = torch.empty_like(x).normal_()
-        out["memory"].append([3 * nbytes, round(_time_ns(lambda: y.add_(x), device))])  # reads 2, writes 1
+        out["memory"].append([3 * nbytes, round(time_op_ns(lambda: y.add_(x), device))])  # reads 2, writes 1
         del x, y
     out["passes"] = probe_passes(device, dtype)
     torch.cuda.empty_cache()

@@ -1,23 +1,7 @@
-# As run, but for the timing helper, which it imported from engine/measure/compute.py
-# (_time_ns: WARMUP calls, then REPEATS timed with CUDA events, then a rest) and is inlined here.
-import time
+# As run, but for the probe's timing helper: imported then as engine.measure.compute._time_ns,
+# now public under this name.
 import torch, torch.nn.functional as F, json, os
-from engine.measure.compute import DUTY, REPEATS, REST_S, WARMUP
-
-
-def _time_ns(fn, device):
-    torch.cuda.synchronize(device)
-    began = time.perf_counter()
-    for _ in range(WARMUP):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(REPEATS):
-        fn()
-    end.record()
-    torch.cuda.synchronize(device)
-    time.sleep(REST_S + (time.perf_counter() - began) * (1 - DUTY) / DUTY)
-    return start.elapsed_time(end) * 1e6 / REPEATS
+from engine.measure.compute import time_op_ns as _time_ns
 dev = torch.device('cuda')
 rows = []
 for bh, l in ((24, 6400), (24, 4352), (32, 4096), (24, 6144)):
