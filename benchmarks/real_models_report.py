@@ -13,7 +13,8 @@ KEY=JSON (to replay an older recording under a newer simulator, or the other way
 Prints measured against predicted (the mean of the measured steps; a run that measured them
 in a synced loop, row key predicted_synced_ms, is predicted with loop="synced"), the mean, max and mean
 signed error, and at each run's budget whether the configuration the simulator ranks first
-is the one measured fastest. Rows without that key (older runs) timed
+is the one measured fastest; for rows that measured it, the process peak (pool, torch and the
+CUDA context) against the predicted one. Rows without that key (older runs) timed
 each step after a device-wide synchronize, which also waits for the copy stream, a loop the
 simulator does not model; they are predicted free-running, as they were compared then.
 
@@ -130,7 +131,7 @@ def main() -> None:
           f"{' --synthesized' if args.synthesized else ''}{' --leave-one-out' if args.leave_one_out else ''}\n")
     print("| run | model | budget MB | backend | grouping/eviction/lookahead | measured ms (mean) | predicted ms | error |")
     print("|---|---|---|---|---|---|---|---|")
-    errors, picks = [], []
+    errors, picks, peaks = [], [], []
     for d, data in runs:
         traces = {(t.header["model"], grouping(t, path)): t
                   for path, t in ((p, read_trace(p)) for p in sorted(d.glob("*.trace.jsonl.gz")))}
@@ -146,10 +147,13 @@ def main() -> None:
                 trace = edited(traces[key], args.set)
                 budget = round(r["budget_mb"] * 1e6) if r["budget_mb"] else None  # 0: all resident
                 loop = "synced" if "predicted_synced_ms" in r else "free"
-                p = predict(trace, hw, budget, r["lookahead"], r["eviction"], backend=r["backend"],
-                            loop=loop)["step_ms"]
+                prediction = predict(trace, hw, budget, r["lookahead"], r["eviction"], backend=r["backend"],
+                                     loop=loop)
+                p = prediction["step_ms"]
                 err = p / r["mean_ms"] - 1
                 errors.append(err)
+                if r.get("process_peak_bytes"):
+                    peaks.append(prediction["peak_process_bytes"] / r["process_peak_bytes"] - 1)
                 config = f"{r['backend']} {key[1]}/{r['eviction']}/{r['lookahead']}"
                 at.setdefault(r["budget_mb"], []).append((r["mean_ms"], p, config))
                 print(f"| {d.name} | {result['model']} | {r['budget_mb']:.0f} | {r['backend']} | "
@@ -166,6 +170,9 @@ def main() -> None:
               f"{', '.join(f'{p:+.1%}' for p in picks)} over the best")
     else:
         print()
+    if peaks:
+        print(f"process peak, {len(peaks)} rows: mean |error| {statistics.mean(map(abs, peaks)):.2%}, "
+              f"max {max(map(abs, peaks)):.2%}")
 
 
 if __name__ == "__main__":

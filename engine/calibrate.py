@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from engine.compute import (BACKWARD, BLOCKED, CORE_FLOOR, MATMUL_OPS, PASSES, KernelTable, ModuleCost, PassCost,
-                            core_flops, features, host_key, pass_bytes, slowdown_under_copy, table_from_measurements,
+                            features, host_key, pass_bytes, slowdown_under_copy, table_from_measurements,
                             tables_dir, work)
 from engine.trace import KernelRecord
 from engine.config import HardwareConfig
@@ -282,8 +282,7 @@ def fit_module_cost(modules: Sequence[Trace], table: KernelTable) -> ModuleCost:
         scale = float(t.header.get("compute_scale") or 1.0)
         step = sum(r.compute_ns for r in records) / scale
         for r in records:
-            cores = sum(core_flops(op, shape) / (table.rate(op, features(op, shape, 0)) or float("inf"))
-                        for op, shape in r.cores)
+            cores = sum(table.core_ns(op, shape) or 0.0 for op, shape in r.cores)
             gpu.append((r.compute_ns / scale - cores, r.memory_elements, r.ops))
             gpu_w.append(1.0 / step)
     if not gpu:

@@ -184,6 +184,12 @@ class KernelTable:
                  if len(p.features) == len(feats) and math.dist(p.features, feats) < SAME]
         return statistics.median(rates) if rates else None
 
+    def core_ns(self, op: str, shape: Sequence[int]) -> float | None:
+        """ns of a matmul-bound op (linear, attention) of `shape` at its rate here; None where
+        the table has no point for it."""
+        rate = self.rate(op, features(op, shape, 0))
+        return core_flops(op, shape) / rate if rate else None
+
     def rate(self, op: str, feats: tuple[float, ...]) -> float | None:
         key = (op, feats)
         if key not in self._rates:
