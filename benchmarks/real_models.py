@@ -6,6 +6,7 @@
     python benchmarks/real_models.py --models ltx2 --budgets 16000 --backends cuda,vmm --out DIR
     python benchmarks/real_models.py --models llama8b --budgets 0,8000          # 0: all resident, our hooks
     python benchmarks/real_models.py --models flux --budgets 16000,0 --workload video_tokens=16384   # another shape
+    python benchmarks/real_models.py --models qwen3_moe --budgets 8000,0 --model-set module.config.num_hidden_layers=24
     python benchmarks/real_models.py --models flux --budgets 12000 --groupings block,leaf \
         --evictions priority,belady,lru --lookahead 1,2,3                       # tuning: 18 candidates
 
@@ -59,11 +60,12 @@ from engine.modules.build import build_module, example_inputs, first_output  # n
 from engine.modules.checkpoint import Checkpoint, module_weights  # noqa: E402
 from engine.modules.offload import predict  # noqa: E402
 from engine.policy import KEEP_STEPS  # noqa: E402
-from engine.trace import write_trace  # noqa: E402
+from engine.trace import Trace, write_trace  # noqa: E402
 from engine.weightfile import materialize  # noqa: E402
 
 MODELS = {"ltx2": "ltx2_diffusers", "flux": "flux_diffusers", "wan14b": "wan14b_diffusers",
-          "qwen_image": "qwen_image_diffusers", "hunyuan_video": "hunyuan_video_diffusers", "llama8b": "llama8b_hf"}
+          "qwen_image": "qwen_image_diffusers", "hunyuan_video": "hunyuan_video_diffusers", "llama8b": "llama8b_hf",
+          "qwen3_moe": "qwen3_moe_hf"}
 WORKLOADS = {  # the workload yaml's shapes: 768x512x121 video, 1024x1024 image, one decode token
     "ltx2": dict(kind="infer", batch=1, video_tokens=6144, audio_tokens=128, text_tokens=256, context_tokens=0),
     "flux": dict(kind="infer", batch=1, video_tokens=4096, audio_tokens=0, text_tokens=512, context_tokens=0),
@@ -71,6 +73,7 @@ WORKLOADS = {  # the workload yaml's shapes: 768x512x121 video, 1024x1024 image,
     "qwen_image": dict(kind="infer", batch=1, video_tokens=4096, audio_tokens=0, text_tokens=256, context_tokens=0),
     "hunyuan_video": dict(kind="infer", batch=1, video_tokens=6144, audio_tokens=0, text_tokens=256, context_tokens=0),
     "llama8b": dict(kind="decode", batch=1, video_tokens=0, audio_tokens=0, text_tokens=0, context_tokens=4096),
+    "qwen3_moe": dict(kind="decode", batch=1, video_tokens=0, audio_tokens=0, text_tokens=0, context_tokens=4096),
 }
 
 
@@ -142,10 +145,11 @@ def free_running(fn: Callable[[], Any], steps: int) -> float:
 
 def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
     cfg = OmegaConf.load(ROOT / "conf" / "model" / f"{MODELS[key]}.yaml")
+    cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(args.model_set))
     device = torch.device("cuda")
     shape = {**WORKLOADS[key], **args.workload}
     wl = SimpleNamespace(**shape)
-    result: dict[str, Any] = {"model": cfg.name, "workload": shape, "rows": []}
+    result: dict[str, Any] = {"model": cfg.name, "model_set": args.model_set, "workload": shape, "rows": []}
     path = Path(args.dir) / f"{key}.safetensors"
     module = build_module(cfg)
     table = module_weights(module, cfg.name)
@@ -201,6 +205,8 @@ def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
         t0 = time.perf_counter()
         trace = engine.record(module, inputs, checkpoint=path, name=cfg.name, workload=shape,
                               grouping=grouping)
+        if args.model_set:  # what the report builds to synthesize the same module
+            trace = Trace({**trace.header, "model_set": args.model_set}, trace.weight_sizes, trace.records)
         traces[grouping] = trace
         suffix = "" if grouping == "block" else f"-{grouping}"
         write_trace(Path(args.out) / f"{key}{suffix}.trace.jsonl.gz", trace)
@@ -396,6 +402,9 @@ def main() -> None:
     ap.add_argument("--out", default="outputs/real_models")
     ap.add_argument("--workload", action="append", default=[], metavar="FIELD=INT",
                     help="a workload field for every model, over its default (e.g. video_tokens=16384)")
+    ap.add_argument("--model-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a model config field over the yaml's (e.g. module.config.num_hidden_layers=24: fewer "
+                         "of the same blocks, where the whole model's file would not fit the host)")
     args = ap.parse_args()
     if not 1 <= args.steps <= KEEP_STEPS:
         print(f"--steps {args.steps}: use 1 to {KEEP_STEPS} (the executor keeps the telemetry of its last "

@@ -19,8 +19,8 @@ each step after a device-wide synchronize, which also waits for the copy stream,
 simulator does not model; they are predicted free-running, as they were compared then.
 
 --synthesized predicts each row from a trace synthesized on this CPU instead
-(engine/modules/synthesize.py: the model config whose name the recording carries, built on the
-meta device, on the recording's workload), as `python -m engine model=NAME` predicts a module
+(engine/modules/synthesize.py: the model config whose name the recording carries, with the
+fields real_models.py --model-set changed, built on the meta device, on the recording's workload), as `python -m engine model=NAME` predicts a module
 nobody recorded; --leave-one-out prices it with a kernel table whose module costs are fitted
 without that model's recording (the spec recordings, probes and other module recordings as
 shipped: TABLE_* below).
@@ -107,7 +107,7 @@ def synthesized(trace: Trace, hw: DictConfig, leave_out: bool, tmp: Path) -> Tra
     from engine.modules.synthesize import synthesize_module
 
     model = trace.header["model"]
-    cfg = model_config(model)
+    cfg = OmegaConf.merge(model_config(model), OmegaConf.from_dotlist(trace.header.get("model_set", [])))
     cfg.grouping = trace.header.get("grouping", "block")
     return synthesize_module(cfg, OmegaConf.create(trace.header["workload"]),
                              held_out_hardware(hw, model, tmp) if leave_out else hw)

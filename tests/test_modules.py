@@ -169,11 +169,23 @@ def test_record_writes_a_trace_the_simulator_replays(checkpoint, tmp_path, monke
 
 def test_a_recording_without_room_for_its_resident_steps_says_so(checkpoint, monkeypatch, caplog):
     path, x, _ = checkpoint
-    monkeypatch.setattr("engine.modules.record.fits_resident", lambda nbytes, device: False)
+    monkeypatch.setattr("engine.modules.record.fits_resident", lambda nbytes, device, transient=None: False)
     with caplog.at_level("WARNING", logger="engine.modules.record"):
         trace = engine.record(meta_net(), (x,), checkpoint=path, backend="cpu", name="net")
     assert trace.header["pipelined_step_ns"] is None and "activation_peak_bytes" not in trace.header
     assert "the all-resident steps are skipped" in caplog.text and "no measured torch peak" in caplog.text
+
+
+def test_room_for_the_resident_steps_counts_what_a_step_allocates(monkeypatch):
+    """Unmeasured, the weights may take 0.6 of the free memory; with the bytes a step allocates
+    beside them measured (the recorder's timed steps), the two together 0.9: a 61 GB model
+    with 2 GB of activations records its resident steps on an 83 GB-free card."""
+    from engine.executor.setup import fits_resident
+
+    monkeypatch.setattr("engine.executor.setup.os.sysconf", lambda name: 1000)  # 10^6 bytes free
+    cpu = torch.device("cpu")
+    assert fits_resident(600_000, cpu) and not fits_resident(700_000, cpu)
+    assert fits_resident(700_000, cpu, 200_000) and not fits_resident(700_000, cpu, 200_001)
 
 
 def test_every_weight_resident_is_simulated_at_the_plain_forwards_host_times():

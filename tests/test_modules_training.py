@@ -239,7 +239,7 @@ def test_the_recorder_keeps_no_weight_after_a_checkpointed_step(monkeypatch):
     blocks = [p for layer in m.base_model.model.model.layers for p in layer.parameters() if not p.requires_grad]
     holding: list[int] = []
 
-    def fits(nbytes: int, device: torch.device) -> bool:  # asked right after the timed steps
+    def fits(nbytes: int, device: torch.device, transient: int | None = None) -> bool:  # right after the timed steps
         holding.append(sum(p.untyped_storage().nbytes() > p.element_size() for p in blocks))
         return True
 

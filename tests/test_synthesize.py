@@ -96,6 +96,42 @@ def test_a_synthesized_trace_needs_the_meta_device() -> None:
         engine.synthesize(_tiny_llama(), {"input_ids": torch.zeros(1, 16, dtype=torch.long)})
 
 
+def test_a_mixtures_experts_are_linears_of_the_groups_routing_fills() -> None:
+    """transformers runs a mixture's experts as one grouped matmul each way (torch._grouped_mm):
+    16 tokens x top-2 over 4 experts fill all 4 (8 rows each); one token's top-2 fill 2."""
+    import engine
+
+    t = pytest.importorskip("transformers", reason="needs the models extra: pip install 'offload-engine[models]'")
+    cfg = t.MixtralConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2)
+    with torch.device("meta"):
+        model = t.MixtralForCausalLM(cfg).to(torch.bfloat16)
+    for tokens, groups in ((16, 4), (1, 2)):
+        layer = engine.synthesize(model, {"input_ids": torch.zeros(1, tokens, dtype=torch.long, device=META)}).records[1]
+        rows = tokens * 2 // groups
+        assert layer.cores[5:] == (("linear", (tokens, 4, 64)),                     # the router
+                                   *[("linear", (rows, 256, 64))] * groups,          # gate and up, each expert
+                                   *[("linear", (rows, 64, 128))] * groups)          # down
+
+
+def test_a_forward_that_reads_its_values_is_refused_on_meta() -> None:
+    """A forward whose shapes follow its data has no meta run: one line that says to record it."""
+    import engine
+
+    class ByLength(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = torch.nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            return self.proj(x[:, : int(mask.sum().item())])
+
+    with torch.device("meta"):
+        model = ByLength()
+    with pytest.raises(ConfigError, match=r"ByLength's forward failed on the meta device .*record it on a GPU"):
+        engine.synthesize(model, {"x": torch.zeros(1, 4, 8, device=META), "mask": torch.ones(4, device=META)})
+
+
 def test_a_trace_refuses_a_malformed_core(tmp_path) -> None:
     path = tmp_path / "t.jsonl"
     record = {"name": "k", "layer": 0, "phase": "fwd", "weights": ["w"], "compute_ns": 1, "flops": 0,

@@ -39,6 +39,9 @@ NO_CUDA = ("no CUDA device; use mode=simulate (or weights.backend=cpu to exercis
 TEMP_FILE_MAX_BYTES = 2_000_000_000  # models up to this size get a temporary weight file
 # A run compares with an all-resident reference when the model takes under this much free memory.
 REFERENCE_FRACTION = 0.6
+# ... and when the step's own allocations are known, the most of it they may take together
+# (the rest: the allocator's rounding, library workspaces).
+RUN_FRACTION = 0.9
 
 
 def compute_device(backend: str, no_cuda: str = NO_CUDA, replica: bool = False) -> torch.device:
@@ -64,16 +67,19 @@ def device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (cpu backend)"
 
 
-def fits_resident(nbytes: int, device: torch.device) -> bool:
-    """Whether `nbytes` all resident leave room for a run beside them: at most
-    REFERENCE_FRACTION of the free memory where the model computes. On CUDA, the blocks
-    torch's allocator caches from earlier work are given back first: the weight pool
-    cannot use them."""
+def fits_resident(nbytes: int, device: torch.device, transient_bytes: int | None = None) -> bool:
+    """Whether `nbytes` all resident leave room for a run beside them: with the bytes a step
+    allocates beside them measured (`transient_bytes`), their sum within RUN_FRACTION of the
+    free memory where the model computes; unmeasured, `nbytes` within REFERENCE_FRACTION of
+    it. On CUDA, the blocks torch's allocator caches from earlier work are given back first:
+    the weight pool cannot use them."""
     if device.type == "cuda":
         torch.cuda.empty_cache()
         free = torch.cuda.mem_get_info(device)[0]
     else:
         free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if transient_bytes is not None:
+        return nbytes + transient_bytes <= RUN_FRACTION * free
     return nbytes <= REFERENCE_FRACTION * free
 
 

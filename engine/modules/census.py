@@ -7,7 +7,8 @@ embeddings; residual adds). `OpCensus` watches one forward and, per kernel
 position, keeps
 
     cores         the matmul-bound ops, (op, shape) each: "linear" (m, n, k) for a
-                  matmul or convolution (its implicit GEMM); "attention" or
+                  matmul or convolution (its implicit GEMM), one per group of a
+                  grouped matmul (a mixture of experts' experts); "attention" or
                   "attention_masked" (batch x heads, query length, key length,
                   head dim) for scaled_dot_product_attention, without or with a mask
                   (torch runs another kernel with one);
@@ -103,6 +104,8 @@ class OpCensus(TorchDispatchMode):
             a, b = (args[1], args[2]) if packet in (_aten.addmm, _aten.baddbmm) else (args[0], args[1])
             inner = a.shape[-1]
             k.cores.append(("linear", (max(1, a.numel() // max(1, inner)), b.shape[-1], inner)))
+        elif packet is _aten._grouped_mm:
+            k.cores.extend(grouped_cores(args[0], args[1]))
         elif packet is _aten.convolution:
             weight, result = args[1], out
             per_output = max(1, weight[0].numel())
@@ -111,6 +114,22 @@ class OpCensus(TorchDispatchMode):
             tensors = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)]
             k.memory_elements += sum(touched_elements(t) for t in tensors)
         return out
+
+
+def grouped_cores(a: torch.Tensor, b: torch.Tensor) -> list[tuple[str, tuple[int, ...]]]:
+    """A grouped matmul (torch._grouped_mm: each expert's rows times its weight) as the linears its
+    groups run. Batched (`a` 3-D): each group's rows. Rows split by offsets (`a` 2-D, `b` 3-D,
+    the experts of transformers' mixtures): the offsets are routing's, unknown on the meta
+    device, so the rows spread evenly over as many groups as there are rows, at most all
+    (top-k routing picks distinct experts per token). Split along k (`b` 2-D): one linear."""
+    n, inner = b.shape[-1], a.shape[-1]
+    if a.dim() == 3:
+        return [("linear", (max(1, a.shape[1]), n, inner))] * a.shape[0]
+    rows = max(1, a.shape[0])
+    if b.dim() == 3:
+        groups = max(1, min(b.shape[0], rows))
+        return [("linear", (-(-rows // groups), n, inner))] * groups
+    return [("linear", (rows, n, inner))]
 
 
 class _Attention(TorchFunctionMode):

@@ -486,6 +486,16 @@ def _records(streamed: StreamedModule, times: KernelTimes, training: bool) -> tu
     return tuple(forward + backward)
 
 
+def _allocated_from(device: torch.device) -> Callable[[], int | None]:
+    """From now, a reader of the most bytes torch's allocator held beyond what it holds now (None
+    off CUDA)."""
+    if device.type != "cuda":
+        return lambda: None
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    return lambda: torch.cuda.max_memory_allocated(device) - base
+
+
 def _memory_note(device: torch.device) -> str:
     """The device memory as the process sees it, for a log line."""
     if device.type != "cuda":
@@ -510,18 +520,24 @@ def record_module(streamed: StreamedModule, *, name: str, backend: str, workload
     resident = resident_executor(streamed, backend) if not training and fits_resident(model_bytes, device) else None
     stages: dict[str, float] = {}
     try:
+        allocated = _allocated_from(device)
         with stage(stages, "kernels"):
             times = time_kernels(streamed, clock, loss_fn, resident=resident)
         saved_bytes = sum(sum(v) for v in times.saved.values())
         run = Pipelined(0)
-        if resident is not None or fits_resident(model_bytes + saved_bytes, device):
+        # Beside the weights: what the timed steps allocated (activations, saved tensors, a block's
+        # weights in flight) where measured, else the saved tensors.
+        transient = allocated()
+        need = model_bytes if transient is not None else model_bytes + saved_bytes
+        if resident is not None or fits_resident(need, device, transient):
             with stage(stages, "resident_steps"):
                 run = pipelined_step_ns(streamed, clock, backend, loss_fn, executor=resident,
                                         kernels_ns=sum(times.compute_ns))
         else:
-            log.warning("the all-resident steps are skipped: %.2f GB of weights and saved tensors leave too little "
-                        "room on %s (%s); the trace has no pipelined step and no measured torch peak",
-                        (model_bytes + saved_bytes) / 1e9, device, _memory_note(device))
+            log.warning("the all-resident steps are skipped: %.2f GB of weights and %s leave too little room on %s "
+                        "(%s); the trace has no pipelined step and no measured torch peak", model_bytes / 1e9,
+                        f"{transient / 1e9:.2f} GB a step allocates" if transient is not None else
+                        f"{saved_bytes / 1e9:.2f} GB of saved tensors", device, _memory_note(device))
     finally:
         if resident is not None:
             resident.close()

@@ -31,7 +31,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from engine.compute import ExecutionTimePredictor, core_flops
-from engine.errors import ConfigError
+from engine.errors import ConfigError, EngineError
 from engine.models.liveness import LiveBytes
 from engine.modules.build import build_module, example_inputs, plain_config
 from engine.modules.kernels import GROUPINGS, Recording, partition, record_order
@@ -102,11 +102,21 @@ def meta_forward(module: nn.Module, inputs: Any, grouping: str = "block",
     def run() -> Any:
         return module(**inputs) if isinstance(inputs, dict) else module(*inputs)
 
-    with torch.no_grad(), live:
-        rec = record_order(module, run, kernels, lambda w, p: None, lambda w, p: None)
+    cls = type(module)
+    try:
+        with torch.no_grad(), live:
+            rec = record_order(module, run, kernels, lambda w, p: None, lambda w, p: None)
+    except EngineError:
+        raise
+    except (RuntimeError, NotImplementedError, TypeError, ValueError, IndexError) as e:
+        cause = (str(e).strip().splitlines() or [""])[0].split(". ")[0][:160]
+        raise ConfigError(
+            f"{cls.__name__}'s forward failed on the meta device ({type(e).__name__}: {cause}); a forward "
+            "that reads its tensors' values (.item(), .tolist(), nonzero, data-dependent shapes) cannot be "
+            "synthesized: record it on a GPU (mode=record weights.file=CHECKPOINT, then trace=PATH), or check "
+            "that model.inputs matches its forward") from e
     host = {w: p for k in kernels for w, p in k.params.items()}
     packed = pack_kernels(rec.order, host, None, lambda n: torch.empty(n, dtype=torch.uint8, device=META))
-    cls = type(module)
     return MetaForward(rec, packed.order, sum(_nbytes(p) for p in [*kept, *rec.outside]),
                        sum(_nbytes(t) for t in given), live.peak, sum(p.numel() for p in module.parameters()),
                        f"{cls.__module__}.{cls.__qualname__}", grouping)
