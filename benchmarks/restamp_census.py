@@ -35,7 +35,8 @@ def main() -> None:
     for pair in args.pairs:
         path, _, model = pair.partition("=")
         trace = read_trace(path)
-        cfg = OmegaConf.load(ROOT / "conf" / "model" / f"{model}.yaml")
+        cfg = OmegaConf.merge(OmegaConf.load(ROOT / "conf" / "model" / f"{model}.yaml"),
+                              OmegaConf.from_dotlist(trace.header.get("model_set", [])))  # real_models.py --model-set
         module, inputs = on_meta(cfg, SimpleNamespace(**trace.header["workload"]))
         blocks = cfg.get("blocks")
         seen = meta_forward(module, inputs, trace.header.get("grouping", "block"), blocks and list(blocks))

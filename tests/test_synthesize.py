@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 from engine.calibrate import fit_module_cost
-from engine.compute import ExecutionTimePredictor, KernelTable, ModuleCost, Point, features, load_table
+from engine.compute import ExecutionTimePredictor, KernelTable, ModuleCost, Point, core_flops, features, load_table
 from engine.errors import ConfigError, TraceError
 from engine.modules.census import OpCensus, touched_elements
 from engine.trace import KernelRecord, Trace, read_trace, write_trace
@@ -96,9 +96,10 @@ def test_a_synthesized_trace_needs_the_meta_device() -> None:
         engine.synthesize(_tiny_llama(), {"input_ids": torch.zeros(1, 16, dtype=torch.long)})
 
 
-def test_a_mixtures_experts_are_linears_of_the_groups_routing_fills() -> None:
+def test_a_mixtures_experts_are_one_linear_as_wide_as_the_groups_routing_fills() -> None:
     """transformers runs a mixture's experts as one grouped matmul each way (torch._grouped_mm):
-    16 tokens x top-2 over 4 experts fill all 4 (8 rows each); one token's top-2 fill 2."""
+    16 tokens x top-2 over 4 experts fill all 4 (8 rows each), one token's top-2 fill 2; each
+    grouped matmul is one linear of its FLOPs and its weights' bytes."""
     import engine
 
     t = pytest.importorskip("transformers", reason="needs the models extra: pip install 'offload-engine[models]'")
@@ -109,9 +110,10 @@ def test_a_mixtures_experts_are_linears_of_the_groups_routing_fills() -> None:
     for tokens, groups in ((16, 4), (1, 2)):
         layer = engine.synthesize(model, {"input_ids": torch.zeros(1, tokens, dtype=torch.long, device=META)}).records[1]
         rows = tokens * 2 // groups
-        assert layer.cores[5:] == (("linear", (tokens, 4, 64)),                     # the router
-                                   *[("linear", (rows, 256, 64))] * groups,          # gate and up, each expert
-                                   *[("linear", (rows, 64, 128))] * groups)          # down
+        assert layer.cores[5:] == (("linear", (tokens, 4, 64)),              # the router
+                                   ("linear", (rows, 256 * groups, 64)),     # gate and up of the experts it fills
+                                   ("linear", (rows, 64 * groups, 128)))     # down
+        assert sum(core_flops(*c) for c in layer.cores[6:]) == 2 * (tokens * 2) * (64 * 256 + 128 * 64)
 
 
 def test_a_forward_that_reads_its_values_is_refused_on_meta() -> None:

@@ -7,8 +7,8 @@ embeddings; residual adds). `OpCensus` watches one forward and, per kernel
 position, keeps
 
     cores         the matmul-bound ops, (op, shape) each: "linear" (m, n, k) for a
-                  matmul or convolution (its implicit GEMM), one per group of a
-                  grouped matmul (a mixture of experts' experts); "attention" or
+                  matmul, a convolution (its implicit GEMM) or a grouped matmul (a
+                  mixture's experts: one linear as wide as the groups it runs); "attention" or
                   "attention_masked" (batch x heads, query length, key length,
                   head dim) for scaled_dot_product_attention, without or with a mask
                   (torch runs another kernel with one);
@@ -105,7 +105,7 @@ class OpCensus(TorchDispatchMode):
             inner = a.shape[-1]
             k.cores.append(("linear", (max(1, a.numel() // max(1, inner)), b.shape[-1], inner)))
         elif packet is _aten._grouped_mm:
-            k.cores.extend(grouped_cores(args[0], args[1]))
+            k.cores.append(grouped_core(args[0], args[1]))
         elif packet is _aten.convolution:
             weight, result = args[1], out
             per_output = max(1, weight[0].numel())
@@ -116,20 +116,23 @@ class OpCensus(TorchDispatchMode):
         return out
 
 
-def grouped_cores(a: torch.Tensor, b: torch.Tensor) -> list[tuple[str, tuple[int, ...]]]:
-    """A grouped matmul (torch._grouped_mm: each expert's rows times its weight) as the linears its
-    groups run. Batched (`a` 3-D): each group's rows. Rows split by offsets (`a` 2-D, `b` 3-D,
-    the experts of transformers' mixtures): the offsets are routing's, unknown on the meta
-    device, so the rows spread evenly over as many groups as there are rows, at most all
-    (top-k routing picks distinct experts per token). Split along k (`b` 2-D): one linear."""
+def grouped_core(a: torch.Tensor, b: torch.Tensor) -> tuple[str, tuple[int, ...]]:
+    """A grouped matmul (torch._grouped_mm: each group's rows times its own weight; a mixture's
+    experts) as the one linear of its FLOPs and weight bytes: the groups that run side by side
+    as one wide weight, each group's share of the rows its m. Batched (`a` 3-D): every group
+    runs its rows. Rows split by offsets (`a` 2-D, `b` 3-D, transformers' experts): the
+    offsets are routing's, unknown on the meta device, so the rows spread evenly over as many
+    groups as there are rows, at most all (top-k routing picks distinct experts a token).
+    Split along k (`b` 2-D): the plain product."""
     n, inner = b.shape[-1], a.shape[-1]
     if a.dim() == 3:
-        return [("linear", (max(1, a.shape[1]), n, inner))] * a.shape[0]
-    rows = max(1, a.shape[0])
-    if b.dim() == 3:
+        groups, rows = a.shape[0], max(1, a.shape[1]) * a.shape[0]
+    elif b.dim() == 3:
+        rows = max(1, a.shape[0])
         groups = max(1, min(b.shape[0], rows))
-        return [("linear", (-(-rows // groups), n, inner))] * groups
-    return [("linear", (rows, n, inner))]
+    else:
+        groups, rows = 1, max(1, a.shape[0])
+    return ("linear", (-(-rows // groups), n * groups, inner))
 
 
 class _Attention(TorchFunctionMode):
