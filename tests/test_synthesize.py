@@ -134,6 +134,22 @@ def test_a_forward_that_reads_its_values_is_refused_on_meta() -> None:
         engine.synthesize(model, {"x": torch.zeros(1, 4, 8, device=META), "mask": torch.ones(4, device=META)})
 
 
+def inputs_on_the_cpu(module, workload, device, dtype, seed=0) -> dict:
+    """An inputs builder that ignores the device it is given."""
+    return {"input_ids": torch.zeros(1, 4, dtype=torch.long)}
+
+
+def test_an_inputs_builder_that_ignores_the_meta_device_is_named() -> None:
+    from engine.modules.synthesize import on_meta
+
+    pytest.importorskip("transformers", reason="needs the models extra: pip install 'offload-engine[models]'")
+    cfg = OmegaConf.load(ROOT / "conf" / "model" / "tiny_llama_hf.yaml")
+    cfg.inputs._target_ = "tests.test_synthesize.inputs_on_the_cpu"
+    with pytest.raises(ConfigError, match=r"model.inputs \(tests.test_synthesize.inputs_on_the_cpu\) made tensors "
+                                          r"off the meta device .*device=device"):
+        on_meta(cfg, SimpleNamespace(kind="infer", batch=1, text_tokens=4))
+
+
 def test_a_trace_refuses_a_malformed_core(tmp_path) -> None:
     path = tmp_path / "t.jsonl"
     record = {"name": "k", "layer": 0, "phase": "fwd", "weights": ["w"], "compute_ns": 1, "flops": 0,

@@ -72,7 +72,11 @@ def on_meta(model_cfg: Any, workload: Any) -> tuple[nn.Module, dict]:
     """The module `model_cfg` builds, every parameter and buffer on the meta device, and
     its inputs for `workload` there."""
     module = nn.Module.to(build_module(model_cfg), META)
-    return module, example_inputs(model_cfg, module, workload, META)
+    inputs = example_inputs(model_cfg, module, workload, META)
+    if any(isinstance(t, torch.Tensor) and not t.is_meta for t in tree_flatten(inputs)[0]):
+        raise ConfigError(f"model.inputs ({plain_config(model_cfg)['inputs']['_target_']}) made tensors off the meta "
+                          "device it was given: make every tensor with device=device")
+    return module, inputs
 
 
 def meta_forward(module: nn.Module, inputs: Any, grouping: str = "block",
