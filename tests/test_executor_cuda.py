@@ -48,6 +48,20 @@ def tiny(tmp_path_factory):
     wf.close()
 
 
+def test_weights_over_the_free_device_memory_are_refused_before_any_pool(tiny):
+    """Every weight resident (no budget) of a model larger than the GPU's free memory: one
+    ConfigError naming the bytes and the budget to give, and no pool made. A budget far over
+    the model holds only the model."""
+    from engine.errors import ConfigError
+    from engine.executor.runtime import make_backend
+
+    free = torch.cuda.mem_get_info()[0]
+    huge = AccessOrder(("a", "b"), (("a",), ("b",)), {"a": free, "b": free})
+    with pytest.raises(ConfigError, match=r"the weights would hold .* GB free; give a budget under \d+ MB"):
+        WeightExecutor(huge, {"a": torch.empty(0), "b": torch.empty(0)}, budget_bytes=None, backend="cuda")
+    make_backend("cuda", 10**15, MiB, held_bytes=64 * MiB).close()
+
+
 def test_pool_pointers_wrap_without_a_copy():
     b = CudaBackend(64 * MiB, slack_bytes=0)
     block = b.alloc(3 * MiB)

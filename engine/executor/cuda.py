@@ -37,7 +37,7 @@ from typing import Any, Sequence
 
 import torch
 
-from engine.errors import ExecutorError, PlacementError
+from engine.errors import ConfigError, ExecutorError, PlacementError
 from engine.executor.backend import Block, FreeBlocks, LiveBlocks, warm_sizes
 
 try:
@@ -144,6 +144,17 @@ class CudaStreams:
     def synchronize(self) -> None:
         self.copy.synchronize()
         self.compute.synchronize()
+
+
+def check_room(held_bytes: int) -> None:
+    """Refuse, before any pool exists, weights that cannot fit the current device's free
+    memory (the blocks torch's allocator caches given back first: the pool cannot use them)."""
+    torch.cuda.empty_cache()
+    free = torch.cuda.mem_get_info()[0]
+    if held_bytes > free:
+        raise ConfigError(f"the weights would hold {held_bytes / 1e9:.2f} GB on cuda:{torch.cuda.current_device()} "
+                          f"(the budget, or every weight without one) but it has {free / 1e9:.2f} GB free; give a "
+                          f"budget under {free / 1e6:.0f} MB, leaving room for the activations")
 
 
 class CudaBackend(CudaStreams):

@@ -118,8 +118,9 @@ def streamed_executor(stack: ExitStack, wf: WeightFile, order: AccessOrder, *, b
     of the weights as `source` says, closed by `stack`. `wrap`, if given, wraps
     the backend the executor sees (the recorder times its copies so)."""
     granule = backend_granule(backend)
-    capacity = budget_bytes if budget_bytes is not None else sum(round_up(n, granule) for n in order.sizes.values())
-    pool = make_backend(backend, capacity, max(order.sizes.values(), default=0))
+    weights = sum(round_up(n, granule) for n in order.sizes.values())
+    capacity = budget_bytes if budget_bytes is not None else weights
+    pool = make_backend(backend, capacity, max(order.sizes.values(), default=0), min(capacity, weights))
     stack.callback(pool.close)
     host = host_weights(wf, source, pool)
     stack.callback(host.close)
