@@ -62,7 +62,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.policy.placement import pool_slack_bytes
+from engine.policy.placement import held_bytes, pool_slack_bytes
 from engine.trace import Trace
 from sim.compute import ComputeStream
 from sim.launcher import Launcher
@@ -114,9 +114,9 @@ def pool_cap_bytes(launcher: Launcher, pool: DevicePool) -> int:
     (engine/policy/placement.py), as the executor caps it."""
     sizes = launcher.trace.weight_sizes
     if launcher.placement is not None:
-        capacity = launcher.placement.capacity_bytes
+        capacity = launcher.placement.pool_bytes
     else:
-        capacity = pool.cap if pool.cap is not None else sum(sizes.values())
+        capacity = held_bytes(pool.cap if pool.cap is not None else sum(sizes.values()), sizes.values())
     return capacity + pool_slack_bytes(max(sizes.values(), default=0))
 
 

@@ -48,7 +48,7 @@ def tiny(tmp_path_factory):
     wf.close()
 
 
-def test_weights_over_the_free_device_memory_are_refused_before_any_pool(tiny):
+def test_weights_over_the_free_device_memory_are_refused_before_any_pool(tmp_path):
     """Every weight resident (no budget) of a model larger than the GPU's free memory: one
     ConfigError naming the bytes and the budget to give, and no pool made. A budget far over
     the model holds only the model."""
@@ -58,8 +58,17 @@ def test_weights_over_the_free_device_memory_are_refused_before_any_pool(tiny):
     free = torch.cuda.mem_get_info()[0]
     huge = AccessOrder(("a", "b"), (("a",), ("b",)), {"a": free, "b": free})
     with pytest.raises(ConfigError, match=r"the weights would hold .* GB free; give a budget under \d+ MB"):
-        WeightExecutor(huge, {"a": torch.empty(0), "b": torch.empty(0)}, budget_bytes=None, backend="cuda")
-    make_backend("cuda", 10**15, MiB, held_bytes=64 * MiB).close()
+        sparse = tmp_path / "sparse.bin"  # host weights mapped from a file with no data: nothing allocated
+        with open(sparse, "wb") as f:
+            f.truncate(2 * free)
+        host = torch.from_file(str(sparse), shared=True, size=2 * free, dtype=torch.uint8)
+        WeightExecutor(huge, {"a": host[:free], "b": host[free:]}, budget_bytes=None, backend="cuda")
+    budget_over = WeightExecutor(AccessOrder(("a",), (("a",),), {"a": MiB}), {"a": torch.zeros(MiB, dtype=torch.uint8)},
+                                 budget_bytes=10**15, backend="cuda")
+    assert budget_over.backend.budget_bytes == MiB
+    budget_over.close()
+    with pytest.raises(ConfigError, match="give a budget under"):
+        make_backend("cuda", 10**15, MiB)
 
 
 def test_pool_pointers_wrap_without_a_copy():

@@ -281,3 +281,23 @@ def test_weights_that_fit_by_their_bytes_but_not_as_placed_are_streamed(monkeypa
             assert torch.equal(net(x), ref)
     assert h.telemetry()[-1]["evictions"] > 0  # the weights take turns, as the policy planned
     h.remove()
+
+
+def test_a_budget_over_the_model_sizes_the_pool_and_its_prediction_by_the_model():
+    """A budget larger than every weight holds every weight: the pool is made for the model
+    (a pool capped at 1 PB could not be made on a GPU), and the simulator's device bound says so."""
+    from engine.config import load_hardware
+    from engine.modules.offload import predict
+
+    net, x, ref = make()
+    h = engine.offload(net, budget_mb=1e9, example_inputs=(x,), eviction="priority", lookahead=1, backend="cpu")
+    placed = h.executor.placement
+    assert placed.capacity_bytes >= 10**15 and h.executor.backend.cap_bytes == placed.pool_bytes
+    assert placed.pool_bytes == sum(placed.order.sizes.values()) + placed.resident_bytes
+    with torch.no_grad():
+        assert torch.equal(net(x), ref)
+    h.remove()
+    hw = load_hardware("h100_pcie5")
+    recorded = engine.record(net, (x,), backend="cpu")
+    over, exact = (predict(recorded, hw, b, 1, "priority") for b in (10**15, sum(recorded.weight_sizes.values())))
+    assert over["device_bound_bytes"] == exact["device_bound_bytes"]

@@ -398,7 +398,7 @@ def test_a_failed_run_stops_with_its_cause_and_the_next_run_matches(env, tmp_pat
     made: list[CpuBackend] = []
     ledgers: list[Ledger] = []
 
-    def tracked(name: str, capacity: int, largest: int, held: int = 0) -> CpuBackend:
+    def tracked(name: str, capacity: int, largest: int) -> CpuBackend:
         backend = CpuBackend(capacity)
         made.append(backend)
         ledgers.append(Ledger(backend))

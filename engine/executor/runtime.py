@@ -69,10 +69,11 @@ class StepStats:
     marks: list | None = None
 
 
-def make_backend(name: str, capacity_bytes: int, largest_weight_bytes: int, held_bytes: int = 0) -> Backend:
+def make_backend(name: str, capacity_bytes: int, largest_weight_bytes: int) -> Backend:
     """A backend whose pool holds `capacity_bytes` of weights (the CUDA pool adds
     a fragmentation slack, the vmm backend a conversion slack; the cpu backend's arena is exact).
-    On a GPU, `held_bytes` (the most the weights will hold there) must fit its free memory."""
+    On a GPU the capacity must fit its free memory: size it by what the weights can hold
+    (engine/policy/placement.py `held_bytes`), not by a budget over them."""
     if name == "cpu":
         from engine.executor.cpu import CpuBackend
 
@@ -80,7 +81,7 @@ def make_backend(name: str, capacity_bytes: int, largest_weight_bytes: int, held
     if name in ("cuda", "vmm"):
         from engine.executor.cuda import check_room
 
-        check_room(held_bytes)
+        check_room(capacity_bytes)
     if name == "cuda":
         from engine.executor.cuda import CudaBackend
         from engine.policy.placement import pool_slack_bytes
@@ -136,8 +137,7 @@ class WeightExecutor:
         self.host = {w: host[w] for w in order.sizes}
         placed = self.placement.order.sizes
         if isinstance(backend, str):
-            held = min(self.placement.capacity_bytes, sum(placed.values()) + self.placement.resident_bytes)
-            backend = make_backend(backend, self.placement.capacity_bytes, max(order.sizes.values(), default=0), held)
+            backend = make_backend(backend, self.placement.pool_bytes, max(order.sizes.values(), default=0))
         self.backend = backend
         self.backend.warm(list(placed.values()) + ([self.placement.resident_bytes] if self.placement.resident else []))
         self._reads = [tuple(dict.fromkeys(r)) for r in order.reads]

@@ -26,7 +26,7 @@ import torch
 from engine.errors import ExecutorError
 from engine.executor.backend import Backend
 from engine.executor.runtime import WeightExecutor, backend_granule, host_registrar, make_backend
-from engine.policy.placement import round_up
+from engine.policy.placement import held_bytes, round_up
 from engine.executor.sources import host_weights
 from engine.policy import KEEP_STEPS, AccessOrder, waits_for_step
 from engine.models.spec import ModelSpec
@@ -118,9 +118,9 @@ def streamed_executor(stack: ExitStack, wf: WeightFile, order: AccessOrder, *, b
     of the weights as `source` says, closed by `stack`. `wrap`, if given, wraps
     the backend the executor sees (the recorder times its copies so)."""
     granule = backend_granule(backend)
-    weights = sum(round_up(n, granule) for n in order.sizes.values())
-    capacity = budget_bytes if budget_bytes is not None else weights
-    pool = make_backend(backend, capacity, max(order.sizes.values(), default=0), min(capacity, weights))
+    placed = [round_up(n, granule) for n in order.sizes.values()]
+    capacity = held_bytes(budget_bytes if budget_bytes is not None else sum(placed), placed)
+    pool = make_backend(backend, capacity, max(order.sizes.values(), default=0))
     stack.callback(pool.close)
     host = host_weights(wf, source, pool)
     stack.callback(host.close)

@@ -17,7 +17,7 @@ policy the same questions.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Iterable, Mapping
 
 from engine.errors import BelowFloorError, ConfigError
 from engine.policy import AccessOrder
@@ -53,6 +53,18 @@ class Placement:
         weight as placed."""
         streamed = self.budget_bytes if self.budget_bytes is not None else sum(self.order.sizes.values())
         return streamed + self.resident_bytes
+
+    @property
+    def pool_bytes(self) -> int:
+        """What the backend's pool is sized for: the capacity, or every weight as placed where
+        that is less (a budget over the model)."""
+        return held_bytes(self.capacity_bytes, self.order.sizes.values(), self.resident_bytes)
+
+
+def held_bytes(capacity_bytes: int, placed_sizes: Iterable[int], resident_bytes: int = 0) -> int:
+    """The most device bytes weights placed at `placed_sizes` (and a resident block) can hold
+    under `capacity_bytes`."""
+    return min(capacity_bytes, sum(placed_sizes) + resident_bytes)
 
 
 def round_up(nbytes: int, granule: int) -> int:
