@@ -134,6 +134,20 @@ def test_a_forward_that_reads_its_values_is_refused_on_meta() -> None:
         engine.synthesize(model, {"x": torch.zeros(1, 4, 8, device=META), "mask": torch.ones(4, device=META)})
 
 
+def test_a_causal_lm_prefill_is_synthesized() -> None:
+    """The shipped causal-LM builder's prefill fills a KV cache, as generate's does: without one,
+    transformers checks its position ids for packed sequences by value, which the meta device
+    cannot."""
+    from engine.config import load_hardware
+    from engine.modules.synthesize import synthesize_module
+
+    pytest.importorskip("transformers", reason="needs the models extra: pip install 'offload-engine[models]'")
+    cfg = OmegaConf.load(ROOT / "conf" / "model" / "tiny_llama_hf.yaml")
+    trace = synthesize_module(cfg, OmegaConf.create({"kind": "infer", "batch": 1, "text_tokens": 16}),
+                              load_hardware("h100_pcie5"))
+    assert trace.records[1].cores[3] == ("attention", (4, 16, 16, 16))
+
+
 def inputs_on_the_cpu(module, workload, device, dtype, seed=0) -> dict:
     """An inputs builder that ignores the device it is given."""
     return {"input_ids": torch.zeros(1, 4, dtype=torch.long)}

@@ -242,10 +242,11 @@ def qwen_image_inputs(module: nn.Module, workload: Any, device: torch.device, dt
 
 def llama_inputs(module: nn.Module, workload: Any, device: torch.device, dtype: torch.dtype,
                  seed: int = 0) -> dict:
-    """transformers LlamaForCausalLM: decode (workload.kind decode) is one new token per
-    sequence over a KV cache of workload.context_tokens random keys and values, the
-    cache cropped back after each step so every step is the same; otherwise a
-    forward over workload.text_tokens tokens without a cache."""
+    """A transformers causal LM (LlamaForCausalLM and its kin): decode (workload.kind decode)
+    is one new token per sequence over a KV cache of workload.context_tokens random keys and
+    values, the cache cropped back after each step so every step is the same; otherwise a
+    forward over workload.text_tokens tokens: a prefill filling a new KV cache, as generate's
+    does, or a training step's, without one."""
     from transformers import DynamicCache
 
     c = module.config
@@ -253,7 +254,7 @@ def llama_inputs(module: nn.Module, workload: Any, device: torch.device, dtype: 
     b = workload.batch
     if workload.kind != "decode":
         ids = torch.randint(0, c.vocab_size, (b, max(1, workload.text_tokens)), generator=g)
-        return dict(input_ids=ids.to(device), use_cache=False)
+        return dict(input_ids=ids.to(device), use_cache=workload.kind != "train_lora")
     ctx = workload.context_tokens
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     cache = DynamicCache(config=c)
