@@ -148,6 +148,37 @@ def test_a_causal_lm_prefill_is_synthesized() -> None:
     assert trace.records[1].cores[3] == ("attention", (4, 16, 16, 16))
 
 
+def test_offload_chooses_by_census_on_the_trace_synthesize_prices() -> None:
+    """choose_by="census": offload's order forward priced as the meta forward is, nothing timed;
+    the same cores, ops, elements and so compute, block by block (on the CPU its attention
+    hands its output through two more views, and its kernel holds more than the GPU's fused one)."""
+    import engine
+
+    pytest.importorskip("transformers", reason="needs the models extra: pip install 'offload-engine[models]'")
+    model = _tiny_llama(4)
+    ids = torch.randint(0, 512, (1, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref = model(input_ids=ids).logits.clone()
+    h = engine.offload(model, budget_mb=0.3, example_inputs={"input_ids": ids}, backend="cpu", choose_by="census")
+    assert "price" in h.setup_s and "record" not in h.setup_s and h.trace.header["source"] == "synthesized"
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids).logits, ref)
+    census = h.trace
+    h.remove()
+    with torch.device("meta"):
+        on_meta = _tiny_llama(4)
+    meta = engine.synthesize(on_meta, {"input_ids": torch.zeros(1, 32, dtype=torch.long, device=META)})
+    assert census.weight_sizes == meta.weight_sizes
+    assert [(r.name, r.cores, r.ops, r.memory_elements, r.compute_ns) for r in census.records] == \
+        [(r.name, r.cores, r.ops, r.memory_elements, r.compute_ns) for r in meta.records]
+    assert census.header["traced_peak_bytes"] >= meta.header["traced_peak_bytes"] > 0
+    with pytest.raises(ConfigError, match="choose_by='timed' is not one of recording, census"):
+        engine.offload(model, budget_mb=0.3, example_inputs={"input_ids": ids}, backend="cpu", choose_by="timed")
+    with pytest.raises(ConfigError, match="training=True chooses on a recorded step"):
+        engine.offload(model, budget_mb=0.3, example_inputs={"input_ids": ids}, backend="cpu", training=True,
+                       choose_by="census")
+
+
 def inputs_on_the_cpu(module, workload, device, dtype, seed=0) -> dict:
     """An inputs builder that ignores the device it is given."""
     return {"input_ids": torch.zeros(1, 4, dtype=torch.long)}

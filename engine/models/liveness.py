@@ -41,6 +41,7 @@ class LiveBytes(TorchDispatchMode):
         self.refs: dict[int, list[int]] = {}  # storage -> [bytes, live tensors on it]
         self.held = {t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in held}
         self.total = self.peak = 0
+        self.paused = False  # ops run meanwhile (a recorder bringing weights in) make nothing counted
 
     def adopt(self, tensors: list[torch.Tensor]) -> None:
         """Count `tensors` as live from now until they are freed: inputs the forward replaces
@@ -69,9 +70,10 @@ class LiveBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor):
-                self._count(t)
+        if not self.paused:
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor):
+                    self._count(t)
         return out
 
 

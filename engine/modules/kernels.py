@@ -28,9 +28,11 @@ from torch import nn
 from torch._C import DispatchKey
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
 from engine.errors import ConfigError, ExecutorError
+from engine.models.liveness import LiveBytes
 from engine.modules.census import KernelCensus, OpCensus
 from engine.modules.checkpoint import state_dict_name
 from engine.policy import AccessOrder
@@ -67,6 +69,7 @@ class Recording:
     flops: tuple[int, ...]  # per position: FLOPs torch's counter saw (matmuls, attention, convolutions)
     outside: tuple[nn.Parameter, ...]  # read while their kernel was not running: kept resident
     census: tuple[KernelCensus, ...]  # per position: its ops (engine/modules/census.py)
+    live_peak: int = 0  # the most bytes the forward's ops held live at once (`forward_live_bytes`)
 
 
 def weight_names(module: nn.Module) -> dict[int, str]:
@@ -225,24 +228,53 @@ class _FlopCount(TorchDispatchMode):
         return known
 
 
+def forward_live_bytes(module: nn.Module, inputs: Any) -> tuple[LiveBytes, int]:
+    """A LiveBytes over one forward of `module` on `inputs` (a dict of keyword arguments or a
+    tuple of positional ones), and the inputs' bytes: the parameters, buffers and input
+    tensors are held all along; a transformers KV cache (no pytree) counts as live until the
+    forward replaces it (each layer's keys and values concatenated anew)."""
+    given = input_tensors(inputs)
+    live = LiveBytes([*module.parameters(), *module.buffers(), *given])
+    live.adopt(kv_cache_tensors(inputs))
+    return live, sum(t.numel() * t.element_size() for t in given)
+
+
+def input_tensors(inputs: Any) -> list[torch.Tensor]:
+    """The tensors among a forward's arguments (a pytree)."""
+    return [t for t in tree_flatten(inputs)[0] if isinstance(t, torch.Tensor)]
+
+
+def kv_cache_tensors(inputs: Any) -> list[torch.Tensor]:
+    """The keys and values of a transformers KV cache among a forward's arguments."""
+    values = inputs.values() if isinstance(inputs, dict) else inputs
+    return [t for v in values for layer in getattr(v, "layers", ())
+            for t in (getattr(layer, "keys", None), getattr(layer, "values", None)) if isinstance(t, torch.Tensor)]
+
+
 def record_order(module: nn.Module, run: Callable[[], Any], kernels: list[ModuleKernel],
-                 bring: Callable[[str, nn.Parameter], None], release: Callable[[str, nn.Parameter], None]
-                 ) -> Recording:
+                 bring: Callable[[str, nn.Parameter], None], release: Callable[[str, nn.Parameter], None],
+                 live: LiveBytes | None = None) -> Recording:
     """Run `run()` (one forward of `module`) once, each kernel's parameters brought in
     by `bring(name, p)` as it starts and `release(name, p)` after; returns the order
     the kernels ran in, what was read outside its kernel (brought in, and left
-    in, on first read) and each position's ops (OpCensus)."""
+    in, on first read), each position's ops (OpCensus) and, with `live`
+    (`forward_live_bytes`), the bytes the forward's ops held at their peak."""
     owner = {id(p): i for i, k in enumerate(kernels) for p in k.params.values()}
     names = {id(p): w for k in kernels for w, p in k.params.items()}
     census = OpCensus()
+    tracing = live is not None
+    live = live if tracing else LiveBytes([])
+    live.paused = not tracing
 
     def uncounted(fn: Callable[[], None]) -> None:
-        """Run `fn` (bringing weights in or out) outside the census: the module's ops only."""
-        was, census.paused = census.paused, True
+        """Run `fn` (bringing weights in or out) outside the census and the live bytes: the
+        module's ops only."""
+        was = census.paused, live.paused
+        census.paused = live.paused = True
         try:
             fn()
         finally:
-            census.paused = was
+            census.paused, live.paused = was
 
     reads = _OutsideReads(owner, lambda p: uncounted(lambda: bring(names[id(p)], p)))
     counter = _FlopCount()
@@ -275,7 +307,7 @@ def record_order(module: nn.Module, run: Callable[[], Any], kernels: list[Module
         handles.append(k.module.register_forward_pre_hook(pre(i)))
         handles.append(k.module.register_forward_hook(post(i)))
     try:
-        with counter, census, census.attention(), reads:
+        with live, counter, census, census.attention(), reads:
             run()
     finally:
         for h in handles:
@@ -291,4 +323,5 @@ def record_order(module: nn.Module, run: Callable[[], Any], kernels: list[Module
     read = {w for r in order_reads for w in r}
     sizes = {w: p.numel() * p.element_size() for k in kernels for w, p in k.params.items() if w in read}
     order = AccessOrder(tuple(kernels[i].name for i, _ in ran), order_reads, sizes)
-    return Recording(order, tuple(kernels[i].layer for i, _ in ran), flops, outside, tuple(census.kernels))
+    return Recording(order, tuple(kernels[i].layer for i, _ in ran), flops, outside, tuple(census.kernels),
+                     live.peak if tracing else 0)

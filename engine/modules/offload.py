@@ -36,6 +36,7 @@ from engine.executor.setup import compute_device
 from engine.modules.kernels import GROUPINGS
 from engine.modules.record import record_module
 from engine.modules.streamed import StreamedModule, stage
+from engine.modules.synthesize import SeenForward, priced_trace
 from engine.modules.training import TrainingHandle, activations_config, sized_for
 from engine.modules.untouched import untouched
 from engine.policy import LOOPS
@@ -47,6 +48,7 @@ from engine.units import MB, budget_bytes
 _OFFLOADED = "_offload_engine_handle"  # set in an offloaded module's __dict__
 NO_CUDA = "no CUDA device; use backend='cpu' to exercise the executor on the CPU"
 DEFAULT_HARDWARE = "h100_pcie5"
+CHOOSE_BY = ("recording", "census")  # what eviction="auto" simulates: a timed recording, or the census priced
 
 
 class OffloadHandle:
@@ -99,7 +101,7 @@ def offload(module: nn.Module, *, budget_mb: float | None, example_inputs: Any =
             blocks: Sequence[str] | None = None, checkpoint: str | Path | None = None,
             source: str = "mmap_registered", hardware: Any = None, training: bool = False,
             activations: Any = None, loss_fn: Callable[[Any], torch.Tensor] | None = None,
-            loop: str = "free") -> OffloadHandle | TrainingHandle:
+            loop: str = "free", choose_by: str = "recording") -> OffloadHandle | TrainingHandle:
     """Stream `module`'s parameters through a pool capped at `budget_mb` (None: all resident).
 
     `example_inputs` (a tuple of positional arguments, a dict of keyword arguments,
@@ -118,7 +120,11 @@ def offload(module: nn.Module, *, budget_mb: float | None, example_inputs: Any =
     is "auto" where the simulator chooses (eviction="auto" or `hardware` given), else
     DEFAULT_LOOKAHEAD. `loop` says how the caller runs its steps, for the simulator's pick:
     "free" (back to back) or "synced" (each step's output read on the host first, as a
-    decode loop sampling its tokens does).
+    decode loop sampling its tokens does). `choose_by` says what the simulator runs:
+    "recording" (each kernel timed on the device, seconds of set-up; `handle.prediction` as
+    `engine.record`'s trace predicts) or "census" (the set-up's order forward priced by the
+    kernel table, as `engine.synthesize` prices a module: no timing, the prediction a
+    synthesized one's).
     `backend`: "cuda" (the capped pool), "vmm" (chunks mapped on demand: never
     relocates) or "cpu" (the test backend).
     A budget under the floor raises BelowFloorError with the exact minimum in MB;
@@ -134,7 +140,12 @@ def offload(module: nn.Module, *, budget_mb: float | None, example_inputs: Any =
     """
     if loop not in LOOPS:
         raise ConfigError(f"loop={loop!r} is not one of {', '.join(LOOPS)}; pick one of those")
+    if choose_by not in CHOOSE_BY:
+        raise ConfigError(f"choose_by={choose_by!r} is not one of {', '.join(CHOOSE_BY)}; pick one of those")
     if training:
+        if choose_by != "recording":
+            raise ConfigError("choose_by='census' prices inference forwards; training=True chooses on a recorded "
+                              "step (loss_fn): leave choose_by='recording'")
         return _offload_training(module, budget_mb, example_inputs, eviction, lookahead, backend, grouping, blocks,
                                  checkpoint, source, hardware, activations, loss_fn, loop)
     if example_inputs is None:
@@ -152,7 +163,7 @@ def offload(module: nn.Module, *, budget_mb: float | None, example_inputs: Any =
     if grouping == "auto" and hw is None:
         raise ConfigError("grouping='auto' is chosen by simulation: give eviction='auto' or a hardware profile")
     setup = _SetUp(module, example_inputs, device, backend, blocks, checkpoint, source, budget_bytes(budget_mb),
-                   lookahead, eviction, hw, loop)
+                   lookahead, eviction, hw, loop, choose_by)
     with untouched(module):  # set-up's forwards leave buffers and the random generators as they were
         streamed, trace, prediction = setup.choose_grouping() if grouping == "auto" else setup.streamed(grouping)
         try:
@@ -184,10 +195,11 @@ class _SetUp:
 
     def __init__(self, module: nn.Module, example_inputs: Any, device: torch.device, backend: str,
                  blocks: Sequence[str] | None, checkpoint: str | Path | None, source: str, budget: int | None,
-                 lookahead: int | str, eviction: str, hw: Any, loop: str):
+                 lookahead: int | str, eviction: str, hw: Any, loop: str, choose_by: str):
         self.module, self.example_inputs, self.device, self.backend = module, example_inputs, device, backend
         self.blocks, self.checkpoint, self.source, self.budget = blocks, checkpoint, source, budget
         self.lookahead, self.eviction, self.hw, self.loop = lookahead, eviction, hw, loop
+        self.choose_by = choose_by
 
     def build(self, grouping: str) -> StreamedModule:
         return StreamedModule(self.module, self.example_inputs, device=self.device, backend=self.backend,
@@ -202,8 +214,13 @@ class _SetUp:
                             min(LOOKAHEADS) if self.lookahead == "auto" else self.lookahead)
             if self.hw is None:
                 return streamed, None, None
-            with stage(streamed.setup_s, "record"):
-                trace = record_module(streamed, name=type(self.module).__name__, backend=self.backend)
+            name = type(self.module).__name__
+            if self.choose_by == "census":
+                with stage(streamed.setup_s, "price"):
+                    trace = census_trace(streamed, self.hw, name)
+            else:
+                with stage(streamed.setup_s, "record"):
+                    trace = record_module(streamed, name=name, backend=self.backend)
             with stage(streamed.setup_s, "simulate"):
                 prediction = predict(trace, self.hw, self.budget, self.lookahead, self.eviction, self.source,
                                      self.backend, loop=self.loop)
@@ -236,6 +253,17 @@ class _SetUp:
         # The other groupings' set-up (built, recorded, simulated) is this one's too.
         kept.setup_s["other_groupings"] = sum(s for g, ((_, s), _) in tried.items() if g != best)
         return kept, trace, prediction
+
+
+def census_trace(streamed: StreamedModule, hardware: Any, name: str) -> Trace:
+    """The trace of `streamed`'s order forward priced from its census, as a synthesized
+    module's is (engine/modules/synthesize.py): what `choose_by="census"` simulates."""
+    module = streamed.module
+    cls = type(module)
+    seen = SeenForward(streamed.recording, streamed.order, streamed.resident_bytes, streamed.input_bytes,
+                       sum(p.numel() for p in module.parameters()), f"{cls.__module__}.{cls.__qualname__}",
+                       streamed.grouping)
+    return priced_trace(seen, hardware, name, {})
 
 
 def fastest_grouping(attempt: Callable[[str], tuple[Any, dict]]) -> tuple[str, dict[str, tuple[Any, dict]]]:

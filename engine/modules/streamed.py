@@ -34,7 +34,7 @@ from engine.executor.runtime import WeightExecutor, host_registrar
 from engine.executor.sources import pageable_buffer, register_file
 from engine.modules.checkpoint import Checkpoint, module_weights, state_dict_name
 from engine.modules.hooks import KernelHooks, placeholder
-from engine.modules.kernels import Recording, partition, record_order, weight_names
+from engine.modules.kernels import Recording, forward_live_bytes, partition, record_order, weight_names
 from engine.modules.packing import pack_kernels, weight_views
 from engine.units import MB
 
@@ -166,8 +166,10 @@ class StreamedModule:
         def release(w: str, p: nn.Parameter) -> None:
             p.data = self.placeholders[id(p)]
 
+        # The order forward also traces the bytes its ops hold live (offload's census prices from them).
+        live, self.input_bytes = forward_live_bytes(module, [*self.args, *self.kwargs.values()])
         with torch.no_grad(), stage(self.setup_s, "order"):
-            self.recording: Recording = record_order(module, self.run, kernels, bring, release)
+            self.recording: Recording = record_order(module, self.run, kernels, bring, release, live)
         for p in self.recording.outside:  # read outside their kernel: resident from now on
             for k in kernels:
                 k.params.pop(names[id(p)], None)

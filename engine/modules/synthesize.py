@@ -28,13 +28,12 @@ from typing import Any, Mapping, Sequence
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten
 
 from engine.compute import ExecutionTimePredictor, core_flops
 from engine.errors import ConfigError, EngineError
-from engine.models.liveness import LiveBytes
 from engine.modules.build import build_module, example_inputs, plain_config
-from engine.modules.kernels import GROUPINGS, Recording, partition, record_order
+from engine.modules.kernels import (GROUPINGS, Recording, forward_live_bytes, input_tensors, kv_cache_tensors,
+                                   partition, record_order)
 from engine.modules.packing import pack_kernels
 from engine.policy import AccessOrder
 from engine.trace import FORMAT, VERSION, KernelRecord, Trace, check_trace
@@ -49,14 +48,14 @@ def _nbytes(t: torch.Tensor) -> int:
 
 
 @dataclass(frozen=True)
-class MetaForward:
-    """What one forward of a module on the meta device saw (`meta_forward`)."""
+class SeenForward:
+    """What one forward of a module saw: on the meta device (`meta_forward`), or offload's
+    order forward on the device (engine/modules/streamed.py)."""
 
-    recording: Recording  # its access order (unpacked), layers and each position's census
+    recording: Recording  # its access order (unpacked), layers, each position's census, live peak
     order: AccessOrder  # the order packed as offload packs it: one weight a kernel
     resident_bytes: int  # parameters kept resident (outside the kernels, or read outside their own)
     input_bytes: int
-    live_peak: int  # the most bytes its ops' outputs held at once
     params: int
     module_class: str
     grouping: str
@@ -65,7 +64,7 @@ class MetaForward:
     def traced_peak_bytes(self) -> int:
         """What the forward holds at its peak beside the streamed weights: its ops' live
         tensors, its inputs and the parameters kept resident."""
-        return self.live_peak + self.input_bytes + self.resident_bytes
+        return self.recording.live_peak + self.input_bytes + self.resident_bytes
 
 
 def on_meta(model_cfg: Any, workload: Any) -> tuple[nn.Module, dict]:
@@ -73,14 +72,14 @@ def on_meta(model_cfg: Any, workload: Any) -> tuple[nn.Module, dict]:
     its inputs for `workload` there."""
     module = nn.Module.to(build_module(model_cfg), META)
     inputs = example_inputs(model_cfg, module, workload, META)
-    if any(isinstance(t, torch.Tensor) and not t.is_meta for t in tree_flatten(inputs)[0]):
+    if any(not t.is_meta for t in input_tensors(inputs)):
         raise ConfigError(f"model.inputs ({plain_config(model_cfg)['inputs']['_target_']}) made tensors off the meta "
                           "device it was given: make every tensor with device=device")
     return module, inputs
 
 
 def meta_forward(module: nn.Module, inputs: Any, grouping: str = "block",
-                 blocks: Sequence[str] | None = None) -> MetaForward:
+                 blocks: Sequence[str] | None = None) -> SeenForward:
     """One forward of `module` (on the meta device) on `inputs` (a dict of keyword
     arguments, or a tuple of positional ones), its kernels grouped as offload groups them."""
     if grouping not in GROUPINGS:
@@ -91,25 +90,17 @@ def meta_forward(module: nn.Module, inputs: Any, grouping: str = "block",
                           "reads shapes only: build it under `with torch.device('meta'):` (or "
                           "engine.modules.build.parameters_on_meta()) and move its buffers with .to('meta')")
     kernels, kept = partition(module, grouping, blocks)
-    given = [t for t in tree_flatten(inputs)[0] if isinstance(t, torch.Tensor)]
-    # A transformers KV cache is no pytree: its layers' keys and values are inputs too, live
-    # until the forward replaces them (each layer's concatenated anew), so counted as such.
-    values = inputs.values() if isinstance(inputs, dict) else inputs
-    cache = [t for v in values for layer in getattr(v, "layers", ())
-             for t in (getattr(layer, "keys", None), getattr(layer, "values", None)) if isinstance(t, torch.Tensor)]
-    if any(not t.is_meta for t in given + cache):
+    if any(not t.is_meta for t in input_tensors(inputs) + kv_cache_tensors(inputs)):
         raise ConfigError("example_inputs hold tensors off the meta device; make them with device='meta'")
-    live = LiveBytes([*module.parameters(), *module.buffers(), *given])
-    live.adopt(cache)
-    del cache
+    live, input_bytes = forward_live_bytes(module, inputs)
 
     def run() -> Any:
         return module(**inputs) if isinstance(inputs, dict) else module(*inputs)
 
     cls = type(module)
     try:
-        with torch.no_grad(), live:
-            rec = record_order(module, run, kernels, lambda w, p: None, lambda w, p: None)
+        with torch.no_grad():
+            rec = record_order(module, run, kernels, lambda w, p: None, lambda w, p: None, live)
     except EngineError:
         raise
     except (RuntimeError, NotImplementedError, TypeError, ValueError, IndexError) as e:
@@ -121,12 +112,11 @@ def meta_forward(module: nn.Module, inputs: Any, grouping: str = "block",
             "that model.inputs matches its forward") from e
     host = {w: p for k in kernels for w, p in k.params.items()}
     packed = pack_kernels(rec.order, host, None, lambda n: torch.empty(n, dtype=torch.uint8, device=META))
-    return MetaForward(rec, packed.order, sum(_nbytes(p) for p in [*kept, *rec.outside]),
-                       sum(_nbytes(t) for t in given), live.peak, sum(p.numel() for p in module.parameters()),
-                       f"{cls.__module__}.{cls.__qualname__}", grouping)
+    return SeenForward(rec, packed.order, sum(_nbytes(p) for p in [*kept, *rec.outside]), input_bytes,
+                       sum(p.numel() for p in module.parameters()), f"{cls.__module__}.{cls.__qualname__}", grouping)
 
 
-def priced_trace(seen: MetaForward, hardware: Any, name: str, workload: Mapping[str, Any]) -> Trace:
+def priced_trace(seen: SeenForward, hardware: Any, name: str, workload: Mapping[str, Any]) -> Trace:
     """The one-step inference trace of what `seen` ran, priced for `hardware` (module docstring)."""
     predictor = ExecutionTimePredictor(hardware)
     if predictor.table is not None and predictor.module_cost is None:
