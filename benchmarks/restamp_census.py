@@ -3,8 +3,9 @@ and its meta forward's traced peak into its header (traced_peak_bytes).
 
     python benchmarks/restamp_census.py data/traces/modules/ltx2.trace.jsonl.gz=ltx2_diffusers ... --out OUT
 
-Recordings made before the recorder counted ops (engine/modules/census.py) carry none, and
-mode=calibrate --modules fits what a module's blocks cost beside their cores from it. Each
+Recordings made before the recorder counted ops (engine/modules/census.py) and traced its order
+forward's live bytes carry neither, and mode=calibrate --modules fits from them what a
+module's blocks cost beside their cores and the workspace torch holds beside its tensors. Each
 TRACE=MODEL pair names the model config (conf/model/MODEL.yaml) the trace recorded: the module
 is built on the meta device and run once on the trace's workload (engine/modules/synthesize.py
 meta_forward); its kernels must be the trace's, in its order. Nothing else in the trace changes.

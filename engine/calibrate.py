@@ -265,8 +265,9 @@ def fit_module_cost(modules: Sequence[Trace], table: KernelTable) -> ModuleCost:
     - host: each record's host time (through the hooks) as host_ns_per_op x dispatches +
       host_ns_per_kernel, decode included.
     - workspace_bytes: the median over the recordings whose header has both (decode aside: its
-      traced KV cache counts twice) of the measured `activation_peak_bytes` less the meta
-      forward's `traced_peak_bytes` (benchmarks/restamp_census.py writes it); 0 without any."""
+      traced KV cache counts twice) of the measured `activation_peak_bytes` less the traced
+      `traced_peak_bytes` (an inference recording's order forward; benchmarks/restamp_census.py
+      writes it into older ones from the meta forward); 0 without any."""
     gpu, gpu_w, host, host_w, workspace = [], [], [], [], []
     for t in modules:
         records = [r for r in t.records if r.phase == "fwd" and r.dispatches]

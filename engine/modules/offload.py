@@ -36,7 +36,7 @@ from engine.executor.setup import compute_device
 from engine.modules.kernels import GROUPINGS
 from engine.modules.record import record_module
 from engine.modules.streamed import StreamedModule, stage
-from engine.modules.synthesize import SeenForward, priced_trace
+from engine.modules.synthesize import priced_trace, seen_forward
 from engine.modules.training import TrainingHandle, activations_config, sized_for
 from engine.modules.untouched import untouched
 from engine.policy import LOOPS
@@ -258,12 +258,7 @@ class _SetUp:
 def census_trace(streamed: StreamedModule, hardware: Any, name: str) -> Trace:
     """The trace of `streamed`'s order forward priced from its census, as a synthesized
     module's is (engine/modules/synthesize.py): what `choose_by="census"` simulates."""
-    module = streamed.module
-    cls = type(module)
-    seen = SeenForward(streamed.recording, streamed.order, streamed.resident_bytes, streamed.input_bytes,
-                       sum(p.numel() for p in module.parameters()), f"{cls.__module__}.{cls.__qualname__}",
-                       streamed.grouping)
-    return priced_trace(seen, hardware, name, {})
+    return priced_trace(seen_forward(streamed), hardware, name, {})
 
 
 def fastest_grouping(attempt: Callable[[str], tuple[Any, dict]]) -> tuple[str, dict[str, tuple[Any, dict]]]:

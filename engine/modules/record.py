@@ -75,6 +75,7 @@ from engine.measure.probes import copy_stream_beside
 from engine.measure.timing import HOLD_FACTOR, KernelStamps, SavedTensorLog, host_bound
 from engine.models.spec import SavedTensor
 from engine.modules.streamed import StreamedModule, stage
+from engine.modules.synthesize import seen_forward
 from engine.policy import AccessOrder
 from engine.trace import BACKWARD_FLOPS_FACTOR, BACKWARD_SUFFIX, FORMAT, VERSION, KernelRecord, Trace, check_trace
 
@@ -570,6 +571,8 @@ def record_module(streamed: StreamedModule, *, name: str, backend: str, workload
         # The saved tensors are the simulator's to count (kept or spilled): the rest of torch's peak is transient.
         **({"activation_peak_bytes": max(0, run.memory[0] - saved_bytes), "context_bytes": run.memory[1]}
            if run.memory is not None else {}),
+        # What the order forward's tensors held at its peak (calibrate --modules: torch's workspace beside them).
+        **({"traced_peak_bytes": seen_forward(streamed).traced_peak_bytes} if not training else {}),
         **({"host_syncs": list(run.syncs)} if run.syncs is not None else {}),
         **({"compute_slowdown_under_copy": round(run.slowdown, 4)} if run.slowdown is not None else {}),
         "block_records": True,  # a record is a block of many launches: the simulator starts it with the first

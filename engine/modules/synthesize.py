@@ -24,7 +24,7 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from importlib import metadata
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -37,6 +37,9 @@ from engine.modules.kernels import (GROUPINGS, Recording, forward_live_bytes, in
 from engine.modules.packing import pack_kernels
 from engine.policy import AccessOrder
 from engine.trace import FORMAT, VERSION, KernelRecord, Trace, check_trace
+
+if TYPE_CHECKING:
+    from engine.modules.streamed import StreamedModule
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +68,16 @@ class SeenForward:
         """What the forward holds at its peak beside the streamed weights: its ops' live
         tensors, its inputs and the parameters kept resident."""
         return self.recording.live_peak + self.input_bytes + self.resident_bytes
+
+
+def seen_forward(streamed: StreamedModule) -> SeenForward:
+    """What offload's order forward on the device saw (engine/modules/streamed.py), as a meta
+    forward's."""
+    module = streamed.module
+    cls = type(module)
+    return SeenForward(streamed.recording, streamed.order, streamed.resident_bytes, streamed.input_bytes,
+                       sum(p.numel() for p in module.parameters()), f"{cls.__module__}.{cls.__qualname__}",
+                       streamed.grouping)
 
 
 def on_meta(model_cfg: Any, workload: Any) -> tuple[nn.Module, dict]:
