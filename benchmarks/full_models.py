@@ -10,10 +10,10 @@ For each model, through the CLI a user runs (so the numbers are the CLI's):
 3. `-m mode=execute` runs each budget x eviction (null: every weight resident),
    workload.steps steps each, outputs compared bitwise with the resident run;
 4. the weight file is deleted.
-Writes OUT/full_models.json (every execute report, the traces' paths) and prints a
+Writes OUT/full_models.json (every execute report, the traces' paths), OUT/measured.json (one
+row per configuration, the format `benchmarks/full_models_report.py --measured` reads: the
+predictions of any profile, table or trace are recomputed from it on any CPU) and prints a
 table of measured step against the prediction the execute run printed beside it.
-The predictions of other profiles or traces are recomputed from that JSON on any CPU
-(benchmarks/full_models_report.py).
 """
 from __future__ import annotations
 
@@ -51,6 +51,28 @@ def reports(sweep_dir: Path) -> list[dict]:
     for path in sorted(sweep_dir.glob("*/error.json")):
         rows.append({"error": json.loads(path.read_text()), "dir": str(path.parent)})
     return rows
+
+
+def measured_rows(result: dict, device: str, command: str) -> dict:
+    """full_models.json's execute reports as full_models_report.py's measured rows."""
+    rows = []
+    for model, entry in result.items():
+        for r in entry.get("runs", []):
+            if "error" in r:
+                continue
+            cfg, meas = r["config"], r["measurement"]
+            resident = cfg["budget_mb"] is None
+            rows.append({"model": model, "workload": entry["workload"], "budget_mb": cfg["budget_mb"],
+                         "eviction": "resident" if resident else meas["eviction"], "lookahead": meas["lookahead"],
+                         "step_ms": round(meas["step_ms"], 2), "first_step_ms": round(meas["first_step_ms"], 1),
+                         "h2d_bytes": meas["h2d_bytes"], "weight_copies": meas["weight_copies"],
+                         "relocations": meas["relocations"], "peak_pool_bytes": meas["peak_device_bytes"],
+                         "bitwise": meas["outputs_match_reference"],
+                         "predicted_ms": round(r["prediction"]["step_ms"], 2)})
+    return {"format": "offload-engine-full-model-measurements", "device": device,
+            "date": time.strftime("%Y-%m-%d"), "command": command,
+            "note": "weights=auto: each row's lookahead is the one execute chose; predicted_ms is execute's own "
+                    "prediction (the profile and kernel table it ran with)", "rows": rows}
 
 
 def main() -> None:
@@ -96,6 +118,10 @@ def main() -> None:
             weights.unlink(missing_ok=True)
         result[model] = entry
         result_path.write_text(json.dumps(result, indent=1))
+    import torch
+
+    device = f"{torch.cuda.get_device_name()}, torch {torch.__version__}" if torch.cuda.is_available() else "cpu"
+    (out / "measured.json").write_text(json.dumps(measured_rows(result, device, " ".join(sys.argv)), indent=1))
     print("\n| model | budget | eviction | predicted ms | measured ms | error | bitwise |")
     print("|---|---|---|---|---|---|---|")
     for model, entry in result.items():
