@@ -1,7 +1,9 @@
 """engine.offload on library model classes beyond the four benchmarked (decoders, an
-encoder-decoder, a conv UNet, DiTs of several kinds): tiny configs on the
-CPU backend, a budget just over each model's floor (weights stream every step), outputs
-bitwise the plain module's, the module restored after. Needs the models extra."""
+encoder-decoder, an encoder, a conv UNet, state-space and hybrid models, mixtures of
+experts, DiTs of several kinds): tiny configs on the CPU backend, a budget just over each
+model's floor (weights stream every step), outputs bitwise the plain module's, the module
+restored after; and each built on the meta device, synthesized from its config alone.
+Needs the models extra."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -25,6 +27,25 @@ def _transformers(name: str) -> tuple[torch.nn.Module, dict]:
     t = pytest.importorskip("transformers", reason="needs the models extra: pip install 'offload-engine[models]'")
     common = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=128)
+    ids = {"input_ids": torch.randint(0, 512, (1, 16))}
+    if name == "deepseek_v3":  # multi-head latent attention, a dense layer then routed and shared experts
+        return t.DeepseekV3ForCausalLM(t.DeepseekV3Config(
+            **common, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, q_lora_rank=32,
+            kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, first_k_dense_replace=1,
+            n_group=1, topk_group=1)), ids
+    if name == "gpt_oss":  # experts with biases and a clamped activation, attention sinks, sliding layers
+        return t.GptOssForCausalLM(t.GptOssConfig(**common, num_local_experts=4, num_experts_per_tok=2, head_dim=16,
+                                                  layer_types=["sliding_attention", "full_attention"] * 3)), ids
+    if name == "mamba":  # no attention: selective state-space scans
+        return t.MambaForCausalLM(t.MambaConfig(vocab_size=512, hidden_size=64, num_hidden_layers=4, state_size=8)), ids
+    if name == "jamba":  # hybrid: mamba and attention layers, experts every other layer
+        return t.JambaForCausalLM(t.JambaConfig(**common, num_experts=2, attn_layer_period=2, attn_layer_offset=1,
+                                                expert_layer_period=2, expert_layer_offset=1)), ids
+    if name == "bloom":  # ALiBi instead of rotary positions, fused query-key-value
+        return t.BloomForCausalLM(t.BloomConfig(vocab_size=512, hidden_size=64, n_layer=6, n_head=4)), ids
+    if name == "bert":  # an encoder: bidirectional, no head
+        return t.BertModel(t.BertConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+                                        num_attention_heads=4)), ids
     if name == "t5":  # encoder-decoder: the encoder's blocks, then the decoder's over its output
         model = t.T5ForConditionalGeneration(t.T5Config(vocab_size=512, d_model=64, d_kv=16, d_ff=128, num_layers=3,
                                                         num_heads=4))
@@ -70,6 +91,31 @@ def _diffusers(name: str) -> tuple[torch.nn.Module, dict]:
         # the shipped config's inputs builder (conf/model/qwen_image_diffusers.yaml)
         inputs = qwen_image_inputs(model, SimpleNamespace(batch=1, video_tokens=64, text_tokens=8),
                                    torch.device("cpu"), BF16)
+    elif name == "hunyuan_dit":  # two text encoders' streams, long skip connections across the blocks
+        from diffusers.models.embeddings import get_2d_rotary_pos_embed
+
+        model = d.HunyuanDiT2DModel(num_attention_heads=2, attention_head_dim=16, in_channels=4, patch_size=2,
+                                    sample_size=16, hidden_size=32, num_layers=4, cross_attention_dim=32,
+                                    cross_attention_dim_t5=32, pooled_projection_dim=16, text_len=8, text_len_t5=8,
+                                    use_style_cond_and_image_meta_size=False)
+        rope = get_2d_rotary_pos_embed(16, ((0, 0), (8, 8)), (8, 8))
+        inputs = dict(hidden_states=_randn(1, 4, 16, 16), timestep=torch.tensor([10.0]).to(BF16),
+                      encoder_hidden_states=_randn(1, 8, 32), text_embedding_mask=torch.ones(1, 8),
+                      encoder_hidden_states_t5=_randn(1, 8, 32), text_embedding_mask_t5=torch.ones(1, 8),
+                      image_rotary_emb=rope)
+    elif name == "cosmos":  # video, AdaLN-LoRA modulation, a learnable positional embedding
+        model = d.CosmosTransformer3DModel(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16,
+                                           num_layers=4, text_embed_dim=32, adaln_lora_dim=8, max_size=(4, 32, 32),
+                                           patch_size=(1, 2, 2), concat_padding_mask=False)
+        inputs = dict(hidden_states=_randn(1, 4, 2, 16, 16), timestep=torch.tensor([10]),
+                      encoder_hidden_states=_randn(1, 8, 32))
+    elif name == "stable_audio":  # 1-D audio latents, grouped-query attention, a global condition
+        model = d.StableAudioDiTModel(sample_size=32, in_channels=8, num_layers=4, attention_head_dim=16,
+                                      num_attention_heads=2, num_key_value_attention_heads=1, out_channels=8,
+                                      cross_attention_dim=32, time_proj_dim=16, global_states_input_dim=32,
+                                      cross_attention_input_dim=32)
+        inputs = dict(hidden_states=_randn(1, 8, 32), timestep=torch.tensor([10]), encoder_hidden_states=_randn(1, 8, 32),
+                      global_hidden_states=_randn(1, 1, 32))
     else:  # sana: linear attention, a caption norm
         model = d.SanaTransformer2DModel(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16,
                                          num_layers=4, num_cross_attention_heads=2, cross_attention_head_dim=16,
@@ -91,8 +137,10 @@ def _floor_mb(model: torch.nn.Module, inputs: dict) -> float:
 
 
 BUILDERS: dict[str, Callable[[str], tuple[torch.nn.Module, dict]]] = {
-    "qwen2": _transformers, "gemma2": _transformers, "gpt2": _transformers, "mixtral": _transformers, "t5": _transformers,
-    "unet": _diffusers, "sd3": _diffusers, "hunyuan_video": _diffusers, "qwen_image": _diffusers, "sana": _diffusers,
+    **dict.fromkeys(("qwen2", "gemma2", "gpt2", "mixtral", "t5", "deepseek_v3", "gpt_oss", "mamba", "jamba", "bloom",
+                     "bert"), _transformers),
+    **dict.fromkeys(("unet", "sd3", "hunyuan_video", "qwen_image", "sana", "hunyuan_dit", "cosmos", "stable_audio"),
+                    _diffusers),
 }
 
 
@@ -113,6 +161,27 @@ def test_a_library_model_streams_bitwise(name: str) -> None:
         h.remove()
     with torch.no_grad():
         assert torch.equal(_first(model(**inputs)), ref)  # put back as it was
+
+
+def _to_meta(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to("meta")
+    if isinstance(value, (tuple, list)):
+        return type(value)(_to_meta(v) for v in value)
+    return value
+
+
+@pytest.mark.parametrize("name", ["deepseek_v3", "gpt_oss", "mamba", "jamba", "bloom", "bert", "hunyuan_dit", "cosmos",
+                                  "stable_audio"])
+def test_a_library_model_is_synthesized_from_its_config(name: str) -> None:
+    """Built on the meta device, nothing allocated: one record a block and one a leaf outside
+    the blocks, each priced."""
+    with torch.device("meta"):
+        model, inputs = BUILDERS[name](name)
+    model = model.to(BF16)
+    trace = engine.synthesize(model, {k: _to_meta(v) for k, v in inputs.items()})
+    assert trace.header["source"] == "synthesized"
+    assert len(trace.records) >= 4 and all(r.compute_ns > 0 for r in trace.records)
 
 
 def test_generate_decodes_through_the_hooks() -> None:
