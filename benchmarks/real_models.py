@@ -65,7 +65,7 @@ from engine.weightfile import materialize  # noqa: E402
 
 MODELS = {"ltx2": "ltx2_diffusers", "flux": "flux_diffusers", "wan14b": "wan14b_diffusers",
           "qwen_image": "qwen_image_diffusers", "hunyuan_video": "hunyuan_video_diffusers", "llama8b": "llama8b_hf",
-          "qwen3_moe": "qwen3_moe_hf"}
+          "qwen3_moe": "qwen3_moe_hf", "gpt_oss": "gpt_oss_hf"}
 WORKLOADS = {  # the workload yaml's shapes: 768x512x121 video, 1024x1024 image, one decode token
     "ltx2": dict(kind="infer", batch=1, video_tokens=6144, audio_tokens=128, text_tokens=256, context_tokens=0),
     "flux": dict(kind="infer", batch=1, video_tokens=4096, audio_tokens=0, text_tokens=512, context_tokens=0),
@@ -74,6 +74,7 @@ WORKLOADS = {  # the workload yaml's shapes: 768x512x121 video, 1024x1024 image,
     "hunyuan_video": dict(kind="infer", batch=1, video_tokens=6144, audio_tokens=0, text_tokens=256, context_tokens=0),
     "llama8b": dict(kind="decode", batch=1, video_tokens=0, audio_tokens=0, text_tokens=0, context_tokens=4096),
     "qwen3_moe": dict(kind="decode", batch=1, video_tokens=0, audio_tokens=0, text_tokens=0, context_tokens=4096),
+    "gpt_oss": dict(kind="decode", batch=1, video_tokens=0, audio_tokens=0, text_tokens=0, context_tokens=4096),
 }
 
 

@@ -9,7 +9,7 @@ from engine.errors import ConfigError
 
 register()
 
-MODELS = ["flux", "flux_diffusers", "hunyuan_video_diffusers", "llama70b", "llama8b", "llama8b_hf", "ltx", "ltx2_diffusers", "ltxv13b",
+MODELS = ["flux", "flux_diffusers", "gpt_oss_hf", "hunyuan_video_diffusers", "llama70b", "llama8b", "llama8b_hf", "ltx", "ltx2_diffusers", "ltxv13b",
           "qwen3_moe_hf", "qwen_image_diffusers", "tiny", "tiny_llama_hf", "wan14b", "wan14b_diffusers"]
 
 

@@ -198,3 +198,27 @@ def test_generate_decodes_through_the_hooks() -> None:
         assert torch.equal(model.generate(**inputs, max_new_tokens=8, do_sample=False), ref)
     assert len(h.telemetry()) >= 8  # a step a forward
     h.remove()
+
+
+@pytest.mark.parametrize("name", ["gpt_oss", "gemma2", "qwen2"])
+def test_decode_over_the_shipped_kv_cache_repeats_its_step(name: str) -> None:
+    """llama_inputs' decode (one token over a built KV cache, the step every forward repeats) on
+    models whose attention takes an explicit mask sized from the cache before any layer runs
+    (GPT-OSS's sinks, Gemma2's soft-capping: eager attention; sliding-window layers that count the
+    tokens they saw): every forward returns the same logits, streamed bitwise as resident."""
+    from engine.modules.build import llama_inputs
+
+    torch.manual_seed(0)
+    model, _ = _transformers(name)
+    model = model.to(BF16).eval()
+    model.config.sliding_window = 8  # under the context: the sliding layers keep a window
+    inputs = llama_inputs(model, SimpleNamespace(kind="decode", batch=1, context_tokens=32, text_tokens=0),
+                          torch.device("cpu"), BF16)
+    with torch.no_grad():
+        ref = _first(model(**inputs)).clone()
+        assert torch.equal(_first(model(**inputs)), ref)
+    h = engine.offload(model, budget_mb=1.05 * _floor_mb(model, inputs), example_inputs=inputs, eviction="priority",
+                       lookahead=2, backend="cpu")
+    with torch.no_grad():
+        assert all(torch.equal(_first(model(**inputs)), ref) for _ in range(2))
+    h.remove()

@@ -262,20 +262,26 @@ def llama_inputs(module: nn.Module, workload: Any, device: torch.device, dtype: 
         k = _randn(g, (b, c.num_key_value_heads, ctx, head_dim), device, dtype)
         cache.update(k, torch.randn_like(k), layer)
     return dict(input_ids=torch.randint(0, c.vocab_size, (b, 1), generator=g).to(device),
-                past_key_values=_fixed_length(cache, ctx), position_ids=torch.full((b, 1), ctx, device=device),
+                past_key_values=_fixed_length(cache), position_ids=torch.full((b, 1), ctx, device=device),
                 use_cache=True)
 
 
-def _fixed_length(cache: Any, length: int) -> Any:
-    """`cache`, read at `length` by every forward: transformers appends the new
-    token's keys in place, so each layer is cropped back before its update."""
+def _fixed_length(cache: Any) -> Any:
+    """`cache`, read at the length it was built with by every forward: each layer's update
+    returns the new token's keys and values appended, then the layer goes back to its built
+    state (its keys and values; a sliding-window layer's count of the tokens it has seen). So
+    between forwards the cache reads its built length, and the masks a forward sizes from it
+    before any layer runs match the keys each layer returns."""
+    built = [(layer.keys, layer.values, getattr(layer, "cumulative_length", None)) for layer in cache.layers]
     update = cache.update
 
-    def update_at_length(key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: Any, **kw: Any) -> Any:
-        if cache.get_seq_length(layer_idx) > length:
-            layer = cache.layers[layer_idx]
-            layer.keys, layer.values = layer.keys[..., :length, :], layer.values[..., :length, :]
-        return update(key, value, layer_idx, *args, **kw)
+    def update_and_restore(key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: Any, **kw: Any) -> Any:
+        out = update(key, value, layer_idx, *args, **kw)
+        layer = cache.layers[layer_idx]
+        layer.keys, layer.values, seen = built[layer_idx]
+        if seen is not None:
+            layer.cumulative_length = seen
+        return out
 
-    cache.update = update_at_length
+    cache.update = update_and_restore
     return cache
