@@ -15,6 +15,7 @@ workload, the device, the dtype and a seed, returning keyword arguments).
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Mapping
@@ -261,9 +262,15 @@ def llama_inputs(module: nn.Module, workload: Any, device: torch.device, dtype: 
     for layer in range(c.num_hidden_layers):
         k = _randn(g, (b, c.num_key_value_heads, ctx, head_dim), device, dtype)
         cache.update(k, torch.randn_like(k), layer)
-    return dict(input_ids=torch.randint(0, c.vocab_size, (b, 1), generator=g).to(device),
-                past_key_values=_fixed_length(cache), position_ids=torch.full((b, 1), ctx, device=device),
-                use_cache=True)
+    return {"input_ids": torch.randint(0, c.vocab_size, (b, 1), generator=g).to(device),
+            _cache_argument(module): _fixed_length(cache), "position_ids": torch.full((b, 1), ctx, device=device),
+            "use_cache": True}
+
+
+def _cache_argument(module: nn.Module) -> str:
+    """The name `module`'s forward takes a KV cache by: `cache` in newer transformers, which
+    deprecate `past_key_values`; `past_key_values` before."""
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
 
 
 def _fixed_length(cache: Any) -> Any:
