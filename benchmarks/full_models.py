@@ -66,7 +66,8 @@ def measured_rows(result: dict, device: str, command: str) -> dict:
                          "eviction": "resident" if resident else meas["eviction"], "lookahead": meas["lookahead"],
                          "step_ms": round(meas["step_ms"], 2), "first_step_ms": round(meas["first_step_ms"], 1),
                          "h2d_bytes": meas["h2d_bytes"], "weight_copies": meas["weight_copies"],
-                         "relocations": meas["relocations"], "peak_pool_bytes": meas["peak_device_bytes"],
+                         "relocations": meas["relocations"], "warm_relocations": meas["warm_relocations"],
+                         "peak_pool_bytes": meas["peak_device_bytes"],
                          "bitwise": meas["outputs_match_reference"],
                          "predicted_ms": round(r["prediction"]["step_ms"], 2)})
     return {"format": "offload-engine-full-model-measurements", "device": device,

@@ -15,7 +15,7 @@ from engine.errors import BelowFloorError, ExecutorError
 from engine.executor import WeightExecutor, host_weights, make_backend
 from engine.executor.cpu import CpuBackend
 from engine.models import forward, load_spec
-from engine.modes.execute import run_execute
+from engine.modes.execute import comparison_md, run_execute
 from engine.policy import AccessOrder
 from engine.policy.weights import WeightResidency, floor
 
@@ -248,8 +248,16 @@ def test_run_execute_on_the_host_backend(tiny, tmp_path):
     assert result["steps"] == 3 and result["budget_bytes"] == 1_000_000
     assert result["peak_device_bytes"] <= 1_000_000
     assert result["weight_hits"] > 0 and result["h2d_bytes"] > 0
+    assert result["relocations"] == result["warm_relocations"] == 0  # a byte counter never fragments
     rows = [json.loads(line) for line in (tmp_path / "telemetry.jsonl").read_text().splitlines()]
     assert len(rows) == 3 and {"step_ms", "h2d_bytes", "peak_device_bytes"} <= rows[0].keys()
+
+
+@pytest.mark.parametrize("warm, says", [(0, "only the first step includes"), (2, "the measured step includes")])
+def test_the_report_says_whether_the_measured_step_holds_relocations(warm, says):
+    """The median is over the steps after the first: a relocation there is in the measured step."""
+    md = comparison_md([], {"backend": "cuda", "steps": 5, "relocations": 3, "warm_relocations": warm})
+    assert f"3 relocations, {warm} of them in the steps the median is taken over" in md and says in md
 
 
 def test_run_execute_materializes_small_models_and_refuses_big_ones(tiny, tmp_path):
