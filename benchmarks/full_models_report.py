@@ -97,7 +97,7 @@ def main() -> None:
           f"{', each model held out of the kernel table' if args.leave_one_out else ''}\n")
     print("| model | budget MB | eviction | measured ms | predicted ms | error |")
     print("|---|---|---|---|---|---|")
-    errors, ranked, budgets, misses, relocated = [], 0, 0, [], []
+    errors, relocated, ranked, budgets, misses = [], [], 0, 0, []
     with tempfile.TemporaryDirectory() as tmp:
         for model, rows in by_model.items():
             held = [f"hardware.kernel_table={held_out_table(model, Path(tmp))}"] if args.leave_one_out else []
@@ -111,9 +111,8 @@ def main() -> None:
                 p = pred[(*key, r["lookahead"])]
                 err = (p / r["step_ms"] - 1) * 100
                 errors.append(abs(err))
-                if r.get("warm_relocations"):  # rows of older sets carry no per-step count
-                    relocated.append(abs(err))
-                mark = " (the pool relocated in a warm step)" if r.get("warm_relocations") else ""
+                relocated.append(bool(r.get("warm_relocations")))  # rows of older sets carry no per-step count
+                mark = " (the pool relocated in a warm step)" if relocated[-1] else ""
                 print(f"| {model} | {r['budget_mb'] or 'all resident'} | {r['eviction']} | {r['step_ms']:.1f} | "
                       f"{p:.1f} | {err:+.1f}%{mark} |")
             for b in sorted({r["budget_mb"] for r in rows if r["budget_mb"] is not None}):
@@ -128,13 +127,11 @@ def main() -> None:
                                   f"over {fastest['eviction']}'s {fastest['step_ms']:.1f}")
     print(f"\n{len(errors)} configurations: mean |error| {statistics.mean(errors):.1f}%, max {max(errors):.1f}%; "
           f"the simulator's fastest eviction is the measured fastest at {ranked} of {budgets} budgets")
-    if relocated:  # the simulator does not model the pool's relocations: the rest, apart
-        rest = list(errors)
-        for e in relocated:
-            rest.remove(e)
+    if any(relocated):  # the simulator does not model the pool's relocations: the rest, apart
+        rest = [e for e, moved in zip(errors, relocated) if not moved]
         others = (f"; the other {len(rest)}: mean |error| {statistics.mean(rest):.1f}%, max {max(rest):.1f}%"
                   if rest else "")
-        print(f"{len(relocated)} of them relocated in a warm step (a stall the simulator does not model){others}")
+        print(f"{sum(relocated)} of them relocated in a warm step (a stall the simulator does not model){others}")
     for line in misses:
         print(f"- {line}")
 

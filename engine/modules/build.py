@@ -245,9 +245,9 @@ def llama_inputs(module: nn.Module, workload: Any, device: torch.device, dtype: 
                  seed: int = 0) -> dict:
     """A transformers causal LM (LlamaForCausalLM and its kin): decode (workload.kind decode)
     is one new token per sequence over a KV cache of workload.context_tokens random keys and
-    values, the cache cropped back after each step so every step is the same; otherwise a
-    forward over workload.text_tokens tokens: a prefill filling a new KV cache, as generate's
-    does, or a training step's, without one."""
+    values, every step reading it at that length (`_fixed_length`) so every step is the same;
+    otherwise a forward over workload.text_tokens tokens: a prefill filling a new KV cache, as
+    generate's does, or a training step's, without one."""
     from transformers import DynamicCache
 
     c = module.config
