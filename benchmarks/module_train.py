@@ -4,11 +4,14 @@ budgets and activation policies, each beside the prediction from that one record
     python benchmarks/module_train.py                                  # LTX-2, 48 blocks, 6144 tokens
     python benchmarks/module_train.py --blocks 8 --tokens 16384 --checkpointing false \\
         --budgets null --activations off,sync,watermark --override activations.high_watermark_mb=...
+    python benchmarks/module_train.py --model flux_diffusers --synthesized   # predicted with no recording
 
 The commands a user runs:
 1. `mode=materialize` writes random bf16 weights for the model (--blocks: that many) into --dir;
 2. `workload=train_lora mode=record` records one training step (peft LoRA rank --rank on the
-   config's lora_targets, per-block checkpointing unless --checkpointing false);
+   config's lora_targets, per-block checkpointing unless --checkpointing false); with
+   --synthesized, the step's trace is synthesized on the meta device instead, as
+   `mode=simulate` does without a GPU (engine/modules/synthesize.py), and written there;
 3. `-m mode=execute trace=...` runs each budget x activations policy, workload.steps steps each,
    after the same steps with every weight resident (losses and adapter gradients compared);
 4. the checkpoint is deleted.
@@ -64,6 +67,22 @@ def describe(path: Path) -> None:
         f"context {(h.get('context_bytes') or 0) / 1e9:.3f} GB, record {h.get('record_s')} s")
 
 
+def synthesized(path: Path, overrides: list[str]) -> None:
+    """Write the trace `mode=simulate` synthesizes for these overrides (no GPU, no checkpoint)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from hydra import compose, initialize_config_module
+
+    from engine.config import register
+    from engine.modules.synthesize import synthesize_module
+    from engine.trace import write_trace
+
+    register()
+    with initialize_config_module(config_module="conf", version_base="1.3"):
+        cfg = compose(config_name="config", overrides=overrides)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_trace(path, synthesize_module(cfg.model, cfg.workload, cfg.hardware))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="ltx2_diffusers")
@@ -77,6 +96,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--dir", default="/dev/shm")
     ap.add_argument("--override", action="append", default=[], help="an engine override for every run")
+    ap.add_argument("--synthesized", action="store_true", help="predict from the synthesized trace, not a recording")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     out = Path(args.out)
@@ -90,9 +110,13 @@ def main() -> None:
         engine(*model, "mode=materialize", f"out={ckpt}", f"hydra.run.dir={out / 'materialize'}")
         log(f"materialized in {time.perf_counter() - t:.0f} s")
         t = time.perf_counter()
-        engine(*model, *train, "mode=record", f"weights.file={ckpt}", f"hydra.run.dir={out / 'record'}")
-        log(f"recorded in {time.perf_counter() - t:.0f} s")
         trace = out / "record" / "trace.jsonl"
+        if args.synthesized:
+            synthesized(trace, model + train)
+            log(f"synthesized in {time.perf_counter() - t:.0f} s")
+        else:
+            engine(*model, *train, "mode=record", f"weights.file={ckpt}", f"hydra.run.dir={out / 'record'}")
+            log(f"recorded in {time.perf_counter() - t:.0f} s")
         describe(trace)
         engine("-m", *model, *train, "mode=execute", f"trace={trace}", f"weights.file={ckpt}",
                f"budget={args.budgets}", f"activations={args.activations}",

@@ -48,6 +48,10 @@ MATMUL_OPS = ("linear", "attention", "attention_masked")
 CORE_DIMS = {"linear": 3, "attention": 4, "attention_masked": 4}  # a matmul op's shape: (m, n, k), (bh, lq, lk, d)
 MEMORY_OPS = ("norm", "elementwise", "embed")
 BACKWARD = "_bwd"
+# A backward kernel's FLOPs and bytes, as traces count them: twice its forward's (the kernel
+# table's backward rates are work over time on this count).
+BACKWARD_FLOPS_FACTOR = 2
+BACKWARD_OPS = 2  # ops a real module's backward launches per op of its forward
 TRAINING = "_train"  # the kernel table's host time of a training forward's kernel
 # The probe grid an op falls back to where the table has no point of its own (a table probed
 # before masked attention prices it as unmasked: ExecutionTimePredictor.lacks).
@@ -339,16 +343,36 @@ class ExecutionTimePredictor:
     def module_cost(self) -> ModuleCost | None:
         return self.table.module_cost if self.table is not None else None
 
-    def module_kernel_ns(self, cores: Sequence[tuple[str, Sequence[int]]], memory_elements: int, ops: int) -> int:
+    def module_kernel_ns(self, cores: Sequence[tuple[str, Sequence[int]]], memory_elements: int, ops: int,
+                         backward: bool = False, trained: Sequence[Sequence[int]] = ()) -> int:
         """A real module's block from its census (engine/modules/census.py): each core by op
         and shape, the rest by the table's ModuleCost; without one, the rest's elements at
-        two bytes each through hbm_gbps."""
-        cores_ns = sum(self.kernel_ns(op, core_flops(op, shape), core_io_bytes(op, shape), shape)
-                       for op, shape in cores)
+        two bytes each through hbm_gbps. `backward`: the block's backward (`backward_core_ns`
+        for each core, and for each of the `trained` linears, (m, n, k), the weight's
+        gradient: the matmul (n, k, m)), its ops launched BACKWARD_OPS times."""
+        core = self.backward_core_ns if backward else self.core_ns
+        cores_ns = sum(core(op, shape) for op, shape in cores)
+        if backward:
+            cores_ns += sum(self.core_ns("linear", (n, k, m)) for m, n, k in trained)
+        ops = ops * BACKWARD_OPS if backward else ops
         cost = self.module_cost
         rest = 2 * memory_elements / self.hbm_bytes_per_ns if cost is None else \
             memory_elements * cost.ns_per_element + ops * cost.ns_per_op
         return max(1, round(cores_ns + rest))
+
+    def core_ns(self, op: str, shape: Sequence[int]) -> int:
+        """A census core (engine/modules/census.py) by op and shape."""
+        return self.kernel_ns(op, core_flops(op, shape), core_io_bytes(op, shape), shape)
+
+    def backward_core_ns(self, op: str, shape: Sequence[int]) -> int:
+        """A core's backward with its weight frozen: a linear's gradient by its input is the
+        same matmul with n and k swapped, at the forward's rate; attention's at the table's
+        backward rate, its work counted BACKWARD_FLOPS_FACTOR times as traces count it."""
+        if op == "linear":
+            m, n, k = shape
+            return self.core_ns(op, (m, k, n))
+        f = BACKWARD_FLOPS_FACTOR
+        return self.kernel_ns(op, f * core_flops(op, shape), f * core_io_bytes(op, shape), shape, backward=True)
 
     def module_host_ns(self, ops: int, dispatches: int, hooked: bool = True) -> int:
         """Host time of a real module's block that launches `ops` ops of `dispatches`, through
@@ -370,7 +394,10 @@ class ExecutionTimePredictor:
         if self.table is not None:
             ns = _table_ns(self.table, op, flops, io_bytes, shape, backward, passes)
             if ns is not None:
-                return max(1, round(ns))
+                # Never under its bytes' time through HBM: a skinny matmul (a LoRA adapter's,
+                # rank 32 against thousands of features) lies far from the points it is
+                # interpolated between, which run at compute-bound rates.
+                return max(1, round(max(ns, io_bytes / self.hbm_bytes_per_ns)))
         memory_ns = io_bytes / self.hbm_bytes_per_ns
         passes_ns = sum(pass_bytes(passes).values()) / self.hbm_bytes_per_ns
         if op in MATMUL_OPS:

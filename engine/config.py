@@ -91,6 +91,9 @@ class WorkloadConfig:
     context_tokens: int = 0  # decode: KV-cache length
     lora_rank: int = 0
     checkpointing: bool = False  # train_lora on a real module: per-block activation checkpointing
+    # train_lora on a real module on CUDA: whether attention may run cuDNN's kernels; off, torch's
+    # flash and memory-efficient ones (cuDNN's backward faults on diffusers FLUX under torch 2.11)
+    cudnn_attention: bool = False
     steps: int = 3  # steps simulated / executed; the first warms the pool
     loop: str = "free"  # free | synced: whether the host waits for each step's end (engine.policy.LOOPS)
 

@@ -87,3 +87,15 @@ def launches_cell(launches: Sequence[int]) -> str:
     if not total:
         return "not counted (no CUDA device)"
     return f"{total:,} ({total / len(launches):.1f} a record)"
+
+
+def relocations_note(measurement: dict) -> str | None:
+    """The report's line on the pool's relocations in a measured run, if it relocated."""
+    total = measurement.get("relocations")
+    if not total:
+        return None
+    warm = measurement.get("warm_relocations", 0)
+    return (f"- {total} relocations, {warm} of them in the steps the median is taken over: the pool refused a "
+            "block under the budget (fragmentation) and the resident weights were copied in again; the "
+            f"simulator does not model this, so {'the measured step includes' if warm else 'only the first step includes'} "
+            "stalls it did not predict; weights.backend=vmm never relocates")

@@ -85,11 +85,11 @@ from dataclasses import asdict, dataclass, fields, is_dataclass
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
-from typing import IO, Any, Iterator, Mapping
+from typing import IO, Any, Iterator, Mapping, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from engine.compute import CORE_DIMS, PASSES, ExecutionTimePredictor
+from engine.compute import BACKWARD_FLOPS_FACTOR, CORE_DIMS, PASSES, ExecutionTimePredictor
 from engine.errors import TraceError
 from engine.policy import AccessOrder
 from engine.models.spec import Kernel, ModelSpec, SavedTensor
@@ -98,8 +98,6 @@ FORMAT = "offload-engine-trace"
 VERSION = 1
 PHASES = ("fwd", "bwd")
 BACKWARD_SUFFIX = ".bwd"
-# Backward of a linear computes grad-input and grad-weight: about twice the forward.
-BACKWARD_FLOPS_FACTOR = 2
 
 
 @dataclass(frozen=True)
@@ -468,6 +466,34 @@ def check_trace(trace: Trace) -> None:
     if backward and backward != len(forward):
         raise TraceError(f"line {len(trace.records) + 1}: backward stops after {backward} of "
                          f"{len(forward)} records; the backward must mirror the whole forward")
+
+
+def saving_layers(layers: Sequence[int]) -> list[int]:
+    """The layer each kernel's saved tensors belong to, as the activation offloader counts
+    them: the block entered last (its layer hooks enter blocks only), layer 0 before the
+    first. A checkpointed block's input is saved before its hooks run, so it counts with
+    the block before it, in both."""
+    out, current = [], 0
+    for layer in layers:
+        current = layer if layer >= 0 else current
+        out.append(current)
+    return out
+
+
+def saved_tensors(kernels: Sequence[str], layers: Sequence[int], saved: Mapping[int, Sequence[int]],
+                  last_saver: Mapping[tuple[int, int], int]) -> tuple[list[tuple[SavedTensor, ...]], dict[int, list[str]]]:
+    """A module's training forward as the activation offloader sees it: each position's saved
+    tensors (bytes of each new storage in `saved`, named KERNEL/tK, in the layer
+    `saving_layers` counts from the kernels' `layers`), and by position the names its backward mirror unpacks first: a tensor saved
+    again by a later kernel (`last_saver`) is needed at that kernel's mirror."""
+    layers = saving_layers(layers)
+    out = [tuple(SavedTensor(f"{kernels[i]}/t{k}", nbytes, layers[i]) for k, nbytes in enumerate(saved.get(i, ())))
+           for i in range(len(kernels))]
+    needs: dict[int, list[str]] = {}
+    for i, tensors in enumerate(out):
+        for k, s in enumerate(tensors):
+            needs.setdefault(last_saver.get((i, k), i), []).append(s.name)
+    return out, needs
 
 
 # The workload fields that change what a step runs: a trace recorded with other

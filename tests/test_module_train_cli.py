@@ -169,7 +169,7 @@ def test_leaf_kernels_inside_checkpointed_blocks_are_one_line(recorded):
 
 
 def test_saves_count_in_the_layer_the_offloader_is_in():
-    from engine.modules.record import saving_layers
+    from engine.trace import saving_layers
 
     # Before the first block: layer 0 (the offloader enters it at the first save); after a block,
     # that block's layer until the next one starts.
@@ -189,3 +189,55 @@ def test_every_shipped_lora_target_names_a_module_of_its_class(model):
     names = [n for n, _ in build_module(cfg).named_modules()]
     unmatched = [t for t in cfg.lora_targets if not any(n == t or n.endswith("." + t) for n in names)]
     assert not unmatched
+
+
+def _synthesized(checkpointing: bool):
+    from hydra import compose, initialize_config_module
+
+    from engine.config import register
+    from engine.modules.synthesize import synthesize_module
+
+    register()
+    with initialize_config_module(config_module="conf", version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[*MODEL, f"workload.checkpointing={checkpointing}"])
+    return synthesize_module(cfg.model, cfg.workload, cfg.hardware)
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_the_synthesized_training_step_saves_what_the_recording_saw(recorded, checkpointing):
+    """A LoRA step synthesized on the meta device (no checkpoint, no GPU) runs the recorded
+    step's kernels and saves, kernel by kernel, the tensors the recording saw autograd save
+    (attention's output and log-sum-exp beside its inputs, the loss's with the last kernel),
+    unpacked first by the same backward records."""
+    syn, rec = _synthesized(checkpointing), read_trace(recorded[checkpointing][1])
+    assert syn.header["source"] == "synthesized"
+    assert [r.name for r in syn.records] == [r.name for r in rec.records]
+    for a, b in zip(syn.records, rec.records):
+        assert sorted(s.nbytes for s in a.saved) == sorted(s.nbytes for s in b.saved), a.name
+        assert {s.layer for s in a.saved} == {s.layer for s in b.saved}, a.name
+        assert sorted(a.needs) == sorted(b.needs), a.name
+    assert sum(s.nbytes for r in syn.records for s in r.saved) > 0
+
+
+def test_checkpointing_adds_each_block_forward_to_its_backward():
+    """A checkpointed block runs its forward again in backward: its backward record is the
+    plain one plus its forward; the kernels outside the blocks are not recomputed."""
+    plain, ckpt = _synthesized(False), _synthesized(True)
+    fwd = {r.name: r.compute_ns for r in ckpt.records if r.phase == "fwd"}
+    for a, b in zip(plain.records, ckpt.records):
+        if a.phase != "bwd":
+            continue
+        forward = a.name.removesuffix(BACKWARD_SUFFIX)
+        extra = fwd[forward] if a.layer >= 0 else 0
+        assert b.compute_ns == a.compute_ns + extra, a.name
+    # Checkpointed, the blocks save only their inputs.
+    assert sum(s.nbytes for r in ckpt.records for s in r.saved) < sum(s.nbytes for r in plain.records for s in r.saved)
+
+
+def test_a_training_step_is_predicted_from_the_config_alone(tmp_path):
+    """workload=train_lora on a real module without a trace: synthesized, simulated, no GPU."""
+    r = cli(*MODEL, BUDGET, f"hydra.run.dir={tmp_path}")
+    assert r.returncode == 0, r.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["prediction"]["step_ms"] > 0
+    assert "10 kernels" in r.stdout or "/ 10" in r.stdout  # the forward's 5 and their mirror

@@ -310,3 +310,53 @@ def test_the_cli_predicts_a_diffusers_model_nobody_recorded(run_cli, tmp_path) -
     assert report["plan"]["model_bytes"] == pytest.approx(sum(flux.weight_sizes.values()), rel=1e-6)
     assert 200 < report["prediction"]["step_ms"] < 300 and math.isfinite(report["prediction"]["step_ms"])
     assert SimpleNamespace(**report["config"]).trace is None
+
+
+def test_the_census_marks_the_linears_whose_weight_trains() -> None:
+    """An adapter's matmul (its weight requires grad) is a trained core: its backward makes the
+    weight's gradient too; a frozen base linear's is not."""
+    base = torch.nn.Linear(64, 32, bias=False, device=META).requires_grad_(False)
+    adapter = torch.nn.Linear(64, 4, bias=False, device=META)
+    x = torch.empty(16, 64, device=META)
+    census = OpCensus()
+    with census:
+        base(x)
+        adapter(x)
+    assert census.kernels[0].cores == [("linear", (16, 32, 64)), ("linear", (16, 4, 64))]
+    assert census.kernels[0].trained == [(16, 4, 64)]
+
+
+def test_attention_on_meta_saves_what_the_fused_backward_reads_and_passes_gradients() -> None:
+    """With autograd on, the meta device's fused attention saves query, key, value, output and
+    the fp32 log-sum-exp, and its gradients reach the inputs; meta_attention swaps SDPA only
+    for its while."""
+    from engine.modules.census import fused_attention, meta_attention
+
+    q = torch.empty(1, 4, 32, 16, dtype=torch.bfloat16, device=META, requires_grad=True)
+    saved: list[tuple] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append((tuple(t.shape), t.dtype)) or t, lambda t: t):
+        out = fused_attention(q, q, q)
+    assert saved == [((1, 4, 32, 16), torch.bfloat16)] * 4 + [((1, 4, 32), torch.float32)]
+    out.sum().backward()
+    assert q.grad is not None and q.grad.shape == q.shape
+    original = F.scaled_dot_product_attention
+    with meta_attention():
+        assert F.scaled_dot_product_attention is not original
+        assert F.scaled_dot_product_attention(q, q, q).shape == q.shape
+    assert F.scaled_dot_product_attention is original
+
+
+def test_a_backward_core_is_its_input_gradient_and_a_trained_one_its_weight_gradient_too() -> None:
+    """A frozen linear (m, n, k) backward: the (m, k, n) matmul; an adapter's adds (n, k, m);
+    no tabled kernel runs faster than its bytes through HBM."""
+    p = ExecutionTimePredictor(OmegaConf.create({"matmul_tflops": 500.0, "hbm_gbps": 2000.0,
+                                                 "kernel_table": "h100_calibrated.kernels.json"}))
+    m, n, k = 4096, 3072, 12288
+    assert p.backward_core_ns("linear", (m, n, k)) == p.core_ns("linear", (m, k, n))
+    frozen = p.module_kernel_ns([("linear", (m, n, k))], 0, 0, backward=True)
+    trained = p.module_kernel_ns([("linear", (m, 32, k))], 0, 0, backward=True, trained=[(m, 32, k)])
+    assert trained == p.core_ns("linear", (m, k, 32)) + p.core_ns("linear", (32, k, m))
+    assert frozen == p.core_ns("linear", (m, k, n))
+    skinny = (4352, 32, 15360)  # a rank-32 adapter on a 15360-wide input: its input's bytes bound it
+    io = 2 * (4352 * 15360 + 32 * 15360 + 4352 * 32)
+    assert p.core_ns("linear", skinny) >= io / 2000.0

@@ -16,8 +16,8 @@ from engine.models import forward
 from engine.measure.clocks import Clock
 from engine.measure.launches import Census
 from engine.models.spec import ModelSpec, SavedTensor
-from engine.compute import ExecutionTimePredictor, medians_by_op, unblocked_sum
-from engine.trace import (BACKWARD_FLOPS_FACTOR, BACKWARD_SUFFIX, FORMAT, VERSION,
+from engine.compute import BACKWARD_FLOPS_FACTOR, ExecutionTimePredictor, medians_by_op, unblocked_sum
+from engine.trace import (BACKWARD_SUFFIX, FORMAT, VERSION,
                           KernelRecord, Trace, check_trace)
 
 WARMUP_STEPS = 2
@@ -78,41 +78,74 @@ class KernelStamps:
         return [b - a for a, b in zip(self.host_start, self.host_start[1:] + [self.host_end])]
 
 
-@dataclass
-class SavedTensorLog:
-    """Saved-tensor hooks: what each forward kernel saves, when the backward reaches it."""
+class SavedStorages:
+    """What each forward kernel saves for backward: each storage once, under the kernel that
+    saved it first, unless the offloader would hold it as it is (a weight, an adapter, a
+    tensor off `device`). `by_address` keys storages by their device address; off it (the
+    meta device, where storages have none) by the storage itself."""
 
-    stamps: KernelStamps
-    weight_ptrs: set[int]  # storages of frozen weights and adapters: weights, not activations
-    saved: dict[int, list[int]] = field(default_factory=dict)  # kernel -> bytes of each new storage
-    # (kernel, index in its saved list) -> the last kernel that saved that storage again (the
-    # text context: block 0 saves it, every later block again); backward unpacks it first there.
-    last_saver: dict[tuple[int, int], int] = field(default_factory=dict)
-    first_unpack: dict[int, Any] = field(default_factory=dict)  # kernel -> stamp
-    first_unpack_host: dict[int, int] = field(default_factory=dict)  # kernel -> perf_counter_ns
-    packs: dict[int, int] = field(default_factory=dict)  # kernel -> tensors autograd saved (hook calls)
-    _seen: dict[int, tuple[int, int]] = field(default_factory=dict)
+    def __init__(self, weights: set[int], device: torch.device, by_address: bool = True):
+        self.weights = weights  # keys of the storages of frozen weights and adapters: not activations
+        self.device = device
+        self.by_address = by_address
+        self.saved: dict[int, list[int]] = {}  # kernel -> bytes of each new storage
+        # (kernel, index in its saved list) -> the last kernel that saved that storage again (the
+        # text context: block 0 saves it, every later block again); backward unpacks it first there.
+        self.last_saver: dict[tuple[int, int], int] = {}
+        self.packs: dict[int, int] = {}  # kernel -> tensors autograd saved (hook calls)
+        self._seen: dict[int, tuple[int, int]] = {}
 
-    def note(self, t: torch.Tensor) -> None:
-        """Log a saved tensor under the running kernel, unless the offloader would hold it as it is."""
-        i = self.stamps.current
-        self.packs[i] = self.packs.get(i, 0) + 1
+    def key(self, t: torch.Tensor) -> int:
         storage = t.untyped_storage()
-        ptr = storage.data_ptr()
-        if ptr in self.weight_ptrs or held_as_is(t, t._base if t._base is not None else t, self.stamps.clock.device):
+        return storage.data_ptr() if self.by_address else storage._cdata
+
+    def note(self, i: int, t: torch.Tensor) -> None:
+        """Log a tensor autograd saved while kernel `i` ran."""
+        self.packs[i] = self.packs.get(i, 0) + 1
+        key = self.key(t)
+        if key in self.weights or held_as_is(t, t._base if t._base is not None else t, self.device):
             return
-        first = self._seen.get(ptr)
+        first = self._seen.get(key)
         if first is None:  # views and duplicates once, under the kernel that saved them first
             saved = self.saved.setdefault(i, [])
-            self._seen[ptr] = (i, len(saved))
-            saved.append(storage.nbytes())
+            self._seen[key] = (i, len(saved))
+            saved.append(t.untyped_storage().nbytes())
         elif i != first[0]:
             self.last_saver[first] = i
+
+
+class NotedTensors:
+    """Saved-tensor hooks that log what is saved (SavedStorages.note, under the kernel
+    `current()` names) and keep the tensor itself: a wrapper would make a cycle through
+    the graph of any output the loss does not reach, keeping that graph (and the
+    recording's host weights) alive."""
+
+    def __init__(self, storages: SavedStorages, current: Callable[[], int]):
+        self.storages = storages
+        self.current = current
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        self.storages.note(self.current(), t)
+        return t
+
+    @staticmethod
+    def unpack(t: torch.Tensor) -> torch.Tensor:
+        return t
+
+
+class SavedTensorLog(SavedStorages):
+    """Saved-tensor hooks: what each forward kernel saves, when the backward reaches it."""
+
+    def __init__(self, stamps: KernelStamps, weight_ptrs: set[int]):
+        super().__init__(weight_ptrs, stamps.clock.device)
+        self.stamps = stamps
+        self.first_unpack: dict[int, Any] = {}  # kernel -> stamp
+        self.first_unpack_host: dict[int, int] = {}  # kernel -> perf_counter_ns
 
     def pack(self, t: torch.Tensor) -> tuple[int, torch.Tensor]:
         """`note`, keeping the kernel for `unpack`'s marks. The pair holds the tensor: an
         output never unpacked (a branch the loss does not reach) keeps its graph alive."""
-        self.note(t)
+        self.note(self.stamps.current, t)
         return self.stamps.current, t
 
     def unpack(self, packed: tuple[int, torch.Tensor]) -> torch.Tensor:

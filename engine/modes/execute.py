@@ -40,7 +40,7 @@ from engine.modes.simulate import prediction_md, prediction_report, run_simulati
 from engine.policy import AccessOrder
 from engine.policy.activations import build_activation_policy
 from engine.policy.weights import WeightResidency
-from engine.report import fmt_bytes, plan_md, table
+from engine.report import fmt_bytes, plan_md, relocations_note, table
 from engine.models.spec import ModelSpec
 from engine.units import budget_bytes
 from engine.weightfile import materialize
@@ -180,13 +180,9 @@ def comparison_md(rows: list[dict], meas: dict) -> str:
                   "compared within twice that spread or 2^-7 of each tensor's magnitude, not bitwise")
     md.append(f"- backend {meas['backend']}, {meas['steps']} steps (the first fills the pool; "
               "the table shows the median of the rest)")
-    if meas.get("relocations"):
-        warm = meas.get("warm_relocations", 0)
-        md.append(f"- {meas['relocations']} relocations, {warm} of them in the steps the median is taken over: "
-                  "the pool refused a block under the budget (fragmentation) and the resident weights were "
-                  "copied in again; the simulator does not model this, so "
-                  f"{'the measured step includes' if warm else 'only the first step includes'} stalls it did "
-                  "not predict; weights.backend=vmm never relocates")
+    note = relocations_note(meas)
+    if note:
+        md.append(note)
     return "\n".join(md)
 
 

@@ -25,6 +25,7 @@ execute keeps the one the simulator predicts fastest, as engine.offload(grouping
 from __future__ import annotations
 
 import json
+import logging
 import statistics
 import warnings
 from pathlib import Path
@@ -47,10 +48,12 @@ from engine.modules.kernels import GROUPINGS
 from engine.modes.simulate import timeline_files
 from engine.modules.offload import fastest_grouping, offload, predict, record
 from engine.modules.training import sized_for
-from engine.report import fmt_bytes, launches_cell, table
+from engine.report import fmt_bytes, launches_cell, relocations_note, table
 from engine.trace import Trace, write_trace
 from engine.units import budget_bytes
 from engine.weightfile import materialize
+
+log = logging.getLogger(__name__)
 
 NO_CHECKPOINT = ("model {name} is a real module and weights.file is not set: point it at a .safetensors file "
                  "or a model directory, or write random weights with mode=materialize out=PATH")
@@ -74,6 +77,12 @@ def _setup(job: Job) -> tuple[Any, dict, torch.device]:
         "with weights.backend=cpu (timings not a GPU's)"), replica=True)
     module = build_module(cfg.model)
     if _training(cfg):
+        if device.type == "cuda" and not cfg.workload.cudnn_attention:
+            # cuDNN's attention backward makes illegal memory accesses on some models (diffusers
+            # FLUX.1-dev under torch 2.11, plain or streamed): this process's steps take the others.
+            torch.backends.cuda.enable_cudnn_sdp(False)
+            log.info("attention runs without cuDNN's kernels in this training run (workload.cudnn_attention=true "
+                     "allows them)")
         targets = cfg.model.get("lora_targets", ALL_LINEAR)
         add_lora(module, cfg.workload.lora_rank, targets if isinstance(targets, str) else list(targets),
                  device=device, seed=cfg.seed + 1)
@@ -386,6 +395,8 @@ def _execute_training(job: Job, module: Any, inputs: dict, device: torch.device,
                 "activations_spilled": rows[-1].get("activations_spilled", 0),
                 "pool_misses": rows[-1].get("pool_misses", 0),
                 "stall_ms": statistics.median(r.get("stall_time_ms", 0) for r in steady),
+                "relocations": sum(r.get("weight_relocations", 0) for r in rows),
+                "warm_relocations": sum(r.get("weight_relocations", 0) for r in steady),
                 "resident_step_ms": resident_ms}  # the same steps, every weight resident, activations kept
     if measured["torch_peak_bytes"] is not None:
         measured["peak_pool_torch_bytes"] = measured["pool_peak_bytes"] + measured["torch_peak_bytes"]
@@ -409,6 +420,7 @@ def _execute_training(job: Job, module: Any, inputs: dict, device: torch.device,
                                                          if spread else " (bitwise)"))
     md = (f"## Trained {cfg.model.name} at budget {cfg.budget} MB ({pred['eviction']}, activations "
           f"{cfg.activations.mode})\n\n" + table(["", "predicted", "measured"], table_rows)
-          + f"\n\nagainst the same steps all resident: {compared}\n\ntelemetry: {job.out_dir / 'telemetry.jsonl'}")
+          + f"\n\nagainst the same steps all resident: {compared}\n\ntelemetry: {job.out_dir / 'telemetry.jsonl'}"
+          + (f"\n\n{note}" if (note := relocations_note(measured)) else ""))
     wrong = losses is False or grads is False
     return Outcome(report, md, exit_code=1 if wrong else 0)

@@ -49,8 +49,11 @@ def add_lora(module: nn.Module, rank: int, targets: str | Sequence[str] = ALL_LI
     for m in module.modules():
         for name, p in list(m._parameters.items()):
             if p is not None and p.requires_grad:
-                value = ADAPTER_SCALE * torch.randn(tuple(p.shape), generator=g)
-                m._parameters[name] = nn.Parameter(value.to(device=device, dtype=dtype))
+                if device.type == "meta":  # shapes only (a synthesized trace): no values to draw
+                    value = torch.empty(tuple(p.shape), device=device, dtype=dtype)
+                else:
+                    value = (ADAPTER_SCALE * torch.randn(tuple(p.shape), generator=g)).to(device=device, dtype=dtype)
+                m._parameters[name] = nn.Parameter(value)
     return module
 
 

@@ -18,7 +18,9 @@ position, keeps
                   op costs about what the same op in fp32 does);
     ops           the ops that make a tensor, views aside: about one CUDA launch
                   each;
-    dispatches    every op torch dispatches, views included: the host's work.
+    dispatches    every op torch dispatches, views included: the host's work;
+    trained       the linear cores whose weight requires grad (a training forward's
+                  adapters).
 
 The kernel table prices the cores by shape and the rest by bytes and ops
 (engine/compute.py ModuleCost). On the meta device the census costs nothing,
@@ -32,8 +34,9 @@ as the recorder times it; work before the first kernel counts with the first.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -58,6 +61,9 @@ class KernelCensus:
     memory_elements: int = 0
     ops: int = 0
     dispatches: int = 0
+    # The linear cores whose weight trains (a LoRA adapter's), (m, n, k) each: their backward
+    # also makes the weight's gradient.
+    trained: list[tuple[int, ...]] = field(default_factory=list)
 
 
 def touched_elements(t: torch.Tensor) -> int:
@@ -104,6 +110,8 @@ class OpCensus(TorchDispatchMode):
             a, b = (args[1], args[2]) if packet in (_aten.addmm, _aten.baddbmm) else (args[0], args[1])
             inner = a.shape[-1]
             k.cores.append(("linear", (max(1, a.numel() // max(1, inner)), b.shape[-1], inner)))
+            if b.requires_grad:
+                k.trained.append(k.cores[-1][1])
         elif packet is _aten._grouped_mm:
             k.cores.append(grouped_core(args[0], args[1]))
         elif packet is _aten.convolution:
@@ -158,17 +166,62 @@ class _Attention(TorchFunctionMode):
         k.cores.append((op, (heads, q.shape[-2], key.shape[-2], q.shape[-1])))
         self.census.paused = True
         try:
-            return _fused_output(q, given["value"]) if q.is_meta else func(*args, **kwargs)
+            return fused_attention(q, key, given["value"]) if q.is_meta else func(*args, **kwargs)
         finally:
             self.census.paused = False
 
 
-def _fused_output(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+@contextmanager
+def meta_attention() -> Iterator[None]:
+    """scaled_dot_product_attention on the meta device as the census runs it in a forward
+    (`fused_attention`), uncounted, for a training step's backward: checkpointing recomputes
+    each block's forward there and must see the same tensors saved. Autograd runs the
+    backward on its own thread, where no torch function mode of this one applies, so the
+    function itself is replaced for the while (callers look it up at each call, as
+    diffusers' and transformers' attention do)."""
+    original = F.scaled_dot_product_attention
+
+    def sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if query.is_meta:
+            return fused_attention(query, key, value)
+        return original(query, key, value, *args, **kwargs)
+
+    F.scaled_dot_product_attention = sdpa
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = original
+
+
+def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """SDPA's output on the meta device: the fused kernel's only, not the scores a decomposition
     would make, laid out (batch, query, heads, dim) as the fused kernels write it, so a model's
-    transpose(1, 2).contiguous() after it copies nothing, as on the GPU."""
+    transpose(1, 2).contiguous() after it copies nothing, as on the GPU. With autograd on, it
+    saves what the fused kernel's backward reads (query, key, value, output, the scores'
+    log-sum-exp) and its gradients reach the inputs."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        return _FusedAttention.apply(q, k, v)
+    return _fused_output(q, v)
+
+
+def _fused_output(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     shape = (*q.shape[:-1], v.shape[-1])
     if q.dim() != 4:
         return torch.empty(shape, dtype=q.dtype, device=q.device)
     b, h, lq, dv = shape
     return torch.empty(b, lq, h, dv, dtype=q.dtype, device=q.device).transpose(1, 2)
+
+
+class _FusedAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        out = _fused_output(q, v)
+        # The fused kernels' backward reads the row-wise log-sum-exp of the scores beside them.
+        lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        q, k, v, _, _ = ctx.saved_tensors
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)

@@ -67,17 +67,17 @@ import torch
 from engine.executor.runtime import WeightExecutor
 from engine.executor.setup import fits_resident
 from engine.executor.training import RECOMPUTE, StreamedWeights, train_order, weight_handles
-from engine.compute import slowdown_under_copy
+from engine.compute import BACKWARD_FLOPS_FACTOR, slowdown_under_copy
 from engine.gc_pause import paused_gc
 from engine.measure.clocks import Clock, clock_for
 from engine.measure.launches import Census
 from engine.measure.probes import copy_stream_beside
-from engine.measure.timing import HOLD_FACTOR, KernelStamps, SavedTensorLog, host_bound
-from engine.models.spec import SavedTensor
+from engine.measure.timing import HOLD_FACTOR, KernelStamps, NotedTensors, SavedTensorLog, host_bound
 from engine.modules.streamed import StreamedModule, stage
 from engine.modules.synthesize import seen_forward
 from engine.policy import AccessOrder
-from engine.trace import BACKWARD_FLOPS_FACTOR, BACKWARD_SUFFIX, FORMAT, VERSION, KernelRecord, Trace, check_trace
+from engine.trace import (BACKWARD_SUFFIX, FORMAT, VERSION, KernelRecord, Trace, check_trace,
+                          saved_tensors)
 
 log = logging.getLogger(__name__)
 
@@ -137,23 +137,6 @@ class _Bring:
         if self.hold_ns[position]:
             self.clock.hold(self.hold_ns[position])
         return out
-
-
-class _Noted:
-    """Saved-tensor hooks that log what is saved (SavedTensorLog.note) and keep the tensor
-    itself: a wrapper would make a cycle through the graph of any output the loss does
-    not reach, keeping that graph (and the recording's host weights) alive."""
-
-    def __init__(self, log: SavedTensorLog):
-        self.log = log
-
-    def pack(self, t: torch.Tensor) -> torch.Tensor:
-        self.log.note(t)
-        return t
-
-    @staticmethod
-    def unpack(t: torch.Tensor) -> torch.Tensor:
-        return t
 
 
 class _Stamped(KernelStamps):
@@ -224,7 +207,7 @@ def time_kernels(streamed: StreamedModule, clock: Clock, loss_fn: LossFn | None 
                 for p in _trainable(streamed.module):
                     p.grad = None
                 weights.start_step()
-                with weight_handles(weights, _Noted(log)):
+                with weight_handles(weights, NotedTensors(log, lambda: log.stamps.current)):
                     with streamed.hooks.forward(weights):
                         out = streamed.run()
                     loss_fn(out).backward()
@@ -446,38 +429,21 @@ def fit_to_pipelined(compute_ns: int, host_ns: int, pipelined_ns: int,
     return 1.0, pipelined_ns / max(1, host_ns)
 
 
-def saving_layers(layers: Sequence[int]) -> list[int]:
-    """The layer each kernel's saved tensors belong to, as the activation offloader counts
-    them: the block entered last (its layer hooks enter blocks only), layer 0 before the
-    first. A checkpointed block's input is saved before its hooks run, so it counts with
-    the block before it, in both."""
-    out, current = [], 0
-    for layer in layers:
-        current = layer if layer >= 0 else current
-        out.append(current)
-    return out
-
-
 def _records(streamed: StreamedModule, times: KernelTimes, training: bool) -> tuple[KernelRecord, ...]:
     """Forward records (training: with what each saved), then the backward mirror."""
     rec, order = streamed.recording, streamed.order
     n = len(order)
+    saved, needs = saved_tensors(order.kernels, rec.layers, times.saved, times.last_saver)
     forward = [KernelRecord(
         name=order.kernels[i], layer=rec.layers[i], phase="fwd", weights=order.reads[i],
         compute_ns=times.compute_ns[i], flops=rec.flops[i],
-        io_bytes=sum(order.sizes[w] for w in order.reads[i]), host_ns=times.host_ns[i],
-        saved=tuple(SavedTensor(f"{order.kernels[i]}/t{k}", nbytes, layer)
-                    for k, nbytes in enumerate(times.saved.get(i, ()))),
+        io_bytes=sum(order.sizes[w] for w in order.reads[i]), host_ns=times.host_ns[i], saved=saved[i],
         launches=times.launches[i] if times.launches else 0, packs=times.packs.get(i, 0),
         cores=tuple(rec.census[i].cores), memory_elements=rec.census[i].memory_elements, ops=rec.census[i].ops,
         dispatches=rec.census[i].dispatches)
-        for i, layer in enumerate(saving_layers(rec.layers))]
+        for i in range(n)]
     if not training:
         return tuple(forward)
-    needs: dict[int, list[str]] = {}  # a tensor is needed at the mirror of its last saver
-    for i, f in enumerate(forward):
-        for k, s in enumerate(f.saved):
-            needs.setdefault(times.last_saver.get((i, k), i), []).append(s.name)
     backward = [KernelRecord(
         name=order.kernels[i] + BACKWARD_SUFFIX, layer=rec.layers[i], phase="bwd", weights=order.reads[i],
         compute_ns=times.compute_ns[2 * n - 1 - i], flops=BACKWARD_FLOPS_FACTOR * rec.flops[i],

@@ -15,8 +15,22 @@ module_host_ns); its weight is the kernel's packed span, sized as offload packs 
 peak beside the streamed weights (its inputs, the parameters kept resident, every
 live tensor its ops made), traced in the same forward.
 
-Inference only: a training step's backward is recorded (mode=record), not
-synthesized.
+A LoRA training step (workload=train_lora) runs the forward with the adapters
+injected (engine/modules/adapters.py; per-block checkpointing when
+workload.checkpointing) and autograd on, and logs what each kernel saves as the
+recorder does (engine/measure/timing.py SavedStorages); the loss is taken inside,
+so what it saves counts with the last kernel, as recorded. Attention on the meta
+device is the fused kernel's output and what its backward reads (census.py
+`fused_attention`). The backward mirrors the forward: a kernel's backward is its
+census at the backward's costs (`ExecutionTimePredictor.module_kernel_ns(backward=True)`:
+each linear's gradient by its input, each adapter's by its weight, attention at
+the table's backward rate), plus its forward again where checkpointing recomputes
+it (a block whose own forward saved nothing: the checkpoint holds only its input,
+saved before the block is entered); a kernel that saved nothing and is not
+recomputed (before the first adapter, no gradient reaches it) runs none. The
+backward itself then runs on the meta device, so the header's peak holds what
+checkpointing's recompute and the gradients hold (less the saved tensors, which
+the simulator counts), as a recording's does.
 """
 from __future__ import annotations
 
@@ -28,15 +42,19 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from engine.compute import ExecutionTimePredictor, core_flops
+from engine.compute import BACKWARD_FLOPS_FACTOR, BACKWARD_OPS, ExecutionTimePredictor, core_flops
 from engine.errors import ConfigError, EngineError
+from engine.measure.timing import NotedTensors, SavedStorages
+from engine.modules.adapters import ALL_LINEAR, TrainingLoss, add_lora, enable_checkpointing
 from engine.modules.build import build_module, example_inputs, plain_config
+from engine.modules.census import meta_attention
 from engine.modules.kernels import (GROUPINGS, Recording, forward_live_bytes, input_tensors, kv_cache_tensors,
                                    partition, record_order)
 from engine.modules.packing import pack_kernels
 from engine.policy import AccessOrder
-from engine.trace import FORMAT, VERSION, KernelRecord, Trace, check_trace
+from engine.trace import BACKWARD_SUFFIX, FORMAT, VERSION, KernelRecord, Trace, check_trace, saved_tensors
 
 if TYPE_CHECKING:
     from engine.modules.streamed import StreamedModule
@@ -62,12 +80,20 @@ class SeenForward:
     params: int
     module_class: str
     grouping: str
+    saved: SavedStorages | None = None  # a training forward: what each kernel saved for backward
+    recomputed: frozenset[int] = frozenset()  # a training forward's positions checkpointing runs again
+    step_live_peak: int = 0  # a training step: the most its forward and backward held live at once
 
     @property
     def traced_peak_bytes(self) -> int:
         """What the forward holds at its peak beside the streamed weights: its ops' live
-        tensors, its inputs and the parameters kept resident."""
-        return self.recording.live_peak + self.input_bytes + self.resident_bytes
+        tensors, its inputs and the parameters kept resident. A training step's peak over its
+        forward and backward, less the saved tensors (the simulator counts those, kept or
+        spilled), as a recording's header counts it."""
+        if self.saved is None:
+            return self.recording.live_peak + self.input_bytes + self.resident_bytes
+        saved = sum(sum(v) for v in self.saved.saved.values())
+        return max(0, self.step_live_peak + self.input_bytes + self.resident_bytes - saved)
 
 
 def seen_forward(streamed: StreamedModule) -> SeenForward:
@@ -91,10 +117,64 @@ def on_meta(model_cfg: Any, workload: Any) -> tuple[nn.Module, dict]:
     return module, inputs
 
 
+class _TruthOnMeta(TorchDispatchMode):
+    """A truth test of a one-element boolean tensor on the meta device reads True: the checks
+    transformers makes on a mask before it builds one (no packed sequences in the position ids,
+    every token attended), which hold for the inputs a synthesized trace is made with. Any
+    other value read on the meta device still fails (a data-dependent shape or size)."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if func is torch.ops.aten._local_scalar_dense.default and args[0].is_meta and args[0].dtype == torch.bool:
+            return True
+        return func(*args, **(kwargs or {}))
+
+
+class _Position(TorchDispatchMode):
+    """The kernel whose ops run now, counted as the recorder's stamps count it: the last
+    kernel entered (-1 before the first); and the tensors saved while each kernel's own
+    ops ran. A checkpointed block's ops save none: the checkpoint keeps only the block's
+    input, saved before its first op (before the block is entered where the checkpoint
+    wraps the module's call, as diffusers' does; after, where it wraps its forward, as
+    transformers' does)."""
+
+    def __init__(self, kernels: Sequence[Any]):
+        super().__init__()
+        self.current = -1
+        self.inside = False
+        self.op_ran = False
+        self.own_saves: dict[int, int] = {}
+        self._handles = [h for k in kernels for h in (k.module.register_forward_pre_hook(self._enter),
+                                                       k.module.register_forward_hook(self._leave))]
+
+    def _enter(self, module: nn.Module, inputs: Any) -> None:
+        self.current += 1
+        self.inside, self.op_ran = True, False
+
+    def _leave(self, module: nn.Module, inputs: Any, output: Any) -> None:
+        self.inside = False
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        self.op_ran = self.op_ran or self.inside
+        return func(*args, **(kwargs or {}))
+
+    def saving(self) -> int:
+        """The kernel a tensor saved now belongs to."""
+        if self.inside and self.op_ran:
+            self.own_saves[self.current] = self.own_saves.get(self.current, 0) + 1
+        return self.current
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+
 def meta_forward(module: nn.Module, inputs: Any, grouping: str = "block",
-                 blocks: Sequence[str] | None = None) -> SeenForward:
+                 blocks: Sequence[str] | None = None, training: bool = False) -> SeenForward:
     """One forward of `module` (on the meta device) on `inputs` (a dict of keyword
-    arguments, or a tuple of positional ones), its kernels grouped as offload groups them."""
+    arguments, or a tuple of positional ones), its kernels grouped as offload groups them.
+    `training`: with autograd on, the trainable parameters (the adapters) kept resident
+    and what each kernel saves for backward logged."""
     if grouping not in GROUPINGS:
         raise ConfigError(f"grouping={grouping} picks between recordings of each grouping (mode=record); a "
                           f"synthesized trace takes one: set it (model.grouping) to one of {', '.join(GROUPINGS)}")
@@ -102,18 +182,37 @@ def meta_forward(module: nn.Module, inputs: Any, grouping: str = "block",
         raise ConfigError(f"this {type(module).__name__} holds tensors off the meta device; a synthesized trace "
                           "reads shapes only: build it under `with torch.device('meta'):` (or "
                           "engine.modules.build.parameters_on_meta()) and move its buffers with .to('meta')")
-    kernels, kept = partition(module, grouping, blocks)
+    if training and not any(p.requires_grad for p in module.parameters()):
+        raise ConfigError(f"this {type(module).__name__} has no trainable parameters: a training step's trace "
+                          "needs the adapters (peft's inject_adapter_in_model or get_peft_model) added first")
+    kernels, kept = partition(module, grouping, blocks, keep_trainable=training)
     if any(not t.is_meta for t in input_tensors(inputs) + kv_cache_tensors(inputs)):
         raise ConfigError("example_inputs hold tensors off the meta device; make them with device='meta'")
     live, input_bytes = forward_live_bytes(module, inputs)
+    saved = SavedStorages({p.untyped_storage()._cdata for p in module.parameters()}, META, by_address=False) \
+        if training else None
+
+    outputs = []
 
     def run() -> Any:
-        return module(**inputs) if isinstance(inputs, dict) else module(*inputs)
+        outputs.append(module(**inputs) if isinstance(inputs, dict) else module(*inputs))
+        return outputs[-1]
 
     cls = type(module)
+    position = _Position(kernels) if training else None
     try:
-        with torch.no_grad():
-            rec = record_order(module, run, kernels, lambda w, p: None, lambda w, p: None, live)
+        if training:
+            noted = NotedTensors(saved, position.saving)
+            with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(noted.pack, noted.unpack), \
+                    _TruthOnMeta(), position:
+                rec = record_order(module, run, kernels, lambda w, p: None, lambda w, p: None, live)
+                loss = TrainingLoss()(outputs.pop())  # what it saves counts with the last kernel, as recorded
+            position.remove()  # the backward's recomputation is not a forward
+            with live, meta_attention():  # the backward: checkpointing recomputes a block and holds its activations
+                loss.backward()
+        else:
+            with torch.no_grad(), _TruthOnMeta():
+                rec = record_order(module, run, kernels, lambda w, p: None, lambda w, p: None, live)
     except EngineError:
         raise
     except (RuntimeError, NotImplementedError, TypeError, ValueError, IndexError) as e:
@@ -123,30 +222,49 @@ def meta_forward(module: nn.Module, inputs: Any, grouping: str = "block",
             "that reads its tensors' values (.item(), .tolist(), nonzero, data-dependent shapes) cannot be "
             "synthesized: record it on a GPU (mode=record weights.file=CHECKPOINT, then trace=PATH), or check "
             "that model.inputs matches its forward") from e
+    finally:
+        if position is not None:
+            position.remove()
     host = {w: p for k in kernels for w, p in k.params.items()}
     packed = pack_kernels(rec.order, host, None, lambda n: torch.empty(n, dtype=torch.uint8, device=META))
+    recomputed = frozenset(i for i, layer in enumerate(rec.layers)
+                           if training and layer >= 0 and not position.own_saves.get(i) and checkpointed(module))
     return SeenForward(rec, packed.order, sum(_nbytes(p) for p in [*kept, *rec.outside]), input_bytes,
-                       sum(p.numel() for p in module.parameters()), f"{cls.__module__}.{cls.__qualname__}", grouping)
+                       sum(p.numel() for p in module.parameters()), f"{cls.__module__}.{cls.__qualname__}", grouping,
+                       saved, recomputed, live.peak if training else 0)
+
+
+def checkpointed(module: nn.Module) -> bool:
+    """Whether `module` runs its blocks under activation checkpointing (diffusers' and
+    transformers' switch)."""
+    return bool(getattr(module, "is_gradient_checkpointing", False) or getattr(module, "gradient_checkpointing", False))
 
 
 def priced_trace(seen: SeenForward, hardware: Any, name: str, workload: Mapping[str, Any]) -> Trace:
-    """The one-step inference trace of what `seen` ran, priced for `hardware` (module docstring)."""
+    """The one-step trace of what `seen` ran, priced for `hardware`: an inference, or where
+    `seen` is a training forward the LoRA step, its backward mirrored (module docstring)."""
     predictor = ExecutionTimePredictor(hardware)
     if predictor.table is not None and predictor.module_cost is None:
         log.warning("hardware.kernel_table=%s prices no real module (fitted without module recordings): each "
                     "block's memory-bound ops run at hbm_gbps and launch at kernel_launch_us; fit one with "
                     "python -m engine.calibrate ... --modules RECORDINGS", hardware.kernel_table)
     rec, order = seen.recording, seen.order
-    records = []
+    training = seen.saved is not None
+    saved, needs = saved_tensors(order.kernels, rec.layers, seen.saved.saved, seen.saved.last_saver) \
+        if training else ([()] * len(order), {})
+    forward = []
     for i, (kernel, reads) in enumerate(zip(order.kernels, order.reads)):
         c = rec.census[i]
-        records.append(KernelRecord(
+        forward.append(KernelRecord(
             name=kernel, layer=rec.layers[i], phase="fwd", weights=reads,
             compute_ns=predictor.module_kernel_ns(c.cores, c.memory_elements, c.ops),
             flops=sum(core_flops(op, shape) for op, shape in c.cores),
             io_bytes=sum(order.sizes[w] for w in reads), host_ns=predictor.module_host_ns(c.ops, c.dispatches),
-            launches=c.ops, cores=tuple(c.cores), memory_elements=c.memory_elements, ops=c.ops,
-            dispatches=c.dispatches))
+            saved=saved[i], launches=c.ops, packs=seen.saved.packs.get(i, 0) if training else 0,
+            cores=tuple(c.cores), memory_elements=c.memory_elements, ops=c.ops, dispatches=c.dispatches))
+    backward = [] if not training else [_backward(predictor, seen, f, i, needs.get(i, ()))
+                                        for i, f in reversed(list(enumerate(forward)))]
+    records = tuple(forward + backward)
     header = {
         "format": FORMAT, "version": VERSION, "records": len(records), "source": "synthesized",
         "model": name, "num_layers": max(rec.layers, default=-1) + 1, "params": seen.params,
@@ -160,35 +278,61 @@ def priced_trace(seen: SeenForward, hardware: Any, name: str, workload: Mapping[
         "block_records": True, "resident_bytes": seen.resident_bytes,
         # Every weight resident, offload drops the hooks (engine/modules/offload.py): the host's share then.
         "plain_host_factor": round(sum(predictor.module_host_ns(c.ops, c.dispatches, hooked=False)
-                                       for c in rec.census) / max(1, sum(r.host_ns for r in records)), 6),
+                                       for c in rec.census) / max(1, sum(r.host_ns for r in forward)), 6),
     }
-    trace = Trace(header=header, weight_sizes=dict(order.sizes), records=tuple(records))
+    trace = Trace(header=header, weight_sizes=dict(order.sizes), records=records)
     check_trace(trace)
     return trace
 
 
+def _backward(predictor: ExecutionTimePredictor, seen: SeenForward, f: KernelRecord, i: int,
+              needs: Sequence[str]) -> KernelRecord:
+    """The backward record of forward position `i` (`f`), frozen base weights (module docstring)."""
+    c = seen.recording.census[i]
+    recomputed = i in seen.recomputed
+    if seen.saved.packs.get(i, 0) or recomputed:
+        compute = predictor.module_kernel_ns(c.cores, c.memory_elements, c.ops, backward=True, trained=c.trained)
+        host = predictor.module_host_ns(c.ops * BACKWARD_OPS, c.dispatches * BACKWARD_OPS)
+        launches = c.ops * BACKWARD_OPS
+    else:  # no gradient reaches it
+        compute, host, launches = 1, predictor.module_host_ns(0, 0), 0
+    if recomputed:
+        compute += f.compute_ns
+        host += predictor.module_host_ns(c.ops, c.dispatches, hooked=False)
+        launches += c.ops
+    return KernelRecord(
+        name=f.name + BACKWARD_SUFFIX, layer=f.layer, phase="bwd", weights=f.weights, compute_ns=compute,
+        flops=BACKWARD_FLOPS_FACTOR * f.flops, io_bytes=f.io_bytes, host_ns=host, needs=tuple(needs),
+        launches=launches)
+
+
 def synthesize_module(model_cfg: Any, workload: Any, hardware: Any) -> Trace:
-    """The one-step inference trace of the real module `model_cfg` builds, on `workload`'s
-    inputs, priced for `hardware` (module docstring)."""
-    if workload.kind == "train_lora":
-        raise ConfigError(f"model {model_cfg.name} is a real module: a LoRA step is recorded, not synthesized "
-                          "(mode=record weights.file=CHECKPOINT, then trace=PATH)")
+    """The one-step trace of the real module `model_cfg` builds, on `workload`'s inputs,
+    priced for `hardware`: an inference, or a LoRA step (module docstring)."""
     module, inputs = on_meta(model_cfg, workload)
+    training = workload.kind == "train_lora"
+    if training:
+        targets = model_cfg.get("lora_targets", ALL_LINEAR)
+        add_lora(module, workload.lora_rank, targets if isinstance(targets, str) else list(targets), device=META)
+        if workload.checkpointing:
+            enable_checkpointing(module)
     blocks = model_cfg.get("blocks")
-    seen = meta_forward(module, inputs, model_cfg.get("grouping", "block"), None if blocks is None else list(blocks))
+    seen = meta_forward(module, inputs, model_cfg.get("grouping", "block"), None if blocks is None else list(blocks),
+                        training=training)
     return priced_trace(seen, hardware, model_cfg.name, plain_config(workload))
 
 
 def synthesize(module: nn.Module, example_inputs: Any, *, hardware: str | Any = "h100_pcie5",
                grouping: str = "block", blocks: Sequence[str] | None = None, name: str | None = None,
-               workload: Mapping[str, Any] | None = None) -> Trace:
+               workload: Mapping[str, Any] | None = None, training: bool = False) -> Trace:
     """The trace of one inference forward of `module` on `example_inputs` (a dict of keyword
     arguments or a tuple of positional ones), both on the meta device, priced for
     `hardware` (a conf/hardware name, a yaml path or a profile): engine.record's trace
-    without a GPU or a checkpoint (module docstring). Write it with
-    engine.trace.write_trace and replay it with `python -m engine trace=PATH`."""
+    without a GPU or a checkpoint (module docstring). `training`: one LoRA step instead,
+    `module` carrying its adapters (peft) and, if it is on, its own checkpointing. Write it
+    with engine.trace.write_trace and replay it with `python -m engine trace=PATH`."""
     from engine.config import load_hardware
 
     hw = load_hardware(hardware) if isinstance(hardware, str) else hardware
-    seen = meta_forward(module, example_inputs, grouping, blocks)
+    seen = meta_forward(module, example_inputs, grouping, blocks, training=training)
     return priced_trace(seen, hw, name or type(module).__name__, workload or {})
