@@ -100,5 +100,6 @@ class TrainingLoss:
                               "name model.lora_targets the model's output depends on")
         if [t.shape for t in self.targets] != [o.shape for o in outs]:
             g = torch.Generator().manual_seed(self.seed)
-            self.targets = [torch.randn(tuple(o.shape), generator=g).to(o.device) for o in outs]
+            self.targets = [torch.empty(o.shape, device=o.device) if o.is_meta  # shapes only: a synthesized step
+                            else torch.randn(tuple(o.shape), generator=g).to(o.device) for o in outs]
         return sum((o - t).pow(2).mean() for o, t in zip(outs, self.targets))
