@@ -241,3 +241,30 @@ def test_a_training_step_is_predicted_from_the_config_alone(tmp_path):
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["prediction"]["step_ms"] > 0
     assert "10 kernels" in r.stdout or "/ 10" in r.stdout  # the forward's 5 and their mirror
+
+
+def test_the_api_synthesizes_a_peft_models_training_step():
+    """engine.synthesize(training=True) on a module that carries its own adapters (peft's
+    get_peft_model) and checkpointing: the forward, its mirror, and each layer's forward again."""
+    import engine
+
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2)
+    with torch.device("meta"):
+        model = peft.get_peft_model(transformers.LlamaForCausalLM(config),
+                                    peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    inputs = {"input_ids": torch.zeros(1, 32, dtype=torch.long, device="meta"), "use_cache": False}
+    plain = engine.synthesize(model, inputs, training=True)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    ckpt = engine.synthesize(model, inputs, training=True)
+    forward = [r.name for r in plain.records if r.phase == "fwd"]
+    assert [r.name for r in plain.records] == forward + [n + BACKWARD_SUFFIX for n in reversed(forward)]
+    fwd = {r.name: r.compute_ns for r in ckpt.records if r.phase == "fwd"}
+    for a, b in zip(plain.records, ckpt.records):
+        if a.phase == "bwd" and ".layers." in a.name:
+            assert b.compute_ns == a.compute_ns + fwd[a.name.removesuffix(BACKWARD_SUFFIX)]
+    with pytest.raises(ConfigError, match="no trainable parameters"):
+        engine.synthesize(model.base_model.model.requires_grad_(False), inputs, training=True)
