@@ -25,8 +25,8 @@ device is the fused kernel's output and what its backward reads (census.py
 census at the backward's costs (`ExecutionTimePredictor.module_kernel_ns(backward=True)`:
 each linear's gradient by its input, each adapter's by its weight, attention at
 the table's backward rate), plus its forward again where checkpointing recomputes
-it (a block whose own forward saved nothing: the checkpoint holds only its input,
-saved before the block is entered); a kernel that saved nothing and is not
+it (a block that saved nothing once its first op had run: the checkpoint holds
+only its input, saved before that); a kernel that saved nothing and is not
 recomputed (before the first adapter, no gradient reaches it) runs none. The
 backward itself then runs on the meta device, so the header's peak holds what
 checkpointing's recompute and the gradients hold (less the saved tensors, which
@@ -230,13 +230,13 @@ def meta_forward(module: nn.Module, inputs: Any, grouping: str = "block",
     host = {w: p for k in kernels for w, p in k.params.items()}
     packed = pack_kernels(rec.order, host, None, lambda n: torch.empty(n, dtype=torch.uint8, device=META))
     recomputed = frozenset(i for i, layer in enumerate(rec.layers)
-                           if training and layer >= 0 and not position.own_saves.get(i) and checkpointed(module))
+                           if training and layer >= 0 and not position.own_saves.get(i) and _checkpointed(module))
     return SeenForward(rec, packed.order, sum(_nbytes(p) for p in [*kept, *rec.outside]), input_bytes,
                        sum(p.numel() for p in module.parameters()), f"{cls.__module__}.{cls.__qualname__}", grouping,
                        saved, recomputed, live.peak if training else 0)
 
 
-def checkpointed(module: nn.Module) -> bool:
+def _checkpointed(module: nn.Module) -> bool:
     """Whether `module` runs its blocks under activation checkpointing (diffusers' and
     transformers' switch)."""
     return bool(getattr(module, "is_gradient_checkpointing", False) or getattr(module, "gradient_checkpointing", False))
