@@ -484,8 +484,9 @@ def saved_tensors(kernels: Sequence[str], layers: Sequence[int], saved: Mapping[
                   last_saver: Mapping[tuple[int, int], int]) -> tuple[list[tuple[SavedTensor, ...]], dict[int, list[str]]]:
     """A module's training forward as the activation offloader sees it: each position's saved
     tensors (bytes of each new storage in `saved`, named KERNEL/tK, in the layer
-    `saving_layers` counts from the kernels' `layers`), and by position the names its backward mirror unpacks first: a tensor saved
-    again by a later kernel (`last_saver`) is needed at that kernel's mirror."""
+    `saving_layers` counts from the kernels' `layers`), and by position the names its
+    backward mirror unpacks first: a tensor saved again by a later kernel (`last_saver`) is
+    needed at that kernel's mirror."""
     layers = saving_layers(layers)
     out = [tuple(SavedTensor(f"{kernels[i]}/t{k}", nbytes, layers[i]) for k, nbytes in enumerate(saved.get(i, ())))
            for i in range(len(kernels))]

@@ -95,21 +95,21 @@ class SavedStorages:
         self.packs: dict[int, int] = {}  # kernel -> tensors autograd saved (hook calls)
         self._seen: dict[int, tuple[int, int]] = {}
 
-    def key(self, t: torch.Tensor) -> int:
-        storage = t.untyped_storage()
+    def key(self, storage: torch.UntypedStorage) -> int:
         return storage.data_ptr() if self.by_address else storage._cdata
 
     def note(self, i: int, t: torch.Tensor) -> None:
         """Log a tensor autograd saved while kernel `i` ran."""
         self.packs[i] = self.packs.get(i, 0) + 1
-        key = self.key(t)
+        storage = t.untyped_storage()
+        key = self.key(storage)
         if key in self.weights or held_as_is(t, t._base if t._base is not None else t, self.device):
             return
         first = self._seen.get(key)
         if first is None:  # views and duplicates once, under the kernel that saved them first
             saved = self.saved.setdefault(i, [])
             self._seen[key] = (i, len(saved))
-            saved.append(t.untyped_storage().nbytes())
+            saved.append(storage.nbytes())
         elif i != first[0]:
             self.last_saver[first] = i
 
