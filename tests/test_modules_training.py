@@ -2,6 +2,7 @@
 step, the pool sized from the first step, Stagehand's telemetry fields, and its loud failures."""
 from __future__ import annotations
 
+import time
 from contextlib import nullcontext
 
 import pytest
@@ -247,6 +248,25 @@ def test_the_recorder_keeps_no_weight_after_a_checkpointed_step(monkeypatch):
     ids = torch.randint(0, 256, (1, 32), generator=torch.Generator().manual_seed(1))
     trace = engine.record(m, {"input_ids": ids}, backend="cpu", loss_fn=lambda out: out.logits.float().pow(2).mean())
     assert holding == [0] and trace.header["pipelined_step_ns"]
+
+
+class SlowWalk(Net):
+    """A Net whose parameter walk takes the host 30 ms, as a peft model's thousands of
+    submodules take a real host tens of ms."""
+
+    def parameters(self, recurse: bool = True):
+        time.sleep(0.03)
+        return super().parameters(recurse)
+
+
+def test_the_recorded_first_kernel_holds_no_host_walk_of_the_parameters():
+    """A training step's gradients are cleared before its first stamp: a walk of the
+    module's parameters inside the timed step would land in the first kernel's time (the
+    CPU clock is the host's; on a GPU the stream idles through it)."""
+    torch.manual_seed(0)
+    net = SlowWalk(n=2)
+    trace = engine.record(net, (X,), backend="cpu", loss_fn=lambda out: out.pow(2).mean())
+    assert trace.records[0].compute_ns < 25_000_000
 
 
 def test_streamed_training_from_a_checkpoint_of_the_frozen_weights(tmp_path):

@@ -154,6 +154,14 @@ def _trainable(module: torch.nn.Module) -> list[torch.nn.Parameter]:
     return [p for p in module.parameters() if p.requires_grad]
 
 
+def _clear_grads(params: Sequence[torch.nn.Parameter]) -> None:
+    """Drop the last step's gradients. Called before a timed step's first stamp, on a list
+    taken once: walking a peft model's parameters (thousands of submodules) takes the host
+    tens of ms, which the GPU would idle through inside the first kernel's time."""
+    for p in params:
+        p.grad = None
+
+
 @dataclass
 class KernelTimes:
     """Per position of the recorded order: median compute ns and host ns; training adds
@@ -187,6 +195,7 @@ def time_kernels(streamed: StreamedModule, clock: Clock, loss_fn: LossFn | None 
     # Storages autograd may save that are not activations: resident parameters and the adapters.
     weight_ptrs = {p.untyped_storage().data_ptr() for p in streamed.module.parameters()
                    if id(p) not in streamed.placeholders}
+    trainable = _trainable(streamed.module) if training else []
     free = [0] * len(order)
     hold = free
     compute_rows, host_rows = [], []
@@ -197,6 +206,7 @@ def time_kernels(streamed: StreamedModule, clock: Clock, loss_fn: LossFn | None 
         stamps = _Stamped(bring, clock)
         stamps.census = census
         log = None
+        _clear_grads(trainable)
         clock.synchronize()
         with paused_gc():  # a collection inside a timed step would land in one kernel's time
             start = clock.stamp()
@@ -204,8 +214,6 @@ def time_kernels(streamed: StreamedModule, clock: Clock, loss_fn: LossFn | None 
                 weights = StreamedWeights(stamps, forward_kernels)
                 streamed.hooks.recompute = lambda name: weights.mirror(index[name], f"{RECOMPUTE} {name}")
                 log = SavedTensorLog(stamps, weight_ptrs)
-                for p in _trainable(streamed.module):
-                    p.grad = None
                 weights.start_step()
                 with weight_handles(weights, NotedTensors(log, lambda: log.stamps.current)):
                     with streamed.hooks.forward(weights):
@@ -285,6 +293,7 @@ def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss
     own = executor is None
     executor = resident_executor(streamed, backend, training) if own else executor
     weights = StreamedWeights(executor, len(streamed.order))
+    trainable = _trainable(streamed.module) if training else []
     if training:
         index = {name: i for i, name in enumerate(streamed.order.kernels)}
         streamed.hooks.recompute = lambda name: weights.mirror(index[name], f"{RECOMPUTE} {name}")
@@ -301,13 +310,12 @@ def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss
         return clock.ns(start, end)
 
     def one_step(copies: Callable[[], None] | None = None) -> int:
+        _clear_grads(trainable)
         clock.synchronize()  # the device's: a step beside copies ends with its copies
         if copies is not None:
             copies()
         start = clock.stamp()
         if training:
-            for p in _trainable(streamed.module):
-                p.grad = None
             with executor.step():  # nothing is evicted
                 weights.start_step()
                 # As the user's step (TrainingHandle.step): saved weights are handles fetched
