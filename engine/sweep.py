@@ -37,7 +37,7 @@ from engine.report import table
 
 COLUMNS = ("job", "overrides", "model", "trace", "workload", "mode", "budget_mb", "eviction", "lookahead",
            "activations", "floor_mb", "model_mb", "step_ms", "predicted_step_ms", "stall_ms", "overlap",
-           "h2d_gb_per_step",
+           "bound_by", "h2d_gb_per_step",
            "peak_device_mb", "node", "gpus", "node_steps_per_s", "passed", "failures", "error")
 PROGRESS = ".progress.json"
 SEARCH = "search.json"
@@ -82,6 +82,7 @@ def point_row(job_dir: Path) -> dict[str, Any] | None:
         # the simulator's stall and overlap: an execute point measures neither
         "stall_ms": pred.get("stall_ms") if measured is None else None,
         "overlap": pred.get("overlap") if measured is None else None,
+        "bound_by": pred.get("bound_by"),  # the prediction's: compute, copies or host
         "h2d_gb_per_step": None if "h2d_bytes" not in pred else pred["h2d_bytes"] / 1e9,
         "peak_device_mb": None if "peak_device_bytes" not in pred else pred["peak_device_bytes"] / 1e6,
         "node": (r.get("node") or {}).get("node"), "gpus": (r.get("node") or {}).get("gpus", 1),

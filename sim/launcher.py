@@ -111,6 +111,7 @@ class Launcher:
     # When the launcher sat blocked on copies (an allocation waiting for a free, an
     # inline finalize): a GPU idle for want of a launch then is waiting on copies too.
     blocked: list[tuple[int, int]] = field(default_factory=list)
+    host_work_ns: list[int] = field(default_factory=list)  # per step: the host's own work (launches, fetches)
     step: int = 0
     placement: Placement | None = None  # where the backend places weights (None: each at its own size)
     loop: str = "free"  # how the driver's host waits between steps (engine.policy.LOOPS, waits_for_step)
@@ -193,6 +194,7 @@ class Launcher:
         act = self.activations
         for step in range(self.steps):
             self.step = step
+            self.host_work_ns.append(0)
             schedule = StepSchedule(act.min_tensor_bytes if act is not None else 0)
             for pos, rec in enumerate(records):
                 seq = step * n + pos
@@ -227,6 +229,7 @@ class Launcher:
                 for name in held:  # under min_tensor_bytes: held on the device, never asked about
                     self.saved.release(name, seq, deps)
                 host_ns = (rec.host_ns or self.launch_ns) + self.hooks_ns[pos]
+                self.host_work_ns[step] += host_ns
                 if self.blocks:  # the block's first launch, then the rest of its host work
                     first = min(self.launch_ns, host_ns)
                     yield env.timeout(first)
@@ -270,7 +273,9 @@ class Launcher:
         if a == "hit":
             return
         if a in ("fetch", "prefetch"):
-            yield self.env.timeout(self.fetch_ns + self._place(w))
+            work = self.fetch_ns + self._place(w)
+            self.host_work_ns[self.step] += work
+            yield self.env.timeout(work)
             while self.waits:  # the chunk books waited for a free to pass
                 yield from self._blocked_on(self.waits.pop(0))
             nbytes = self.trace.weight_sizes[w]

@@ -137,6 +137,20 @@ def steps_vary(prediction: dict) -> bool:
     return hi - lo > VARY * prediction["mean_step_ms"]
 
 
+# The host bounds a step whose own work fills this much of it: the GPU only ever waits for it.
+HOST_BOUND = 0.97
+
+
+def bound_by(step_ns: float, stall_ns: float, host_wait_ns: float, host_ns: float) -> str:
+    """What sets a step's time: "host" (its work fills the step), else "copies" (the GPU
+    waits on them longer than on the host, over 3% of the step), else "compute"."""
+    if host_ns >= HOST_BOUND * step_ns:
+        return "host"
+    if stall_ns > host_wait_ns and stall_ns > 0.03 * step_ns:
+        return "copies"
+    return "compute"
+
+
 def step_ends(compute: ComputeStream, kernels_per_step: int, steps: int) -> list[int]:
     """When each step's last kernel completed; a step runs from the previous step's end to its own."""
     return [compute.end_ns[(s + 1) * kernels_per_step - 1] for s in range(steps)]
@@ -149,25 +163,29 @@ def predict(launcher: Launcher, compute: ComputeStream, pool: DevicePool,
     t0 = ends[last - 1] if last else 0
     t1 = ends[last]
     first = range(last * kernels_per_step, steps * kernels_per_step)
-    compute_ns = stall_ns = 0
+    compute_ns = stall_ns = host_wait_ns = 0
     busy: Intervals = []
     blocked = launcher.blocked
     b = 0
     for i in first:
         s, e = compute.start_ns[i], compute.end_ns[i]
         compute_ns += compute.run_ns[i]
+        host_wait_ns += e - s - compute.run_ns[i]  # a block's kernels ran out of launches before its host was done
         prev_end = compute.end_ns[i - 1] if i else 0
         launched = compute.launched_ns[i]
         stall_ns += s - max(prev_end, launched)  # a launched kernel waits only for copies
         if launched > prev_end:
             # Idle for want of a launch: a stall where the launcher sat blocked on copies,
-            # launch overhead where it was busy issuing.
+            # the host's wait where it was busy issuing.
             while b < len(blocked) and blocked[b][1] <= prev_end:
                 b += 1
             j = b
+            on_copies = 0
             while j < len(blocked) and blocked[j][0] < launched:
-                stall_ns += max(0, min(blocked[j][1], launched) - max(blocked[j][0], prev_end))
+                on_copies += max(0, min(blocked[j][1], launched) - max(blocked[j][0], prev_end))
                 j += 1
+            stall_ns += on_copies
+            host_wait_ns += launched - prev_end - on_copies
         busy.append((s, e))
     copying = _union([(max(c.start_ns, t0), min(c.end_ns, t1)) for _, _, c in launcher.copies
                       if c.start_ns < t1 and c.end_ns > t0])
@@ -197,6 +215,11 @@ def predict(launcher: Launcher, compute: ComputeStream, pool: DevicePool,
         "mean_h2d_bytes": sum(warm_h2d) / len(warm_h2d),
         "compute_ms": compute_ns / NS_PER_MS,
         "stall_ms": stall_ns / NS_PER_MS,
+        # The GPU idle while the host issued (step = compute + stall + host wait), and the
+        # host's own work a step: launches, hooks and fetches.
+        "host_wait_ms": host_wait_ns / NS_PER_MS,
+        "host_ms": launcher.host_work_ns[last] / NS_PER_MS,
+        "bound_by": bound_by(t1 - t0, stall_ns, host_wait_ns, launcher.host_work_ns[last]),
         "overlap": hidden_ns / copy_ns if copy_ns else 1.0,
         "h2d_bytes": h2d[last],
         "d2h_bytes": sum(c.nbytes for s, d, c in launcher.copies if s == last and d == D2H),

@@ -62,6 +62,7 @@ def test_compute_bound_all_resident() -> None:
     assert p["step_ms"] == pytest.approx(50 * 0.1, rel=0.01)
     assert p["compute_ms"] == pytest.approx(50 * 0.1, rel=1e-9)
     assert p["stall_ms"] == 0 and p["h2d_bytes"] == 0
+    assert p["host_ms"] == pytest.approx(50 * H100.kernel_launch_us / 1e3) and p["bound_by"] == "compute"
 
 
 def test_launch_bound_when_kernels_are_shorter_than_a_launch() -> None:
@@ -69,6 +70,8 @@ def test_launch_bound_when_kernels_are_shorter_than_a_launch() -> None:
     # step 2 on the host's launches pace the GPU.
     p = run(cyclic(50, MB, 1 * US), None, steps=4).prediction
     assert p["step_ms"] == pytest.approx(50 * H100.kernel_launch_us / 1e3, rel=0.01)
+    assert p["host_ms"] == pytest.approx(p["step_ms"], rel=0.01) and p["bound_by"] == "host"
+    assert p["host_wait_ms"] == pytest.approx(p["step_ms"] - p["compute_ms"], abs=1e-6)
 
 
 def test_a_host_sync_starts_each_step_behind_the_last_one() -> None:
@@ -121,6 +124,8 @@ def test_a_block_record_runs_as_its_host_issues_it() -> None:
     slow = tuple(replace(r, host_ns=3 * MS) for r in records)  # the host bounds the step either way
     bound = run(Trace({**header, "block_records": True}, sizes, slow), None, steps=4).prediction
     assert bound["step_ms"] == pytest.approx(4 * 3.0, rel=1e-9) and bound["compute_ms"] == pytest.approx(4.0)
+    # Inside a block the GPU waits on the host's later launches: host wait, not compute.
+    assert bound["host_wait_ms"] == pytest.approx(4 * 3.0 - 4.0, rel=1e-9) and bound["bound_by"] == "host"
 
 
 def test_a_recordings_own_slowdown_under_copies_overrides_the_profiles() -> None:
@@ -143,6 +148,7 @@ def test_copy_bound_everything_streamed() -> None:
     assert p["h2d_bytes"] == 8 * 300 * MB
     assert p["step_ms"] == pytest.approx(8 * 300 * MB / PINNED / MS, rel=0.01)
     assert p["stall_ms"] == pytest.approx(p["step_ms"] - p["compute_ms"], rel=0.01)
+    assert p["bound_by"] == "copies"
 
 
 def test_lookahead_0_does_not_overlap() -> None:
@@ -264,7 +270,8 @@ def test_above_the_floor_the_budget_holds(n, sizes, compute_us, lookahead, slack
     assert p["hazards"] == []
     assert p["peak_device_bytes"] <= budget
     assert 0 <= p["overlap"] <= 1
-    assert p["step_ms"] >= p["compute_ms"] + p["stall_ms"] - 1e-9
+    assert p["step_ms"] == pytest.approx(p["compute_ms"] + p["stall_ms"] + p["host_wait_ms"], abs=1e-6)
+    assert p["host_wait_ms"] >= 0 and p["stall_ms"] >= 0
 
 
 # ------------------------------------------------------------ activations

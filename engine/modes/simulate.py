@@ -47,6 +47,11 @@ def timeline_files(job: Job, result: Any, measured: list | None = None) -> None:
                               "pick a writable hydra.run.dir (sim.timeline=false skips it)") from None
 
 
+BOUND_BY = {"compute": "the GPU's compute",
+            "copies": "the copies (the link)",
+            "host": "the host (its work fills the step: a slower host lengthens it as much)"}
+
+
 def prediction_md(pred: dict, job: Job) -> str:
     """The prediction table of the job's run (its eviction policy, its activations' pinned pool)."""
     cfg = job.cfg
@@ -61,6 +66,10 @@ def prediction_md(pred: dict, job: Job) -> str:
             f"mean {pred['mean_step_ms']:.2f} ms, {lo:.2f} to {hi:.2f} ms"]] if varies else []),
         ["compute", f"{pred['compute_ms']:.2f} ms"],
         ["stall (compute waiting on copies)", f"{pred['stall_ms']:.2f} ms"],
+        ["host wait (compute waiting on the host's launches)", f"{pred['host_wait_ms']:.2f} ms"],
+        ["host work (launches, hooks, fetches)", f"{pred['host_ms']:.2f} ms ({pred['host_ms'] / pred['step_ms']:.0%} "
+                                                 "of the step)" if pred["step_ms"] else f"{pred['host_ms']:.2f} ms"],
+        ["bound by", BOUND_BY[pred["bound_by"]]],
         ["overlap (copy time hidden)", f"{pred['overlap']:.1%}"],
         ["H2D / D2H per step", f"{fmt_bytes(pred['h2d_bytes'])} / {fmt_bytes(pred['d2h_bytes'])}"],
         ["peak device bytes (weights pool, saved activations)",

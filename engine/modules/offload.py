@@ -341,6 +341,7 @@ def predict(trace: Trace, hardware: Any, budget: int | None, lookahead: int | st
     return {"eviction": choice.eviction, "lookahead": choice.lookahead, "step_ms": p["mean_step_ms"],
             "step_ms_range": p["step_ms_range"], "h2d_bytes": p["mean_h2d_bytes"],
             "d2h_bytes": p["d2h_bytes"], "stall_ms": p["stall_ms"], "overlap": p["overlap"],
+            "host_ms": p["host_ms"], "bound_by": p["bound_by"],
             "peak_device_bytes": p["peak_device_bytes"], "peak_process_bytes": p["peak_process_bytes"],
             "device_bound_bytes": p["device_bound_bytes"],
             "peak_pool_torch_bytes": p["peak_pool_torch_bytes"],
