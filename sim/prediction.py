@@ -137,18 +137,16 @@ def steps_vary(prediction: dict) -> bool:
     return hi - lo > VARY * prediction["mean_step_ms"]
 
 
-# The host bounds a step whose own work fills this much of it: the GPU only ever waits for it.
-HOST_BOUND = 0.97
+# A step whose GPU idles under this share of it is bound by its compute.
+IDLE_BOUND = 0.03
 
 
-def bound_by(step_ns: float, stall_ns: float, host_wait_ns: float, host_ns: float) -> str:
-    """What sets a step's time: "host" (its work fills the step), else "copies" (the GPU
-    waits on them longer than on the host, over 3% of the step), else "compute"."""
-    if host_ns >= HOST_BOUND * step_ns:
-        return "host"
-    if stall_ns > host_wait_ns and stall_ns > 0.03 * step_ns:
-        return "copies"
-    return "compute"
+def bound_by(step_ns: float, stall_ns: float, host_wait_ns: float) -> str:
+    """What sets a step's time: "compute" where the GPU idles under IDLE_BOUND of the step,
+    else what it idles for longer: "copies" (a stall) or "host" (its launches)."""
+    if stall_ns + host_wait_ns <= IDLE_BOUND * step_ns:
+        return "compute"
+    return "host" if host_wait_ns > stall_ns else "copies"
 
 
 def step_ends(compute: ComputeStream, kernels_per_step: int, steps: int) -> list[int]:
@@ -219,7 +217,7 @@ def predict(launcher: Launcher, compute: ComputeStream, pool: DevicePool,
         # host's own work a step: launches, hooks and fetches.
         "host_wait_ms": host_wait_ns / NS_PER_MS,
         "host_ms": launcher.host_work_ns[last] / NS_PER_MS,
-        "bound_by": bound_by(t1 - t0, stall_ns, host_wait_ns, launcher.host_work_ns[last]),
+        "bound_by": bound_by(t1 - t0, stall_ns, host_wait_ns),
         "overlap": hidden_ns / copy_ns if copy_ns else 1.0,
         "h2d_bytes": h2d[last],
         "d2h_bytes": sum(c.nbytes for s, d, c in launcher.copies if s == last and d == D2H),
