@@ -1,12 +1,14 @@
 """The run-ahead in CUDA launches: the census's counting, the launcher's queue, the hooks' host cost."""
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import replace
 
 import pytest
 
 from engine.config import ActivationsConfig, PoolConfig
-from engine.measure.launches import FETCH, MARK, launches_by_mark
+from engine.measure.launches import FETCH, MARK, TEARDOWN, Census, launches_by_mark
 from test_sim import H100, MS, US, cyclic, run, training
 
 
@@ -38,6 +40,42 @@ def _lead(result, n: int) -> int:
     host = sorted(t for t, track, what in result.events if track == "host" and what.startswith("start "))
     ends = sorted(t for t, track, what in result.events if track == "compute" and what.startswith("end "))
     return max(i - sum(e <= t for e in ends) for i, t in enumerate(host) if i >= len(host) - n)
+
+
+class _Profile:
+    """torch.profiler.profile's stand-in: records what the environment held at its start."""
+
+    started_with: list = []
+
+    def __init__(self, **kw: object) -> None:
+        pass
+
+    def __enter__(self) -> None:
+        _Profile.started_with.append(os.environ.get(TEARDOWN))
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def export_chrome_trace(self, path: str) -> None:
+        with open(path, "w") as f:
+            json.dump({"traceEvents": []}, f)
+
+
+@pytest.mark.parametrize("preset", [None, "0"])
+def test_the_census_asks_kineto_to_detach_cupti_after_it(monkeypatch, preset) -> None:
+    """A profiling session left CUPTI attached: host launches ran 1.4-1.9x slower after it on
+    the H100 (benchmarks/results). The census asks for the teardown unless the caller chose."""
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr("torch.cuda.synchronize", lambda *a: None)
+    monkeypatch.setattr("torch.profiler.profile", _Profile)
+    if preset is None:
+        monkeypatch.delenv(TEARDOWN, raising=False)
+    else:
+        monkeypatch.setenv(TEARDOWN, preset)
+    _Profile.started_with = []
+    with Census(True):
+        pass
+    assert _Profile.started_with == ["1" if preset is None else preset]
 
 
 @pytest.mark.parametrize("launches, depth, lead", [(1, 8, 7), (4, 8, 1), (3, 8, 1), (9, 8, 0), (1, 1024, 39)])

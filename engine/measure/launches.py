@@ -35,6 +35,7 @@ MARK = "offload-engine record "
 FETCH = "offload-engine fetch"
 DEVICE_OPS = ("kernel", "gpu_memcpy", "gpu_memset")  # Kineto categories of work a launch queues
 HOST_CALLS = ("cuda_runtime", "cuda_driver")
+TEARDOWN = "TEARDOWN_CUPTI"  # Kineto's switch: detach CUPTI when a profiling session ends
 
 
 def launches_by_mark(events: Iterable[Mapping[str, Any]]) -> dict[str, int]:
@@ -100,6 +101,10 @@ class Census:
             log.warning("a torch profiler is running: the recording's launches are not counted (the simulator "
                         "takes one a record); record outside the profiler to count them")
             return self
+        # Kineto leaves CUPTI attached after a session unless told to tear it down; every later
+        # launch in the process then pays CUPTI's callbacks, the recording's all-resident steps
+        # and a user's steps after an eviction="auto" set-up included. A caller's own setting stays.
+        os.environ.setdefault(TEARDOWN, "1")
         self._prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                         torch.profiler.ProfilerActivity.CUDA])
         self._prof.__enter__()
