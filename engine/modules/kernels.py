@@ -253,12 +253,14 @@ def kv_cache_tensors(inputs: Any) -> list[torch.Tensor]:
 
 def record_order(module: nn.Module, run: Callable[[], Any], kernels: list[ModuleKernel],
                  bring: Callable[[str, nn.Parameter], None], release: Callable[[str, nn.Parameter], None],
-                 live: LiveBytes | None = None) -> Recording:
+                 live: LiveBytes | None = None, then: Callable[[], None] | None = None) -> Recording:
     """Run `run()` (one forward of `module`) once, each kernel's parameters brought in
     by `bring(name, p)` as it starts and `release(name, p)` after; returns the order
     the kernels ran in, what was read outside its kernel (brought in, and left
     in, on first read), each position's ops (OpCensus) and, with `live`
-    (`forward_live_bytes`), the bytes the forward's ops held at their peak."""
+    (`forward_live_bytes`), the bytes the forward's ops held at their peak. `then()`
+    runs after the forward, its ops counted with the last kernel's (a training step's
+    loss, where a recording times it)."""
     owner = {id(p): i for i, k in enumerate(kernels) for p in k.params.values()}
     names = {id(p): w for k in kernels for w, p in k.params.items()}
     census = OpCensus()
@@ -309,6 +311,8 @@ def record_order(module: nn.Module, run: Callable[[], Any], kernels: list[Module
     try:
         with live, counter, census, census.attention(), reads:
             run()
+            if then is not None:
+                then()
     finally:
         for h in handles:
             h.remove()

@@ -205,10 +205,12 @@ def meta_forward(module: nn.Module, inputs: Any, grouping: str = "block",
             noted = NotedTensors(saved, position.saving)
             with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(noted.pack, noted.unpack), \
                     _TruthOnMeta(), position:
-                rec = record_order(module, run, kernels, lambda w, p: None, lambda w, p: None, live)
-                with live:  # what it saves counts with the last kernel, as recorded
-                    loss_fn = TrainingLoss()  # its targets stay on the device all step, as the CLI's do
-                    loss = loss_fn(outputs.pop())
+                loss_fn = TrainingLoss()  # its targets stay on the device all step, as the CLI's do
+                losses = []
+                # The loss's ops, and what it saves, count with the last kernel, as recorded.
+                rec = record_order(module, run, kernels, lambda w, p: None, lambda w, p: None, live,
+                                   then=lambda: losses.append(loss_fn(outputs.pop())))
+                loss = losses.pop()
             position.remove()  # the backward's recomputation is not a forward
             with live, meta_attention():  # the backward: checkpointing recomputes a block and holds its activations
                 loss.backward()
