@@ -2,10 +2,12 @@
 encoder-decoder, an encoder, a conv UNet, state-space and hybrid models, mixtures of
 experts, DiTs of several kinds): tiny configs on the CPU backend, a budget just over each
 model's floor (weights stream every step), outputs bitwise the plain module's, the module
-restored after; and each built on the meta device, synthesized from its config alone.
+restored after; and each built on the meta device, synthesized from its config alone; and
+some trained, a LoRA on them, streamed and spilled, bitwise the plain module's steps.
 Needs the models extra."""
 from __future__ import annotations
 
+from contextlib import nullcontext
 from types import SimpleNamespace
 from typing import Any, Callable
 
@@ -116,6 +118,22 @@ def _diffusers(name: str) -> tuple[torch.nn.Module, dict]:
                                       cross_attention_input_dim=32)
         inputs = dict(hidden_states=_randn(1, 8, 32), timestep=torch.tensor([10]), encoder_hidden_states=_randn(1, 8, 32),
                       global_hidden_states=_randn(1, 1, 32))
+    elif name == "hidream":  # caption projections run before the blocks; dual- then single-stream; routed experts
+        model = d.HiDreamImageTransformer2DModel(patch_size=2, in_channels=4, out_channels=4, num_layers=2,
+                                                 num_single_layers=2, attention_head_dim=16, num_attention_heads=2,
+                                                 caption_channels=[32, 32], text_emb_dim=32, num_routed_experts=4,
+                                                 num_activated_experts=2, axes_dims_rope=(8, 4, 4),
+                                                 max_resolution=(32, 32), llama_layers=[0, 1, 2, 3])
+        inputs = dict(hidden_states=_randn(1, 4, 16, 16), timesteps=torch.tensor([10]),
+                      encoder_hidden_states_t5=_randn(1, 8, 32), encoder_hidden_states_llama3=_randn(4, 1, 8, 32),
+                      pooled_embeds=_randn(1, 32))
+    elif name == "cogview4":  # dual-stream blocks only: the last block's text stream is dropped
+        model = d.CogView4Transformer2DModel(patch_size=2, in_channels=4, out_channels=4, num_layers=4,
+                                             attention_head_dim=16, num_attention_heads=2, text_embed_dim=32,
+                                             time_embed_dim=16, condition_dim=8, rope_axes_dim=(8, 8))
+        inputs = dict(hidden_states=_randn(1, 4, 16, 16), encoder_hidden_states=_randn(1, 8, 32),
+                      timestep=torch.tensor([10]), original_size=torch.tensor([[16.0, 16.0]]),
+                      target_size=torch.tensor([[16.0, 16.0]]), crop_coords=torch.tensor([[0.0, 0.0]]))
     else:  # sana: linear attention, a caption norm
         model = d.SanaTransformer2DModel(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16,
                                          num_layers=4, num_cross_attention_heads=2, cross_attention_head_dim=16,
@@ -222,3 +240,78 @@ def test_decode_over_the_shipped_kv_cache_repeats_its_step(name: str) -> None:
     with torch.no_grad():
         assert all(torch.equal(_first(model(**inputs)), ref) for _ in range(2))
     h.remove()
+
+
+ATTN_FF = ["to_q", "to_k", "to_v", "to_out.0", "ff.net.0.proj", "ff.net.2"]
+# name -> (LoRA target modules, per-block activation checkpointing, sync layers offloaded)
+TRAINED: dict[str, tuple[list[str], bool, int]] = {
+    # latent attention; peft wraps the 3-D routed experts too (their gate/up/down names)
+    "deepseek_v3": (["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj", "gate_proj", "up_proj",
+                     "down_proj"], False, 1),
+    # mamba and attention layers (the scan reads dt_proj.weight itself: no adapter there)
+    "jamba": (["in_proj", "x_proj", "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+              False, 1),
+    "bert": (["query", "key", "value", "intermediate.dense", "output.dense"], True, 1),  # an encoder, dropout on
+    "hunyuan_dit": (ATTN_FF, False, 1),  # long skips, shared parameters kept resident
+    # layers 0-4 are the caption projections (run first, nothing saved): the spill reaches a block at 6
+    "hidream": (["to_q", "to_k", "to_v", "to_out", "to_q_t", "to_k_t", "to_v_t", "to_out_t", "w1", "w2", "w3"],
+                True, 6),
+    "cogview4": (ATTN_FF, False, 1),
+}
+
+
+def _trained(name: str) -> tuple[torch.nn.Module, dict]:
+    """The class at seed 0 in bf16, training mode, a rank-4 LoRA (random B: every gradient nonzero)."""
+    peft = pytest.importorskip("peft", reason="needs the models extra: pip install 'offload-engine[models]'")
+    targets, ckpt, _ = TRAINED[name]
+    torch.manual_seed(0)
+    model, inputs = (_diffusers if name in ("hunyuan_dit", "hidream", "cogview4") else _transformers)(name)
+    model = model.to(BF16)
+    if ckpt and hasattr(model, "enable_gradient_checkpointing"):
+        model.enable_gradient_checkpointing()
+    elif ckpt:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    return peft.inject_adapter_in_model(peft.LoraConfig(r=4, target_modules=targets, init_lora_weights=False),
+                                        model), inputs
+
+
+def _train(model: torch.nn.Module, inputs: dict, steps: range, handle: Any = None) -> list[tuple[torch.Tensor, dict]]:
+    """SGD steps on the adapters, step s seeded by s (dropout alike); each loss and gradient."""
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    out = []
+    for s in steps:
+        opt.zero_grad(set_to_none=True)
+        torch.manual_seed(s)
+        with handle.step() if handle is not None else nullcontext():
+            loss = _first(model(**inputs)).float().pow(2).mean()
+            loss.backward()
+        out.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}))
+        opt.step()
+    return out
+
+
+@pytest.mark.parametrize("name", list(TRAINED))
+def test_a_library_model_trains_a_lora_bitwise(name: str) -> None:
+    """LoRA steps with the frozen weights streamed at just over the training floor and
+    activations spilled (sync): each loss and every adapter gradient equal the plain module's
+    over two steps; after remove() a plain step and the whole state dict equal too."""
+    model, inputs = _trained(name)
+    ref = _train(model, inputs, range(3))
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    model, inputs = _trained(name)
+    with pytest.raises(BelowFloorError) as refused:
+        engine.offload(model, budget_mb=0, training=True, example_inputs=inputs, eviction="priority", lookahead=2,
+                       backend="cpu")
+    h = engine.offload(model, budget_mb=1.05 * refused.value.floor_bytes / 1e6, training=True, example_inputs=inputs,
+                       eviction="priority", lookahead=2, backend="cpu",
+                       activations={"mode": "sync", "num_offload_layers": TRAINED[name][2], "min_tensor_bytes": 256})
+    got = _train(model, inputs, range(2), h)
+    row = h.telemetry()[-1]
+    assert row["weight_h2d_bytes"] > 0 and row["activations_spilled"] > 0  # both stream every step
+    h.remove()
+    got += _train(model, inputs, range(2, 3))
+    for (loss, grads), (loss_ref, grads_ref) in zip(got, ref, strict=True):
+        assert torch.equal(loss, loss_ref) and grads.keys() == grads_ref.keys()
+        assert all(torch.equal(grads[k], grads_ref[k]) for k in grads_ref)
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())  # put back as it was

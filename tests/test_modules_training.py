@@ -416,3 +416,97 @@ def test_the_simulated_training_step_decides_and_peaks_as_the_executed_one():
         h.remove()
         assert executed == [(d.step, d.position, d.action, d.target) for d in result.decisions], eviction
         assert result.prediction["peak_device_bytes"] == pool_peak + saved, eviction
+
+
+class PrefixFirst(nn.Module):
+    """Two block lists, the one registered second run first (as HiDream's caption projections
+    run before its blocks): layers are numbered as the forward runs them."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(64) for _ in range(3))
+        self.prefix = nn.ModuleList(Block(64) for _ in range(2))
+
+    def forward(self, x):
+        for b in [*self.prefix, *self.blocks]:
+            x = b(x)
+        return x
+
+
+def test_layers_are_numbered_in_the_order_the_forward_runs_them():
+    """A sync dict's layers run 0 to N-1 in forward: numbered by module order, the prefix's
+    last block (layer 4) would wait for layer 0's offload before layer 0 ran. The recorded
+    trace (its pool sized and its policy chosen from it) and the step number them alike."""
+    def build() -> PrefixFirst:
+        torch.manual_seed(0)
+        return PrefixFirst()
+
+    loss_ref, grads_ref = step(build(), X)
+    net = build()
+    block = sum(p.numel() * 4 for p in net.blocks[0].parameters() if not p.requires_grad)
+    h = engine.offload(net, budget_mb=3 * block / 1e6, training=True, backend="cpu", example_inputs=(X,),
+                       activations={**SYNC, "num_offload_layers": 1}, loss_fn=lambda out: out.pow(2).mean(),
+                       lookahead=2)
+    assert h.layers[net.prefix[0]] == 0 and h.layers[net.blocks[0]] == 2
+    assert [r.layer for r in h.trace.records if r.phase == "fwd"] == [0, 1, 2, 3, 4]
+    for _ in range(2):
+        with h.step():
+            loss, grads = step(net, X)
+        assert torch.equal(loss, loss_ref) and all(torch.equal(grads[k], grads_ref[k]) for k in grads_ref)
+    assert h.telemetry()[-1]["activations_spilled"] > 0
+    h.remove()
+
+
+class DualBlock(nn.Module):
+    """A block of two streams (a dual-stream DiT's image and text)."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.x = Block(d)
+        self.c = Block(d)
+
+    def forward(self, x, c):
+        return self.x(x + c), self.c(c)
+
+
+class DropsLastStream(nn.Module):
+    """Dual-stream blocks whose model drops the last block's text stream, as CogView4's does:
+    what that branch saved, backward never uses (autograd frees it unused)."""
+
+    def __init__(self, n: int = 3):
+        super().__init__()
+        self.blocks = nn.ModuleList(DualBlock(64) for _ in range(n))
+
+    def forward(self, x):
+        c = x.flip(-1)
+        for b in self.blocks:
+            x, c = b(x, c)
+        return x
+
+
+@pytest.mark.parametrize("activations", [SYNC, WATERMARK], ids=["sync", "watermark"])
+def test_a_branch_the_loss_does_not_reach_is_released_at_the_step_end(activations):
+    """Its saved tensors are unpacked for the policy when backward is over (a spilled one
+    restored first, watermark), so the step ends (the policy's books empty, else it raises),
+    bitwise, and the next one runs."""
+    def build() -> DropsLastStream:
+        torch.manual_seed(0)
+        return DropsLastStream()
+
+    def dropped_step(net: DropsLastStream) -> tuple[torch.Tensor, dict]:
+        loss = net(X).pow(2).mean()
+        loss.backward()
+        return loss.detach(), {n: p.grad for n, p in net.named_parameters() if p.grad is not None}
+
+    loss_ref, grads_ref = dropped_step(build())
+    assert "blocks.2.c.up.a" not in grads_ref  # the dropped stream's adapters get no gradient
+    net = build()
+    h = engine.offload(net, budget_mb=None, training=True, backend="cpu", activations=activations)
+    for _ in range(3):  # the sizing step, then two on the sized pool
+        net.zero_grad(set_to_none=True)
+        with h.step():
+            loss, grads = dropped_step(net)
+        assert torch.equal(loss, loss_ref) and grads.keys() == grads_ref.keys()
+        assert all(torch.equal(grads[k], grads_ref[k]) for k in grads_ref)
+    assert h.telemetry()[-1]["activations_spilled"] > 0
+    h.remove()

@@ -385,19 +385,21 @@ class ActivationOffloader:
         self._saves = 0
 
     def _end_step(self) -> None:
+        backward_ran = self._in_backward
         if self._path:
             self._begin_backward()
             self._backward_to(0)
+        pending = [g for g in self._saved.by_name.values() if g.unpacked == 0]
+        if pending and not backward_ran:
+            names = ", ".join(f"{g.name} (layer {g.layer})" for g in pending[:3])
+            raise ExecutorError(
+                f"step {self._step} ended with {len(pending)} saved tensors that backward never used, and "
+                f"no backward ran in it ({names}...); run loss.backward() inside `with offloader.step():`")
+        for g in pending:  # saved for a branch the loss does not reach (an output the module drops)
+            self._drop(g)
         *last_layer_end, step_end = self._schedule.end()
         for q in last_layer_end:
             self._ask(q)
-        pending = [g for g in self._saved.by_name.values() if g.unpacked == 0]
-        if pending:
-            names = ", ".join(f"{g.name} (layer {g.layer})" for g in pending[:3])
-            raise ExecutorError(
-                f"step {self._step} ended with {len(pending)} saved tensors that backward never used "
-                f"({names}...); run loss.backward() inside `with offloader.step():`, on a loss that "
-                "depends on every output saved for it")
         self._ask(step_end)
         m = self._saved.measures
         if self.device.type == "cuda":
@@ -406,6 +408,16 @@ class ActivationOffloader:
             m.vram_peak_bytes = m.saved_peak_bytes
         self._records.append(_StepRecord(self._step, self.policy.history[-1], m, self._saved.stalls))
         self._clear_step_state()
+
+    def _drop(self, g: SavedGroup) -> None:
+        """Backward is over and never used `g` (saved for a branch the loss does not reach:
+        autograd freed it unused). The policy hears it unpacked, as a recorded trace has
+        backward use every saved tensor, so its books and its slab are freed (a spill the
+        policy restores on unpack is restored first); then its device copy goes."""
+        self._ask(self._schedule.unpack(g.name))
+        if g.device is not None:
+            self._saved.use(g)
+            self._saved.leave_device(g)
 
     def _break(self, reason: str) -> None:
         """After a failure: wait for the copies and drop the step's tensors; the

@@ -65,7 +65,7 @@ class Recording:
     """What the recording forward saw."""
 
     order: AccessOrder
-    layers: tuple[int, ...]  # per position: the kernel's block index (-1 outside)
+    layers: tuple[int, ...]  # per position: its block's index in run order (`run_order`; -1 outside)
     flops: tuple[int, ...]  # per position: FLOPs torch's counter saw (matmuls, attention, convolutions)
     outside: tuple[nn.Parameter, ...]  # read while their kernel was not running: kept resident
     census: tuple[KernelCensus, ...]  # per position: its ops (engine/modules/census.py)
@@ -327,5 +327,18 @@ def record_order(module: nn.Module, run: Callable[[], Any], kernels: list[Module
     read = {w for r in order_reads for w in r}
     sizes = {w: p.numel() * p.element_size() for k in kernels for w, p in k.params.items() if w in read}
     order = AccessOrder(tuple(kernels[i].name for i, _ in ran), order_reads, sizes)
-    return Recording(order, tuple(kernels[i].layer for i, _ in ran), flops, outside, tuple(census.kernels),
-                     live.peak if tracing else 0)
+    blocks = run_order([k.name for k in kernels if k.layer >= 0], order.kernels)
+    number = {name: layer for layer, name in enumerate(blocks)}
+    return Recording(order, tuple(number.get(kernels[i].name, -1) for i, _ in ran), flops, outside,
+                     tuple(census.kernels), live.peak if tracing else 0)
+
+
+def run_order(blocks: Sequence[str], ran: Sequence[str]) -> list[str]:
+    """`blocks` in the order the forward first ran them (`ran`: the kernels' names in run
+    order), those it never ran after, as given. Layers are numbered so: an activation
+    policy's layers run 0 to N-1 in forward, and a model may run a later ModuleList first
+    (HiDream's caption projections before its blocks)."""
+    first: dict[str, int] = {}
+    for i, name in enumerate(ran):
+        first.setdefault(name, i)
+    return sorted(blocks, key=lambda b: first.get(b, len(ran)))

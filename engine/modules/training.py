@@ -46,7 +46,7 @@ from engine.executor.model_hooks import ResidentWeights
 from engine.executor.offloader import ActivationOffloader
 from engine.executor.runtime import WeightExecutor
 from engine.executor.training import RECOMPUTE, StreamedWeights, train_order, weight_handles
-from engine.modules.kernels import find_blocks
+from engine.modules.kernels import find_blocks, run_order
 from engine.modules.streamed import StreamedModule
 from engine.policy.activations import build_activation_policy, validate_watermarks
 from engine.policy.pool_sizing import exact_pool
@@ -182,6 +182,8 @@ class TrainingHandle:
         if not names:
             raise ConfigError(f"found no repeated blocks in this {type(module).__name__} (no ModuleList of "
                               "two or more modules with parameters); name its layers with blocks=[...]")
+        if streamed is not None:  # numbered as the recorded forward ran them, as its trace's layers are
+            names = run_order(names, streamed.order.kernels)
         self.layers = {modules[b]: i for i, b in enumerate(names)}
         streamed_ids = set(streamed.placeholders) if streamed is not None else set()
         resident = ResidentWeights({n: p.detach() for n, p in module.named_parameters()
