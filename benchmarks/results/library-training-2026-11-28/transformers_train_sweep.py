@@ -17,7 +17,7 @@ from __future__ import annotations
 import sys
 import traceback
 from contextlib import nullcontext
-from typing import Any, Callable
+from typing import Any
 
 import peft
 import torch
