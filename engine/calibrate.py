@@ -53,16 +53,17 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from engine.compute import (BACKWARD, BLOCKED, CORE_FLOOR, MATMUL_OPS, PASSES, KernelTable, ModuleCost, PassCost,
-                            features, host_key, pass_bytes, slowdown_under_copy, table_from_measurements,
-                            tables_dir, work)
+from engine.compute import (ATTENTION_OPS, BACKWARD, BACKWARD_FLOPS_FACTOR, BLOCKED, CORE_FLOOR, MATMUL_OPS, PASSES,
+                            TRAINING, KernelTable, ModuleCost, PassCost, features, host_key, pass_bytes,
+                            slowdown_under_copy, table_from_measurements, tables_dir, work)
 from engine.trace import KernelRecord
 from engine.config import HardwareConfig
 from engine.errors import ConfigError, TraceError
 from engine.trace import Trace, read_trace
 from engine.units import MIB
 
-PROBE_ROWS = {"linear": 4, "attention": 5, "attention_masked": 5, "memory": 2, "passes": 5}  # probe row widths
+PROBE_ROWS = {"linear": 4, "attention": 5, "attention_masked": 5, "attention_train": 6, "attention_masked_train": 6,
+              "memory": 2, "passes": 5}  # probe row widths
 MIN_PASS_BYTES = 1 << 24  # smaller memory kernels wait on the host's launches, not on HBM
 RIDGE = 100.0  # FLOP per byte above which a kernel counts as compute-bound
 LARGE_COPY = 64 * MIB
@@ -207,7 +208,8 @@ def fit_kernel_table(traces: Sequence[Trace], source: str, probes: Sequence[dict
     """Kernel rates by op and shape: each recorded spec kernel (records with an op and,
     for matmul ops, a shape; backward records under op + BACKWARD) and the probe grid of
     each trace (header probes "compute": ops "linear", "attention", "attention_masked",
-    "memory") and of each of `probes` (compute probes from probe files, read_probe_file),
+    "memory", and the training attention's forward and backward under op + TRAINING and
+    op + TRAINING + BACKWARD) and of each of `probes` (compute probes from probe files, read_probe_file),
     alike; with `modules` (recorded real modules), their ModuleCost (fit_module_cost); the host
     time of each record in the resident step by op and phase (compute.host_key; probes
     "host" "kernel_ns" and, training, "backward_kernel_ns"). With the grid's add and
@@ -219,7 +221,12 @@ def fit_kernel_table(traces: Sequence[Trace], source: str, probes: Sequence[dict
         grid_rows += [("linear", features("linear", (m, n, k), 0), 2 * m * n * k, ns)
                       for m, n, k, ns in grid.get("linear", ())]
         grid_rows += [(op, features(op, (bh, lq, lk, d), 0), 4 * bh * lq * lk * d, ns)
-                      for op in ("attention", "attention_masked") for bh, lq, lk, d, ns in grid.get(op, ())]
+                      for op in ATTENTION_OPS for bh, lq, lk, d, ns in grid.get(op, ())]
+        for op in ATTENTION_OPS:  # a training step's attention: its forward, and its backward's work as traces count it
+            for bh, lq, lk, d, forward_ns, backward_ns in grid.get(op + TRAINING, ()):
+                feats, flops = features(op, (bh, lq, lk, d), 0), 4 * bh * lq * lk * d
+                grid_rows += [(op + TRAINING, feats, flops, forward_ns),
+                              (op + TRAINING + BACKWARD, feats, BACKWARD_FLOPS_FACTOR * flops, backward_ns)]
         grid_rows += [("memory", features("norm", (), nbytes), nbytes, ns) for nbytes, ns in grid.get("memory", ())]
     adds = [(nbytes, ns) for op, _feats, nbytes, ns in grid_rows if op == "memory"]
     largest = max(adds, default=None)

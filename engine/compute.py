@@ -15,7 +15,11 @@ Two models, one interface (`ExecutionTimePredictor.kernel_ns`):
   spec kernels themselves (which include what runs around the core op: bias,
   norms, residual adds) and the probe grid of bare ops (engine/measure/compute.py)
   for shapes no recording covers. An op the table lacks falls back to the bare
-  op's grid ("linear", "attention", "memory"), then to the roofline.
+  op's grid ("linear", "attention", "memory"), then to the roofline (`rate_keys`).
+  Attention in a training step is keyed op + TRAINING (and + BACKWARD for its
+  backward): probed as the CLI's training runs it, autograd on and cuDNN's
+  kernels off, where masked attention takes the memory-efficient kernel; a table
+  probed before that prices it at the inference and backward rates.
 
 Memory passes. A spec kernel also lists the memory-bound passes it runs around
 its core op (`Kernel.passes`: a norm, the modulation, the gate, a residual add,
@@ -45,6 +49,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from engine.errors import ConfigError, TraceError
 
 MATMUL_OPS = ("linear", "attention", "attention_masked")
+ATTENTION_OPS = ("attention", "attention_masked")
 CORE_DIMS = {"linear": 3, "attention": 4, "attention_masked": 4}  # a matmul op's shape: (m, n, k), (bh, lq, lk, d)
 MEMORY_OPS = ("norm", "elementwise", "embed")
 BACKWARD = "_bwd"
@@ -52,7 +57,9 @@ BACKWARD = "_bwd"
 # table's backward rates are work over time on this count).
 BACKWARD_FLOPS_FACTOR = 2
 BACKWARD_OPS = 2  # ops a real module's backward launches per op of its forward
-TRAINING = "_train"  # the kernel table's host time of a training forward's kernel
+# The kernel table's key of a training forward's kernel: its host time (host_key), and an
+# attention op's rate as a training step runs it (probed: engine/measure/compute.py).
+TRAINING = "_train"
 # The probe grid an op falls back to where the table has no point of its own (a table probed
 # before masked attention prices it as unmasked: ExecutionTimePredictor.lacks).
 GRID_OPS = {"linear": "linear", "attention": "attention", "attention_masked": "attention", "norm": "memory",
@@ -90,6 +97,16 @@ def pass_bytes(passes: Sequence[tuple[str, int]]) -> dict[str, int]:
             raise TraceError(f"memory pass kind {kind!r} is not one of {', '.join(PASSES)}")
         moved[kind] += nbytes
     return moved
+
+
+def rate_keys(op: str) -> tuple[str, ...]:
+    """The table keys `op`'s rate is looked up under, first found first: its own; for a
+    training attention key, the same without TRAINING (a table probed before training
+    attention); a backward's forward; the bare op's probe grid (GRID_OPS)."""
+    base = op.removesuffix(BACKWARD)
+    core = base.removesuffix(TRAINING)
+    keys = [op, core + op[len(base):], base, core, GRID_OPS.get(core, "")]
+    return tuple(dict.fromkeys(k for k in keys if k))
 
 
 def host_key(op: str, phase: str, training: bool) -> str:
@@ -201,8 +218,7 @@ class KernelTable:
         return self._rates[key]
 
     def _rate(self, op: str, feats: tuple[float, ...]) -> float | None:
-        base = op.removesuffix(BACKWARD)
-        for key in (op, base, GRID_OPS.get(base, "")):
+        for key in rate_keys(op):
             points = [p for p in self.points.get(key, ()) if len(p.features) == len(feats)]
             if points:
                 return _interpolate(points, feats)
@@ -344,35 +360,41 @@ class ExecutionTimePredictor:
         return self.table.module_cost if self.table is not None else None
 
     def module_kernel_ns(self, cores: Sequence[tuple[str, Sequence[int]]], memory_elements: int, ops: int,
-                         backward: bool = False, trained: Sequence[Sequence[int]] = ()) -> int:
+                         backward: bool = False, trained: Sequence[Sequence[int]] = (),
+                         training_attention: bool = False) -> int:
         """A real module's block from its census (engine/modules/census.py): each core by op
         and shape, the rest by the table's ModuleCost; without one, the rest's elements at
         two bytes each through hbm_gbps. `backward`: the block's backward (`backward_core_ns`
         for each core, and for each of the `trained` linears, (m, n, k), the weight's
-        gradient: the matmul (n, k, m)), its ops launched BACKWARD_OPS times."""
-        core = self.backward_core_ns if backward else self.core_ns
-        cores_ns = sum(core(op, shape) for op, shape in cores)
+        gradient: the matmul (n, k, m)), its ops launched BACKWARD_OPS times.
+        `training_attention`: its attention at a training step's rates (TRAINING)."""
         if backward:
+            cores_ns = sum(self.backward_core_ns(op, shape, training_attention) for op, shape in cores)
             cores_ns += sum(self.core_ns("linear", (n, k, m)) for m, n, k in trained)
+        else:
+            cores_ns = sum(self.core_ns(op, shape, training_attention) for op, shape in cores)
         ops = ops * BACKWARD_OPS if backward else ops
         cost = self.module_cost
         rest = 2 * memory_elements / self.hbm_bytes_per_ns if cost is None else \
             memory_elements * cost.ns_per_element + ops * cost.ns_per_op
         return max(1, round(cores_ns + rest))
 
-    def core_ns(self, op: str, shape: Sequence[int]) -> int:
-        """A census core (engine/modules/census.py) by op and shape."""
-        return self.kernel_ns(op, core_flops(op, shape), core_io_bytes(op, shape), shape)
+    def core_ns(self, op: str, shape: Sequence[int], training: bool = False) -> int:
+        """A census core (engine/modules/census.py) by op and shape; `training`: attention
+        at a training step's rate (TRAINING)."""
+        return self.kernel_ns(op, core_flops(op, shape), core_io_bytes(op, shape), shape, training=training)
 
-    def backward_core_ns(self, op: str, shape: Sequence[int]) -> int:
+    def backward_core_ns(self, op: str, shape: Sequence[int], training: bool = False) -> int:
         """A core's backward with its weight frozen: a linear's gradient by its input is the
         same matmul with n and k swapped, at the forward's rate; attention's at the table's
-        backward rate, its work counted BACKWARD_FLOPS_FACTOR times as traces count it."""
+        backward rate (`training`: a training step's, TRAINING), its work counted
+        BACKWARD_FLOPS_FACTOR times as traces count it."""
         if op == "linear":
             m, n, k = shape
             return self.core_ns(op, (m, k, n))
         f = BACKWARD_FLOPS_FACTOR
-        return self.kernel_ns(op, f * core_flops(op, shape), f * core_io_bytes(op, shape), shape, backward=True)
+        return self.kernel_ns(op, f * core_flops(op, shape), f * core_io_bytes(op, shape), shape, backward=True,
+                              training=training)
 
     def module_host_ns(self, ops: int, dispatches: int, hooked: bool = True) -> int:
         """Host time of a real module's block that launches `ops` ops of `dispatches`, through
@@ -384,15 +406,16 @@ class ExecutionTimePredictor:
         return round(dispatches * cost.host_ns_per_op + (cost.host_ns_per_kernel if hooked else 0.0))
 
     def kernel_ns(self, op: str, flops: int, io_bytes: int, shape: Sequence[int] = (),
-                  backward: bool = False, passes: Sequence[tuple[str, int]] = ()) -> int:
+                  backward: bool = False, passes: Sequence[tuple[str, int]] = (), training: bool = False) -> int:
         """`passes` are the forward kernel's memory passes (Kernel.passes); on the
-        roofline they add to a matmul's time and are a memory op's traffic."""
+        roofline they add to a matmul's time and are a memory op's traffic. `training`: an
+        attention op at a training step's rate (TRAINING)."""
         if op not in MATMUL_OPS + MEMORY_OPS:
             raise TraceError(
                 f"no time predictor for op {op!r}; use one of {', '.join(MATMUL_OPS + MEMORY_OPS)} in the spec")
         passes = () if backward else passes
         if self.table is not None:
-            ns = _table_ns(self.table, op, flops, io_bytes, shape, backward, passes)
+            ns = _table_ns(self.table, op, flops, io_bytes, shape, backward, passes, training)
             if ns is not None:
                 # Never under its bytes' time through HBM: a skinny matmul (a LoRA adapter's,
                 # rank 32 against thousands of features) lies far from the points it is
@@ -426,13 +449,14 @@ class ExecutionTimePredictor:
 
 
 def _table_ns(table: KernelTable, op: str, flops: int, io_bytes: int, shape: Sequence[int], backward: bool,
-              passes: Sequence[tuple[str, int]]) -> float | None:
+              passes: Sequence[tuple[str, int]], training: bool = False) -> float | None:
     feats = features(op, shape, io_bytes, passes)
     if feats is None:
         return None
     amount = work(op, flops, io_bytes)
     if backward or not passes:
-        rate = table.rate(op + BACKWARD if backward else op, feats)
+        key = op + (TRAINING if training and op in ATTENTION_OPS else "") + (BACKWARD if backward else "")
+        rate = table.rate(key, feats)
         return amount / rate if rate else None
     # No pass cost: a table fitted before passes, whose points hold them.
     extra = table.pass_cost.ns(passes) if table.pass_cost else None

@@ -10,8 +10,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from engine.calibrate import fit_kernel_table, fit_pass_cost, write_kernel_table
-from engine.compute import (BACKWARD, PASSES, ExecutionTimePredictor, KernelTable, PassCost, Point, features, load_table,
-                            table_from_measurements)
+from engine.compute import (BACKWARD, PASSES, TRAINING, ExecutionTimePredictor, KernelTable, PassCost, Point, features,
+                            load_table, rate_keys, table_from_measurements)
 from engine.config import load_hardware
 from engine.errors import ConfigError
 from engine.models import load_spec
@@ -224,3 +224,49 @@ def test_the_default_profile_predicts_the_recorded_whole_models_compute():
         recorded = sum(r.compute_ns for r in rec.records)
         assert math.isclose(predicted, recorded, rel_tol=0.02), (name, predicted, recorded)
         assert all(r.host_ns > 0 for r in syn.records)  # the table's host time per op
+
+
+def test_a_training_steps_attention_takes_its_own_rates_else_the_inference_ones():
+    """op + TRAINING keys a training step's attention (cuDNN's kernels off); a table probed
+    before them prices it as before: the backward at its backward rate, else the forward's."""
+    f = features("attention", (32, 4096, 4096, 128), 0)
+    old = KernelTable({"attention_masked": [Point(f, 400.0)], "attention_masked" + BACKWARD: [Point(f, 300.0)]})
+    assert old.rate("attention_masked" + TRAINING, f) == 400.0
+    assert old.rate("attention_masked" + TRAINING + BACKWARD, f) == 300.0
+    new = KernelTable({**old.points, "attention_masked" + TRAINING: [Point(f, 130.0)],
+                       "attention_masked" + TRAINING + BACKWARD: [Point(f, 100.0)]})
+    p = ExecutionTimePredictor(_roofline())
+    p.table = new
+    shape = (32, 4096, 4096, 128)
+    flops = 4 * 32 * 4096 * 4096 * 128
+    assert p.core_ns("attention_masked", shape) == round(flops / 400.0)
+    assert p.core_ns("attention_masked", shape, training=True) == round(flops / 130.0)
+    assert p.backward_core_ns("attention_masked", shape, training=True) == round(2 * flops / 100.0)
+    # a linear is the same matmul in training: no training key
+    lin = features("linear", (4096, 3072, 3072), 0)
+    p.table = KernelTable({"linear": [Point(lin, 500.0)]})
+    assert p.core_ns("linear", (4096, 3072, 3072), training=True) == p.core_ns("linear", (4096, 3072, 3072))
+    assert rate_keys("attention_masked" + TRAINING + BACKWARD) == (
+        "attention_masked_train_bwd", "attention_masked_bwd", "attention_masked_train", "attention_masked", "attention")
+
+
+def test_the_training_attention_probe_enters_the_table_forward_and_backward():
+    """A probe row [bh, lq, lk, d, forward ns, backward ns]: two points, the backward's work
+    counted BACKWARD_FLOPS_FACTOR times as traces count it."""
+    row = [32, 4096, 4096, 128, 2_000_000, 5_000_000]
+    table = fit_kernel_table([], "probe only", [{"attention_masked_train": [row], "attention_train": []}])
+    f = features("attention", tuple(row[:4]), 0)
+    flops = 4 * 32 * 4096 * 4096 * 128
+    assert table.exact_rate("attention_masked" + TRAINING, f) == pytest.approx(flops / 2_000_000)
+    assert table.exact_rate("attention_masked" + TRAINING + BACKWARD, f) == pytest.approx(2 * flops / 5_000_000)
+    assert "attention_train" not in table.points
+
+
+def test_the_shipped_table_prices_masked_training_attention_slower_than_inference():
+    """On the H100 a training step's masked attention runs the memory-efficient kernel, well
+    under the cuDNN one inference takes (benchmarks/results/heldout-train-h100-2026-11-28.md)."""
+    p = ExecutionTimePredictor(load_hardware("h100_pcie5"))
+    shape = (24, 4352, 4352, 128)
+    assert p.core_ns("attention_masked", shape, training=True) > 2 * p.core_ns("attention_masked", shape)
+    assert p.backward_core_ns("attention_masked", shape, training=True) > 3 * p.backward_core_ns(
+        "attention_masked", shape)

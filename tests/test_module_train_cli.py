@@ -191,7 +191,7 @@ def test_every_shipped_lora_target_names_a_module_of_its_class(model):
     assert not unmatched
 
 
-def _synthesized(checkpointing: bool):
+def _synthesized(checkpointing: bool, *overrides: str):
     from hydra import compose, initialize_config_module
 
     from engine.config import register
@@ -199,7 +199,8 @@ def _synthesized(checkpointing: bool):
 
     register()
     with initialize_config_module(config_module="conf", version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[*MODEL, f"workload.checkpointing={checkpointing}"])
+        cfg = compose(config_name="config", overrides=[*MODEL, f"workload.checkpointing={checkpointing}",
+                                                                  *overrides])
     return synthesize_module(cfg.model, cfg.workload, cfg.hardware)
 
 
@@ -232,6 +233,20 @@ def test_checkpointing_adds_each_block_forward_to_its_backward():
         assert b.compute_ns == a.compute_ns + extra, a.name
     # Checkpointed, the blocks save only their inputs.
     assert sum(s.nbytes for r in ckpt.records for s in r.saved) < sum(s.nbytes for r in plain.records for s in r.saved)
+
+
+def test_a_training_steps_attention_is_priced_as_the_cli_runs_it():
+    """The CLI's training turns cuDNN's attention off: the kernels with an attention core, and
+    their backward, take the table's training rates; workload.cudnn_attention=true keeps the
+    inference and backward ones. Nothing else moves."""
+    off, on = _synthesized(True), _synthesized(True, "workload.cudnn_attention=true")
+    attends = {r.name for r in off.records if r.phase == "fwd" and any(op.startswith("attention") for op, _ in r.cores)}
+    assert attends
+    for a, b in zip(off.records, on.records):
+        if a.name.removesuffix(BACKWARD_SUFFIX) in attends:
+            assert a.compute_ns > b.compute_ns, a.name
+        else:
+            assert a.compute_ns == b.compute_ns, a.name
 
 
 def test_a_training_step_is_predicted_from_the_config_alone(tmp_path):

@@ -15,6 +15,12 @@ with per-sample (1, 1, width) scale, shift and gate, each with the bytes
 engine/models/builder.py declares for that pass and its kind (compute.PASSES):
 calibrate fits the pass cost to them, whatever model runs the passes.
 
+The "attention_train" and "attention_masked_train" parts time attention as the CLI's
+LoRA training runs it (engine/modes/module.py turns cuDNN's kernels off): the forward
+with autograd on and its backward, on the layout diffusers and transformers hand SDPA
+((1, l, heads, d) viewed as (1, heads, l, d)). Unmasked it is the flash kernel; masked, the
+memory-efficient one, which runs well under the cuDNN kernel inference takes.
+
 Times are CUDA events around REPEATS launches after WARMUP, divided by REPEATS. Each point
 starts from a rested GPU: the probe idles REST_S, and as long again as the point ran over
 DUTY, so its duty stays under DUTY. Back to back, the grid's heavy points ran at the clocks of
@@ -32,6 +38,7 @@ from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from engine.models.builder import MODULATE, NORM, ONE_PASS, RESIDUAL, SCALE
 from engine.models.layers import gelu, layer_norm, modulate, per_head_rms, rms_norm
@@ -44,6 +51,9 @@ SEQ = (1, 64, 256, 1024, 4096, 16384)
 SEQ_MASKED = (1, 64, 256, 1024, 2048, 4096, 6144, 8192, 16384)
 HEAD_DIMS = (64, 128)
 HEADS = (8, 32)
+TRAIN_SEQ = (64, 256, 1024, 2048, 4096, 6144, 8192, 16384)  # a training step's sequences: no decode
+# What a training step's attention may run: everything but cuDNN's kernels (module docstring).
+TRAIN_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 MEMORY_BYTES = tuple(1 << p for p in range(12, 31, 2))
 PASS_ROWS = (256, 1024, 4096, 6144, 16384)
 PASS_WIDTHS = (1024, 2048, 3072, 4096, 5120, 6144, 8192, 12288, 13824)
@@ -130,10 +140,39 @@ def probe_attention(device: torch.device, dtype: torch.dtype = torch.bfloat16, m
     return out
 
 
+def _training_attention_rows(device: torch.device, dtype: torch.dtype, masked: bool) -> list[list]:
+    """[[bh, lq, lk, d, forward ns, backward ns]]: SDPA as a training step runs it (module
+    docstring) over HEADS x TRAIN_SEQ x TRAIN_SEQ x HEAD_DIMS, `masked` with a boolean key mask
+    (1, 1, 1, lk); the backward is the gradient of query, key and value from the output's."""
+    out = []
+    with sdpa_kernel(TRAIN_BACKENDS):
+        for bh, lq, lk, d in itertools.product(HEADS, TRAIN_SEQ, TRAIN_SEQ, HEAD_DIMS):
+            if 4.0 * bh * lq * lk * d > MAX_FLOPS:
+                continue
+            leaves = [torch.randn(1, n, bh, d, device=device, dtype=dtype, requires_grad=True) for n in (lq, lk, lk)]
+            q, k, v = (t.transpose(1, 2) for t in leaves)
+            mask = torch.ones(1, 1, 1, lk, device=device, dtype=torch.bool) if masked else None
+            forward_ns = time_op_ns(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask), device)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            grad = torch.randn_like(o)
+            backward_ns = time_op_ns(lambda: torch.autograd.grad(o, leaves, grad, retain_graph=True), device)
+            out.append([bh, lq, lk, d, round(forward_ns), round(backward_ns)])
+            del leaves, q, k, v, mask, o, grad
+    return out
+
+
+def probe_attention_training(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> dict:
+    """{"attention_train": [[bh, lq, lk, d, forward ns, backward ns]] unmasked,
+    "attention_masked_train": the same masked}: attention as a training step runs it."""
+    return {"attention_train": _training_attention_rows(device, dtype, masked=False),
+            "attention_masked_train": _training_attention_rows(device, dtype, masked=True)}
+
+
 def probe_compute(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> dict:
     """{"linear": [[m, n, k, ns]], "attention": [[bh, lq, lk, d, ns]], "attention_masked": the same
-    with a key mask, "memory": [[bytes, ns]], "passes": probe_passes}: y = x @ w.T + b for x (m, k),
-    w (n, k); SDPA (probe_attention); y = x + y over bytes."""
+    with a key mask, "attention_train" and "attention_masked_train": [[bh, lq, lk, d, forward ns,
+    backward ns]], "memory": [[bytes, ns]], "passes": probe_passes}: y = x @ w.T + b for x (m, k),
+    w (n, k); SDPA (probe_attention, probe_attention_training); y = x + y over bytes."""
     out: dict[str, list[list]] = {"linear": [], "memory": []}
     for m, n, k in itertools.product(ROWS, WIDTHS, WIDTHS):
         if 2.0 * m * n * k > MAX_FLOPS:
@@ -145,6 +184,7 @@ def probe_compute(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> 
         del x, w, b
     out["attention"] = probe_attention(device, dtype)
     out["attention_masked"] = probe_attention(device, dtype, masked=True)
+    out.update(probe_attention_training(device, dtype))
     for nbytes in MEMORY_BYTES:
         x = torch.empty(nbytes // 2, device=device, dtype=dtype).normal_()
         y = torch.empty_like(x).normal_()
@@ -166,7 +206,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     p = argparse.ArgumentParser(prog="python -m engine.measure.compute", description=main.__doc__)
     p.add_argument("--out", required=True, type=Path, help="the probe file to write (JSON)")
-    p.add_argument("--only", choices=("attention_masked",),
+    p.add_argument("--only", choices=("attention_masked", "attention_train"),
                    help="probe this op alone (a probe file to add beside an older one)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -174,7 +214,9 @@ def main(argv: Sequence[str] | None = None) -> None:
               "run it on the GPU the profile is for", file=sys.stderr)
         sys.exit(2)
     device = torch.device("cuda", torch.cuda.current_device())
-    grid = {"attention_masked": probe_attention(device, masked=True)} if args.only else probe_compute(device)
+    only = {"attention_masked": lambda: {"attention_masked": probe_attention(device, masked=True)},
+            "attention_train": lambda: probe_attention_training(device)}
+    grid = only[args.only]() if args.only else probe_compute(device)
     data = {"probes": {"compute": grid}, "device": torch.cuda.get_device_name(device),
             "torch": torch.__version__, "cuda": torch.version.cuda,
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}

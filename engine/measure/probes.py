@@ -57,8 +57,9 @@ PROBES_DOC = """header["probes"] (recorded traces; all times in ns):
                                                  chunk, with its access call), unmap, create and
                                                  release, the means over the chunk sizes and per
                                                  size in granules: [map, unmap, create, release] ns
-    compute     {linear: [[m, n, k, ns]], attention: [[bh, lq, lk, d, ns]], memory: [[bytes, ns]]}
-                                                 each op alone over a grid of shapes
+    compute     {linear: [[m, n, k, ns]], attention: [[bh, lq, lk, d, ns]], attention_masked: the same,
+                 attention_train, attention_masked_train: [[bh, lq, lk, d, forward ns, backward ns]],
+                 memory: [[bytes, ns]], passes}  each op alone over a grid of shapes
                                                  (engine/measure/compute.py)"""
 
 

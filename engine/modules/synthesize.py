@@ -30,7 +30,10 @@ only its input, saved before that); a kernel that saved nothing and is not
 recomputed (before the first adapter, no gradient reaches it) runs none. The
 backward itself then runs on the meta device, so the header's peak holds what
 checkpointing's recompute and the gradients hold (less the saved tensors, which
-the simulator counts), as a recording's does.
+the simulator counts), as a recording's does. Where the step runs attention
+without cuDNN's kernels, as the CLI's training does unless workload.cudnn_attention
+(engine/modes/module.py), its attention forward and backward take the table's
+training rates (engine/compute.py TRAINING).
 """
 from __future__ import annotations
 
@@ -254,6 +257,8 @@ def priced_trace(seen: SeenForward, hardware: Any, name: str, workload: Mapping[
                     "python -m engine.calibrate ... --modules RECORDINGS", hardware.kernel_table)
     rec, order = seen.recording, seen.order
     training = seen.saved is not None
+    # The step's attention as it runs: without cuDNN's kernels where the CLI's training turns them off.
+    attention = training and not workload.get("cudnn_attention", torch.backends.cuda.cudnn_sdp_enabled())
     saved, needs = saved_tensors(order.kernels, rec.layers, seen.saved.saved, seen.saved.last_saver) \
         if training else ([()] * len(order), {})
     forward = []
@@ -261,12 +266,12 @@ def priced_trace(seen: SeenForward, hardware: Any, name: str, workload: Mapping[
         c = rec.census[i]
         forward.append(KernelRecord(
             name=kernel, layer=rec.layers[i], phase="fwd", weights=reads,
-            compute_ns=predictor.module_kernel_ns(c.cores, c.memory_elements, c.ops),
+            compute_ns=predictor.module_kernel_ns(c.cores, c.memory_elements, c.ops, training_attention=attention),
             flops=sum(core_flops(op, shape) for op, shape in c.cores),
             io_bytes=sum(order.sizes[w] for w in reads), host_ns=predictor.module_host_ns(c.ops, c.dispatches),
             saved=saved[i], launches=c.ops, packs=seen.saved.packs.get(i, 0) if training else 0,
             cores=tuple(c.cores), memory_elements=c.memory_elements, ops=c.ops, dispatches=c.dispatches))
-    backward = [] if not training else [_backward(predictor, seen, f, i, needs.get(i, ()))
+    backward = [] if not training else [_backward(predictor, seen, f, i, needs.get(i, ()), attention)
                                         for i, f in reversed(list(enumerate(forward)))]
     records = tuple(forward + backward)
     header = {
@@ -290,12 +295,14 @@ def priced_trace(seen: SeenForward, hardware: Any, name: str, workload: Mapping[
 
 
 def _backward(predictor: ExecutionTimePredictor, seen: SeenForward, f: KernelRecord, i: int,
-              needs: Sequence[str]) -> KernelRecord:
-    """The backward record of forward position `i` (`f`), frozen base weights (module docstring)."""
+              needs: Sequence[str], attention: bool) -> KernelRecord:
+    """The backward record of forward position `i` (`f`), frozen base weights (module docstring);
+    `attention`: at a training step's rates (ExecutionTimePredictor.module_kernel_ns)."""
     c = seen.recording.census[i]
     recomputed = i in seen.recomputed
     if seen.saved.packs.get(i, 0) or recomputed:
-        compute = predictor.module_kernel_ns(c.cores, c.memory_elements, c.ops, backward=True, trained=c.trained)
+        compute = predictor.module_kernel_ns(c.cores, c.memory_elements, c.ops, backward=True, trained=c.trained,
+                                             training_attention=attention)
         host = predictor.module_host_ns(c.ops * BACKWARD_OPS, c.dispatches * BACKWARD_OPS)
         launches = c.ops * BACKWARD_OPS
     else:  # no gradient reaches it
