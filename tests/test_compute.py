@@ -7,6 +7,7 @@ import json
 import math
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from engine.calibrate import fit_kernel_table, fit_pass_cost, write_kernel_table
@@ -270,3 +271,19 @@ def test_the_shipped_table_prices_masked_training_attention_slower_than_inferenc
     assert p.core_ns("attention_masked", shape, training=True) > 2 * p.core_ns("attention_masked", shape)
     assert p.backward_core_ns("attention_masked", shape, training=True) > 3 * p.backward_core_ns(
         "attention_masked", shape)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="times kernels on a CUDA device")
+def test_the_training_attention_probe_times_each_point_forward_and_backward(monkeypatch):
+    from engine.measure import compute as probe
+
+    for name, value in (("HEADS", (8,)), ("TRAIN_SEQ", (256, 1024)), ("HEAD_DIMS", (64,)), ("DUTY", 1.0)):
+        monkeypatch.setattr(probe, name, value)
+    grid = probe.probe_attention_training(torch.device("cuda"))
+    for op in ("attention_train", "attention_masked_train"):
+        assert [row[:4] for row in grid[op]] == [[8, lq, lk, 64] for lq in (256, 1024) for lk in (256, 1024)]
+        assert all(row[4] > 0 and row[5] > 0 for row in grid[op])
+    table = fit_kernel_table([], "probe only", [grid])
+    assert {"attention_train", "attention_train_bwd", "attention_masked_train",
+            "attention_masked_train_bwd"} <= set(table.points)
