@@ -168,11 +168,11 @@ def probe_attention_training(device: torch.device, dtype: torch.dtype = torch.bf
             "attention_masked_train": _training_attention_rows(device, dtype, masked=True)}
 
 
-def probe_compute(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> dict:
+def probe_compute(device: torch.device, dtype: torch.dtype = torch.bfloat16, training: bool = True) -> dict:
     """{"linear": [[m, n, k, ns]], "attention": [[bh, lq, lk, d, ns]], "attention_masked": the same
-    with a key mask, "attention_train" and "attention_masked_train": [[bh, lq, lk, d, forward ns,
-    backward ns]], "memory": [[bytes, ns]], "passes": probe_passes}: y = x @ w.T + b for x (m, k),
-    w (n, k); SDPA (probe_attention, probe_attention_training); y = x + y over bytes."""
+    with a key mask, "memory": [[bytes, ns]], "passes": probe_passes}: y = x @ w.T + b for x (m, k),
+    w (n, k); SDPA (probe_attention); y = x + y over bytes. `training` adds "attention_train" and
+    "attention_masked_train" (probe_attention_training: about two minutes on an H100)."""
     out: dict[str, list[list]] = {"linear": [], "memory": []}
     for m, n, k in itertools.product(ROWS, WIDTHS, WIDTHS):
         if 2.0 * m * n * k > MAX_FLOPS:
@@ -184,7 +184,8 @@ def probe_compute(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> 
         del x, w, b
     out["attention"] = probe_attention(device, dtype)
     out["attention_masked"] = probe_attention(device, dtype, masked=True)
-    out.update(probe_attention_training(device, dtype))
+    if training:
+        out.update(probe_attention_training(device, dtype))
     for nbytes in MEMORY_BYTES:
         x = torch.empty(nbytes // 2, device=device, dtype=dtype).normal_()
         y = torch.empty_like(x).normal_()

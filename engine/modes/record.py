@@ -111,7 +111,8 @@ def record(cfg: Any, spec: ModelSpec, out_dir: str | Path) -> tuple[Path, Trace]
         if device.type == "cuda":
             probes["copies"], probes["duplex"] = probe_copies(device)
             probes["vmm"] = probe_vmm(device)
-            probes["compute"] = probe_compute(device)
+            # A training recording also probes attention as a training step runs it.
+            probes["compute"] = probe_compute(device, training=cfg.workload.kind == "train_lora")
         header = {
             "model": spec.name, "num_layers": spec.num_layers, "workload": _plain(cfg.workload),
             "hardware": cfg.hardware.name, "device": device_name(device), "torch": torch.__version__,
