@@ -279,15 +279,22 @@ def test_training_report_from_shipped_measurements_on_cpu() -> None:
     assert sum(r.launches for r in trace.records) > 3 * len(trace.records)  # the recorder counted them
 
 
-@pytest.mark.parametrize("row", [0, 1])
-def test_the_whole_ltx2_lora_recording_predicts_its_measured_steps(run_cli, tmp_path, row) -> None:
-    """The shipped 48-block diffusers LTX-2 LoRA recording (data/README.md) replayed on the CPU
-    predicts each measured step within 5% (+3.7% and -1.1%, its launches counted; the GPU run,
-    a queue of 64 records, printed -1.7% and -6.4%), streams exactly the bytes it measured, and
-    its peak (pool and torch) is the measured one within 1%."""
-    measured = json.loads((DATA / "modules" / "ltx2-diffusers-train-full.measured.json").read_text())["rows"][row]
-    r = run_cli("model=ltx2_diffusers", "workload=train_lora", "workload.checkpointing=true",
-                f"trace={DATA / 'modules' / 'ltx2-diffusers-train-full.jsonl.gz'}", f"budget={measured['budget_mb']}",
+WHOLE_LORA = {  # shipped whole-model LoRA recordings (data/README.md): the model, its workload, the rows
+    "ltx2-diffusers-train-full": ("ltx2_diffusers", (), (0, 1)),
+    "hunyuan-video-diffusers-train": ("hunyuan_video_diffusers", ("workload.video_tokens=4096",), (0,)),
+}
+
+
+@pytest.mark.parametrize("stem,row", [(stem, row) for stem, (_, _, rows) in WHOLE_LORA.items() for row in rows])
+def test_a_whole_lora_recording_predicts_its_measured_steps(run_cli, tmp_path, stem, row) -> None:
+    """The shipped whole-model LoRA recordings replayed on the CPU predict each measured step
+    within 5% (LTX-2's 48 blocks +3.7% and -1.1%, its launches counted; the GPU run, a queue
+    of 64 records, printed -1.7% and -6.4%; HunyuanVideo -3.4%), stream exactly the bytes they
+    measured, and their peak (pool and torch) is the measured one within 1%."""
+    model, workload, _ = WHOLE_LORA[stem]
+    measured = json.loads((DATA / "modules" / f"{stem}.measured.json").read_text())["rows"][row]
+    r = run_cli(f"model={model}", "workload=train_lora", "workload.checkpointing=true", *workload,
+                f"trace={DATA / 'modules' / f'{stem}.jsonl.gz'}", f"budget={measured['budget_mb']}",
                 f"weights.eviction={measured['eviction']}", f"weights.lookahead={measured['lookahead']}",
                 "sim.timeline=false")
     assert r.returncode == 0, r.stderr
