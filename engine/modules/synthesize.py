@@ -340,8 +340,10 @@ def synthesize(module: nn.Module, example_inputs: Any, *, hardware: str | Any = 
     arguments or a tuple of positional ones), both on the meta device, priced for
     `hardware` (a conf/hardware name, a yaml path or a profile): engine.record's trace
     without a GPU or a checkpoint (module docstring). `training`: one LoRA step instead,
-    `module` carrying its adapters (peft) and, if it is on, its own checkpointing. Write it
-    with engine.trace.write_trace and replay it with `python -m engine trace=PATH`."""
+    `module` carrying its adapters (peft) and, if it is on, its own checkpointing, its attention
+    priced for the backends this process allows (torch.backends.cuda.enable_cudnn_sdp) unless
+    `workload` says `cudnn_attention`. Write it with engine.trace.write_trace and replay it with
+    `python -m engine trace=PATH`."""
     from engine.config import load_hardware
 
     hw = load_hardware(hardware) if isinstance(hardware, str) else hardware
