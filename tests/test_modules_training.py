@@ -250,6 +250,51 @@ def test_the_recorder_keeps_no_weight_after_a_checkpointed_step(monkeypatch):
     assert holding == [0] and trace.header["pipelined_step_ns"]
 
 
+def test_the_room_check_leaves_out_the_weight_copies_recompute_held(monkeypatch):
+    """The timed steps keep every checkpointed block's weight copies to the step's end; the
+    all-resident steps make none. The room they are checked for is what a timed step
+    allocated less those copies, plus the saved tensors (the activations before the peak):
+    else a model over about 0.45 of the free memory never gets its all-resident steps."""
+    transformers = pytest.importorskip("transformers", reason="needs the models extra")
+    peft = pytest.importorskip("peft", reason="needs the models extra")
+    torch.manual_seed(0)
+    m = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2))
+    m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    m.train()
+    m = peft.get_peft_model(m, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    copies = sum(p.numel() * p.element_size() for layer in m.base_model.model.model.layers
+                 for p in layer.parameters() if not p.requires_grad)
+    activations = 12_345
+    monkeypatch.setattr("engine.modules.record._allocated_from", lambda device: lambda: copies + activations)
+    seen: list[int | None] = []
+
+    def fits(nbytes: int, device: torch.device, transient: int | None = None) -> bool:
+        seen.append(transient)
+        return True
+
+    monkeypatch.setattr("engine.modules.record.fits_resident", fits)
+    ids = torch.randint(0, 256, (1, 32), generator=torch.Generator().manual_seed(1))
+    trace = engine.record(m, {"input_ids": ids}, backend="cpu", loss_fn=lambda out: out.logits.float().pow(2).mean())
+    saved = sum(s.nbytes for r in trace.records for s in r.saved)
+    assert saved > 0 and seen == [activations + saved]
+
+
+def test_all_resident_steps_out_of_memory_leave_a_trace_without_them(monkeypatch, caplog):
+    """The room check estimates; where the all-resident steps still run out of device memory,
+    the recording keeps its timed kernels and says the steps were skipped."""
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr("engine.modules.record.pipelined_step_ns", out_of_memory)
+    torch.manual_seed(0)
+    with caplog.at_level("WARNING", logger="engine.modules.record"):
+        trace = engine.record(make(), (X,), backend="cpu", loss_fn=lambda out: out.pow(2).mean())
+    assert trace.header["pipelined_step_ns"] is None and len(trace.records) > 0
+    assert "they ran out of device memory" in caplog.text
+
+
 class SlowWalk(Net):
     """A Net whose parameter walk takes the host 30 ms, as a peft model's thousands of
     submodules take a real host tens of ms."""

@@ -145,15 +145,18 @@ class KernelHooks:
                 p.data = ph
         return hook
 
-    def release_recomputed(self) -> None:
+    def release_recomputed(self) -> int:
         """After a training step's backward: the parameters recompute pointed go back to
         their placeholders. Left in place they would hold the weights they view (a
         recorder's device copies: the whole model by the step's end) or view a pool block
-        that is reused."""
+        that is reused. Returns the bytes they viewed."""
+        viewed = 0
         for name in self._recomputed:
             for p, ph in self._param_placeholders[name]:
+                viewed += p.numel() * p.element_size()
                 p.data = ph
         self._recomputed.clear()
+        return viewed
 
     def _never(self, k: ModuleKernel) -> Any:
         def hook(m: nn.Module, inputs: Any) -> None:

@@ -173,6 +173,9 @@ class KernelTimes:
     saved: dict[int, list[int]] = field(default_factory=dict)
     last_saver: dict[tuple[int, int], int] = field(default_factory=dict)
     packs: dict[int, int] = field(default_factory=dict)  # SavedTensorLog.packs
+    # Training: the most bytes of weight copies recompute held at a timed step's end (every
+    # checkpointed block's, kept until then: KernelHooks.release_recomputed).
+    recompute_bytes: int = 0
 
 
 def time_kernels(streamed: StreamedModule, clock: Clock, loss_fn: LossFn | None = None,
@@ -200,8 +203,10 @@ def time_kernels(streamed: StreamedModule, clock: Clock, loss_fn: LossFn | None 
     hold = free
     compute_rows, host_rows = [], []
     log = None
+    recompute_bytes = 0
 
     def one_step(hold: list[int], census: Census | None = None) -> tuple[_Stamped, Any, SavedTensorLog | None]:
+        nonlocal recompute_bytes
         bring = _Bring(order, streamed.host, streamed.device, clock, hold, resident)
         stamps = _Stamped(bring, clock)
         stamps.census = census
@@ -220,7 +225,7 @@ def time_kernels(streamed: StreamedModule, clock: Clock, loss_fn: LossFn | None 
                         out = streamed.run()
                     loss_fn(out).backward()
                 weights.finish()
-                streamed.hooks.release_recomputed()
+                recompute_bytes = max(recompute_bytes, streamed.hooks.release_recomputed())
             else:
                 with torch.no_grad(), resident.step() if resident else nullcontext(), \
                         streamed.hooks.forward(stamps):
@@ -250,7 +255,8 @@ def time_kernels(streamed: StreamedModule, clock: Clock, loss_fn: LossFn | None 
             one_step(free, census)
     streamed.hooks.recompute = None
     times = KernelTimes(_median(compute_rows), _median(host_rows),
-                        launches=[census.counts.get(i, 0) for i in range(len(order))] if census.counts else [])
+                        launches=[census.counts.get(i, 0) for i in range(len(order))] if census.counts else [],
+                        recompute_bytes=recompute_bytes)
     if log is not None:
         times.saved, times.last_saver, times.packs = log.saved, log.last_saver, log.packs
     return times
@@ -384,6 +390,7 @@ def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss
                          plain_ns)
     finally:
         streamed.hooks.recompute = None
+        streamed.hooks.release_recomputed()  # after a step that failed: nothing left viewing the executor's blocks
         if own:
             executor.close()
 
@@ -503,16 +510,28 @@ def record_module(streamed: StreamedModule, *, name: str, backend: str, workload
         # Beside the weights: what the timed steps allocated (activations, saved tensors, a block's
         # weights in flight) where measured, else the saved tensors.
         transient = allocated()
+        if transient is not None and training:
+            # Less the recomputed blocks' weight copies the timed steps kept to their end, which
+            # all-resident steps never make; what the activations held before the peak is at
+            # most the rest and the saved tensors.
+            transient = max(0, transient - times.recompute_bytes) + saved_bytes
         need = model_bytes if transient is not None else model_bytes + saved_bytes
+        skipped = None
         if resident is not None or fits_resident(need, device, transient):
-            with stage(stages, "resident_steps"):
-                run = pipelined_step_ns(streamed, clock, backend, loss_fn, executor=resident,
-                                        kernels_ns=sum(times.compute_ns))
+            try:
+                with stage(stages, "resident_steps"):
+                    run = pipelined_step_ns(streamed, clock, backend, loss_fn, executor=resident,
+                                            kernels_ns=sum(times.compute_ns))
+            except torch.OutOfMemoryError:
+                torch.cuda.empty_cache()
+                skipped = "they ran out of device memory"
         else:
-            log.warning("the all-resident steps are skipped: %.2f GB of weights and %s leave too little room on %s "
-                        "(%s); the trace has no pipelined step and no measured torch peak", model_bytes / 1e9,
-                        f"{transient / 1e9:.2f} GB a step allocates" if transient is not None else
-                        f"{saved_bytes / 1e9:.2f} GB of saved tensors", device, _memory_note(device))
+            skipped = (f"{model_bytes / 1e9:.2f} GB of weights and "
+                       + (f"{transient / 1e9:.2f} GB a step allocates" if transient is not None else
+                          f"{saved_bytes / 1e9:.2f} GB of saved tensors") + " leave too little room")
+        if skipped:
+            log.warning("the all-resident steps are skipped: %s on %s (%s); the trace has no pipelined step and no "
+                        "measured torch peak", skipped, device, _memory_note(device))
     finally:
         if resident is not None:
             resident.close()
