@@ -445,10 +445,11 @@ def trace_paths(paths: Sequence[str | Path]) -> list[Path]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """python -m engine.calibrate TRACE_OR_DIR... --out FILE.yaml: calibrate from several traces."""
-    import argparse
     import sys
 
-    p = argparse.ArgumentParser(prog="python -m engine.calibrate", description=main.__doc__)
+    from engine.cli_errors import OneLineParser
+
+    p = OneLineParser(prog="python -m engine.calibrate", description=main.__doc__)
     p.add_argument("traces", nargs="+", help="recorded traces, or directories of them")
     p.add_argument("--out", required=True, type=Path, help="the profile to write, e.g. conf/hardware/x.yaml")
     p.add_argument("--base", default="h100_pcie5", help="profile in conf/hardware for the fields not measured")

@@ -1,7 +1,20 @@
-"""Turn Hydra's multi-line composition errors into one actionable line."""
+"""Turn Hydra's multi-line composition errors, and a side tool's bad arguments, into one
+actionable line."""
 from __future__ import annotations
 
+import argparse
 import re
+import sys
+from typing import NoReturn
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose bad arguments are one line on stderr and exit code 2, as the
+    main command's bad input is (its usage is --help's)."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"error: {message}; see {self.prog} --help", file=sys.stderr)
+        sys.exit(2)
 
 
 def condense_hydra_error(text: str) -> str:

@@ -421,6 +421,21 @@ def test_a_bad_probe_file_is_one_line_and_exit_2(tmp_path, content) -> None:
     assert "engine.measure.compute --out" in r.stderr and not (tmp_path / "x.yaml").exists()
 
 
+@pytest.mark.parametrize("module,args", [("engine.calibrate", []), ("engine.calibrate", ["x.jsonl", "--bogus"]),
+                                         ("engine.measure.compute", ["--out", "p.json", "--only", "linear"])])
+def test_a_side_tools_bad_arguments_are_one_line_and_exit_2(tmp_path, module, args) -> None:
+    import os
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", module, *args], cwd=tmp_path,
+                       env=dict(os.environ, PYTHONPATH=str(DATA.parent.parent)), capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.stderr.startswith("error: ") and f"python -m {module} --help" in r.stderr
+    assert not list(tmp_path.iterdir())
+
+
 def test_the_compute_probe_without_cuda_is_one_line_and_exit_2(tmp_path) -> None:
     import os
     import subprocess

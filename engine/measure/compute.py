@@ -199,13 +199,14 @@ def probe_compute(device: torch.device, dtype: torch.dtype = torch.bfloat16, tra
 def main(argv: Sequence[str] | None = None) -> None:
     """python -m engine.measure.compute --out FILE.json: the compute probe of this GPU,
     as engine.calibrate --probes reads it."""
-    import argparse
     import json
     import sys
     from datetime import datetime, timezone
     from pathlib import Path
 
-    p = argparse.ArgumentParser(prog="python -m engine.measure.compute", description=main.__doc__)
+    from engine.cli_errors import OneLineParser
+
+    p = OneLineParser(prog="python -m engine.measure.compute", description=main.__doc__)
     p.add_argument("--out", required=True, type=Path, help="the probe file to write (JSON)")
     p.add_argument("--only", choices=("attention_masked", "attention_train"),
                    help="probe this op alone (a probe file to add beside an older one)")
