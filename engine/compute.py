@@ -361,18 +361,18 @@ class ExecutionTimePredictor:
 
     def module_kernel_ns(self, cores: Sequence[tuple[str, Sequence[int]]], memory_elements: int, ops: int,
                          backward: bool = False, trained: Sequence[Sequence[int]] = (),
-                         training_attention: bool = False) -> int:
+                         training: bool = False) -> int:
         """A real module's block from its census (engine/modules/census.py): each core by op
         and shape, the rest by the table's ModuleCost; without one, the rest's elements at
         two bytes each through hbm_gbps. `backward`: the block's backward (`backward_core_ns`
         for each core, and for each of the `trained` linears, (m, n, k), the weight's
         gradient: the matmul (n, k, m)), its ops launched BACKWARD_OPS times.
-        `training_attention`: its attention at a training step's rates (TRAINING)."""
+        `training`: its attention at a training step's rates (TRAINING)."""
         if backward:
-            cores_ns = sum(self.backward_core_ns(op, shape, training_attention) for op, shape in cores)
+            cores_ns = sum(self.backward_core_ns(op, shape, training) for op, shape in cores)
             cores_ns += sum(self.core_ns("linear", (n, k, m)) for m, n, k in trained)
         else:
-            cores_ns = sum(self.core_ns(op, shape, training_attention) for op, shape in cores)
+            cores_ns = sum(self.core_ns(op, shape, training) for op, shape in cores)
         ops = ops * BACKWARD_OPS if backward else ops
         cost = self.module_cost
         rest = 2 * memory_elements / self.hbm_bytes_per_ns if cost is None else \

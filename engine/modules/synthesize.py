@@ -266,7 +266,7 @@ def priced_trace(seen: SeenForward, hardware: Any, name: str, workload: Mapping[
         c = rec.census[i]
         forward.append(KernelRecord(
             name=kernel, layer=rec.layers[i], phase="fwd", weights=reads,
-            compute_ns=predictor.module_kernel_ns(c.cores, c.memory_elements, c.ops, training_attention=attention),
+            compute_ns=predictor.module_kernel_ns(c.cores, c.memory_elements, c.ops, training=attention),
             flops=sum(core_flops(op, shape) for op, shape in c.cores),
             io_bytes=sum(order.sizes[w] for w in reads), host_ns=predictor.module_host_ns(c.ops, c.dispatches),
             saved=saved[i], launches=c.ops, packs=seen.saved.packs.get(i, 0) if training else 0,
@@ -302,7 +302,7 @@ def _backward(predictor: ExecutionTimePredictor, seen: SeenForward, f: KernelRec
     recomputed = i in seen.recomputed
     if seen.saved.packs.get(i, 0) or recomputed:
         compute = predictor.module_kernel_ns(c.cores, c.memory_elements, c.ops, backward=True, trained=c.trained,
-                                             training_attention=attention)
+                                             training=attention)
         host = predictor.module_host_ns(c.ops * BACKWARD_OPS, c.dispatches * BACKWARD_OPS)
         launches = c.ops * BACKWARD_OPS
     else:  # no gradient reaches it
