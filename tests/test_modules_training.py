@@ -224,10 +224,8 @@ def test_a_peft_llama_with_gradient_checkpointing():
     h.remove()
 
 
-def test_the_recorder_keeps_no_weight_after_a_checkpointed_step(monkeypatch):
-    """The recorder copies each weight in for its kernel; a block's recompute points its
-    parameters at the copy. After the timed steps none may still hold one (else the
-    whole model stays on the device and the all-resident steps find no room)."""
+def checkpointed_lora_llama() -> nn.Module:
+    """A 4-layer Llama with transformers' own checkpointing and peft LoRA on q and v."""
     transformers = pytest.importorskip("transformers", reason="needs the models extra")
     peft = pytest.importorskip("peft", reason="needs the models extra")
     torch.manual_seed(0)
@@ -236,7 +234,14 @@ def test_the_recorder_keeps_no_weight_after_a_checkpointed_step(monkeypatch):
         num_key_value_heads=2))
     m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     m.train()
-    m = peft.get_peft_model(m, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    return peft.get_peft_model(m, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+
+
+def test_the_recorder_keeps_no_weight_after_a_checkpointed_step(monkeypatch):
+    """The recorder copies each weight in for its kernel; a block's recompute points its
+    parameters at the copy. After the timed steps none may still hold one (else the
+    whole model stays on the device and the all-resident steps find no room)."""
+    m = checkpointed_lora_llama()
     blocks = [p for layer in m.base_model.model.model.layers for p in layer.parameters() if not p.requires_grad]
     holding: list[int] = []
 
@@ -255,15 +260,7 @@ def test_the_room_check_leaves_out_the_weight_copies_recompute_held(monkeypatch)
     all-resident steps make none. The room they are checked for is what a timed step
     allocated less those copies, plus the saved tensors (the activations before the peak):
     else a model over about 0.45 of the free memory never gets its all-resident steps."""
-    transformers = pytest.importorskip("transformers", reason="needs the models extra")
-    peft = pytest.importorskip("peft", reason="needs the models extra")
-    torch.manual_seed(0)
-    m = transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=2))
-    m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    m.train()
-    m = peft.get_peft_model(m, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    m = checkpointed_lora_llama()
     copies = sum(p.numel() * p.element_size() for layer in m.base_model.model.model.layers
                  for p in layer.parameters() if not p.requires_grad)
     activations = 12_345
