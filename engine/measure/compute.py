@@ -172,7 +172,7 @@ def probe_compute(device: torch.device, dtype: torch.dtype = torch.bfloat16, tra
     """{"linear": [[m, n, k, ns]], "attention": [[bh, lq, lk, d, ns]], "attention_masked": the same
     with a key mask, "memory": [[bytes, ns]], "passes": probe_passes}: y = x @ w.T + b for x (m, k),
     w (n, k); SDPA (probe_attention); y = x + y over bytes. `training` adds "attention_train" and
-    "attention_masked_train" (probe_attention_training; its time is in benchmarks/results/heldout-train-h100-2026-11-28.md)."""
+    "attention_masked_train" (probe_attention_training)."""
     out: dict[str, list[list]] = {"linear": [], "memory": []}
     for m, n, k in itertools.product(ROWS, WIDTHS, WIDTHS):
         if 2.0 * m * n * k > MAX_FLOPS:
