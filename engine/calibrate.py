@@ -71,7 +71,7 @@ FITTED = ("h2d_gbps", "d2h_gbps", "duplex_gbps", "small_copy_mib", "small_copy_g
           "alloc_us", "fetch_host_us", "kernel_launch_us", "compute_slowdown_under_copy",
           "compute_sustained_slowdown", "matmul_tflops", "hbm_gbps", "kernel_table", "vmm_granule_bytes",
           "vmm_map_us", "vmm_unmap_us", "vmm_create_us", "vmm_release_us")
-PROFILE_FIELDS = ("name", "source", "device_memory_mb", "h2d_gbps", "d2h_gbps", "duplex_gbps", "pageable_gbps",
+PROFILE_FIELDS = ("name", "source", "device", "device_memory_mb", "h2d_gbps", "d2h_gbps", "duplex_gbps", "pageable_gbps",
                   "mmap_gbps", "mmap_registered_gbps", "small_copy_mib", "small_copy_gbps", "matmul_tflops",
                   "hbm_gbps", "kernel_table", "kernel_launch_us", "fetch_host_us", "alloc_us", "launch_queue_depth",
                   "offload_kernel_us", "pack_hook_us", "unpack_hook_us", "compute_slowdown_under_copy",
@@ -345,11 +345,27 @@ def write_kernel_table(profile: dict, traces: Sequence[Trace], target: Path, pro
     return path
 
 
+def one_device(devices: Iterable[tuple[str, Any]]) -> str | None:
+    """The one GPU that recorded every source ((name, its header's "device"), the device None
+    where it does not say); TraceError when they name more than one: a profile describes one GPU."""
+    named: dict[str, list[str]] = {}
+    for where, device in devices:
+        if device is not None:
+            named.setdefault(str(device), []).append(where)
+    if len(named) > 1:
+        seen = "; ".join(f"{d}: {', '.join(w[:3])}{' ...' if len(w) > 3 else ''}" for d, w in named.items())
+        raise TraceError(f"calibrate was given recordings of {len(named)} GPUs ({seen}); a profile describes one "
+                         "GPU: pass only the recordings and probe files made on the GPU it is for")
+    return next(iter(named), None)
+
+
 def fit_profile(traces: Sequence[Trace], base: Any, name: str, names: Sequence[str] = ()) -> dict:
     """A full hardware profile: the fitted fields from `traces`, the rest from `base`."""
     if not traces:
         raise TraceError("calibrate needs at least one recorded trace")
-    probes = [_probes(t, names[i] if i < len(names) else f"trace {i}") for i, t in enumerate(traces)]
+    names = [names[i] if i < len(names) else f"trace {i}" for i in range(len(traces))]
+    device = one_device((n, t.header.get("device")) for n, t in zip(names, traces))
+    probes = [_probes(t, n) for t, n in zip(traces, names)]
     h2d = copy_rates([p["copies"] for p in probes], "h2d")
     d2h = copy_rates([p["copies"] for p in probes], "d2h")
     largest = max(h2d)
@@ -395,13 +411,17 @@ def fit_profile(traces: Sequence[Trace], base: Any, name: str, names: Sequence[s
         profile["matmul_tflops"] = round(tflops, 1)
     if hbm:
         profile["hbm_gbps"] = round(hbm, 1)
-    devices = sorted({str(t.header.get("device")) for t in traces})
+    profile["device"] = device
+    memory = [int(t.header["device_memory_mb"]) for t in traces if t.header.get("device_memory_mb")]
+    if memory:  # recordings made before the header carried it leave it to the base profile
+        profile["device_memory_mb"] = min(memory)
     dates = sorted(str(t.header.get("date")) for t in traces)
     profile["source"] = (f"calibrated {datetime.now(timezone.utc).date()} by mode=calibrate from "
-                         f"{len(traces)} recorded trace(s) ({', '.join(names) or 'unnamed'}; {', '.join(devices)}, "
-                         f"recorded {dates[0]}..{dates[-1]}); fitted: {', '.join(FITTED)}; pageable_gbps, "
-                         f"mmap_gbps, device_memory_mb, launch_queue_depth, the offloader hook costs and "
-                         f"sustained_window_ms from {_base(base, 'name')}")
+                         f"{len(traces)} recorded trace(s) ({', '.join(names)}; {device}, "
+                         f"recorded {dates[0]}..{dates[-1]}); fitted: {', '.join(FITTED)}"
+                         f"{', device_memory_mb' if memory else ''}; pageable_gbps, mmap_gbps, "
+                         f"{'' if memory else 'device_memory_mb, '}launch_queue_depth, the offloader hook costs "
+                         f"and sustained_window_ms from {_base(base, 'name')}")
     return profile
 
 
@@ -466,6 +486,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         probes = [read_probe_file(q) for q in args.probes]
         module_paths = trace_paths(args.modules) if args.modules else []
         modules = [read_trace(q) for q in module_paths]
+        one_device([*((q.name, t.header.get("device")) for q, t in zip([*paths, *module_paths], [*traces, *modules])),
+                    *((q.name, probe_file_device(q)) for q in args.probes)])
         base = load_hardware(args.base)
         profile = fit_profile(traces, base, args.out.name.split(".")[0], [q.name for q in paths])
     except (TraceError, ConfigError) as err:
@@ -506,6 +528,11 @@ def read_probe_file(path: Path) -> dict:
         if bad is not None:
             raise TraceError(f"{path}: compute probe {op!r} has a malformed row {str(bad)[:80]}; {hint}")
     return compute
+
+
+def probe_file_device(path: Path) -> str | None:
+    """The GPU a probe file (read_probe_file has read it) was written on."""
+    return json.loads(Path(path).read_text()).get("device")
 
 
 def load_hardware(name: str) -> dict:

@@ -38,7 +38,10 @@ class HardwareConfig:
 
     name: str = MISSING
     source: str = MISSING  # where the numbers come from: measured, datasheet, calibrated
-    device_memory_mb: int = MISSING
+    # The GPU the figures were measured on, as CUDA names it (mode=calibrate fills it in);
+    # mode=execute says so when it runs on another. null: not said (datasheet profiles).
+    device: Optional[str] = None
+    device_memory_mb: int = MISSING  # what CUDA reports as the device's total, in MB
     h2d_gbps: float = MISSING  # pinned, large copies
     d2h_gbps: float = MISSING
     duplex_gbps: float = MISSING  # both directions at once, in total

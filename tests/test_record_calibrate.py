@@ -398,7 +398,7 @@ def test_calibrate_takes_a_compute_probe_file_for_the_kernel_table(tmp_path) -> 
     probe = {"probes": {"compute": {"linear": [[6144, 13824, 5120, 700_000]], "attention": [], "memory": [],
                                     "passes": [[k, 4096, 5120, 1 << 27, 60_000, k]
                                                for k in PASSES]}},
-             "device": "test", "torch": "x", "date": "d"}
+             "device": "NVIDIA H100 80GB HBM3", "torch": "x", "date": "d"}
     (tmp_path / "probes.json").write_text(json.dumps(probe))
     out = tmp_path / "h100_probed.yaml"
     r = _calibrate_cli(str(DATA / "full" / "flux-full.jsonl.gz"), "--probes", str(tmp_path / "probes.json"),
@@ -450,3 +450,39 @@ def test_the_compute_probe_without_cuda_is_one_line_and_exit_2(tmp_path) -> None
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "CUDA" in r.stderr
     assert not (tmp_path / "p.json").exists()
+
+
+def test_calibrate_refuses_recordings_of_two_gpus_and_keeps_the_one_it_fits(tmp_path) -> None:
+    """A profile describes one GPU: recordings or probe files from another are refused in
+    one line (exit 2, nothing written); the GPU and its memory land in the profile."""
+    probe = {"probes": {"compute": {"linear": [[64, 64, 64, 1000]]}}, "device": "NVIDIA H200", "torch": "x",
+             "date": "d"}
+    (tmp_path / "probes.json").write_text(json.dumps(probe))
+    out = tmp_path / "mixed.yaml"
+    r = _calibrate_cli(str(DATA / "full" / "flux-full.jsonl.gz"), "--probes", str(tmp_path / "probes.json"),
+                       "--out", str(out))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "recordings of 2 GPUs (NVIDIA H100 80GB HBM3: flux-full.jsonl.gz; NVIDIA H200: probes.json)" in r.stderr
+    assert not out.exists() and not (tmp_path / "mixed.kernels.json").exists()
+
+    trace = read_trace(DATA / "full" / "flux-full.jsonl.gz")
+    older = fit_profile([trace], KNOWN, "older")  # recorded before the header carried the memory
+    assert older["device"] == "NVIDIA H100 80GB HBM3" and older["device_memory_mb"] == KNOWN.device_memory_mb
+    trace.header["device_memory_mb"] = 150_000
+    assert fit_profile([trace], KNOWN, "newer")["device_memory_mb"] == 150_000
+
+
+def test_execute_names_a_profile_of_another_gpu(monkeypatch) -> None:
+    import torch
+
+    from engine.executor import setup
+
+    h100 = load_hardware("h100_pcie5")
+    profile = SimpleNamespace(name="h100_pcie5", device=h100["device"])
+    assert setup.profile_mismatch(profile, torch.device("cpu")) is None  # the cpu backend predicts no GPU
+    monkeypatch.setattr(setup, "device_name", lambda device: "NVIDIA H200")
+    line = setup.profile_mismatch(profile, torch.device("cuda", 0))
+    assert line.startswith("hardware=h100_pcie5 describes an NVIDIA H100 80GB HBM3, and this GPU is an NVIDIA H200")
+    monkeypatch.setattr(setup, "device_name", lambda device: h100["device"])
+    assert setup.profile_mismatch(profile, torch.device("cuda", 0)) is None
+    assert setup.profile_mismatch(SimpleNamespace(name="rtx4090", device=None), torch.device("cuda", 0)) is None

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
-from engine.executor.setup import compute_device, device_name, fits_resident, open_weight_file
+from engine.executor.setup import compute_device, device_memory_mb, device_name, fits_resident, open_weight_file
 from engine.compute import slowdown_under_copy, sustained_slowdown
 from engine.job import Job, Outcome, config_summary
 from engine.models import make_inputs
@@ -115,7 +115,8 @@ def record(cfg: Any, spec: ModelSpec, out_dir: str | Path) -> tuple[Path, Trace]
             probes["compute"] = probe_compute(device, training=cfg.workload.kind == "train_lora")
         header = {
             "model": spec.name, "num_layers": spec.num_layers, "workload": _plain(cfg.workload),
-            "hardware": cfg.hardware.name, "device": device_name(device), "torch": torch.__version__,
+            "hardware": cfg.hardware.name, "device": device_name(device),
+            "device_memory_mb": device_memory_mb(device), "torch": torch.__version__,
             "cuda": torch.version.cuda if device.type == "cuda" else None,
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "clock": "cuda events" if device.type == "cuda" else "perf_counter (cpu backend)",

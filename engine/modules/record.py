@@ -65,7 +65,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 import torch
 
 from engine.executor.runtime import WeightExecutor
-from engine.executor.setup import fits_resident
+from engine.executor.setup import device_memory_mb, device_name, fits_resident
 from engine.executor.training import RECOMPUTE, StreamedWeights, train_order, weight_handles
 from engine.compute import BACKWARD_FLOPS_FACTOR, slowdown_under_copy
 from engine.gc_pause import paused_gc
@@ -552,7 +552,7 @@ def record_module(streamed: StreamedModule, *, name: str, backend: str, workload
         "model": name, "num_layers": max(rec.layers, default=-1) + 1,
         "params": sum(p.numel() for p in streamed.module.parameters()), "workload": dict(workload or {}),
         "module": f"{module.__module__}.{module.__qualname__}", "grouping": streamed.grouping,
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (cpu backend)",
+        "device": device_name(device), "device_memory_mb": device_memory_mb(device),
         "torch": torch.__version__, "cuda": torch.version.cuda if device.type == "cuda" else None,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "clock": "cuda events" if device.type == "cuda" else "perf_counter (cpu backend)",
