@@ -68,7 +68,8 @@ def measured_rows(result: dict, device: str, command: str) -> dict:
                          "h2d_bytes": meas["h2d_bytes"], "weight_copies": meas["weight_copies"],
                          "relocations": meas["relocations"], "warm_relocations": meas["warm_relocations"],
                          "peak_pool_bytes": meas["peak_device_bytes"],
-                         "bitwise": meas["outputs_match_reference"],
+                         "bitwise": meas.get("outputs_bitwise", meas["outputs_match_reference"]),
+                         "matches_reference": meas["outputs_match_reference"],
                          "predicted_ms": round(r["prediction"]["step_ms"], 2)})
     return {"format": "offload-engine-full-model-measurements", "device": device,
             "date": time.strftime("%Y-%m-%d"), "command": command,

@@ -314,10 +314,27 @@ def test_a_step_matches_when_it_equals_any_outcome_of_a_non_deterministic_reside
     runs = iter([a, a, b, a, a, a, a, a])
     monkeypatch.setattr(execute, "forward", lambda *args: next(runs))
     spec = SimpleNamespace(weights={})
-    assert execute.resident_outcomes(spec, {}, {}, torch.device("cpu"), a, [a, a], 4) == (True, 1)  # no rerun
-    assert execute.resident_outcomes(spec, {}, {}, torch.device("cpu"), a, [a, b, a], 4) == (True, 2)
+    got = execute.resident_outcomes(spec, {}, {}, torch.device("cpu"), a, [a, a], 4)  # no rerun
+    assert (got.match, got.bitwise, got.count, got.spread) == (True, True, 1, 0.0)
+    got = execute.resident_outcomes(spec, {}, {}, torch.device("cpu"), a, [a, b, a], 4)
+    assert (got.match, got.bitwise, got.count, got.spread) == (True, True, 2, 0.5)
     wrong = {"y": torch.tensor([9.0, 2.0])}
-    assert execute.resident_outcomes(spec, {}, {}, torch.device("cpu"), a, [wrong], 4) == (False, 1)
+    got = execute.resident_outcomes(spec, {}, {}, torch.device("cpu"), a, [wrong], 4)
+    assert (got.match, got.bitwise, got.count) == (False, False, 1)
+    # a third outcome the reruns never gave: within the two seen outcomes' spread it passes, beyond it not
+    between, beyond = {"y": torch.tensor([1.0, 2.25])}, {"y": torch.tensor([1.0, 2.75])}
+    runs = iter([b] + [a] * 8)
+    got = execute.resident_outcomes(spec, {}, {}, torch.device("cpu"), a, [between], 4)
+    assert (got.match, got.bitwise, got.count, got.spread) == (True, False, 2, 0.5)
+    runs = iter([b] + [a] * 8)
+    got = execute.resident_outcomes(spec, {}, {}, torch.device("cpu"), a, [{"y": torch.tensor([1.0, 3.5])}], 4)
+    assert not got.match and got.count == 2
+    runs = iter([b] + [a] * 8)
+    assert execute.resident_outcomes(spec, {}, {}, torch.device("cpu"), a, [beyond], 4).match  # 0.25 from b
+    md = execute.comparison_md([], {"outputs_match_reference": True, "outputs_bitwise": False, "reference_outcomes": 3,
+                                    "reference_outcomes_spread": 0.0557, "backend": "cuda", "steps": 3})
+    assert "outputs within the spread (not bitwise equal to any) of the all-resident forward's 3 different" in md
+    assert "they differ by up to 0.0557" in md
     md = execute.comparison_md([], {"outputs_match_reference": True, "reference_outcomes": 2, "backend": "cuda",
                                     "steps": 3})
     assert "outputs bitwise equal, step by step, to one of the all-resident forward's 2 different outputs" in md
