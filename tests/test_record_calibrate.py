@@ -486,3 +486,18 @@ def test_execute_names_a_profile_of_another_gpu(monkeypatch) -> None:
     monkeypatch.setattr(setup, "device_name", lambda device: h100["device"])
     assert setup.profile_mismatch(profile, torch.device("cuda", 0)) is None
     assert setup.profile_mismatch(SimpleNamespace(name="rtx4090", device=None), torch.device("cuda", 0)) is None
+
+
+def test_the_shipped_h200_profile_is_what_calibrate_fits_from_its_recording(tmp_path) -> None:
+    """conf/hardware/h200.yaml and its kernel table come from data/traces/h200 alone: refitting
+    gives the same fields and the same table (the date in `source` aside)."""
+    out = tmp_path / "h200.yaml"
+    r = _calibrate_cli(str(DATA / "h200"), "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    fitted, shipped = yaml.safe_load(out.read_text()), load_hardware("h200")
+    assert fitted["device"] == shipped["device"] == "NVIDIA H200" and shipped["device_memory_mb"] == 150110
+    skip = ("source", "kernel_table", "defaults")
+    assert {k: v for k, v in fitted.items() if k not in skip} == {k: v for k, v in shipped.items() if k not in skip}
+    conf = Path(__file__).resolve().parents[1] / "conf" / "hardware"
+    table, ours = (json.loads(p.read_text()) for p in (tmp_path / "h200.kernels.json", conf / "h200.kernels.json"))
+    assert {k: v for k, v in table.items() if k != "source"} == {k: v for k, v in ours.items() if k != "source"}

@@ -385,7 +385,8 @@ class WeightExecutor:
         except PlacementError as err:
             if not self.relocate:
                 raise PlacementError(f"{err} (relocation is off for this executor: autograd may still hold "
-                                     "streamed weights)") from None
+                                     "streamed weights); the vmm backend never fragments: weights.backend=vmm, "
+                                     "or backend=\"vmm\" in engine.offload") from None
             self._relocate(position)
         return self.backend.alloc(nbytes)  # a second refusal reaches the caller
 
