@@ -234,6 +234,17 @@ def _check_finite(node: Any, key: str) -> None:
 
 
 # Hardware profile fields that divide or scale time: each must be > 0.
+def profile_mismatch(hardware: Any, gpu: str | None, measured: str = "this GPU is") -> str | None:
+    """A line saying the hardware profile describes another GPU than `gpu` (as CUDA names it),
+    or None: where either is not said, or they agree."""
+    described = getattr(hardware, "device", None)
+    if not gpu or not described or described == gpu or gpu.startswith("cpu"):
+        return None
+    return (f"hardware={hardware.name} describes an {described}, and {measured} an {gpu}: the prediction is "
+            "the profile's GPU's; record and calibrate one for this GPU (README, 'Where the predicted compute "
+            "comes from')")
+
+
 _POSITIVE_HARDWARE = ("device_memory_mb", "h2d_gbps", "d2h_gbps", "duplex_gbps", "pageable_gbps", "mmap_gbps",
                       "mmap_registered_gbps", "matmul_tflops", "hbm_gbps", "launch_queue_depth",
                       "sustained_window_ms")

@@ -472,20 +472,24 @@ def test_calibrate_refuses_recordings_of_two_gpus_and_keeps_the_one_it_fits(tmp_
     assert fit_profile([trace], KNOWN, "newer")["device_memory_mb"] == 150_000
 
 
-def test_execute_names_a_profile_of_another_gpu(monkeypatch) -> None:
-    import torch
-
-    from engine.executor import setup
+def test_execute_and_validate_name_a_profile_of_another_gpu(run_cli) -> None:
+    from engine.config import profile_mismatch
 
     h100 = load_hardware("h100_pcie5")
     profile = SimpleNamespace(name="h100_pcie5", device=h100["device"])
-    assert setup.profile_mismatch(profile, torch.device("cpu")) is None  # the cpu backend predicts no GPU
-    monkeypatch.setattr(setup, "device_name", lambda device: "NVIDIA H200")
-    line = setup.profile_mismatch(profile, torch.device("cuda", 0))
+    line = profile_mismatch(profile, "NVIDIA H200")
     assert line.startswith("hardware=h100_pcie5 describes an NVIDIA H100 80GB HBM3, and this GPU is an NVIDIA H200")
-    monkeypatch.setattr(setup, "device_name", lambda device: h100["device"])
-    assert setup.profile_mismatch(profile, torch.device("cuda", 0)) is None
-    assert setup.profile_mismatch(SimpleNamespace(name="rtx4090", device=None), torch.device("cuda", 0)) is None
+    assert profile_mismatch(profile, h100["device"]) is None
+    assert profile_mismatch(profile, "cpu (cpu backend)") is None  # the cpu backend predicts no GPU
+    assert profile_mismatch(SimpleNamespace(name="rtx4090", device=None), "NVIDIA H200") is None
+    # the shipped 8-block measurements were made on the H100: validating them against the H200's profile says so
+    r = run_cli("model=ltx", "model.num_layers=8", "mode=validate", f"trace={DATA / 'ltx2_infer.jsonl.gz'}",
+                "hardware=h200")
+    assert r.returncode == 0, r.stderr
+    assert ("validate: hardware=h200 describes an NVIDIA H200, and the measurements were made on an NVIDIA H100 "
+            "80GB HBM3") in r.stderr
+    assert "validate:" not in run_cli("model=ltx", "model.num_layers=8", "mode=validate",
+                                      f"trace={DATA / 'ltx2_infer.jsonl.gz'}").stderr
 
 
 def test_the_shipped_h200_profile_is_what_calibrate_fits_from_its_recording(tmp_path) -> None:

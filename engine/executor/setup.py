@@ -72,16 +72,6 @@ def device_memory_mb(device: torch.device) -> int | None:
     return round(torch.cuda.mem_get_info(device)[1] / 1e6) if device.type == "cuda" else None
 
 
-def profile_mismatch(hardware: Any, device: torch.device) -> str | None:
-    """A line saying the hardware profile describes another GPU than `device`, or None."""
-    described = getattr(hardware, "device", None)
-    if device.type != "cuda" or not described or described == device_name(device):
-        return None
-    return (f"hardware={hardware.name} describes an {described}, and this GPU is an {device_name(device)}: the "
-            "prediction is the profile's GPU's; record and calibrate one for this GPU (README, 'Where the "
-            "predicted compute comes from')")
-
-
 def fits_resident(nbytes: int, device: torch.device, transient_bytes: int | None = None) -> bool:
     """Whether `nbytes` all resident leave room for a run beside them: with the bytes a step
     allocates beside them measured (`transient_bytes`), their sum within RUN_FRACTION of the

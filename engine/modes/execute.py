@@ -29,8 +29,9 @@ import torch
 
 from engine.errors import BelowFloorError, ConfigError, ExecutorError
 from engine.executor.offloader import ActivationOffloader
-from engine.executor.setup import (bitwise_equal, compute_device, end_of_step, fits_resident, open_weight_file,
-                                   profile_mismatch, run_settings, step_times, streamed_executor, weight_counts)
+from engine.config import profile_mismatch
+from engine.executor.setup import (bitwise_equal, compute_device, device_name, end_of_step, fits_resident, open_weight_file,
+                                   run_settings, step_times, streamed_executor, weight_counts)
 from engine.executor.training import (HOOK_FIELDS, AsManaged, StreamedWeights, check_train_order, match_reference,
                                       max_abs_diff, reference_steps, telemetry_row, to_host, train_step)
 from engine.job import Job, Outcome, plan_report
@@ -195,7 +196,7 @@ def comparison_md(rows: list[dict], meas: dict) -> str:
 def execute_mode(job: Job) -> Outcome:
     outcome = _execute(job)
     w = job.cfg.weights
-    other = profile_mismatch(job.cfg.hardware, compute_device(w.backend, replica=True))
+    other = profile_mismatch(job.cfg.hardware, device_name(compute_device(w.backend, replica=True)))
     if other is None:
         return outcome
     outcome.report["hardware_mismatch"] = other

@@ -4,6 +4,7 @@ measurements are read from beside the trace (X.measurements.json), or
 measured on the GPU when there are none."""
 from __future__ import annotations
 
+from engine.config import profile_mismatch
 from engine.job import Job, Outcome, config_summary
 from engine.modes.calibrate import recorded_trace
 
@@ -23,4 +24,8 @@ def validate_mode(job: Job) -> Outcome:
         where = f"measured now; wrote {written} (ship it as {beside.name} beside the trace)"
     rep = v.report(job.trace, measurements, job.cfg.hardware)
     md = v.report_md(rep) + "\n\n" + where
-    return Outcome({"config": config_summary(job), "validation": rep}, md)
+    other = profile_mismatch(job.cfg.hardware, measurements.get("device"), "the measurements were made on")
+    if other is not None:
+        rep["hardware_mismatch"] = other
+    return Outcome({"config": config_summary(job), "validation": rep}, md,
+                   notes=() if other is None else (f"validate: {other}",))
