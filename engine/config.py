@@ -234,15 +234,26 @@ def _check_finite(node: Any, key: str) -> None:
 
 
 # Hardware profile fields that divide or scale time: each must be > 0.
+def profiles_of(gpu: str) -> list[str]:
+    """The shipped hardware profiles (conf/hardware) that describe `gpu`, as CUDA names it."""
+    from importlib.resources import files
+
+    import yaml
+
+    paths = sorted(p for p in files("conf").joinpath("hardware").iterdir() if p.name.endswith(".yaml"))
+    return [p.name[:-5] for p in paths if (yaml.safe_load(p.read_text()) or {}).get("device") == gpu]
+
+
 def profile_mismatch(hardware: Any, gpu: str | None, measured: str = "this GPU is") -> str | None:
     """A line saying the hardware profile describes another GPU than `gpu` (as CUDA names it),
-    or None: where either is not said, or they agree."""
+    and which shipped profile describes `gpu`; None where either is not said, or they agree."""
     described = getattr(hardware, "device", None)
     if not gpu or not described or described == gpu or gpu.startswith("cpu"):
         return None
-    return (f"hardware={hardware.name} describes an {described}, and {measured} an {gpu}: the prediction is "
-            "the profile's GPU's; record and calibrate one for this GPU (README, 'Where the predicted compute "
-            "comes from')")
+    ours = profiles_of(gpu)
+    fix = (f"hardware={ours[0]} describes it" if ours else "record and calibrate a profile for it (README, "
+           "'Where the predicted compute comes from')")
+    return f"hardware={hardware.name} describes an {described}, and {measured} an {gpu}: {fix}"
 
 
 _POSITIVE_HARDWARE = ("device_memory_mb", "h2d_gbps", "d2h_gbps", "duplex_gbps", "pageable_gbps", "mmap_gbps",

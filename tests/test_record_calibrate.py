@@ -477,8 +477,10 @@ def test_execute_and_validate_name_a_profile_of_another_gpu(run_cli) -> None:
 
     h100 = load_hardware("h100_pcie5")
     profile = SimpleNamespace(name="h100_pcie5", device=h100["device"])
-    line = profile_mismatch(profile, "NVIDIA H200")
-    assert line.startswith("hardware=h100_pcie5 describes an NVIDIA H100 80GB HBM3, and this GPU is an NVIDIA H200")
+    assert profile_mismatch(profile, "NVIDIA H200") == ("hardware=h100_pcie5 describes an NVIDIA H100 80GB HBM3, "
+                                                        "and this GPU is an NVIDIA H200: hardware=h200 describes it")
+    assert profile_mismatch(profile, "NVIDIA B200").endswith("an NVIDIA B200: record and calibrate a profile for it "
+                                                             "(README, 'Where the predicted compute comes from')")
     assert profile_mismatch(profile, h100["device"]) is None
     assert profile_mismatch(profile, "cpu (cpu backend)") is None  # the cpu backend predicts no GPU
     assert profile_mismatch(SimpleNamespace(name="rtx4090", device=None), "NVIDIA H200") is None
@@ -487,7 +489,7 @@ def test_execute_and_validate_name_a_profile_of_another_gpu(run_cli) -> None:
                 "hardware=h200")
     assert r.returncode == 0, r.stderr
     assert ("validate: hardware=h200 describes an NVIDIA H200, and the measurements were made on an NVIDIA H100 "
-            "80GB HBM3") in r.stderr
+            "80GB HBM3: hardware=h100_calibrated describes it") in r.stderr
     assert "validate:" not in run_cli("model=ltx", "model.num_layers=8", "mode=validate",
                                       f"trace={DATA / 'ltx2_infer.jsonl.gz'}").stderr
 
