@@ -398,12 +398,22 @@ class ExecutionTimePredictor:
 
     def module_host_ns(self, ops: int, dispatches: int, hooked: bool = True) -> int:
         """Host time of a real module's block that launches `ops` ops of `dispatches`, through
-        offload's hooks or (`hooked` False) without: the table's ModuleCost, else the profile's
-        kernel_launch_us a launch."""
+        offload's hooks or (`hooked` False) without: the table's ModuleCost, else each op at
+        the host time of one CUDA launch (launch_host_ns)."""
         cost = self.module_cost
         if cost is None:
-            return round(ops * self.launch_ns)
+            return round(ops * self.launch_host_ns())
         return round(dispatches * cost.host_ns_per_op + (cost.host_ns_per_kernel if hooked else 0.0))
+
+    def launch_host_ns(self) -> float:
+        """The host time of one CUDA launch: the median over the table's inference ops of
+        their host time over their launches, where it has both; else kernel_launch_us. (A
+        calibrated profile's kernel_launch_us is a whole spec kernel's host time, several
+        launches with the model's Python around them, not one launch's.)"""
+        t = self.table
+        per_launch = [] if t is None else [t.host_ns[op] / t.launches[op] for op in t.host_ns
+                                           if op in MATMUL_OPS + MEMORY_OPS and t.launches.get(op, 0) > 0]
+        return statistics.median(per_launch) if per_launch else self.launch_ns
 
     def kernel_ns(self, op: str, flops: int, io_bytes: int, shape: Sequence[int] = (),
                   backward: bool = False, passes: Sequence[tuple[str, int]] = (), training: bool = False) -> int:

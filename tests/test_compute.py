@@ -287,3 +287,19 @@ def test_the_training_attention_probe_times_each_point_forward_and_backward(monk
     table = fit_kernel_table([], "probe only", [grid])
     assert {"attention_train", "attention_train_bwd", "attention_masked_train",
             "attention_masked_train_bwd"} <= set(table.points)
+
+
+def test_a_table_without_module_costs_prices_a_modules_host_by_its_launches() -> None:
+    """A calibrated profile's kernel_launch_us is a whole spec kernel's host time (several launches
+    and the model's Python): a real module's ops fall back to the table's host time per launch."""
+    hw = load_hardware("h200")  # fitted from one spec recording: no module costs
+    p = ExecutionTimePredictor(hw)
+    assert p.module_cost is None and hw.kernel_launch_us > 150
+    from engine.compute import tables_dir
+
+    table = json.loads((tables_dir() / "h200.kernels.json").read_text())
+    per_launch = sorted(table["host_ns"][op] / table["launches"][op] for op in ("linear", "attention", "norm"))
+    assert p.launch_host_ns() == pytest.approx(per_launch[1]) and 15_000 < per_launch[1] < 25_000
+    assert p.module_host_ns(ops=10, dispatches=40) == round(10 * per_launch[1])
+    roofline = ExecutionTimePredictor(OmegaConf.merge(hw, {"kernel_table": None}))
+    assert roofline.launch_host_ns() == hw.kernel_launch_us * 1e3  # no table: the profile's figure

@@ -253,7 +253,8 @@ def priced_trace(seen: SeenForward, hardware: Any, name: str, workload: Mapping[
     predictor = ExecutionTimePredictor(hardware)
     if predictor.table is not None and predictor.module_cost is None:
         log.warning("hardware.kernel_table=%s prices no real module (fitted without module recordings): each "
-                    "block's memory-bound ops run at hbm_gbps and launch at kernel_launch_us; fit one with "
+                    "block's memory-bound ops run at hbm_gbps and each op costs the host one CUDA launch's time "
+                    "(the table's host time per launch); fit one with "
                     "python -m engine.calibrate ... --modules RECORDINGS", hardware.kernel_table)
     rec, order = seen.recording, seen.order
     training = seen.saved is not None
