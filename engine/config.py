@@ -39,7 +39,7 @@ class HardwareConfig:
     name: str = MISSING
     source: str = MISSING  # where the numbers come from: measured, datasheet, calibrated
     # The GPU the figures were measured on, as CUDA names it (mode=calibrate fills it in);
-    # mode=execute says so when it runs on another. null: not said (datasheet profiles).
+    # mode=execute and mode=validate say so of another. null: not said (datasheet profiles).
     device: Optional[str] = None
     device_memory_mb: int = MISSING  # what CUDA reports as the device's total, in MB
     h2d_gbps: float = MISSING  # pinned, large copies
@@ -233,7 +233,6 @@ def _check_finite(node: Any, key: str) -> None:
         raise ConfigError(f"{key}={node} is not a finite number; give a finite value")
 
 
-# Hardware profile fields that divide or scale time: each must be > 0.
 def profiles_of(gpu: str) -> list[str]:
     """The shipped hardware profiles (conf/hardware) that describe `gpu`, as CUDA names it."""
     from importlib.resources import files
@@ -256,6 +255,7 @@ def profile_mismatch(hardware: Any, gpu: str | None, measured: str = "this GPU i
     return f"hardware={hardware.name} describes an {described}, and {measured} an {gpu}: {fix}"
 
 
+# Hardware profile fields that divide or scale time: each must be > 0.
 _POSITIVE_HARDWARE = ("device_memory_mb", "h2d_gbps", "d2h_gbps", "duplex_gbps", "pageable_gbps", "mmap_gbps",
                       "mmap_registered_gbps", "matmul_tflops", "hbm_gbps", "launch_queue_depth",
                       "sustained_window_ms")
