@@ -15,7 +15,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from engine.choice import AUTO, Choice, choose, unsimulated_lookahead
 from engine.config import check_config
-from engine.errors import ConfigError
 from engine.modes import MODES
 from engine.plan import Plan, make_plan
 from engine.models import build_spec

@@ -342,8 +342,8 @@ class ResidentOutcomes:
     spread: float
 
 
-def max_abs_diff(a: dict, b: dict) -> float:
-    """The largest elementwise |a - b| over the outputs (inf where a shape differs)."""
+def outputs_max_diff(a: dict, b: dict) -> float:
+    """The largest elementwise |a - b| over two forwards' outputs (inf where a shape differs)."""
     diffs = [(a[k].float() - b[k].float()).abs().max().item() if a[k].shape == b[k].shape else math.inf for k in b]
     return max(diffs, default=0.0)
 
@@ -372,8 +372,8 @@ def resident_outcomes(spec: ModelSpec, host: dict, inputs: dict, device: torch.d
                 if not pending:
                     break
         del weights
-    spread = max((max_abs_diff(x, y) for i, x in enumerate(outcomes) for y in outcomes[:i]), default=0.0)
-    within = all(min(max_abs_diff(o, ref) for ref in outcomes) <= spread for o in pending) if spread > 0 else False
+    spread = max((outputs_max_diff(x, y) for i, x in enumerate(outcomes) for y in outcomes[:i]), default=0.0)
+    within = all(min(outputs_max_diff(o, ref) for ref in outcomes) <= spread for o in pending) if spread > 0 else False
     return ResidentOutcomes(match=not pending or within, bitwise=not pending, count=len(outcomes), spread=spread)
 
 
