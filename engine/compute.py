@@ -354,6 +354,10 @@ class ExecutionTimePredictor:
         self.launch_ns = float(getattr(hardware, "kernel_launch_us", 0.0)) * 1e3
         name = getattr(hardware, "kernel_table", None)
         self.table = load_table(name) if name else None
+        t = self.table
+        per_launch = [] if t is None else [t.host_ns[op] / t.launches[op] for op in t.host_ns
+                                           if op in MATMUL_OPS + MEMORY_OPS and t.launches.get(op, 0) > 0]
+        self._launch_host_ns = statistics.median(per_launch) if per_launch else self.launch_ns
 
     @property
     def module_cost(self) -> ModuleCost | None:
@@ -409,11 +413,8 @@ class ExecutionTimePredictor:
         """The host time of one CUDA launch: the median over the table's inference ops of
         their host time over their launches, where it has both; else kernel_launch_us. (A
         calibrated profile's kernel_launch_us is a whole spec kernel's host time, several
-        launches with the model's Python around them, not one launch's.)"""
-        t = self.table
-        per_launch = [] if t is None else [t.host_ns[op] / t.launches[op] for op in t.host_ns
-                                           if op in MATMUL_OPS + MEMORY_OPS and t.launches.get(op, 0) > 0]
-        return statistics.median(per_launch) if per_launch else self.launch_ns
+        launches with the model's Python around them, not one launch's.) Fixed at construction."""
+        return self._launch_host_ns
 
     def kernel_ns(self, op: str, flops: int, io_bytes: int, shape: Sequence[int] = (),
                   backward: bool = False, passes: Sequence[tuple[str, int]] = (), training: bool = False) -> int:
