@@ -69,8 +69,8 @@ def env(request, tmp_path_factory):
 
 class Ledger:
     """Wraps a backend's methods on the instance: counts calls, keeps its own
-    books of the blocks handed out and freed, and runs a fault in place of call
-    number `at` of a method (`fault(original, *args)`)."""
+    books of the blocks handed out and freed, and runs a fault in place of calls
+    `at` .. `at + times - 1` of a method (`fault(original, *args)`)."""
 
     def __init__(self, backend: Any):
         self.backend = backend
@@ -78,20 +78,20 @@ class Ledger:
         self.frees = 0
         self.allocs = 0
         self.calls: Counter[str] = Counter()
-        self._faults: dict[str, tuple[int, Callable[..., Any]]] = {}
+        self._faults: dict[str, tuple[range, Callable[..., Any]]] = {}
         self.injected = 0
         for name in ("alloc", "free_after", "copy_in", "register"):
             setattr(backend, name, self._wrap(name, getattr(backend, name)))
 
-    def fail(self, method: str, at: int, fault: Callable[..., Any]) -> None:
-        self._faults[method] = (at, fault)
+    def fail(self, method: str, at: int, fault: Callable[..., Any], times: int = 1) -> None:
+        self._faults[method] = (range(at, at + times), fault)
 
     def _wrap(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
         def call(*args: Any) -> Any:
             self.calls[name] += 1
-            at, fault = self._faults.get(name, (0, None))
+            at, fault = self._faults.get(name, (range(0), None))
             run = original
-            if self.calls[name] == at:
+            if self.calls[name] in at:
                 self.injected += 1
                 run = lambda *a: fault(original, *a)  # noqa: E731
             out = run(*args)
@@ -233,16 +233,36 @@ def _fragmented(backend_name: str, monkeypatch) -> Callable[..., Any]:
     return fault
 
 
+@pytest.mark.parametrize("relocate", [True, False])
+def test_a_refusal_the_released_reserve_answers_moves_no_weight(env, monkeypatch, relocate):
+    """The pool first gives back the reserve no live block uses; a refusal that this
+    answers moves nothing, so a training executor (relocate=False) goes on as well."""
+    ex = executor(env)
+    ex.relocate = relocate
+    ledger = Ledger(ex.backend)
+    fault = _fragmented(env.backend, monkeypatch)
+    ledger.fail("alloc", copies_in_first_step(env) + 7, lambda original, n: fault(original, n, ex.backend))
+    for out in run_steps(env, ex):
+        assert all(torch.equal(out[k], env.reference[k]) for k in env.reference)
+    assert ledger.injected == 1
+    rows = ex.telemetry()
+    assert [r["reserve_releases"] for r in rows] == [0, 1, 0]
+    assert [r["relocations"] for r in rows] == [0, 0, 0]
+    ex.close()
+    ledger.assert_balanced()
+
+
 def test_a_fragmented_pool_is_relocated_and_the_step_goes_on(env, monkeypatch, caplog):
     ex = executor(env)
     ledger = Ledger(ex.backend)
     fault = _fragmented(env.backend, monkeypatch)
-    ledger.fail("alloc", copies_in_first_step(env) + 7, lambda original, n: fault(original, n, ex.backend))
+    ledger.fail("alloc", copies_in_first_step(env) + 7, lambda original, n: fault(original, n, ex.backend), times=2)
     with caplog.at_level(logging.WARNING, logger="engine.executor.runtime"):
         for out in run_steps(env, ex):
             assert all(torch.equal(out[k], env.reference[k]) for k in env.reference)
-    assert ledger.injected == 1
+    assert ledger.injected == 2  # refused again after the reserve was released
     rows = ex.telemetry()
+    assert [r["reserve_releases"] for r in rows] == [0, 1, 0]
     assert [r["relocations"] for r in rows] == [0, 1, 0]
     assert 0 < rows[1]["relocated_bytes"] <= env.budget
     # The user hears of it once, with the backend that never relocates.
@@ -497,12 +517,13 @@ def test_a_corrupted_byte_in_a_spilled_activation_is_caught_and_named(device, de
 
 def test_without_relocation_a_fragmented_pool_stops_the_run(env, monkeypatch):
     """Training executors run with relocate=False: autograd may hold weight views
-    across fetches, so a placement refusal stops the run instead of moving them."""
+    across fetches, so a refusal the released reserve does not answer stops the run
+    instead of moving them."""
     ex = executor(env)
     ex.relocate = False
     ledger = Ledger(ex.backend)
     fault = _fragmented(env.backend, monkeypatch)
-    ledger.fail("alloc", copies_in_first_step(env) + 7, lambda original, n: fault(original, n, ex.backend))
+    ledger.fail("alloc", copies_in_first_step(env) + 7, lambda original, n: fault(original, n, ex.backend), times=2)
     with pytest.raises(PlacementError, match="relocation is off"):
         run_steps(env, ex)
     assert_stopped_and_clean(ex, ledger)

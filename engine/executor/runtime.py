@@ -62,7 +62,8 @@ class StepStats:
     peak_device_bytes: int = 0  # pool used high-water during the step
     held_device_bytes: int = 0  # the device bytes the weights held at most (Backend.held_peak_bytes)
     peak_resident_bytes: int = 0  # logical bytes the policy held at most
-    relocations: int = 0  # pool refusals under the budget, each answered by a relocation
+    reserve_releases: int = 0  # pool refusals under the budget answered by releasing its unused reserve
+    relocations: int = 0  # pool refusals under the budget that still refused after that: a relocation each
     relocated_bytes: int = 0  # resident bytes copied in again by those relocations
     kernels: int = 0  # kernels fetched so far in this step
     # With `timed=True`: (track, name, start mark, end mark) per kernel and weight copy.
@@ -283,6 +284,7 @@ class WeightExecutor:
                 "peak_device_bytes": s.peak_device_bytes,
                 "held_device_bytes": s.held_device_bytes,
                 "peak_resident_bytes": s.peak_resident_bytes,
+                "reserve_releases": s.reserve_releases,
                 "relocations": s.relocations,
                 "relocated_bytes": s.relocated_bytes,
             })
@@ -380,6 +382,15 @@ class WeightExecutor:
         return fixed, block
 
     def _alloc(self, nbytes: int, position: int) -> Block:
+        """A block from the backend. A refusal the budget allows (fragmentation) is
+        answered first by the pool releasing the reserve no live block uses (no weight
+        moves: safe inside a training step too), then by a relocation."""
+        try:
+            return self.backend.alloc(nbytes)
+        except PlacementError:
+            pass
+        self.backend.defragment()
+        self._stats.reserve_releases += 1
         try:
             return self.backend.alloc(nbytes)
         except PlacementError as err:
@@ -387,8 +398,8 @@ class WeightExecutor:
                 raise PlacementError(f"{err} (relocation is off for this executor: autograd may still hold "
                                      "streamed weights); the vmm backend never fragments: weights.backend=vmm, "
                                      "or backend=\"vmm\" in engine.offload") from None
-            self._relocate(position)
-        return self.backend.alloc(nbytes)  # a second refusal reaches the caller
+        self._relocate(position)
+        return self.backend.alloc(nbytes)  # a refusal after relocating reaches the caller
 
     def _fragmented(self) -> bool:
         """The pool's reserve crept so near its cap that the largest weight may be

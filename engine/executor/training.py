@@ -288,7 +288,7 @@ def telemetry_row(weights: dict, acts: dict | None, cuda_peak: int | None) -> di
         row["activation_h2d_bytes"] = row.pop("h2d_bytes")
     row.update({f"weight_{k}": weights[k] for k in ("h2d_bytes", "fetches", "prefetches", "hits", "evictions",
                                                    "peak_device_bytes", "held_device_bytes", "peak_resident_bytes",
-                                                   "relocations", "relocated_bytes")})
+                                                   "reserve_releases", "relocations", "relocated_bytes")})
     row["peak_device_bytes"] = weights["peak_device_bytes"] + (activation_peak or 0)
     row["held_device_bytes"] = weights["held_device_bytes"] + (activation_peak or 0)
     return row

@@ -418,8 +418,10 @@ def run_execute(cfg: Any, spec: ModelSpec, trace: Any, out_dir: str | Path) -> d
         **step_times(telemetry),
         "h2d_bytes": last["h2d_bytes"],
         **weight_counts(last),
-        # Pool refusals under the budget (fragmentation), each answered by copying the
-        # resident weights in again; the simulator does not model them.
+        # Pool refusals under the budget (fragmentation): answered by releasing the pool's
+        # unused reserve, or else by copying the resident weights in again; the simulator
+        # models neither.
+        "reserve_releases": sum(row["reserve_releases"] for row in telemetry),
         "relocations": sum(row["relocations"] for row in telemetry),
         # those in the steps the median step is taken over: their stalls are in it
         "warm_relocations": sum(row["relocations"] for row in telemetry[1:]),
@@ -501,6 +503,7 @@ def run_train_execute(cfg: Any, spec: ModelSpec, trace: Any, out_dir: str | Path
         # The simulator's h2d_bytes counts every host-to-device copy: weights and activation restores.
         "h2d_bytes": last["weight_h2d_bytes"] + last["restore_bytes"],
         "weight_h2d_bytes": last["weight_h2d_bytes"],
+        "reserve_releases": sum(r["weight_reserve_releases"] for r in rows),
         "relocations": sum(r["weight_relocations"] for r in rows),
         "warm_relocations": sum(r["weight_relocations"] for r in rows[1:]),
         **weight_counts(last, "weight_"),

@@ -395,6 +395,7 @@ def _execute_training(job: Job, module: Any, inputs: dict, device: torch.device,
                 "activations_spilled": rows[-1].get("activations_spilled", 0),
                 "pool_misses": rows[-1].get("pool_misses", 0),
                 "stall_ms": statistics.median(r.get("stall_time_ms", 0) for r in steady),
+                "reserve_releases": sum(r.get("weight_reserve_releases", 0) for r in rows),
                 "relocations": sum(r.get("weight_relocations", 0) for r in rows),
                 "warm_relocations": sum(r.get("weight_relocations", 0) for r in steady),
                 "resident_step_ms": resident_ms}  # the same steps, every weight resident, activations kept
