@@ -60,7 +60,7 @@ def main() -> None:
             wf = open_weight_file(cfg, spec, stack)
             inputs = make_inputs(spec, cfg.workload, device, seed=cfg.seed)
             executor = streamed_executor(stack, wf, forward_order(spec), backend="cuda", source=cfg.weights.source,
-                                         budget_bytes=None, eviction="priority", lookahead=1, relocate=True)
+                                         budget_bytes=None, eviction="priority", lookahead=1)
 
             def step(source: object) -> None:
                 with torch.no_grad(), executor.step():

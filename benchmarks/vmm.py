@@ -163,7 +163,7 @@ class Run:
         self.relocations, self.maps, self.ran = 0, [], 0
         self.timed: list = []  # every step's StepStats
         self.ex = stack.enter_context(WeightExecutor(order, host, budget_bytes=budget, eviction=eviction,
-                                                     lookahead=2, backend=backend, relocate=lora is None))
+                                                     lookahead=2, backend=backend))
         self.streamed = StreamedWeights(self.ex, len(spec.kernels)) if lora is not None else None
         self.counts = getattr(self.ex.backend, "map_counts", None)
         self.before = self.counts() if self.counts else None

@@ -56,5 +56,6 @@ class ExecutorError(EngineError, RuntimeError):
 
 class PlacementError(ExecutorError):
     """The pool refused a block the budget allows: its free bytes are split into
-    pieces too small (fragmentation). The runtime relocates its resident blocks
-    once and retries; this reaches the user only if the retry fails too."""
+    pieces too small (fragmentation). The runtime releases the pool's unused reserve
+    and retries, then relocates its resident blocks and retries; this reaches the
+    user only if the last retry fails too."""

@@ -233,12 +233,10 @@ def _fragmented(backend_name: str, monkeypatch) -> Callable[..., Any]:
     return fault
 
 
-@pytest.mark.parametrize("relocate", [True, False])
-def test_a_refusal_the_released_reserve_answers_moves_no_weight(env, monkeypatch, relocate):
+def test_a_refusal_the_released_reserve_answers_moves_no_weight(env, monkeypatch):
     """The pool first gives back the reserve no live block uses; a refusal that this
-    answers moves nothing, so a training executor (relocate=False) goes on as well."""
+    answers moves nothing."""
     ex = executor(env)
-    ex.relocate = relocate
     ledger = Ledger(ex.backend)
     fault = _fragmented(env.backend, monkeypatch)
     ledger.fail("alloc", copies_in_first_step(env) + 7, lambda original, n: fault(original, n, ex.backend))
@@ -513,31 +511,3 @@ def test_a_corrupted_byte_in_a_spilled_activation_is_caught_and_named(device, de
     assert all(torch.equal(got[1][k], reference[1][k]) for k in reference[1])
     assert again.telemetry()[-1]["activations_spilled"] > 0
     again.close()
-
-
-def test_without_relocation_a_fragmented_pool_stops_the_run(env, monkeypatch):
-    """Training executors run with relocate=False: autograd may hold weight views
-    across fetches, so a refusal the released reserve does not answer stops the run
-    instead of moving them."""
-    ex = executor(env)
-    ex.relocate = False
-    ledger = Ledger(ex.backend)
-    fault = _fragmented(env.backend, monkeypatch)
-    ledger.fail("alloc", copies_in_first_step(env) + 7, lambda original, n: fault(original, n, ex.backend), times=2)
-    with pytest.raises(PlacementError, match="relocation is off"):
-        run_steps(env, ex)
-    assert_stopped_and_clean(ex, ledger)
-
-
-def test_without_relocation_a_fragmented_reserve_is_relocated_between_steps(env):
-    """The safe point of a training executor: at a step's start, with the pool's
-    reserve near its cap, every resident weight moves at once."""
-    ex = executor(env)
-    ex.relocate = False
-    at_risk = iter([True])  # asked before the second step (the first starts with nothing resident)
-    ex.backend.placement_at_risk = lambda nbytes: next(at_risk, False)
-    for out in run_steps(env, ex):
-        assert all(torch.equal(out[k], env.reference[k]) for k in env.reference)
-    rows = ex.telemetry()
-    assert [r["relocations"] for r in rows] == [0, 1, 0] and rows[1]["relocated_bytes"] > 0
-    ex.close()

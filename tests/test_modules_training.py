@@ -137,6 +137,32 @@ def test_weights_streamed_under_autograd_are_bitwise(activations, ckpt):
     assert torch.equal(step(net, X)[0], loss_ref)
 
 
+@pytest.mark.parametrize("ckpt", [False, True])
+def test_a_streamed_step_that_relocates_is_bitwise(monkeypatch, ckpt):
+    """A fragmented pool relocates the resident weights inside a training step (the
+    pool poisons what it is given back): the saved views' handles, and under
+    checkpointing the recompute, fetch the weights where they are now."""
+    from engine.executor import runtime
+    from split_pool import SplitPool
+
+    loss_ref, grads_ref = step(make(ckpt=ckpt, n=8), X)
+    net = make(ckpt=ckpt, n=8)
+    block = sum(p.numel() * 4 for p in net.blocks[0].parameters() if not p.requires_grad)
+    monkeypatch.setattr(SplitPool, "at", (6, 12, 18, 24, 30))
+    monkeypatch.setattr(runtime, "make_backend", lambda name, capacity, largest: SplitPool(capacity))
+    h = engine.offload(net, budget_mb=5 * block / 1e6, training=True, backend="cpu", example_inputs=(X,),
+                       eviction="belady")
+    for _ in range(3):
+        with h.step():
+            loss, grads = step(net, X)
+        assert torch.equal(loss, loss_ref)
+        assert all(torch.equal(grads[k], grads_ref[k]) for k in grads_ref)
+    rows = h.telemetry()
+    assert [r["weight_relocations"] for r in rows] == [4, 1, 0]  # forward and backward (calls 6-44)
+    assert rows[0]["weight_relocated_bytes"] > 0 and rows[1]["weight_relocated_bytes"] > 0
+    h.remove()
+
+
 def test_nested_steps_backward_outside_and_adapters_added_late():
     net = make()
     h = engine.offload(net, budget_mb=None, training=True, backend="cpu", activations=SYNC)

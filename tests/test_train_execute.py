@@ -22,6 +22,7 @@ from engine.models.lora import init_lora, lora_loss
 from engine.modes.execute import run_train_execute
 from engine.trace import synthesize
 from engine.weightfile import WeightFile, materialize
+from split_pool import SplitPool
 
 WORKLOAD = dict(name="train_lora", kind="train_lora", batch=1, video_tokens=24, audio_tokens=6, text_tokens=5,
                 context_tokens=0, lora_rank=4, steps=2, loop="free")
@@ -173,3 +174,22 @@ def test_a_run_matches_the_reference_bitwise_or_within_the_spread_or_its_noise()
     assert match_reference(noisy, ref, 1e-6) == (True, True)
     wrong = [(torch.tensor(2.0), {"a": torch.tensor([1.0, -3.0])})]  # a wrong weight: off by its size
     assert match_reference(wrong, ref, 1e-6) == (True, False)
+
+
+@pytest.mark.parametrize("mode", ["off", "watermark"])
+def test_a_training_step_relocates_and_stays_bitwise(tiny, tmp_path, monkeypatch, mode):
+    """A refusal the released reserve does not answer relocates the resident weights
+    inside a training step, in its forward and in its backward; autograd holds saved
+    weight views as handles, so no moved block is read again: the losses and
+    gradients equal the plain steps' bitwise."""
+    from engine.executor import setup
+
+    # Without refusals the pool's calls 1-19 warm it, 20-361 are the first step's
+    # forward, 362-455 its backward; a relocation's own allocations come after its call.
+    monkeypatch.setattr(SplitPool, "at", (100, 480, 900))
+    monkeypatch.setattr(setup, "make_backend", lambda name, capacity, largest: SplitPool(capacity))
+    m = run_train_execute(cfg(tiny, mode, BUDGET_MB), tiny.spec, tiny.trace, tmp_path)
+    rows = [json.loads(line) for line in (tmp_path / "telemetry.jsonl").read_text().splitlines()]
+    assert [r["weight_relocations"] for r in rows] == [2, 1] and all(r["weight_relocated_bytes"] > 0 for r in rows)
+    assert m["reserve_releases"] == m["relocations"] == 3
+    assert m["loss_match_reference"] is True and m["grads_match_reference"] is True

@@ -204,12 +204,6 @@ class Backend(Protocol):
         is placed by the pool)."""
         ...
 
-    def placement_at_risk(self, nbytes: int) -> bool:
-        """The pool has reserved so close to its cap that a block of `nbytes` may
-        be refused although the budget allows it (never, for an arena that
-        cannot fragment)."""
-        ...
-
     def defragment(self) -> None:
         """Give kept blocks back, wait for the frees, and let the pool release the
         reserve no live block uses, so the next allocations are placed afresh."""

@@ -128,9 +128,6 @@ class CpuBackend:
     def trim(self) -> None:
         self._free.drain()
 
-    def placement_at_risk(self, nbytes: int) -> bool:
-        return False  # a byte counter never fragments
-
     def defragment(self) -> None:
         self.trim()  # a byte counter never fragments: nothing else to release
 

@@ -25,11 +25,11 @@ the policy still plans with the exact budget. Over many steps a slack alone is n
 every eviction goes back to the pool: its reserve creeps up step after step
 (benchmarks/soak.py). So freed blocks are kept by exact size and reused
 (FreeBlocks), and the pool is asked less often; and a refusal of a block the
-budget allows is a PlacementError, on which the runtime gives the resident
-blocks back (all but the current and the previous kernel's), `defragment`
-releases the pool's unused reserve, and those weights are copied in again
-largest first (a relocation: one stall of resident bytes / H2D bandwidth,
-counted in the step's telemetry).
+budget allows is a PlacementError, on which the runtime has `defragment`
+release the pool's unused reserve and asks again; refused again, it gives the
+resident blocks back (all but the current and the previous kernel's), releases
+the reserve, and those weights are copied in again largest first (a relocation:
+one stall of resident bytes / H2D bandwidth, counted in the step's telemetry).
 """
 from __future__ import annotations
 
@@ -224,7 +224,7 @@ class CudaBackend(CudaStreams):
                     f"{what} failed although the budget allows it: the pool's free space is split into "
                     f"pieces smaller than the block (fragmentation) or the device has too little free "
                     f"memory for the pool to grow into ({device_free / 1e6:.0f} MB free); free device "
-                    "memory held elsewhere or raise the budget")
+                    "memory held elsewhere, raise the budget, or use weights.backend=vmm (never fragments)")
             _check((err,), what, "the pool could not place the block under its cap; raise the "
                    "budget or report this with the telemetry")
         return Block(ptr, nbytes, self.device_bytes(ptr, nbytes))
@@ -258,12 +258,6 @@ class CudaBackend(CudaStreams):
     def trim(self) -> None:
         for kept in self._free.drain():
             self._release(kept.address)
-
-    def placement_at_risk(self, nbytes: int) -> bool:
-        # The reserve creeps up as placement fragments; with less than two
-        # such blocks of room to grow, the next refusal is near.
-        reserved = self._attribute(cudart.cudaMemPoolAttr.cudaMemPoolAttrReservedMemCurrent)
-        return self.cap_bytes - reserved < 2 * nbytes
 
     def defragment(self) -> None:
         self.trim()

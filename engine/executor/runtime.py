@@ -116,16 +116,12 @@ class WeightExecutor:
     Run each forward inside `with executor.step():`; it holds a non-blocking
     lock, so a second concurrent forward (another thread) fails at once.
     `log`, `policy.log` and `steps` hold the last `keep_steps` steps (None: every
-    step, for a bounded run that reads them all). `relocate=False` makes a pool
-    refusal under the budget a PlacementError instead of a relocation (training:
-    autograd keeps weight views across several fetches); such an executor
-    relocates between steps instead, once the pool's reserve nears its cap.
+    step, for a bounded run that reads them all).
     """
 
     def __init__(self, order: AccessOrder, host: Mapping[str, torch.Tensor], *,
                  budget_bytes: int | None, eviction: str = "belady", lookahead: int = 2,
-                 backend: str | Backend = "cuda", keep_steps: int | None = KEEP_STEPS,
-                 relocate: bool = True):
+                 backend: str | Backend = "cuda", keep_steps: int | None = KEEP_STEPS):
         if keep_steps is not None and keep_steps < 1:
             raise ExecutorError(f"keep_steps={keep_steps}: keep at least 1 step of decisions (None keeps all)")
         # The policy first: a budget under the floor fails before any device memory is taken.
@@ -157,11 +153,7 @@ class WeightExecutor:
         self.log: list[Decision] = []
         self.steps: list[StepStats] = []  # the last `keep_steps` (None: all), as the decision logs
         self.keep_steps = keep_steps
-        # Relocation (see _relocate) moves resident weights; it is safe only when every
-        # tensor handed out is used before the next fetch but one, as in inference.
-        self.relocate = relocate
         self.time_steps = False  # steps run without `timed` mark their kernels and copies (step_timeline)
-        self._largest = max(order.sizes.values(), default=0)  # what placement_at_risk asks about
         self._steps_run = 0
         self._relocations = 0
 
@@ -230,10 +222,6 @@ class WeightExecutor:
             stats = StepStats(step=self._steps_run, start=self.backend.timer(),
                               peak_resident_bytes=self._resident_bytes, marks=[] if timed else None)
             self._stats = stats
-            if not self.relocate and self._resident and self._fragmented():
-                # Between steps no tensor handed out is waiting for its kernel: the one
-                # safe point to relocate when a refusal inside a step would stop the run.
-                self._relocate(None)
             try:
                 with paused_gc():  # engine/gc_pause.py: a CLI process holds millions of objects
                     yield stats
@@ -384,7 +372,7 @@ class WeightExecutor:
     def _alloc(self, nbytes: int, position: int) -> Block:
         """A block from the backend. A refusal the budget allows (fragmentation) is
         answered first by the pool releasing the reserve no live block uses (no weight
-        moves: safe inside a training step too), then by a relocation."""
+        moves), then by a relocation."""
         try:
             return self.backend.alloc(nbytes)
         except PlacementError:
@@ -393,20 +381,12 @@ class WeightExecutor:
         self._stats.reserve_releases += 1
         try:
             return self.backend.alloc(nbytes)
-        except PlacementError as err:
-            if not self.relocate:
-                raise PlacementError(f"{err} (relocation is off for this executor: autograd may still hold "
-                                     "streamed weights); the vmm backend never fragments: weights.backend=vmm, "
-                                     "or backend=\"vmm\" in engine.offload") from None
+        except PlacementError:
+            pass
         self._relocate(position)
         return self.backend.alloc(nbytes)  # a refusal after relocating reaches the caller
 
-    def _fragmented(self) -> bool:
-        """The pool's reserve crept so near its cap that the largest weight may be
-        refused in the next step."""
-        return self.budget_bytes is not None and self.backend.placement_at_risk(self._largest)
-
-    def _relocate(self, position: int | None) -> None:
+    def _relocate(self, position: int) -> None:
         """The pool refused a block the budget allows: its free space is split.
         The resident blocks go back once the kernels issued so far are done, the
         backend releases its unused reserve, and those weights are copied in
@@ -414,11 +394,13 @@ class WeightExecutor:
         retried. The weights of the kernel being issued and of the one before it
         stay where they are: as for eviction, tensors handed out for them may
         still be waiting for their kernel (autograd's backward takes a node's
-        weights before it runs it). The policy's decisions are unchanged; the
-        cost is one stall of the moved bytes over the H2D link, counted in the
-        step's telemetry. `position` None: between steps, every weight moves."""
+        weights before it runs it). No earlier tensor is used again: each kernel
+        fetches its weights, and a training step's autograd holds saved weight
+        views as handles fetched again at their mirror (engine/executor/training.py).
+        The policy's decisions are unchanged; the cost is one stall of the moved
+        bytes over the H2D link, counted in the step's telemetry."""
         n = len(self.order)
-        stay = set() if position is None else set(self._reads[position]) | set(self._reads[(position - 1) % n])
+        stay = set(self._reads[position]) | set(self._reads[(position - 1) % n])
         moved = sorted(((w, r) for w, r in self._resident.items() if w not in stay),
                        key=lambda item: item[1].block.nbytes, reverse=True)
         done = self.backend.mark()

@@ -116,7 +116,7 @@ def forward_order(spec: ModelSpec) -> AccessOrder:
 
 def streamed_executor(stack: ExitStack, wf: WeightFile, order: AccessOrder, *, backend: str, source: str,
                       budget_bytes: int | None, eviction: str, lookahead: int,
-                      keep_steps: int | None = KEEP_STEPS, relocate: bool = True,
+                      keep_steps: int | None = KEEP_STEPS,
                       wrap: Callable[[Backend], Backend] | None = None) -> WeightExecutor:
     """A WeightExecutor streaming `wf`'s weights in `order`: a `backend` pool that
     holds the budget (every weight of the file when there is none), the host side
@@ -131,7 +131,7 @@ def streamed_executor(stack: ExitStack, wf: WeightFile, order: AccessOrder, *, b
     stack.callback(host.close)
     executor = WeightExecutor(order, host.tensors, budget_bytes=budget_bytes, eviction=eviction,
                               lookahead=lookahead, backend=pool if wrap is None else wrap(pool),
-                              keep_steps=keep_steps, relocate=relocate)
+                              keep_steps=keep_steps)
     stack.callback(executor.close)
     return executor
 

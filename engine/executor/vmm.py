@@ -197,9 +197,6 @@ class VmmBackend(CudaStreams):
     def trim(self) -> None:
         pass
 
-    def placement_at_risk(self, nbytes: int) -> bool:
-        return False  # chunks need no contiguity: a block the budget allows is always placed
-
     def defragment(self) -> None:
         pass
 

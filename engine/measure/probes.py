@@ -193,7 +193,7 @@ def resident_steps(spec: ModelSpec, wf: Any, inputs: Mapping[str, torch.Tensor],
     with ExitStack() as stack:
         executor = streamed_executor(stack, wf, train_order(order) if training else order, backend=w.backend,
                                      source=w.source, budget_bytes=None, eviction="priority",
-                                     lookahead=w.lookahead, relocate=not training)
+                                     lookahead=w.lookahead)
         streamed = StreamedWeights(executor, len(spec.kernels)) if training else None
         stamps = []
         timed_from = time.perf_counter_ns()

@@ -469,8 +469,7 @@ def run_train_execute(cfg: Any, spec: ModelSpec, trace: Any, out_dir: str | Path
             # reference run measures that spread, so a difference within it is not called wrong.
             spread = max_abs_diff(reference, reference_steps(spec, wf.tensors(), inputs, lora, steps, device))
         executor = streamed_executor(stack, wf, order, backend=w.backend, source=w.source, budget_bytes=budget,
-                                     eviction=w.eviction, lookahead=w.lookahead, keep_steps=None,
-                                     relocate=False)  # backward holds weight views across fetches
+                                     eviction=w.eviction, lookahead=w.lookahead, keep_steps=None)
         streamed = StreamedWeights(executor, len(spec.kernels))
         offloader = None
         if policy is not None:

@@ -195,9 +195,8 @@ class TrainingHandle:
         if streamed is not None:
             order = streamed.order
             train = train_order(order)
-            # Autograd holds weight views across several fetches: no relocation inside a step.
             self.executor = WeightExecutor(train, streamed.host, budget_bytes=budget_bytes, eviction=eviction,
-                                           lookahead=lookahead, backend=backend, relocate=False)
+                                           lookahead=lookahead, backend=backend)
             self._weights = StreamedWeights(self.executor, len(order))
             self._managed = _EitherWeights(self._weights, resident)
             index = {name: i for i, name in enumerate(order.kernels)}
