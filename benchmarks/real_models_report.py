@@ -4,6 +4,8 @@
     python benchmarks/real_models_report.py DIR... --hardware h100_pcie5
     python benchmarks/real_models_report.py DIR... --set host_syncs=[0] --set block_records=true
     python benchmarks/real_models_report.py data/traces/modules --synthesized [--leave-one-out]
+    python benchmarks/real_models_report.py data/traces/h200/modules --hardware h200 --synthesized \
+        --leave-one-out --table-traces data/traces/h200 --table-modules data/traces/h200/modules
 
 Each DIR holds what `benchmarks/real_models.py --out DIR` wrote: real_models.json (the
 measured rows) and each model's recording (KEY.trace.jsonl.gz). Every measured row is
@@ -22,8 +24,8 @@ simulator does not model; they are predicted free-running, as they were compared
 (engine/modules/synthesize.py: the model config whose name the recording carries, with the
 fields real_models.py --model-set changed, built on the meta device, on the recording's workload), as `python -m engine model=NAME` predicts a module
 nobody recorded; --leave-one-out prices it with a kernel table whose module costs are fitted
-without that model's recording (the spec recordings, probes and other module recordings as
-shipped: TABLE_* below).
+without that model's recording (the spec recordings and probes of --table-traces, the
+other module recordings of --table-modules; by default the H100's as shipped: TABLE_* below).
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -89,11 +92,13 @@ def model_config(name: str) -> DictConfig:
     raise ConfigError(f"no model config in conf/model names the real module {name!r}")
 
 
-def held_out_hardware(hw: DictConfig, model: str, tmp: Path) -> DictConfig:
-    """`hw` with a kernel table fitted as shipped, less `model`'s module recording."""
-    traces = [read_trace(p) for p in sorted(TABLE_TRACES.glob("*.jsonl.gz"))]
-    probes = [read_probe_file(p) for p in sorted(TABLE_TRACES.glob("probes-*.json"))]
-    modules = [t for t in (read_trace(p) for p in sorted(TABLE_MODULES.glob("*.jsonl.gz")))
+def held_out_hardware(hw: DictConfig, model: str, tmp: Path, table_traces: Path = TABLE_TRACES,
+                      table_modules: Path = TABLE_MODULES) -> DictConfig:
+    """`hw` with a kernel table fitted from `table_traces` (spec recordings and probes) and
+    `table_modules` (module recordings), less `model`'s module recording."""
+    traces = [read_trace(p) for p in sorted(table_traces.glob("*.jsonl.gz"))]
+    probes = [read_probe_file(p) for p in sorted(table_traces.glob("probes-*.json"))]
+    modules = [t for t in (read_trace(p) for p in sorted(table_modules.glob("*.jsonl.gz")))
                if t.header.get("model") != model]
     path = tmp / f"without-{model}.kernels.json"
     path.write_text(json.dumps(fit_kernel_table(traces, f"held out: {model}", probes, modules).to_json()))
@@ -102,15 +107,16 @@ def held_out_hardware(hw: DictConfig, model: str, tmp: Path) -> DictConfig:
     return out
 
 
-def synthesized(trace: Trace, hw: DictConfig, leave_out: bool, tmp: Path) -> Trace:
-    """The trace synthesized for the model and workload `trace` recorded (module docstring)."""
+def synthesized(trace: Trace, hw: DictConfig, held_out: Callable[[str], DictConfig] | None) -> Trace:
+    """The trace synthesized for the model and workload `trace` recorded (module docstring),
+    priced by `hw` or, given `held_out`, by the profile it makes without the model's recording."""
     from engine.modules.synthesize import synthesize_module
 
     model = trace.header["model"]
     cfg = OmegaConf.merge(model_config(model), OmegaConf.from_dotlist(trace.header.get("model_set", [])))
     cfg.grouping = trace.header.get("grouping", "block")
     return synthesize_module(cfg, OmegaConf.create(trace.header["workload"]),
-                             held_out_hardware(hw, model, tmp) if leave_out else hw)
+                             held_out(model) if held_out else hw)
 
 
 def main() -> None:
@@ -121,12 +127,18 @@ def main() -> None:
     ap.add_argument("--synthesized", action="store_true", help="predict from traces synthesized on this CPU")
     ap.add_argument("--leave-one-out", action="store_true",
                     help="with --synthesized: module costs fitted without the model's own recording")
+    ap.add_argument("--table-traces", type=Path, default=TABLE_TRACES,
+                    help="with --leave-one-out: the spec recordings and probes the kernel table is fitted from")
+    ap.add_argument("--table-modules", type=Path, default=TABLE_MODULES,
+                    help="with --leave-one-out: the module recordings the module costs are fitted from")
     args = ap.parse_args()
     if args.leave_one_out and not args.synthesized:
         raise ConfigError("--leave-one-out changes what --synthesized prices with; pass both")
     runs = [(d, measured(d)) for d in args.dirs]
     hw = load_hardware(args.hardware)
     tmp = Path(tempfile.mkdtemp(prefix="real-models-report-"))
+    held_out = (lambda model: held_out_hardware(hw, model, tmp, args.table_traces, args.table_modules)) \
+        if args.leave_one_out else None
     print(f"hardware={args.hardware}{''.join(f' --set {s}' for s in args.set)}"
           f"{' --synthesized' if args.synthesized else ''}{' --leave-one-out' if args.leave_one_out else ''}\n")
     print("| run | model | budget MB | backend | grouping/eviction/lookahead | measured ms (mean) | predicted ms | error |")
@@ -136,7 +148,7 @@ def main() -> None:
         traces = {(t.header["model"], grouping(t, path)): t
                   for path, t in ((p, read_trace(p)) for p in sorted(d.glob("*.trace.jsonl.gz")))}
         if args.synthesized:
-            traces = {key: synthesized(t, hw, args.leave_one_out, tmp) for key, t in traces.items()}
+            traces = {key: synthesized(t, hw, held_out) for key, t in traces.items()}
         for result in data["results"]:
             at: dict[float, list[tuple[float, float, str]]] = {}
             for r in result["rows"]:

@@ -495,10 +495,11 @@ def test_execute_and_validate_name_a_profile_of_another_gpu(run_cli) -> None:
 
 
 def test_the_shipped_h200_profile_is_what_calibrate_fits_from_its_recording(tmp_path) -> None:
-    """conf/hardware/h200.yaml and its kernel table come from data/traces/h200 alone: refitting
-    gives the same fields and the same table (the date in `source` aside)."""
+    """conf/hardware/h200.yaml and its kernel table come from data/traces/h200 alone (the spec
+    recording; the module costs from the real modules recorded there): refitting gives the same
+    fields and the same table (the date in `source` aside)."""
     out = tmp_path / "h200.yaml"
-    r = _calibrate_cli(str(DATA / "h200"), "--out", str(out))
+    r = _calibrate_cli(str(DATA / "h200"), "--modules", str(DATA / "h200" / "modules"), "--out", str(out))
     assert r.returncode == 0, r.stderr
     fitted, shipped = yaml.safe_load(out.read_text()), load_hardware("h200")
     assert fitted["device"] == shipped["device"] == "NVIDIA H200" and shipped["device_memory_mb"] == 150110

@@ -57,7 +57,7 @@ def test_sdpa_is_one_core_masked_or_not_and_a_broadcast_counts_once() -> None:
     q = torch.empty(1, 8, 32, 64, dtype=torch.bfloat16, device=META)
     mask = torch.ones(1, 1, 1, 32, dtype=torch.bool, device=META)
     census = OpCensus()
-    with census, census.attention():
+    with census, census.fused():
         out = F.scaled_dot_product_attention(q, q, q)
         census.start(1)
         F.scaled_dot_product_attention(q, q, q, attn_mask=mask)
@@ -67,6 +67,23 @@ def test_sdpa_is_one_core_masked_or_not_and_a_broadcast_counts_once() -> None:
     assert [k.ops for k in census.kernels] == [1, 1] and census.kernels[0].memory_elements == 0
     row = torch.empty(1, 1, 64, dtype=torch.bfloat16, device=META)
     assert touched_elements(row.expand(4, 32, 64)) == 64
+
+
+@pytest.mark.parametrize("device", ["cpu", META])
+def test_rms_norm_is_one_op_as_cuda_runs_it(device) -> None:
+    """CUDA runs rms_norm as one fused kernel, where the meta device and the CPU decompose it
+    into eight ops: the census counts the kernel (input, weight, output, each row's fp32
+    reciprocal RMS), so a recording's census and a meta forward's agree."""
+    x = torch.ones(4, 6, 64, dtype=torch.bfloat16, device=device)
+    w = torch.ones(64, dtype=torch.bfloat16, device=device)
+    census = OpCensus()
+    with census, census.fused():
+        out = F.rms_norm(x, (64,), w, 1e-6)
+        census.start(1)
+        torch.rms_norm(x, [64])
+    assert out.shape == x.shape
+    assert [(k.ops, k.dispatches) for k in census.kernels] == [(1, 1), (1, 1)]
+    assert [k.memory_elements for k in census.kernels] == [2 * x.numel() + 64 + 24, 2 * x.numel() + 24]
 
 
 def test_the_recorder_counts_what_the_meta_forward_counts(tmp_path) -> None:

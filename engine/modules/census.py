@@ -73,8 +73,9 @@ def touched_elements(t: torch.Tensor) -> int:
 
 class OpCensus(TorchDispatchMode):
     """Counts the ops of the forward run inside it, by kernel position (`start(i)`), into
-    `kernels`. Enter `attention()` inside it too, so SDPA counts as one core rather than as
-    the ops a device without a fused kernel decomposes it into."""
+    `kernels`. Enter `fused()` inside it too, so SDPA counts as one core and rms_norm as one
+    op, as CUDA runs each, rather than as the ops a device without their fused kernels (the
+    meta device, the CPU) decomposes them into: a census then reads alike on every device."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -92,8 +93,8 @@ class OpCensus(TorchDispatchMode):
     def current(self) -> KernelCensus:
         return self.kernels[self._current]
 
-    def attention(self) -> TorchFunctionMode:
-        return _Attention(self)
+    def fused(self) -> TorchFunctionMode:
+        return _Fused(self)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
@@ -143,9 +144,14 @@ def grouped_core(a: torch.Tensor, b: torch.Tensor) -> tuple[str, tuple[int, ...]
     return ("linear", (-(-rows // groups), n * groups, inner))
 
 
-class _Attention(TorchFunctionMode):
-    """scaled_dot_product_attention as one core of its census; what runs inside it is not
-    counted. On the meta device it makes its output only, as the fused kernel does."""
+_RMS_NORMS = (F.rms_norm, torch.rms_norm)
+
+
+class _Fused(TorchFunctionMode):
+    """scaled_dot_product_attention as one core of its census and rms_norm as one op (CUDA's
+    fused kernel: it reads the input and the weight, writes the output and each row's
+    reciprocal RMS in fp32); what runs inside either is not counted. On the meta device SDPA
+    makes its output only, as the fused kernel does."""
 
     def __init__(self, census: OpCensus):
         super().__init__()
@@ -153,7 +159,11 @@ class _Attention(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        if func is not F.scaled_dot_product_attention or self.census.paused:
+        if self.census.paused:
+            return func(*args, **kwargs)
+        if func in _RMS_NORMS:
+            return self._rms_norm(func, args, kwargs)
+        if func is not F.scaled_dot_product_attention:
             return func(*args, **kwargs)
         named = ("query", "key", "value", "attn_mask")
         given = {**dict(zip(named, args)), **kwargs}
@@ -169,6 +179,23 @@ class _Attention(TorchFunctionMode):
             return fused_attention(q, key, given["value"]) if q.is_meta else func(*args, **kwargs)
         finally:
             self.census.paused = False
+
+    def _rms_norm(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        self.census.paused = True
+        try:
+            out = func(*args, **kwargs)
+        finally:
+            self.census.paused = False
+        given = {**dict(zip(("input", "normalized_shape", "weight"), args)), **kwargs}
+        shape = given["normalized_shape"]
+        rows = out.numel() // max(1, math.prod((shape,) if isinstance(shape, int) else shape))
+        weight = given.get("weight")
+        k = self.census.current
+        k.ops += 1
+        k.dispatches += 1
+        k.memory_elements += touched_elements(given["input"]) + touched_elements(out) + rows + (
+            touched_elements(weight) if weight is not None else 0)
+        return out
 
 
 @contextmanager

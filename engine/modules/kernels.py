@@ -309,7 +309,7 @@ def record_order(module: nn.Module, run: Callable[[], Any], kernels: list[Module
         handles.append(k.module.register_forward_pre_hook(pre(i)))
         handles.append(k.module.register_forward_hook(post(i)))
     try:
-        with live, counter, census, census.attention(), reads:
+        with live, counter, census, census.fused(), reads:
             run()
             if then is not None:
                 then()
