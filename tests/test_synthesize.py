@@ -108,6 +108,45 @@ def test_the_recorder_counts_what_the_meta_forward_counts(tmp_path) -> None:
     assert read_trace(tmp_path / "t.jsonl.gz").records == recorded.records
 
 
+class _NormedBlock(torch.nn.Module):
+    """A diffusers-style block: RMSNorm (torch's, one fused kernel on CUDA) around attention."""
+
+    def __init__(self, d: int = 128, heads: int = 4):
+        super().__init__()
+        self.heads = heads
+        self.norm, self.norm_q = torch.nn.RMSNorm(d), torch.nn.RMSNorm(d // heads)
+        self.qkv, self.out = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, d = x.shape
+        q, k, v = self.qkv(self.norm(x)).view(b, n, 3, self.heads, d // self.heads).unbind(2)
+        q = self.norm_q(q)
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        return x + self.out(o.transpose(1, 2).reshape(b, n, d))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+def test_on_cuda_a_recording_counts_what_the_meta_forward_counts() -> None:
+    """CUDA runs rms_norm and SDPA as one kernel each, where the meta device decomposes
+    rms_norm: the census counts both as CUDA runs them, so a GPU recording's census (what
+    calibrate --modules fits) is the meta forward's (what a synthesized trace is priced by)."""
+    import engine
+
+    def net() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return torch.nn.Sequential(*(_NormedBlock() for _ in range(3))).to(torch.bfloat16)
+
+    x = torch.randn(2, 64, 128, dtype=torch.bfloat16)
+    recorded = engine.record(net().cuda(), (x.cuda(),), backend="cuda")
+    with torch.device("meta"):
+        shapes = net()
+    synthesized = engine.synthesize(shapes, (x.to(META),))
+    assert [(r.name, r.cores, r.memory_elements, r.ops, r.dispatches) for r in recorded.records] == \
+        [(r.name, r.cores, r.memory_elements, r.ops, r.dispatches) for r in synthesized.records]
+    assert [r.ops for r in recorded.records if r.name.endswith(".norm")] == [1, 1, 1]  # one fused kernel each
+    assert sum(op == "attention" for r in recorded.records for op, _ in r.cores) == 3
+
+
 def test_a_synthesized_trace_needs_the_meta_device() -> None:
     import engine
 
