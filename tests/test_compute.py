@@ -289,15 +289,17 @@ def test_the_training_attention_probe_times_each_point_forward_and_backward(monk
             "attention_masked_train_bwd"} <= set(table.points)
 
 
-def test_a_table_without_module_costs_prices_a_modules_host_by_its_launches() -> None:
+def test_a_table_without_module_costs_prices_a_modules_host_by_its_launches(tmp_path) -> None:
     """A calibrated profile's kernel_launch_us is a whole spec kernel's host time (several launches
     and the model's Python): a real module's ops fall back to the table's host time per launch."""
-    hw = load_hardware("h200")  # fitted from one spec recording: no module costs
-    p = ExecutionTimePredictor(hw)
-    assert p.module_cost is None and hw.kernel_launch_us > 150
     from engine.compute import tables_dir
 
     table = json.loads((tables_dir() / "h200.kernels.json").read_text())
+    bare = tmp_path / "h200-without-modules.kernels.json"  # as fitted from its spec recording alone
+    bare.write_text(json.dumps({**table, "modules": None}))
+    hw = OmegaConf.merge(load_hardware("h200"), {"kernel_table": str(bare)})
+    p = ExecutionTimePredictor(hw)
+    assert p.module_cost is None and hw.kernel_launch_us > 150
     per_launch = sorted(table["host_ns"][op] / table["launches"][op] for op in ("linear", "attention", "norm"))
     assert p.launch_host_ns() == pytest.approx(per_launch[1]) and 15_000 < per_launch[1] < 25_000
     assert p.module_host_ns(ops=10, dispatches=40) == round(10 * per_launch[1])
