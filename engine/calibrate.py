@@ -488,7 +488,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         modules = [read_trace(q) for q in module_paths]
         one_device([*((q.name, t.header.get("device")) for q, t in zip([*paths, *module_paths], [*traces, *modules])),
                     *((q.name, probe_file_device(q)) for q in args.probes)])
-        base = load_hardware(args.base)
+        base = base_profile(args.base)
         profile = fit_profile(traces, base, args.out.name.split(".")[0], [q.name for q in paths])
     except (TraceError, ConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
@@ -535,8 +535,9 @@ def probe_file_device(path: Path) -> str | None:
     return json.loads(Path(path).read_text()).get("device")
 
 
-def load_hardware(name: str) -> dict:
-    """A shipped hardware profile (conf/hardware/NAME.yaml) as a plain dict."""
+def base_profile(name: str) -> dict:
+    """A shipped hardware profile (conf/hardware/NAME.yaml) as the plain dict calibrate fits
+    over (engine.config.load_hardware gives the composed DictConfig a run uses)."""
     from importlib.resources import files
 
     import yaml

@@ -11,7 +11,7 @@ import simpy
 import yaml
 from omegaconf import OmegaConf
 
-from engine.calibrate import copy_rates, fit_fetch_cost, fit_profile, launch_mean, load_hardware
+from engine.calibrate import base_profile, copy_rates, fit_fetch_cost, fit_profile, launch_mean
 from engine.compute import PASSES
 from engine.config import HardwareConfig
 from engine.errors import TraceError
@@ -195,7 +195,7 @@ def test_report_from_shipped_measurements_on_cpu() -> None:
     trace_path = DATA / "ltx2_infer.jsonl.gz"
     trace = read_trace(trace_path)
     meas = read_measurements(measurements_path(trace_path))
-    rep = report(trace, meas, load_hardware("h100_pcie5"))
+    rep = report(trace, meas, base_profile("h100_pcie5"))
     assert len(rep["rows"]) == 12 and rep["held_out"]["configs"] == 6
     # What the shipped H100 measurements give with the hardware-h100-2026-11-22 profile: issue 6's
     # targets (mean < 3%, max < 6%) held on the 2026-11-22 pair; the pair recorded again on
@@ -253,7 +253,7 @@ def test_calibrate_cli_fits_a_directory_of_recorded_traces(run_cli, tmp_path: Pa
     assert r.returncode == 0, r.stderr
     assert "ltx2_infer.jsonl.gz, ltx2_infer_low.jsonl.gz" in r.stdout
     both = yaml.safe_load(out.read_text())
-    one = fit_profile([read_trace(DATA / "ltx2_infer.jsonl.gz")], load_hardware("h100_pcie5"), "one")
+    one = fit_profile([read_trace(DATA / "ltx2_infer.jsonl.gz")], base_profile("h100_pcie5"), "one")
     assert both["name"] == "fitted" and both["h2d_gbps"] > 0 and set(one) <= set(both)
     # A directory is only for calibrate; an empty one or one with a synthesized trace is refused.
     r = run_cli("+model=tiny", f"trace={traces}")
@@ -272,7 +272,7 @@ def test_training_report_from_shipped_measurements_on_cpu() -> None:
     (benchmarks/results/launch-queue-h100-2026-11-27.md)."""
     trace_path = DATA / "ltx2_train_lora.jsonl.gz"
     trace = read_trace(trace_path)
-    rep = report(trace, read_measurements(measurements_path(trace_path)), load_hardware("h100_pcie5"))
+    rep = report(trace, read_measurements(measurements_path(trace_path)), base_profile("h100_pcie5"))
     assert len(rep["rows"]) == 5 and rep["held_out"]["configs"] == 2
     assert rep["held_out"]["peak_device_bytes"]["max"] < 0.05
     assert rep["held_out"]["step_ms"]["max"] < 0.03 and rep["fit"]["step_ms"]["max"] < 0.06
@@ -310,11 +310,11 @@ def test_the_shipped_module_recordings_replay_their_measured_rows() -> None:
     predicts what the GPU run printed within 1%, the copies exactly where the run measured its
     prediction exact, and the rows within 5% of measured (a host-bound all-resident row is the
     host's; the mean is tighter)."""
-    from engine.config import load_hardware as hardware_profile
+    from engine.config import load_hardware
     from engine.modules.offload import predict
 
     data = json.loads((DATA / "modules" / "real_models.json").read_text())
-    hw = hardware_profile(data["hardware_profile"])
+    hw = load_hardware(data["hardware_profile"])
     traces = {read_trace(p).header["model"]: read_trace(p) for p in (DATA / "modules").glob("*.trace.jsonl.gz")}
     errors = []
     for result in data["results"]:
@@ -475,7 +475,7 @@ def test_calibrate_refuses_recordings_of_two_gpus_and_keeps_the_one_it_fits(tmp_
 def test_execute_and_validate_name_a_profile_of_another_gpu(run_cli) -> None:
     from engine.config import profile_mismatch
 
-    h100 = load_hardware("h100_pcie5")
+    h100 = base_profile("h100_pcie5")
     profile = SimpleNamespace(name="h100_pcie5", device=h100["device"])
     assert profile_mismatch(profile, "NVIDIA H200") == ("hardware=h100_pcie5 describes an NVIDIA H100 80GB HBM3, "
                                                         "and this GPU is an NVIDIA H200: hardware=h200 describes it")
@@ -501,7 +501,7 @@ def test_the_shipped_h200_profile_is_what_calibrate_fits_from_its_recording(tmp_
     out = tmp_path / "h200.yaml"
     r = _calibrate_cli(str(DATA / "h200"), "--modules", str(DATA / "h200" / "modules"), "--out", str(out))
     assert r.returncode == 0, r.stderr
-    fitted, shipped = yaml.safe_load(out.read_text()), load_hardware("h200")
+    fitted, shipped = yaml.safe_load(out.read_text()), base_profile("h200")
     assert fitted["device"] == shipped["device"] == "NVIDIA H200" and shipped["device_memory_mb"] == 150110
     skip = ("source", "kernel_table", "defaults")
     assert {k: v for k, v in fitted.items() if k not in skip} == {k: v for k, v in shipped.items() if k not in skip}
