@@ -345,6 +345,20 @@ def write_kernel_table(profile: dict, traces: Sequence[Trace], target: Path, pro
     return path
 
 
+def distinct_names(paths: Sequence[Path]) -> list[str]:
+    """Each path by its file name, with as many of its folders before it as tell it apart
+    from the others (two recordings both named flux-full.jsonl.gz: full/..., h200/...)."""
+    depth = [1] * len(paths)
+    while True:
+        names = ["/".join(Path(q).parts[-d:]) for q, d in zip(paths, depth)]
+        clashes = {n for n in names if names.count(n) > 1}
+        grow = [i for i, n in enumerate(names) if n in clashes and depth[i] < len(Path(paths[i]).parts)]
+        if not grow:
+            return names
+        for i in grow:
+            depth[i] += 1
+
+
 def one_device(devices: Iterable[tuple[str, Any]]) -> str | None:
     """The one GPU that recorded every source ((name, its header's "device"), the device None
     where it does not say); TraceError when they name more than one: a profile describes one GPU."""
@@ -486,10 +500,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         probes = [read_probe_file(q) for q in args.probes]
         module_paths = trace_paths(args.modules) if args.modules else []
         modules = [read_trace(q) for q in module_paths]
-        one_device([*((q.name, t.header.get("device")) for q, t in zip([*paths, *module_paths], [*traces, *modules])),
-                    *((q.name, probe_file_device(q)) for q in args.probes)])
+        sources = [*paths, *module_paths, *args.probes]
+        names = distinct_names(sources)
+        one_device(zip(names, [*(t.header.get("device") for t in [*traces, *modules]),
+                               *(probe_file_device(q) for q in args.probes)]))
         base = base_profile(args.base)
-        profile = fit_profile(traces, base, args.out.name.split(".")[0], [q.name for q in paths])
+        profile = fit_profile(traces, base, args.out.name.split(".")[0], names[:len(paths)])
     except (TraceError, ConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

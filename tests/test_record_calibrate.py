@@ -464,6 +464,11 @@ def test_calibrate_refuses_recordings_of_two_gpus_and_keeps_the_one_it_fits(tmp_
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "recordings of 2 GPUs (NVIDIA H100 80GB HBM3: flux-full.jsonl.gz; NVIDIA H200: probes.json)" in r.stderr
     assert not out.exists() and not (tmp_path / "mixed.kernels.json").exists()
+    # Two recordings of one name are told apart by their folders.
+    r = _calibrate_cli(str(DATA / "full" / "flux-full.jsonl.gz"), str(DATA / "h200" / "flux-full.jsonl.gz"),
+                       "--out", str(out))
+    assert r.returncode == 2 and ("NVIDIA H100 80GB HBM3: full/flux-full.jsonl.gz; NVIDIA H200: "
+                                  "h200/flux-full.jsonl.gz") in r.stderr, r.stderr
 
     trace = read_trace(DATA / "full" / "flux-full.jsonl.gz")
     older = fit_profile([trace], KNOWN, "older")  # recorded before the header carried the memory
