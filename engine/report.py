@@ -90,12 +90,19 @@ def launches_cell(launches: Sequence[int]) -> str:
 
 
 def relocations_note(measurement: dict) -> str | None:
-    """The report's line on the pool's relocations in a measured run, if it relocated."""
-    total = measurement.get("relocations")
-    if not total:
-        return None
-    warm = measurement.get("warm_relocations", 0)
-    return (f"- {total} relocations, {warm} of them in the steps the median is taken over: the pool refused a "
+    """The report's lines on the pool's refusals under the budget in a measured run, if it had any:
+    those the released reserve answered, and the relocations."""
+    total = measurement.get("relocations") or 0
+    released = (measurement.get("reserve_releases") or 0) - total  # a relocation follows a release
+    lines = []
+    if released > 0:
+        lines.append(f"- {released} pool refusals under the budget answered by releasing the pool's unused reserve "
+                     "(no weight moved; the host waited for the copy stream once each)")
+    if total:
+        warm = measurement.get("warm_relocations", 0)
+        lines.append(
+            f"- {total} relocations, {warm} of them in the steps the median is taken over: the pool refused a "
             "block under the budget (fragmentation) and the resident weights were copied in again; the "
             f"simulator does not model this, so {'the measured step includes' if warm else 'only the first step includes'} "
             "stalls it did not predict; weights.backend=vmm never relocates")
+    return "\n".join(lines) or None

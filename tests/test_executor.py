@@ -256,8 +256,19 @@ def test_run_execute_on_the_host_backend(tiny, tmp_path):
 @pytest.mark.parametrize("warm, says", [(0, "only the first step includes"), (2, "the measured step includes")])
 def test_the_report_says_whether_the_measured_step_holds_relocations(warm, says):
     """The median is over the steps after the first: a relocation there is in the measured step."""
-    md = comparison_md([], {"backend": "cuda", "steps": 5, "relocations": 3, "warm_relocations": warm})
+    md = comparison_md([], {"backend": "cuda", "steps": 5, "relocations": 3, "warm_relocations": warm,
+                            "reserve_releases": 3})
     assert f"3 relocations, {warm} of them in the steps the median is taken over" in md and says in md
+    assert "releasing the pool's unused reserve" not in md  # each release was followed by a relocation
+
+
+def test_the_report_counts_the_refusals_the_released_reserve_answered():
+    md = comparison_md([], {"backend": "cuda", "steps": 5, "relocations": 1, "warm_relocations": 0,
+                            "reserve_releases": 3})
+    assert "- 2 pool refusals under the budget answered by releasing the pool's unused reserve" in md
+    assert "- 1 relocations" in md
+    assert "reserve" not in comparison_md([], {"backend": "cuda", "steps": 5, "relocations": 0,
+                                               "reserve_releases": 0})
 
 
 def test_run_execute_materializes_small_models_and_refuses_big_ones(tiny, tmp_path):
