@@ -16,7 +16,7 @@ cannot answer ends the run and is printed. full: the same without the
 bitwise check (the reference would not fit beside both executors), --steps
 steps each. train: LoRA
 rank 32 steps at 6144 video tokens through the executor as mode=execute runs
-them (relocation only between steps), no bitwise check.
+them (relocating inside a step as inference does), no bitwise check.
 
 Each row: median and mean step (CUDA events, the steps after the first; a
 relocation's stall shows in the mean), relocations (the pool's answer to

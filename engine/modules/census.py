@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -174,18 +174,18 @@ class _Fused(TorchFunctionMode):
         k.ops += 1
         k.dispatches += 1
         k.cores.append((op, (heads, q.shape[-2], key.shape[-2], q.shape[-1])))
+        return self._uncounted(lambda: fused_attention(q, key, given["value"]) if q.is_meta else func(*args, **kwargs))
+
+    def _uncounted(self, run: Callable[[], Any]) -> Any:
+        """`run()`'s ops left out of the census: they are the fused kernel already counted."""
         self.census.paused = True
         try:
-            return fused_attention(q, key, given["value"]) if q.is_meta else func(*args, **kwargs)
+            return run()
         finally:
             self.census.paused = False
 
     def _rms_norm(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        self.census.paused = True
-        try:
-            out = func(*args, **kwargs)
-        finally:
-            self.census.paused = False
+        out = self._uncounted(lambda: func(*args, **kwargs))
         given = {**dict(zip(("input", "normalized_shape", "weight"), args)), **kwargs}
         shape = given["normalized_shape"]
         rows = out.numel() // max(1, math.prod((shape,) if isinstance(shape, int) else shape))
