@@ -3,8 +3,9 @@
     python benchmarks/host_pace.py --model llama8b --workload decode --rounds 25   # on a CUDA machine
 
 Writes the model's random weights (`mode=materialize`, into --dir), then for each round:
-  idle stream   one forward whose kernels each launch onto a drained device (the recorder's
-                host time, engine.measure.probes.IdleStreamHost): the sum of its kernels' host ns
+  drained       one forward that drains the device before each kernel, then holds the stream
+                (engine.measure.probes.HeldStreamHost, group 1): the sum of its kernels' host ns
+  held          the same, draining every GROUP kernels (the recorder's host time)
   free          one forward with the stream running free: host wall time and GPU step
   pipelined     5 forwards back to back (as mode=execute runs them): the median GPU step
 Rounds are 0.3 s apart, so a host whose pace drifts shows it. Prints one row per round and the
@@ -40,7 +41,7 @@ def main() -> None:
     from engine.config import register
     from engine.executor.setup import forward_order, open_weight_file, streamed_executor
     from engine.measure.clocks import CudaClock
-    from engine.measure.probes import IdleStreamHost
+    from engine.measure.probes import GROUP, HeldStreamHost
     from engine.models import build_spec, forward, make_inputs
 
     path = Path(args.dir) / f"pace-{args.model}.ptd"
@@ -70,13 +71,15 @@ def main() -> None:
                 step(executor)
             clock.synchronize()
             start = time.perf_counter()
-            print("| t s | idle stream host ms | free host wall ms | free GPU step ms | pipelined ms |")
-            print("|---|---|---|---|---|")
+            print("| t s | drained host ms | held host ms | free host wall ms | free GPU step ms | pipelined ms |")
+            print("|---|---|---|---|---|---|")
             for _ in range(args.rounds):
-                idle = IdleStreamHost(executor, clock)
-                step(idle)
-                idle_ms = sum(idle.host_ns()) / 1e6
-                clock.synchronize()
+                host_ms = []
+                for group in (1, GROUP):
+                    held = HeldStreamHost(executor, clock, group)
+                    step(held)
+                    host_ms.append(sum(held.host_ns()) / 1e6)
+                    clock.synchronize()
                 a = clock.stamp()
                 t0 = time.perf_counter_ns()
                 step(executor)
@@ -90,9 +93,9 @@ def main() -> None:
                     stamps.append((s, clock.stamp()))
                 clock.synchronize()
                 pipelined = statistics.median(clock.ns(s, e) for s, e in stamps) / 1e6
-                rows.append((idle_ms, wall_ms, clock.ns(a, b) / 1e6, pipelined))
-                print(f"| {time.perf_counter() - start:.1f} | {idle_ms:.2f} | {wall_ms:.2f} | "
-                      f"{rows[-1][2]:.2f} | {pipelined:.2f} |", flush=True)
+                rows.append((*host_ms, wall_ms, clock.ns(a, b) / 1e6, pipelined))
+                print(f"| {time.perf_counter() - start:.1f} | {' | '.join(f'{v:.2f}' for v in rows[-1])} |",
+                      flush=True)
                 time.sleep(0.3)
         cols = list(zip(*rows))
         print(f"| median | {' | '.join(f'{statistics.median(c):.2f}' for c in cols)} |")

@@ -343,12 +343,12 @@ def test_record_on_the_cpu_backend_probes_the_streamed_and_the_pipelined_step(ru
     assert trace.header["pipelined_step_ns"] > 0 and trace.header["host_scale"] == 1.0
 
 
-def test_idle_stream_host_times_each_kernels_fetch_and_launches_not_the_drain(monkeypatch) -> None:
-    """The recorder's host time per kernel: its fetch and the launches up to the next fetch,
-    never the wait for the device that each fetch ends with."""
+def test_held_stream_host_times_each_kernels_fetch_and_launches_not_the_drain_or_the_hold(monkeypatch) -> None:
+    """The recorder's host time per kernel: its fetch and the launches up to the next fetch;
+    every GROUP kernels a drain and a hold twice the last group's host work, not timed."""
     import time
 
-    from engine.measure.probes import IdleStreamHost
+    from engine.measure.probes import FIRST_HOLD_NS, HeldStreamHost
 
     now = [0]
     monkeypatch.setattr(time, "perf_counter_ns", lambda: now[0])
@@ -359,14 +359,23 @@ def test_idle_stream_host_times_each_kernels_fetch_and_launches_not_the_drain(mo
             return {}
 
     class Clock:
+        def __init__(self) -> None:
+            self.holds: list[int] = []
+
         def synchronize(self) -> None:
             now[0] += 1000  # the device draining
 
-    idle = IdleStreamHost(Source(), Clock())
-    for i, launches in enumerate((5, 7, 3)):
-        idle.fetch(i)
+        def hold(self, ns: int) -> None:
+            now[0] += 100
+            self.holds.append(ns)
+
+    clock = Clock()
+    held = HeldStreamHost(Source(), clock, group=2)
+    for i, launches in enumerate((5, 7, 3, 4, 6)):
+        held.fetch(i)
         now[0] += launches
-    assert idle.host_ns() == [15, 17, 13]
+    assert held.host_ns() == [15, 17, 13, 14, 16]
+    assert clock.holds == [FIRST_HOLD_NS, 2 * (15 + 17), 2 * (13 + 14)]
 
 
 def test_host_times_scale_to_the_pipelined_step_only_where_the_host_bounds_it() -> None:

@@ -30,7 +30,10 @@ PIPELINED_WARMUP, PIPELINED_STEPS, PIPELINED_NS, PIPELINED_MAX = 5, 5, 3_000_000
 # fast and a slow phase lasting seconds, from outside the process (docs/DESIGN.md), and
 # interference only slows it: the fast phase is the host's own.
 PIPELINED_QUANTILE = 0.2
-HOST_STEPS = 5  # forwards timing each kernel's host work on an idle stream
+HOST_STEPS = 5  # forwards timing each kernel's host work on a held stream (HeldStreamHost)
+# HeldStreamHost: kernels launched behind one hold; the hold, as a multiple of the host work
+# of the group before it (the first group's: FIRST_HOLD_NS).
+GROUP, HOLD_FACTOR, FIRST_HOLD_NS = 16, 2, 4_000_000
 # The slowdown beside copies at the pipelined pace: BESIDE_ROUNDS rounds of BESIDE_STEPS steps
 # alone, then as many beside H2D copies, so both see the same clocks (which sag under load).
 BESIDE_ROUNDS, BESIDE_STEPS = 3, 3
@@ -46,7 +49,8 @@ PROBES_DOC = """header["probes"] (recorded traces; all times in ns):
                  pipelined step, windows of each in turn (resident_steps), where every weight fits;
                  else the held step, first alone, then beside
     host        {kernel_ns: [host ns per forward record, resident: an inference's through the executor,
-                 each kernel launched onto an idle stream (resident_steps); a training step's, or a
+                 each kernel launched onto a held stream (resident_steps; kernel_stream "held"; without
+                 it, recorded before that: onto an idle one); a training step's, or a
                  model that does not fit resident, between the stamped fetches], backward_kernel_ns:
                  [host ns of each forward record's backward] (training), resident_fetch_ns: median host ns of one
                  resident fetch, fetch: [[copies issued, host ns] per fetch of a streamed forward]}
@@ -128,38 +132,44 @@ def streamed_forward(spec: ModelSpec, wf: Any, inputs: Mapping[str, torch.Tensor
         return timed[0].by_kernel(), fetch, timed[0].alloc_ns
 
 
-class IdleStreamHost:
-    """A WeightSource wrapper that drains the device after each fetch, so each kernel's
-    launches meet an idle stream: `host_ns()` is each kernel's host work (its fetch and its
-    launches, perf_counter only) without the wait. A free-running stream cannot time the
-    host of a GPU-bound step (its host blocks on a full launch queue), and CUDA events
-    stamped around each kernel add their own host cost (about as much as a decode kernel's
-    launches on an H100 host)."""
+class HeldStreamHost:
+    """A WeightSource wrapper that times each kernel's host work (its fetch and its launches,
+    perf_counter only) while its launches queue on a busy stream, as a pipelined step's do:
+    every GROUP kernels it drains the device and holds the stream with a spin kernel as long
+    as HOLD_FACTOR x the last group's host work, outside the timing. A free-running stream
+    cannot time the host of a GPU-bound step (its host blocks on a full launch queue); CUDA
+    events stamped around each kernel add their own host cost (about as much as a decode
+    kernel's launches on an H100 host); and launches that each meet a drained, idle device
+    read 16-32% slow on GPU-bound models (benchmarks/results/default-pace-h100-2026-11-28.md),
+    which would price a host-bound model 20% slow from their recording. A group's launches
+    (at most a few hundred) never fill the launch queue."""
 
-    def __init__(self, source: Any, clock: Clock):
+    def __init__(self, source: Any, clock: Clock, group: int = GROUP):
         self.source = source
         self.clock = clock
+        self.group = group
         self.work: list[int] = []
-        self._fetch_ns = 0
-        self._launched: int | None = None  # perf_counter_ns when the previous fetch's drain ended
+        self._started: int | None = None  # perf_counter_ns when the current kernel's fetch began
+        self._hold_ns = FIRST_HOLD_NS
 
     def _close_kernel(self, now: int) -> None:
-        if self._launched is not None:
-            self.work.append(self._fetch_ns + now - self._launched)
+        if self._started is not None:
+            self.work.append(now - self._started)
 
     def fetch(self, i: int) -> Mapping[str, torch.Tensor]:
-        t0 = time.perf_counter_ns()
-        self._close_kernel(t0)
-        out = self.source.fetch(i)
-        self._fetch_ns = time.perf_counter_ns() - t0
-        self.clock.synchronize()
-        self._launched = time.perf_counter_ns()
-        return out
+        self._close_kernel(time.perf_counter_ns())
+        if len(self.work) % self.group == 0:
+            if self.work:
+                self._hold_ns = HOLD_FACTOR * sum(self.work[-self.group:])
+            self.clock.synchronize()
+            self.clock.hold(self._hold_ns)
+        self._started = time.perf_counter_ns()
+        return self.source.fetch(i)
 
     def host_ns(self) -> list[int]:
         """Host ns per kernel of the step; call after the forward returned."""
         self._close_kernel(time.perf_counter_ns())
-        self._launched = None
+        self._started = None
         return self.work
 
 
@@ -168,7 +178,7 @@ class ResidentSteps:
     """What `resident_steps` measured."""
 
     step_ns: int  # the pipelined step (PIPELINED_QUANTILE of the timed steps)
-    host_ns: list[int] | None  # inference: each kernel's host ns on an idle stream (IdleStreamHost), medians
+    host_ns: list[int] | None  # inference: each kernel's host ns on a held stream (HeldStreamHost), medians
     # inference on CUDA: the pipelined step's median alone and beside H2D copies (alone_ns, with_copy_ns)
     under_copy: tuple[int, int] | None = None
 
@@ -185,8 +195,8 @@ def resident_steps(spec: ModelSpec, wf: Any, inputs: Mapping[str, torch.Tensor],
     of host time have passed (a decode step is a few ms; at most PIPELINED_MAX);
     PIPELINED_QUANTILE of them. Then, for an inference: on CUDA, the pipelined step
     alone and beside a stream of H2D copies (BESIDE_ROUNDS rounds of a window of each);
-    and HOST_STEPS forwards whose kernels each launch onto an idle stream
-    (IdleStreamHost): each kernel's median host time."""
+    and HOST_STEPS forwards whose kernels launch onto a held stream (HeldStreamHost):
+    each kernel's median host time."""
     training = lora is not None
     order = forward_order(spec)
     w = cfg.weights
@@ -235,10 +245,10 @@ def resident_steps(spec: ModelSpec, wf: Any, inputs: Mapping[str, torch.Tensor],
             under_copy = (round(statistics.median(alone)), round(statistics.median(beside)))
         rows = []
         for _ in range(HOST_STEPS):
-            idle = IdleStreamHost(executor, clock)
+            held = HeldStreamHost(executor, clock)
             with torch.no_grad(), executor.step(), paused_gc():
-                forward(spec, idle, inputs)
-                rows.append(idle.host_ns())
+                forward(spec, held, inputs)
+                rows.append(held.host_ns())
             clock.synchronize()
         return ResidentSteps(step_ns, [round(statistics.median(col)) for col in zip(*rows)], under_copy)
 

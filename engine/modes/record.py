@@ -95,6 +95,7 @@ def record(cfg: Any, spec: ModelSpec, out_dir: str | Path) -> tuple[Path, Trace]
             pipelined = resident.step_ns
             if resident.host_ns is not None:  # the executor's host work, not the stamped steps'
                 timing = replace(timing, host_ns=resident.host_ns)
+                probes["host"]["kernel_stream"] = "held"
             if resident.under_copy is not None and not host_bound(timing.step_ns, pipelined):
                 probes["compute_under_copy"] = dict(zip(("alone_ns", "with_copy_ns"), resident.under_copy))
         probes["host"]["kernel_ns"] = timing.host_ns
