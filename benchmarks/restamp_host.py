@@ -4,6 +4,7 @@ compute's pace under sustained load and beside copies.
     python benchmarks/restamp_host.py measure --models ltx,flux,wan14b,llama8b --out host.json  # CUDA
     python benchmarks/restamp_host.py apply host.json data/traces/full/*-full.jsonl.gz            # any CPU
     python benchmarks/restamp_host.py apply-copies host.json data/traces/full/*.jsonl.gz          # any CPU
+    python benchmarks/restamp_host.py rescale data/traces/h200/ltx2-train-8blocks.jsonl.gz          # any CPU
 
 Recordings made before the recorder timed the host on an idle stream (engine.measure.probes
 IdleStreamHost) carry the host time between CUDA events stamped around every kernel, which
@@ -20,6 +21,12 @@ step alone and beside H2D copies (`compute_under_copy`, `compute_slowdown_under_
 GPU-bound, `compute_sustained_slowdown` (the pipelined step over the held one); every
 kernel's recorded time untouched; header `host_restamped` says from where.
 Training traces are refused (the recorder times their host between stamps).
+
+`rescale` fits a recording's host times to its own pipelined step by the recorder's present
+rule (`engine.measure.timing.pipelined_scale`): recordings made before it left a GPU-bound
+step's host times as stamped, even where they summed to more than the step (an 8-block LTX-2
+LoRA step on the H200: 170.2 ms of host in a 150.5 ms step). Each record's `host_ns` and
+`host_scale` change; `host_rescaled` says so.
 
 `measure` also runs the recorder's copy probe once (`probes.probe_copies`: each size's copies
 queued behind a held stream); `apply-copies` puts its sizes under HOST_ISSUED_BYTES into any
@@ -185,6 +192,24 @@ def apply(measured: Path, paths: list[Path]) -> None:
               f"host_scale {new.header['host_scale']}")
 
 
+def rescale(paths: list[Path]) -> None:
+    """Each trace's host times fitted to its pipelined step by the recorder's present rule."""
+    from engine.measure.timing import pipelined_scale
+
+    for path in paths:
+        trace = read_trace(path)
+        h = trace.header
+        old = float(h.get("host_scale") or 1.0)
+        host = sum(r.host_ns for r in trace.records) / old
+        scale = pipelined_scale(h["step_ns"], h.get("pipelined_step_ns"), round(host))
+        records = tuple(replace(r, host_ns=round(r.host_ns / old * scale)) for r in trace.records)
+        header = {**h, "host_scale": round(scale, 6),
+                  "host_rescaled": f"host_scale {old} -> {round(scale, 6)} (benchmarks/restamp_host.py rescale)"}
+        write_trace(path, Trace(header, trace.weight_sizes, records))
+        print(f"{path}: host {host * old / 1e6:.2f} -> {sum(r.host_ns for r in records) / 1e6:.2f} ms a step, "
+              f"host_scale {old} -> {round(scale, 6)}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -196,9 +221,12 @@ def main() -> None:
         a = sub.add_parser(name)
         a.add_argument("measured")
         a.add_argument("traces", nargs="+")
+    sub.add_parser("rescale").add_argument("traces", nargs="+")
     args = ap.parse_args()
     if args.cmd == "measure":
         measure([m for m in args.models.split(",") if m], Path(args.dir), Path(args.out))
+    elif args.cmd == "rescale":
+        rescale([Path(p) for p in args.traces])
     elif args.cmd == "apply":
         apply(Path(args.measured), [Path(p) for p in args.traces])
     else:

@@ -23,9 +23,10 @@ each trace; with several traces, the median over them):
                             streamed fetch's fixed part a beyond a resident fetch
     compute_slowdown_under_copy   the recorded step beside a stream of H2D copies over
                             its time alone, minus 1 (never below 0)
-    compute_sustained_slowdown    median of the GPU-bound recordings' own (header
+    compute_sustained_slowdown    median of the GPU-bound inference recordings' own (header
                             "compute_sustained_slowdown": the pipelined step over the held one,
-                            minus 1); the base profile's where none has it
+                            minus 1; training recordings made before the recorder left it out
+                            carry a meaningless one); the base profile's where none has it
     matmul_tflops, hbm_gbps achieved rates of the recorded kernels: FLOPs over time of
                             compute-bound records (>= RIDGE FLOP/byte), bytes over time of
                             weightless memory-bound ones (the roofline, for kernels without a shape)
@@ -203,6 +204,19 @@ def _recorded_rates(records: Sequence[KernelRecord]) -> dict[str, float] | None:
     return {k: best.get(j, 0.0) for j, k in enumerate(PASSES) if j in seen}
 
 
+def _rate_records(trace: Trace) -> list:
+    """The records of `trace` whose times are kernel rates: all but a training step's forward,
+    whose kernels also run their LoRA adapters and save tensors for the backward (an inference
+    of the same shape priced from them ran 5-7% slow); the synthesized training forward takes
+    an inference's rates."""
+    return [r for r in trace.records if not (is_training(trace) and r.phase == "fwd")]
+
+
+def is_training(trace: Trace) -> bool:
+    """Whether `trace` records a LoRA training step."""
+    return (trace.header.get("workload") or {}).get("kind") == "train_lora"
+
+
 def fit_kernel_table(traces: Sequence[Trace], source: str, probes: Sequence[dict] = (),
                      modules: Sequence[Trace] = ()) -> KernelTable:
     """Kernel rates by op and shape: each recorded spec kernel (records with an op and,
@@ -214,7 +228,8 @@ def fit_kernel_table(traces: Sequence[Trace], source: str, probes: Sequence[dict
     time of each record in the resident step by op and phase (compute.host_key; probes
     "host" "kernel_ns" and, training, "backward_kernel_ns"). With the grid's add and
     the probes' or the records' passes, the pass cost (fit_pass_cost), and each forward matmul
-    record's point is its core: its time less its passes, at least CORE_FLOOR of it."""
+    record's point is its core: its time less its passes, at least CORE_FLOOR of it. A
+    training step's forward records give no rates (_rate_records)."""
     grid_rows, host, probed, launches, packs = [], [], [], [], []
     for grid in [t.header.get("probes", {}).get("compute", {}) for t in traces] + list(probes):
         probed += grid.get("passes", ())
@@ -230,12 +245,12 @@ def fit_kernel_table(traces: Sequence[Trace], source: str, probes: Sequence[dict
         grid_rows += [("memory", features("norm", (), nbytes), nbytes, ns) for nbytes, ns in grid.get("memory", ())]
     adds = [(nbytes, ns) for op, _feats, nbytes, ns in grid_rows if op == "memory"]
     largest = max(adds, default=None)
-    cost = fit_pass_cost([r for t in traces for r in t.records], largest[1] / largest[0] if largest else None,
+    cost = fit_pass_cost([r for t in traces for r in _rate_records(t)], largest[1] / largest[0] if largest else None,
                          probed)
     rows = list(grid_rows)
     for t in traces:
         probed = t.header.get("probes", {}).get("host", {})
-        training = (t.header.get("workload") or {}).get("kind") == "train_lora"
+        training = is_training(t)
         tscale = float(t.header.get("host_scale") or 1.0)  # to the pipelined step (timing.host_scale)
         forward = [r for r in t.records if r.phase == "fwd"]
         for phase, kernel_ns in (("fwd", probed.get("kernel_ns", ())), ("bwd", probed.get("backward_kernel_ns", ()))):
@@ -248,6 +263,8 @@ def fit_kernel_table(traces: Sequence[Trace], source: str, probes: Sequence[dict
                 launches.append((host_key(r.op, r.phase, training), r.launches))
             if r.op and r.packs:
                 packs.append((r.op, r.packs))
+            if training and fwd:  # not a rate: _rate_records
+                continue
             feats = features(r.op, r.shape, r.io_bytes, r.passes if fwd else ()) if r.op else None
             if feats is None:
                 continue
@@ -407,7 +424,8 @@ def fit_profile(traces: Sequence[Trace], base: Any, name: str, names: Sequence[s
         kernel_launch_us=round(launch_ns / 1e3, 3),
         compute_slowdown_under_copy=round(slowdown, 4),
     )
-    sustained = [float(t.header["compute_sustained_slowdown"]) for t in traces if "compute_sustained_slowdown" in t.header]
+    sustained = [float(t.header["compute_sustained_slowdown"]) for t in traces
+                 if "compute_sustained_slowdown" in t.header and not is_training(t)]
     if sustained:
         profile["compute_sustained_slowdown"] = round(_med(sustained), 4)
     profile["mmap_registered_gbps"] = round(h2d_gbps, 3)

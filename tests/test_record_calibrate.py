@@ -378,7 +378,7 @@ def test_held_stream_host_times_each_kernels_fetch_and_launches_not_the_drain_or
     assert clock.holds == [FIRST_HOLD_NS, 2 * (15 + 17), 2 * (13 + 14)]
 
 
-def test_host_times_scale_to_the_pipelined_step_only_where_the_host_bounds_it() -> None:
+def test_host_times_scale_to_the_pipelined_step_where_the_host_bounds_it_and_never_outlast_it() -> None:
     from engine.measure.timing import HOST_BOUND_STEP, host_scale
 
     _, spec, timing = _tiny_training_step()
@@ -386,6 +386,8 @@ def test_host_times_scale_to_the_pipelined_step_only_where_the_host_bounds_it() 
     timing.host_ns, timing.backward_host_ns, timing.step_ns = [1000] * n, [3000] * n, 10 * n * 1000
     assert host_scale(spec, timing, None) == 1.0
     assert host_scale(spec, timing, round(HOST_BOUND_STEP * timing.step_ns)) == 1.0  # the GPU sets the step
+    # the GPU sets the step, and the stamped host times sum past it: they fit in it
+    assert host_scale(spec, timing, 2 * n * 1000) == pytest.approx(0.5)
     scale = host_scale(spec, timing, 20 * n * 1000)  # the host does: its 4 us a kernel become 20
     assert scale == pytest.approx(5.0)
     trace = build_trace(spec, timing, {"model": spec.name}, scale=scale)

@@ -68,3 +68,26 @@ def test_apply_copies_takes_the_held_probes_small_sizes_only(tiny, tmp_path) -> 
                                                                                        (1 << 28, 5_000_000)]
     assert new.header["copies_restamped"].startswith("m.json: gpu")
     assert [r.compute_ns for r in new.records] == [r.compute_ns for r in old.records]
+
+
+def test_rescale_fits_a_gpu_bound_steps_host_times_into_its_pipelined_step(tiny, tmp_path) -> None:
+    from dataclasses import replace
+
+    from restamp_host import rescale
+
+    from engine.trace import read_trace, write_trace
+
+    old = _recording(tiny)
+    n = len(old.records)
+    # 2 ms of host a record, n of them, in a pipelined step of n ms that the GPU bounds
+    records = tuple(replace(r, host_ns=2 * MS) for r in old.records)
+    header = {**old.header, "step_ns": n * MS, "pipelined_step_ns": n * MS, "host_scale": 1.0}
+    path = tmp_path / "t.jsonl"
+    write_trace(path, Trace(header, old.weight_sizes, records))
+    rescale([path])
+    new = read_trace(path)
+    assert new.header["host_scale"] == 0.5 and "host_rescaled" in new.header
+    assert {r.host_ns for r in new.records} == {MS}
+    assert [r.compute_ns for r in new.records] == [r.compute_ns for r in old.records]
+    rescale([path])  # a rescaled recording stays as it is
+    assert {r.host_ns for r in read_trace(path).records} == {MS}

@@ -355,14 +355,23 @@ def host_bound(kernels_ns: int, pipelined_ns: int) -> bool:
 
 
 def host_scale(spec: ModelSpec, timing: StepTiming, pipelined_ns: int | None) -> float:
-    """The factor on the recorded host times that makes them sum to the pipelined step
-    (`probes.resident_steps`) where the host bounds it: the executor's work per kernel
-    and a host running unhindered by a held stream are in that step, not in the times
-    taken kernel by kernel. 1 where the GPU bounds it, or nothing was pipelined."""
-    if pipelined_ns is None or not host_bound(timing.step_ns, pipelined_ns):
-        return 1.0
+    """The factor on the recorded host times (their ops' medians, forward and backward)
+    that fits them to the pipelined step (`probes.resident_steps`): `pipelined_scale`."""
     total = sum(_op_host_sum(spec, t) for t in (timing.host_ns, timing.backward_host_ns) if t is not None)
-    return pipelined_ns / total if total else 1.0
+    return pipelined_scale(timing.step_ns, pipelined_ns, total)
+
+
+def pipelined_scale(kernels_ns: int, pipelined_ns: int | None, host_ns: int) -> float:
+    """The factor on `host_ns`, a recorded step's host times summed, from its pipelined step:
+    where the host bounds that step, the factor that makes them its length (the executor's work
+    per kernel and a host running unhindered by a held stream are in it, not in the times taken
+    kernel by kernel); where the GPU does, at most the factor that makes them fit in it (back to
+    back, a step's host work never outlasts the step; the CUDA events stamped around a training
+    step's kernels cost its host time). 1 where nothing was pipelined."""
+    if pipelined_ns is None or not host_ns:
+        return 1.0
+    scale = pipelined_ns / host_ns
+    return scale if host_bound(kernels_ns, pipelined_ns) else min(1.0, scale)
 
 
 def _op_host_sum(spec: ModelSpec, kernel_host_ns: Sequence[int]) -> int:
