@@ -258,13 +258,12 @@ def fit_kernel_table(traces: Sequence[Trace], source: str, probes: Sequence[dict
                 host += [(host_key(r.op, phase, training), round(ns * tscale)) for r, ns in zip(forward, kernel_ns)
                          if r.op]
         for r in t.records:
-            fwd = r.phase == "fwd"
             if r.op and r.launches:
                 launches.append((host_key(r.op, r.phase, training), r.launches))
             if r.op and r.packs:
                 packs.append((r.op, r.packs))
-            if training and fwd:  # not a rate: _rate_records
-                continue
+        for r in _rate_records(t):
+            fwd = r.phase == "fwd"
             feats = features(r.op, r.shape, r.io_bytes, r.passes if fwd else ()) if r.op else None
             if feats is None:
                 continue

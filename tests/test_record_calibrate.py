@@ -510,6 +510,21 @@ def test_execute_and_validate_name_a_profile_of_another_gpu(run_cli) -> None:
                                       f"trace={DATA / 'ltx2_infer.jsonl.gz'}").stderr
 
 
+def test_a_training_recordings_forward_kernels_give_no_rates_its_backward_does() -> None:
+    """A training forward's kernels also run their adapters: an inference of the same shape
+    must not be priced from them. Its backward records are the table's backward rates."""
+    from engine.calibrate import fit_kernel_table
+    from engine.compute import BACKWARD
+
+    wl, spec, timing = _tiny_training_step()
+    header = {"model": spec.name, "workload": {"kind": "train_lora"}}
+    table = fit_kernel_table([build_trace(spec, timing, header)], "unit")
+    ops = {k.op for k in spec.kernels}
+    assert set(table.points) == {op + BACKWARD for op in ops}
+    inference = fit_kernel_table([build_trace(spec, timing, {**header, "workload": {"kind": "inference"}})], "unit")
+    assert ops <= set(inference.points)
+
+
 def test_the_shipped_h200_profile_is_what_calibrate_fits_from_its_recording(tmp_path) -> None:
     """conf/hardware/h200.yaml and its kernel table come from data/traces/h200 alone (the spec
     recording; the module costs from the real modules recorded there): refitting gives the same
