@@ -169,6 +169,10 @@ def test_calibration_recovers_a_known_profile_from_simulated_probes() -> None:
     gpu_bound = [SimpleNamespace(header={**trace.header, "compute_sustained_slowdown": s}, records=())
                  for s in (0.01, 0.04, 0.02)]
     assert fit_profile([trace, *gpu_bound], KNOWN, "fitted")["compute_sustained_slowdown"] == 0.02  # their median
+    # a training step's pipelined run is not the kernels' pace (recordings before the recorder left it out)
+    training = SimpleNamespace(header={**trace.header, "compute_sustained_slowdown": 0.0,
+                                       "workload": {"kind": "train_lora"}}, records=())
+    assert fit_profile([trace, gpu_bound[0], training], KNOWN, "fitted")["compute_sustained_slowdown"] == 0.01
     assert p["pageable_gbps"] == 7.0  # not measured: the base's
     # No streamed copies from a registered file: it DMAs as pinned memory does.
     assert p["mmap_registered_gbps"] == pytest.approx(50.0, rel=1e-3)
