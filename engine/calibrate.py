@@ -207,8 +207,8 @@ def _recorded_rates(records: Sequence[KernelRecord]) -> dict[str, float] | None:
 def _rate_records(trace: Trace) -> list:
     """The records of `trace` whose times are kernel rates: all but a training step's forward,
     whose kernels also run their LoRA adapters and save tensors for the backward (an inference
-    of the same shape priced from them ran 5-7% slow); the synthesized training forward takes
-    an inference's rates."""
+    of the same shape priced from them runs slow); the synthesized training forward takes an
+    inference's rates."""
     return [r for r in trace.records if not (is_training(trace) and r.phase == "fwd")]
 
 

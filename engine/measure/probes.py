@@ -139,10 +139,9 @@ class HeldStreamHost:
     as HOLD_FACTOR x the last group's host work, outside the timing. A free-running stream
     cannot time the host of a GPU-bound step (its host blocks on a full launch queue); CUDA
     events stamped around each kernel add their own host cost (about as much as a decode
-    kernel's launches on an H100 host); and launches that each meet a drained, idle device
-    read 16-32% slow on GPU-bound models (benchmarks/results/default-pace-h100-2026-11-28.md),
-    which would price a host-bound model 20% slow from their recording. A group's launches
-    (at most a few hundred) never fill the launch queue."""
+    kernel's launches); and launches that each meet a drained, idle device read a GPU-bound
+    model's host slow, which a table then prices a host-bound model at (docs/DESIGN.md). A
+    group's launches (at most a few hundred) never fill the launch queue."""
 
     def __init__(self, source: Any, clock: Clock, group: int = GROUP):
         self.source = source
