@@ -92,6 +92,7 @@ def test_execute_without_a_trace_records_one_to_replay(recorded, tmp_path):
     r = cli(*MODEL, BUDGET, "mode=execute", f"weights.file={ckpt}", "workload.steps=2", f"hydra.run.dir={tmp_path}")
     assert r.returncode == 0, r.stderr
     assert "losses True, gradients True (bitwise)" in r.stdout
+    assert f"predicted from the recording this run made first ({tmp_path / 'trace.jsonl'}" in r.stdout
     trace = read_trace(tmp_path / "trace.jsonl")
     assert len(trace.records) == 10
     sim = cli(*MODEL, BUDGET, f"trace={tmp_path / 'trace.jsonl'}", f"hydra.run.dir={tmp_path / 'sim'}")

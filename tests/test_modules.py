@@ -442,11 +442,14 @@ def test_the_cli_chooses_the_grouping_by_simulation(tmp_path):
     assert pred["grouping"] == min(pred["groupings_ms"], key=pred["groupings_ms"].get)
     assert report["bitwise"] == [True] * 3 and report["measurement"]["h2d_bytes"] == pred["h2d_bytes"]
     assert f"model.grouping=auto kept {pred['grouping']}" in ex.stdout
-    kept = read_trace(tmp_path / "ex" / f"trace-{pred['grouping']}.jsonl")
+    kept_path = tmp_path / "ex" / f"trace-{pred['grouping']}.jsonl"
+    assert f"predicted from the recording this run made first ({kept_path}" in ex.stdout
+    kept = read_trace(kept_path)
     assert kept.header["grouping"] == pred["grouping"]
     replay = run(f"trace={tmp_path / 'rec' / 'trace-leaf.jsonl'}", "budget=0.35", "mode=execute",
                  f"weights.file={ckpt}", f"hydra.run.dir={tmp_path / 'replay'}")
     assert replay.returncode == 0, replay.stderr
+    assert f"predicted from trace={tmp_path / 'rec' / 'trace-leaf.jsonl'}" in replay.stdout
     assert json.loads((tmp_path / "replay" / "report.json").read_text())["bitwise"] == [True] * 3
     mismatch = run(f"trace={tmp_path / 'rec' / 'trace-leaf.jsonl'}", "budget=0.35", "mode=execute",
                    f"weights.file={ckpt}", "model.grouping=block")

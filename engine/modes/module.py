@@ -126,6 +126,15 @@ def _trace_file(grouping: str, recorded: int) -> str:
     return "trace.jsonl" if recorded == 1 else f"trace-{grouping}.jsonl"
 
 
+def _predicted_from(job: Job, recorded: int = 1) -> str:
+    """The report's line on what the prediction replays: trace=PATH, or the recording this run
+    made first, of `recorded` groupings (the host's pace while it recorded is in it)."""
+    if job.trace is not None:
+        return f"predicted from trace={job.cfg.trace}"
+    path = job.out_dir / _trace_file(job.cfg.model.grouping, recorded)
+    return f"predicted from the recording this run made first ({path}; replay it with trace=PATH)"
+
+
 def _keep_grouping(cfg: Any, grouping: str) -> None:
     """Write the grouping an "auto" came to into the config, so the offloads and the report see it."""
     with open_dict(cfg.model):
@@ -269,6 +278,7 @@ def execute_module(job: Job) -> Outcome:
                fmt_bytes(measured["peak_pool_torch_bytes"]) if cuda else "not measured (cpu)"]])
           + ("" if "groupings_ms" not in pred else "\n\nmodel.grouping=auto kept " + pred["grouping"] + ", predicted "
              + ", ".join(f"{g} {ms:.2f} ms" for g, ms in pred["groupings_ms"].items()))
+          + f"\n\n{_predicted_from(job, len(groupings))}"
           + "\n\noutputs bitwise equal to the resident run: "
           + ("not compared (the model does not fit)" if reference is None else str(all(same))))
     return Outcome(report, md, exit_code=0 if reference is None or all(same) else 1)
@@ -421,7 +431,8 @@ def _execute_training(job: Job, module: Any, inputs: dict, device: torch.device,
                                                          if spread else " (bitwise)"))
     md = (f"## Trained {cfg.model.name} at budget {cfg.budget} MB ({pred['eviction']}, activations "
           f"{cfg.activations.mode})\n\n" + table(["", "predicted", "measured"], table_rows)
-          + f"\n\nagainst the same steps all resident: {compared}\n\ntelemetry: {job.out_dir / 'telemetry.jsonl'}"
+          + f"\n\n{_predicted_from(job)}\n\nagainst the same steps all resident: {compared}"
+          + f"\n\ntelemetry: {job.out_dir / 'telemetry.jsonl'}"
           + (f"\n\n{note}" if (note := relocations_note(measured)) else ""))
     wrong = losses is False or grads is False
     return Outcome(report, md, exit_code=1 if wrong else 0)
