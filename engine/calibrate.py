@@ -295,7 +295,7 @@ def fit_module_cost(modules: Sequence[Trace], table: KernelTable) -> ModuleCost:
     for t in modules:
         records = [r for r in t.records if r.phase == "fwd" and r.dispatches]
         kind = (t.header.get("workload") or {}).get("kind")
-        if t.header.get("source") != "recorded" or kind == "train_lora" or not records:
+        if t.header.get("source") != "recorded" or is_training(t) or not records:
             continue
         host += [(r.host_ns, r.dispatches, 1) for r in records]
         host_w += [1.0 / sum(r.host_ns for r in records)] * len(records)
