@@ -6,11 +6,12 @@ compute's pace under sustained load and beside copies.
     python benchmarks/restamp_host.py apply-copies host.json data/traces/full/*.jsonl.gz          # any CPU
     python benchmarks/restamp_host.py rescale data/traces/h200/ltx2-train-8blocks.jsonl.gz          # any CPU
 
-Recordings made before the recorder timed the host on an idle stream (engine.measure.probes
-IdleStreamHost) carry the host time between CUDA events stamped around every kernel, which
-adds the events' own host cost to each kernel. `measure` writes each model's random weights
-(`mode=materialize`, into --dir), runs the recorder's all-resident steps on them
-(`resident_steps`: the pipelined step, then each kernel's host time on an idle stream) twice,
+Recordings made before the recorder timed the host kernel by kernel without events (on an
+idle stream then; engine.measure.probes.HeldStreamHost now) carry the host time between CUDA
+events stamped around every kernel, which adds the events' own host cost to each kernel.
+`measure` writes each model's random weights (`mode=materialize`, into --dir), runs the
+recorder's all-resident steps on them (`resident_steps`: the pipelined step, then each
+kernel's host time as the recorder now takes it) twice,
 then deletes the weight file. A lent host's pace drops for seconds at a time under
 interference it does not report, and only drops, so `apply` takes the run whose pipelined
 step is the shorter. `apply` puts those host times into traces of the same model and workload:
