@@ -195,14 +195,16 @@ def apply(measured: Path, paths: list[Path]) -> None:
 
 def rescale(paths: list[Path]) -> None:
     """Each trace's host times fitted to its pipelined step by the recorder's present rule."""
-    from engine.measure.timing import pipelined_scale
+    from engine.measure.timing import host_bound, pipelined_scale
 
     for path in paths:
         trace = read_trace(path)
         h = trace.header
         old = float(h.get("host_scale") or 1.0)
         host = sum(r.host_ns for r in trace.records) / old
-        scale = pipelined_scale(h["step_ns"], h.get("pipelined_step_ns"), round(host))
+        pipelined = h.get("pipelined_step_ns")
+        scale = 1.0 if pipelined is None else pipelined_scale(round(host), pipelined,
+                                                              gpu_bound=not host_bound(h["step_ns"], pipelined))
         records = tuple(replace(r, host_ns=round(r.host_ns / old * scale)) for r in trace.records)
         header = {**h, "host_scale": round(scale, 6),
                   "host_rescaled": f"host_scale {old} -> {round(scale, 6)} (benchmarks/restamp_host.py rescale)"}

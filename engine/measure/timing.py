@@ -356,22 +356,26 @@ def host_bound(kernels_ns: int, pipelined_ns: int) -> bool:
 
 def host_scale(spec: ModelSpec, timing: StepTiming, pipelined_ns: int | None) -> float:
     """The factor on the recorded host times (their ops' medians, forward and backward)
-    that fits them to the pipelined step (`probes.resident_steps`): `pipelined_scale`."""
+    that fits them to the pipelined step (`probes.resident_steps`): `pipelined_scale`; 1
+    where nothing was pipelined."""
+    if pipelined_ns is None:
+        return 1.0
     total = sum(_op_host_sum(spec, t) for t in (timing.host_ns, timing.backward_host_ns) if t is not None)
-    return pipelined_scale(timing.step_ns, pipelined_ns, total)
+    return pipelined_scale(total, pipelined_ns, gpu_bound=not host_bound(timing.step_ns, pipelined_ns))
 
 
-def pipelined_scale(kernels_ns: int, pipelined_ns: int | None, host_ns: int) -> float:
+def pipelined_scale(host_ns: int, pipelined_ns: int, gpu_bound: bool) -> float:
     """The factor on `host_ns`, a recorded step's host times summed, from its pipelined step:
     where the host bounds that step, the factor that makes them its length (the executor's work
     per kernel and a host running unhindered by a held stream are in it, not in the times taken
     kernel by kernel); where the GPU does, at most the factor that makes them fit in it (back to
-    back, a step's host work never outlasts the step; the CUDA events stamped around a training
-    step's kernels cost its host time). 1 where nothing was pipelined."""
-    if pipelined_ns is None or not host_ns:
+    back, a step's host work never outlasts the step; CUDA events stamped around a training
+    step's kernels cost its host time, and a position that queues more launches than the device
+    holds waits on the GPU). 1 without host times."""
+    if not host_ns:
         return 1.0
     scale = pipelined_ns / host_ns
-    return scale if host_bound(kernels_ns, pipelined_ns) else min(1.0, scale)
+    return min(1.0, scale) if gpu_bound else scale
 
 
 def _op_host_sum(spec: ModelSpec, kernel_host_ns: Sequence[int]) -> int:

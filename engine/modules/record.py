@@ -72,7 +72,8 @@ from engine.gc_pause import paused_gc
 from engine.measure.clocks import Clock, clock_for
 from engine.measure.launches import Census
 from engine.measure.probes import copy_stream_beside
-from engine.measure.timing import HOLD_FACTOR, KernelStamps, NotedTensors, SavedTensorLog, host_bound
+from engine.measure.timing import (HOLD_FACTOR, KernelStamps, NotedTensors, SavedTensorLog, host_bound,
+                                  pipelined_scale)
 from engine.modules.streamed import StreamedModule, stage
 from engine.modules.synthesize import seen_forward
 from engine.policy import AccessOrder
@@ -436,12 +437,9 @@ def fit_to_pipelined(compute_ns: int, host_ns: int, pipelined_ns: int,
     the hooks off) bounds the GPU's work: where the hooks' host work lengthens the pipelined
     step past it, the kernels are fitted to the plain step, not to the host's."""
     gpu_ns = min(pipelined_ns, plain_ns) if plain_ns else pipelined_ns
-    if not host_bound(compute_ns, gpu_ns):  # the GPU bounds the step
-        # The host's work of a step fits in the step it ran in: a position that queues more
-        # launches than the device holds waits on the GPU even with the stream free.
-        return gpu_ns / max(1, compute_ns), min(1.0, pipelined_ns / max(1, host_ns))
-    # The host bounds it: its work per kernel in a pipelined step, the executor's included.
-    return 1.0, pipelined_ns / max(1, host_ns)
+    gpu_bound = not host_bound(compute_ns, gpu_ns)
+    return (gpu_ns / max(1, compute_ns) if gpu_bound else 1.0,
+            pipelined_scale(host_ns, pipelined_ns, gpu_bound))
 
 
 def _records(streamed: StreamedModule, times: KernelTimes, training: bool) -> tuple[KernelRecord, ...]:
