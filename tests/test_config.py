@@ -1,4 +1,7 @@
 """Configs compose through Hydra's compose API, and the schema rejects bad input."""
+import fnmatch
+from pathlib import Path
+
 import pytest
 from hydra import compose, initialize_config_module
 from hydra.errors import ConfigCompositionException
@@ -42,6 +45,18 @@ def test_defaults_are_the_documented_ones():
 def test_hardware_profiles_compose(hardware):
     cfg = _compose("model=tiny", f"hardware={hardware}")
     assert cfg.hardware.h2d_gbps > 0 and cfg.hardware.source
+
+
+def test_an_installed_package_carries_every_config_file():
+    """A non-editable install holds only what pyproject's package-data names: every file under
+    conf/ (profiles, their kernel tables) must match one of its patterns."""
+    tomllib = pytest.importorskip("tomllib")
+    root = Path(__file__).resolve().parents[1]
+    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["conf"]
+    files = [p.relative_to(root / "conf") for p in (root / "conf").rglob("*")
+             if p.is_file() and p.suffix not in (".py", ".pyc")]
+    assert files and all(any(f.match(pat) or fnmatch.fnmatch(str(f), pat) for pat in patterns) for f in files), \
+        [str(f) for f in files if not any(f.match(pat) or fnmatch.fnmatch(str(f), pat) for pat in patterns)]
 
 
 @pytest.mark.parametrize("override", [

@@ -167,6 +167,53 @@ def test_record_writes_a_trace_the_simulator_replays(checkpoint, tmp_path, monke
         fit_to_pipelined(compute, host, h["plain_step_ns"])[1] / h["host_scale"], rel=1e-3)
 
 
+COUNTING_NET = """
+import sys, torch
+from torch import nn
+from safetensors.torch import save_file
+import engine
+from engine.modules.build import parameters_on_meta
+
+class Counting(nn.Module):  # a buffer in the checkpoint that each forward updates, and a parameter kept resident
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(32, 32) for _ in range(3))
+        self.gain = nn.Parameter(torch.ones(32))
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x):
+        self.calls += 1
+        for b in self.blocks:
+            x = b(x)
+        return x * self.gain
+
+torch.manual_seed(0)
+path = sys.argv[1]
+save_file({n: t.contiguous() for n, t in Counting().state_dict().items()}, path)
+x = torch.randn(2, 32)
+with parameters_on_meta():
+    net = Counting()
+engine.record(net, (x,), checkpoint=path, backend="cpu", name="counting")
+assert net.calls.item() == 0, net.calls  # set-up's forwards leave it as they found it
+h = engine.offload(net, budget_mb=0.02, example_inputs=(x,), checkpoint=path, source="mmap", backend="cpu")
+net.gain.data.mul_(2)  # the kept parameter is the module's own too
+with torch.no_grad():
+    net(x)
+assert net.calls.item() == 1, net.calls
+h.remove()
+print("ok")
+"""
+
+
+def test_checkpoint_buffers_and_kept_parameters_are_writable_on_the_cpu_backend(tmp_path):
+    """The checkpoint is mapped read-only: a buffer or kept parameter left a view of it
+    would crash the process (SIGSEGV) at the first in-place write. In a subprocess, so a
+    crash fails this test alone."""
+    run = subprocess.run([sys.executable, "-c", COUNTING_NET, str(tmp_path / "c.safetensors")],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), (run.returncode, run.stderr[-2000:])
+
+
 def test_a_recording_without_room_for_its_resident_steps_says_so(checkpoint, monkeypatch, caplog):
     path, x, _ = checkpoint
     monkeypatch.setattr("engine.modules.record.fits_resident", lambda nbytes, device, transient=None: False)

@@ -153,7 +153,8 @@ class StreamedModule:
             p.data = self.placeholders[k]
         for p in kept:
             saved = files.get(names[id(p)]) if files is not None else None
-            p.data = (saved if saved is not None else p.data).to(device)
+            # From the checkpoint, a copy: on the CPU `.to` would keep a view of the read-only mapping.
+            p.data = p.data.to(device) if saved is None else saved.to(device, copy=True)
         self._buffers_to(device, files)
         if device.type == "cuda":
             torch.cuda.empty_cache()  # what the streamed parameters held goes back for the pool
@@ -218,7 +219,7 @@ class StreamedModule:
                     continue
                 full = f"{qual}.{name}" if qual else name
                 if files is not None and full in files:
-                    m._buffers[name] = files[full].to(device)
+                    m._buffers[name] = files[full].to(device, copy=True)  # writable, as for kept parameters
                 elif b.is_meta:
                     raise WeightFileError(f"buffer {full} is on the meta device and not in the checkpoint; build "
                                           "the module with its buffers on the CPU (only parameters on meta)")
