@@ -150,14 +150,34 @@ _app = hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="confi
 
 
 HELP_FLAGS = ("--help", "-h")
+# Hydra's options that take the next argument as their value (`--config-dir DIR`), and
+# --info's optional one.
+VALUED_OPTIONS = ("--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--package", "-p",
+                  "--cfg", "-c", "--experimental-rerun", "--shell-completion", "-sc")
+INFO_OPTIONS, INFO_VALUES = ("--info", "-i"), ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")
 
 
 def hydra_args(argv: list[str]) -> list[str]:
-    """The command line as Hydra needs it. The defaults name `model: ???`, so Hydra
-    refuses `+model=NAME` (append a group that is already there): it means `model=NAME`.
-    Hydra composes the config to print --help, which a missing model would stop:
-    help composes with the first model (the help text shows no config values)."""
-    args = [a[1:] if a.startswith("+model=") else a for a in argv]
+    """The command line as Hydra needs it. Hydra's parser takes its options (`-m`,
+    `--config-dir DIR`) only before the overrides: they move there, in their order. The
+    defaults name `model: ???`, so Hydra refuses `+model=NAME` (append a group that is
+    already there): it means `model=NAME`. Hydra composes the config to print --help,
+    which a missing model would stop: help composes with the first model (the help text
+    shows no config values)."""
+    options: list[str] = []
+    overrides: list[str] = []
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        i += 1
+        if not a.startswith("-"):
+            overrides.append(a[1:] if a.startswith("+model=") else a)
+            continue
+        options.append(a)
+        if i < len(argv) and (a in VALUED_OPTIONS or (a in INFO_OPTIONS and argv[i] in INFO_VALUES)):
+            options.append(argv[i])
+            i += 1
+    args = options + overrides
     if any(a in HELP_FLAGS for a in args) and not any(a.startswith("model=") for a in args):
         from engine.config import available_models
 

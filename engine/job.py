@@ -42,6 +42,16 @@ class Job:
     choice: Choice | None = None
     simulated: tuple | None = None
 
+    @property
+    def model_arg(self) -> str:
+        """What names this job's model on a command line (`model=...`): the model group's
+        option Hydra composed, else (a job composed outside the command line) model.name."""
+        from hydra.core.hydra_config import HydraConfig
+
+        if HydraConfig.initialized():
+            return HydraConfig.get().runtime.choices.get("model") or self.cfg.model.name
+        return self.cfg.model.name
+
 
 @dataclass(frozen=True)
 class Outcome:

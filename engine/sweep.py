@@ -151,6 +151,10 @@ def answer(rows: list[dict[str, Any]], search: dict[str, Any] | None, slo: str |
         out.lines.append(f"{len(errors)} of {len(rows)} points failed to run (error column, and each point's line).")
     checked = [r for r in ran if r.get("passed") is not None]
     if not checked:
+        if not ran and rows and not errors:  # every point ran a mode that predicts no step (plan, record)
+            modes = ", ".join(sorted({str(r.get("mode")) for r in rows}))
+            out.lines.insert(0, f"Every point ran (mode={modes}); none predicts a step time, so none is ranked.")
+            return out
         if not ran:
             out.lines.insert(0, "No point ran.")
             out.exit_code = 1

@@ -1,11 +1,17 @@
 """The CLI as a user meets it: the main job, its files, and every bad input
 ending in one line on stderr, exit code 2 and no traceback."""
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from engine.cli import hydra_args
 from engine.config import load_hardware
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _one_line_error(r) -> str:
@@ -241,6 +247,18 @@ def test_model_is_chosen_with_or_without_a_plus(run_cli, tmp_path):
         r = run_cli(choice, "mode=plan", f"hydra.run.dir={tmp_path}/{i}")
         assert r.returncode == 0, r.stderr
         assert json.loads((tmp_path / str(i) / "report.json").read_text())["config"]["model_option"] == "tiny"
+
+
+def test_hydra_options_may_follow_the_overrides(tmp_path):
+    """`-m` and `--config-dir DIR` after the overrides (Hydra's own parser refuses them there)."""
+    assert hydra_args(["model=sd3", "budget=3,4", "-m", "--config-dir", "D", "--info", "config"]) == \
+        ["-m", "--config-dir", "D", "--info", "config", "model=sd3", "budget=3,4"]
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"} | {"PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-m", "engine", "+model=tiny", "budget=0.5,1",
+                        f"hydra.sweep.dir={tmp_path}", "-m"], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert len(list(tmp_path.glob("*/report.json"))) == 2
 
 
 def test_help_and_completion_offer_choices_not_schemas(run_cli):

@@ -72,6 +72,12 @@ def test_failed_point_is_listed_not_fatal(run_cli, tmp_path):
     assert any("error: budget 0.001 MB is under the floor" in ln for ln in _point_lines(r.stdout))
 
 
+def test_a_plan_sweep_ranks_nothing_and_exits_0(run_cli, tmp_path):
+    r = run_cli("-m", "model=tiny", "mode=plan", "weights.eviction=priority,lru")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Every point ran (mode=plan); none predicts a step time" in r.stdout and len(_summary(tmp_path)) == 2
+
+
 def test_pareto_front_is_the_non_dominated_points():
     def row(job, budget, step, error=None):
         return {"job": job, "budget_mb": budget, "model_mb": 100.0, "step_ms": step, "error": error}

@@ -256,12 +256,6 @@ def _materialize_target(out: str | None, model_bytes: int) -> Path:
     return path
 
 
-def _model_choice(job: Job) -> str:
-    from hydra.core.hydra_config import HydraConfig
-
-    return HydraConfig.get().runtime.choices.get("model") or job.cfg.model.name
-
-
 def materialize_mode(job: Job) -> Outcome:
     if job.spec is None:  # a real module (engine/modules)
         from engine.modes.module import materialize_module
@@ -275,7 +269,7 @@ def materialize_mode(job: Job) -> Outcome:
         ["tensors", f"{info['weights']:,}"],
         ["bytes", f"{info['model_bytes']:,} ({fmt_bytes(info['model_bytes'])})"],
         ["seed", info["seed"]],
-    ]) + f"\n\nrun it: python -m engine +model={_model_choice(job)} mode=execute weights.file={info['weights_file']}"
+    ]) + f"\n\nrun it: python -m engine +model={job.model_arg} mode=execute weights.file={info['weights_file']}"
         + (f" budget={job.cfg.budget:g}" if job.cfg.budget is not None else ""))
     return Outcome(report, md)
 

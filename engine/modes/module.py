@@ -170,7 +170,7 @@ def record_module_mode(job: Job) -> Outcome:
         md = f"## Recorded {job.cfg.model.name} ({job.cfg.workload.name}), each grouping\n\n" + table(
             ["grouping", "trace"], [[g, str(p)] for g, p in zip(groupings, paths)])
         return Outcome({"config": config_summary(job), "traces": {g: str(p) for g, p in zip(groupings, paths)}},
-                       md + "\n\nrank them: python -m engine -m model=<this model> budget=MB "
+                       md + f"\n\nrank them: python -m engine -m model={job.model_arg} budget=MB "
                        f"trace={','.join(str(p) for p in paths)}")
     path = paths[0]
     h = trace.header
@@ -185,7 +185,7 @@ def record_module_mode(job: Job) -> Outcome:
     md = f"## Recorded {h['model']} ({job.cfg.workload.name})\n\n" + table(["what", "value"], rows)
     report = {"config": config_summary(job), "trace": str(path), "records": len(trace.records),
               "step_ns": h["step_ns"], "device": h["device"]}
-    return Outcome(report, md + f"\n\nreplay it: python -m engine model=<this model> trace={path} budget=MB")
+    return Outcome(report, md + f"\n\nreplay it: python -m engine model={job.model_arg} trace={path} budget=MB")
 
 
 def _activations(cfg: Any, trace: Trace) -> Any:
