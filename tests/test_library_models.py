@@ -16,7 +16,7 @@ import torch
 
 import engine
 from engine.errors import BelowFloorError
-from engine.modules.build import qwen_image_inputs
+from engine.modules.build import qwen_image_inputs, sd3_inputs
 
 BF16 = torch.bfloat16
 
@@ -75,9 +75,10 @@ def _diffusers(name: str) -> tuple[torch.nn.Module, dict]:
     elif name == "sd3":
         model = d.SD3Transformer2DModel(sample_size=16, patch_size=2, in_channels=4, num_layers=4, attention_head_dim=16,
                                         num_attention_heads=2, joint_attention_dim=32, caption_projection_dim=32,
-                                        pooled_projection_dim=16, out_channels=4, pos_embed_max_size=32)
-        inputs = dict(hidden_states=_randn(1, 4, 16, 16), encoder_hidden_states=_randn(1, 8, 32),
-                      pooled_projections=_randn(1, 16), timestep=torch.tensor([10.0]))
+                                        pooled_projection_dim=16, out_channels=4, pos_embed_max_size=32,
+                                        qk_norm="rms_norm")
+        # the shipped config's inputs builder (conf/model/sd35_large_diffusers.yaml)
+        inputs = sd3_inputs(model, SimpleNamespace(batch=1, video_tokens=64, text_tokens=8), torch.device("cpu"), BF16)
     elif name == "hunyuan_video":  # dual-stream then single-stream blocks, a token refiner
         model = d.HunyuanVideoTransformer3DModel(in_channels=4, out_channels=4, num_attention_heads=2,
                                                  attention_head_dim=16, num_layers=2, num_single_layers=2,

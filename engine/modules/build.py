@@ -241,6 +241,25 @@ def qwen_image_inputs(module: nn.Module, workload: Any, device: torch.device, dt
         img_shapes=[[(1, h, w)]] * b, return_dict=False)
 
 
+def sd3_inputs(module: nn.Module, workload: Any, device: torch.device, dtype: torch.dtype,
+               seed: int = 0) -> dict:
+    """diffusers SD3Transformer2DModel (Stable Diffusion 3 and 3.5): latents on the squarest
+    grid of the workload's image tokens (patch_size pixels of latent a side each), the CLIP
+    and T5 text states, CLIP pooled, timestep."""
+    c = module.config
+    g = torch.Generator().manual_seed(seed)
+    b, n, text, h, w = _image_shape(workload, "SD3")
+    if max(h, w) > c.pos_embed_max_size:
+        raise ConfigError(f"workload.video_tokens={n}: its {h} x {w} token grid is past SD3's positional embedding "
+                          f"({c.pos_embed_max_size} tokens a side); pick a count whose squarest grid fits, at most "
+                          f"{c.pos_embed_max_size ** 2}")
+    return dict(
+        hidden_states=_randn(g, (b, c.in_channels, h * c.patch_size, w * c.patch_size), device, dtype),
+        encoder_hidden_states=_randn(g, (b, text, c.joint_attention_dim), device, dtype),
+        pooled_projections=_randn(g, (b, c.pooled_projection_dim), device, dtype),
+        timestep=torch.full((b,), 500.0, device=device, dtype=dtype), return_dict=False)
+
+
 def llama_inputs(module: nn.Module, workload: Any, device: torch.device, dtype: torch.dtype,
                  seed: int = 0) -> dict:
     """A transformers causal LM (LlamaForCausalLM and its kin): decode (workload.kind decode)
