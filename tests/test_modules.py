@@ -174,41 +174,50 @@ from safetensors.torch import save_file
 import engine
 from engine.modules.build import parameters_on_meta
 
-class Counting(nn.Module):  # a buffer in the checkpoint that each forward updates, and a parameter kept resident
+class Counting(nn.Module):  # buffers in the checkpoint: one each forward updates, one it reads; a kept parameter
     def __init__(self):
         super().__init__()
         self.blocks = nn.ModuleList(nn.Linear(32, 32) for _ in range(3))
         self.gain = nn.Parameter(torch.ones(32))
         self.register_buffer("calls", torch.zeros(()))
+        self.register_buffer("shift", torch.zeros(32))  # as built; the checkpoint holds other values
 
     def forward(self, x):
         self.calls += 1
         for b in self.blocks:
             x = b(x)
-        return x * self.gain
+        return x * self.gain + self.shift
 
 torch.manual_seed(0)
 path = sys.argv[1]
-save_file({n: t.contiguous() for n, t in Counting().state_dict().items()}, path)
+state = Counting().state_dict()
+state["shift"] = torch.arange(32.0)
+save_file({n: t.contiguous() for n, t in state.items()}, path)
 x = torch.randn(2, 32)
+plain = Counting()
+plain.load_state_dict(state)
+with torch.no_grad():
+    ref = plain(x)
 with parameters_on_meta():
     net = Counting()
 engine.record(net, (x,), checkpoint=path, backend="cpu", name="counting")
-assert net.calls.item() == 0, net.calls  # set-up's forwards leave it as they found it
 h = engine.offload(net, budget_mb=0.02, example_inputs=(x,), checkpoint=path, source="mmap", backend="cpu")
-net.gain.data.mul_(2)  # the kept parameter is the module's own too
+assert net.calls.item() == 0, net.calls  # set-up's forwards leave it as the checkpoint has it
+assert torch.equal(net.shift, state["shift"]), net.shift  # the checkpoint's, not the module's as built
 with torch.no_grad():
-    net(x)
+    assert torch.equal(net(x), ref)
+net.gain.data.mul_(2)  # the kept parameter is the module's own too
 assert net.calls.item() == 1, net.calls
 h.remove()
 print("ok")
 """
 
 
-def test_checkpoint_buffers_and_kept_parameters_are_writable_on_the_cpu_backend(tmp_path):
-    """The checkpoint is mapped read-only: a buffer or kept parameter left a view of it
-    would crash the process (SIGSEGV) at the first in-place write. In a subprocess, so a
-    crash fails this test alone."""
+def test_checkpoint_buffers_are_the_checkpoints_and_writable(tmp_path):
+    """Set-up leaves a checkpoint's buffers as the checkpoint has them (not as the module was
+    built), and the output the plain module's. The checkpoint is mapped read-only: a buffer
+    or kept parameter left a view of it would crash the process (SIGSEGV) at the first
+    in-place write. In a subprocess, so a crash fails this test alone."""
     run = subprocess.run([sys.executable, "-c", COUNTING_NET, str(tmp_path / "c.safetensors")],
                          capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert run.returncode == 0 and run.stdout.strip().endswith("ok"), (run.returncode, run.stderr[-2000:])

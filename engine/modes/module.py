@@ -43,7 +43,7 @@ from engine.job import Job, Outcome, config_summary, plan_keys
 from engine.plan import make_plan
 from engine.modules.adapters import ALL_LINEAR, TrainingLoss, add_lora, enable_checkpointing
 from engine.modules.build import build_module, example_inputs, first_output
-from engine.modules.checkpoint import module_weights
+from engine.modules.checkpoint import load_resident, module_weights
 from engine.modules.kernels import GROUPINGS
 from engine.modes.simulate import timeline_files
 from engine.modules.offload import fastest_grouping, offload, predict, record
@@ -233,12 +233,13 @@ def execute_module(job: Job) -> Outcome:
     if _training(cfg):
         return _execute_training(job, module, inputs, device, trace, pred)
     reference = None
-    if fits_resident(sum(trace.weight_sizes.values()), device):
-        h = offload(module, budget_mb=None, example_inputs=inputs, eviction="priority", checkpoint=path,
-                    backend=cfg.weights.backend, source=cfg.weights.source, **_kernels(cfg))
+    if fits_resident(sum(trace.weight_sizes.values()), device):  # the plain module, loaded as from_pretrained would
+        plain = load_resident(build_module(cfg.model), path, device)
         with torch.no_grad():
-            reference = first_output(module(**inputs)).clone()
-        h.remove()
+            reference = first_output(plain(**inputs)).clone()
+        del plain
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # resident parameters are listed in the report instead
         h = offload(module, budget_mb=cfg.budget, example_inputs=inputs, eviction=pred["eviction"],
@@ -279,7 +280,7 @@ def execute_module(job: Job) -> Outcome:
           + ("" if "groupings_ms" not in pred else "\n\nmodel.grouping=auto kept " + pred["grouping"] + ", predicted "
              + ", ".join(f"{g} {ms:.2f} ms" for g, ms in pred["groupings_ms"].items()))
           + f"\n\n{_predicted_from(job, len(groupings))}"
-          + "\n\noutputs bitwise equal to the resident run: "
+          + "\n\noutputs bitwise equal to the plain module's (loaded from weights.file, every weight resident): "
           + ("not compared (the model does not fit)" if reference is None else str(all(same))))
     return Outcome(report, md, exit_code=0 if reference is None or all(same) else 1)
 

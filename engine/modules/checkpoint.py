@@ -158,3 +158,19 @@ class Checkpoint:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def load_resident(module: nn.Module, path: str | Path, device: torch.device) -> nn.Module:
+    """`module` (built from its config, parameters on the meta device) as a loader such as
+    from_pretrained leaves it: every parameter and persistent buffer read from the
+    checkpoint at `path` into its own memory on `device`, every other buffer moved there,
+    no hooks. The plain module that offload's outputs are compared with."""
+    with Checkpoint(path, module_weights(module)) as ckpt:
+        module.load_state_dict({n: t.to(device, copy=True) for n, t in ckpt.tensors().items()}, assign=True,
+                               strict=False)
+    for m in module.modules():
+        for name, b in m._buffers.items():
+            if b is not None and b.device != device:
+                m._buffers[name] = b.to(device)
+    return module
+

@@ -6,7 +6,9 @@ inference reads: the gradients the backward accumulates into trainable parameter
 buffers a forward updates in place (a BatchNorm's running statistics, a step
 counter), and the random generators dropout draws from. `untouched(module)`
 snapshots them and puts them back, so the user's first step is the one it would
-have been without the set-up.
+have been without the set-up. Buffers are taken as set-up's first forward finds
+them: set-up loads a checkpoint's buffers (and moves the module's to the device)
+before it, and those values, not the module's as built, are the ones to keep.
 """
 from __future__ import annotations
 
@@ -19,16 +21,27 @@ from torch import nn
 
 @contextmanager
 def untouched(module: nn.Module) -> Iterator[None]:
-    """Inside, run `module` freely; on exit its parameters' `.grad`, its buffers' values
-    and the CPU and CUDA random generators are what they were on entry."""
+    """Inside, run `module` freely; on exit its parameters' `.grad` and the CPU and CUDA
+    random generators are what they were on entry, its buffers' values what they were
+    when its first forward inside began."""
     grads = [(p, None if p.grad is None else p.grad.detach().clone())
              for p in module.parameters() if p.requires_grad]
-    buffers = {n: b.detach().clone() for n, b in module.named_buffers() if b.device.type != "meta"}
+    buffers: dict[str, torch.Tensor] = {}
+    taken = False
+
+    def snapshot(_module: nn.Module, _args: tuple) -> None:
+        nonlocal taken
+        if not taken:
+            buffers.update({n: b.detach().clone() for n, b in module.named_buffers() if b.device.type != "meta"})
+            taken = True
+
+    first_forward = module.register_forward_pre_hook(snapshot, prepend=True)
     cpu_rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
     try:
         yield
     finally:
+        first_forward.remove()
         for p, g in grads:
             p.grad = g
         now = dict(module.named_buffers())  # set-up may have moved a buffer to the device
