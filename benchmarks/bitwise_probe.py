@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 import engine  # noqa: E402
 from engine.modules.build import build_module, example_inputs, first_output  # noqa: E402
-from engine.modules.checkpoint import Checkpoint, module_weights  # noqa: E402
+from engine.modules.checkpoint import load_resident, module_weights  # noqa: E402
 from engine.weightfile import materialize  # noqa: E402
 from real_models import MODELS, WORKLOADS  # noqa: E402
 
@@ -117,29 +117,24 @@ def main() -> None:
         materialize(table, path, seed=0, device="cuda", order=list(table.weights))
     inputs = example_inputs(cfg, module, SimpleNamespace(**WORKLOADS[args.model]), device)
     rows: list[tuple[str, list[torch.Tensor], float, float]] = []
-    with Checkpoint(path, table) as ckpt:
-        ref = build_module(cfg)
-        ref.load_state_dict({n: t.to(device) for n, t in ckpt.tensors().items()}, assign=True, strict=False)
-        for name, b in list(ref.named_buffers()):
-            owner = ref.get_submodule(name.rpartition(".")[0]) if "." in name else ref
-            owner._buffers[name.rpartition(".")[2]] = b.to(device)
-        rows.append(("plain, SDPA default", *steps(lambda: ref(**inputs), args.steps)))
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-        for backend in BACKENDS:
-            try:
-                with sdpa_kernel(getattr(SDPBackend, backend)):
-                    rows.append((f"plain, SDPA {backend.lower()}", *steps(lambda: ref(**inputs), args.steps)))
-            except RuntimeError as err:
-                print(f"plain, SDPA {backend.lower()}: {str(err).splitlines()[0][:120]}")
-        for label, names in (("packed", packed_offsets(table)), ("all", None)):
-            state = {n: p.data for n, p in ref.named_parameters()}
-            held = misaligned(ref, names)
-            rows.append((f"plain, misaligned {label} ({len(held)} params)",
-                         *steps(lambda: ref(**inputs), args.steps)))
-            for n, p in ref.named_parameters():
-                p.data = state[n]
-            del held
-        ref = None  # its weights freed before the offload rows
+    ref = load_resident(build_module(cfg), path, device)
+    rows.append(("plain, SDPA default", *steps(lambda: ref(**inputs), args.steps)))
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    for backend in BACKENDS:
+        try:
+            with sdpa_kernel(getattr(SDPBackend, backend)):
+                rows.append((f"plain, SDPA {backend.lower()}", *steps(lambda: ref(**inputs), args.steps)))
+        except RuntimeError as err:
+            print(f"plain, SDPA {backend.lower()}: {str(err).splitlines()[0][:120]}")
+    for label, names in (("packed", packed_offsets(table)), ("all", None)):
+        state = {n: p.data for n, p in ref.named_parameters()}
+        held = misaligned(ref, names)
+        rows.append((f"plain, misaligned {label} ({len(held)} params)",
+                     *steps(lambda: ref(**inputs), args.steps)))
+        for n, p in ref.named_parameters():
+            p.data = state[n]
+        del held
+    ref = None  # its weights freed before the offload rows
     torch.cuda.empty_cache()
     for b in [float(x) for x in args.budgets.split(",")]:
         m = build_module(cfg)

@@ -57,7 +57,7 @@ from engine.measure.probes import copy_stream_beside, probe_copies  # noqa: E402
 from engine.config import load_hardware  # noqa: E402
 from engine.errors import BelowFloorError  # noqa: E402
 from engine.modules.build import build_module, example_inputs, first_output  # noqa: E402
-from engine.modules.checkpoint import Checkpoint, module_weights  # noqa: E402
+from engine.modules.checkpoint import Checkpoint, load_resident, module_weights  # noqa: E402
 from engine.modules.offload import predict  # noqa: E402
 from engine.policy import KEEP_STEPS  # noqa: E402
 from engine.trace import Trace, write_trace  # noqa: E402
@@ -167,13 +167,9 @@ def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
     inputs = example_inputs(cfg, module, wl, device)
 
     # Resident reference: a second meta-built instance, every weight loaded to the device.
-    with torch.no_grad(), Checkpoint(path, table) as ckpt:
-        ref_module = build_module(cfg)
+    with torch.no_grad():
         t0 = time.perf_counter()
-        ref_module.load_state_dict({n: t.to(device) for n, t in ckpt.tensors().items()}, assign=True, strict=False)
-        for name, b in list(ref_module.named_buffers()):
-            owner = ref_module.get_submodule(name.rpartition(".")[0]) if "." in name else ref_module
-            owner._buffers[name.rpartition(".")[2]] = b.to(device)
+        ref_module = load_resident(build_module(cfg), path, device)
         torch.cuda.synchronize()
         load_s = time.perf_counter() - t0
         kept: list[torch.Tensor] = []  # every resident step's output: its outcomes, compared after
