@@ -209,6 +209,17 @@ with torch.no_grad():
 net.gain.data.mul_(2)  # the kept parameter is the module's own too
 assert net.calls.item() == 1, net.calls
 h.remove()
+with parameters_on_meta():
+    net = Counting()
+h = engine.offload(net, budget_mb=0.02, example_inputs=(x,), checkpoint=path, source="mmap", backend="cpu",
+                   eviction="auto", grouping="auto")  # records each grouping, forwards between the two set-ups
+assert net.calls.item() == 0 and torch.equal(net.shift, state["shift"]), (net.calls, net.shift)
+h.remove()
+mine = Counting()  # the module's own weights, no checkpoint: its buffers are the ones set-up's forwards update
+mine.load_state_dict(state)
+h = engine.offload(mine, budget_mb=0.02, example_inputs=(x,), backend="cpu", eviction="auto", grouping="auto")
+assert mine.calls.item() == 0, mine.calls
+h.remove()
 print("ok")
 """
 

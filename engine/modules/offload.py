@@ -164,7 +164,8 @@ def offload(module: nn.Module, *, budget_mb: float | None, example_inputs: Any =
         raise ConfigError("grouping='auto' is chosen by simulation: give eviction='auto' or a hardware profile")
     setup = _SetUp(module, example_inputs, device, backend, blocks, checkpoint, source, budget_bytes(budget_mb),
                    lookahead, eviction, hw, loop, choose_by)
-    with untouched(module):  # set-up's forwards leave buffers and the random generators as they were
+    with untouched(module) as baseline:  # set-up's forwards leave buffers and the random generators as they were
+        setup.loaded = baseline.take_buffers
         streamed, trace, prediction = setup.choose_grouping() if grouping == "auto" else setup.streamed(grouping)
         try:
             if prediction is not None:
@@ -200,10 +201,12 @@ class _SetUp:
         self.blocks, self.checkpoint, self.source, self.budget = blocks, checkpoint, source, budget
         self.lookahead, self.eviction, self.hw, self.loop = lookahead, eviction, hw, loop
         self.choose_by = choose_by
+        self.loaded: Callable[[], None] | None = None  # StreamedModule's `loaded`
 
     def build(self, grouping: str) -> StreamedModule:
         return StreamedModule(self.module, self.example_inputs, device=self.device, backend=self.backend,
-                              grouping=grouping, blocks=self.blocks, checkpoint=self.checkpoint, source=self.source)
+                              grouping=grouping, blocks=self.blocks, checkpoint=self.checkpoint, source=self.source,
+                              loaded=self.loaded)
 
     def streamed(self, grouping: str) -> tuple[StreamedModule, Trace | None, dict | None]:
         """The module streamed by `grouping`, its recording and the simulator's choice (None
@@ -302,9 +305,10 @@ def _offload_training(module: nn.Module, budget_mb: float | None, example_inputs
     if lookahead == "auto" and not choose:
         raise ConfigError("lookahead='auto' under training=True is chosen by simulating a recorded step: give "
                           "eviction='auto', a budget and loss_fn")
-    with untouched(module):  # the recorded steps leave no gradients behind
+    with untouched(module) as baseline:  # the recorded steps leave no gradients behind
         streamed = StreamedModule(module, example_inputs, device=device, backend=backend, grouping=grouping,
-                                  blocks=blocks, checkpoint=checkpoint, source=source, training=True)
+                                  blocks=blocks, checkpoint=checkpoint, source=source, training=True,
+                                  loaded=baseline.take_buffers)
         try:
             budget = budget_bytes(budget_mb)
             trace = prediction = None
@@ -381,9 +385,10 @@ def record(module: nn.Module, example_inputs: Any, *, backend: str = "cuda", gro
     if training and not any(p.requires_grad for p in module.parameters()):
         raise ConfigError(f"this {type(module).__name__} has no trainable parameters to record a training step "
                           "of; add the adapters (peft) before recording")
-    with untouched(module):
+    with untouched(module) as baseline:
         streamed = StreamedModule(module, example_inputs, device=device, backend=backend, grouping=grouping,
-                                  blocks=blocks, checkpoint=checkpoint, source=source, training=training)
+                                  blocks=blocks, checkpoint=checkpoint, source=source, training=training,
+                                  loaded=baseline.take_buffers)
         try:
             trace = record_module(streamed, name=name or type(module).__name__, backend=backend, workload=workload,
                                   loss_fn=loss_fn)

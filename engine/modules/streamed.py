@@ -24,7 +24,7 @@ import time
 import traceback
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -100,7 +100,8 @@ class StreamedModule:
 
     def __init__(self, module: nn.Module, example_inputs: Any, *, device: torch.device, backend: str,
                  grouping: str = "block", blocks: Sequence[str] | None = None,
-                 checkpoint: str | Path | None = None, source: str = "mmap_registered", training: bool = False):
+                 checkpoint: str | Path | None = None, source: str = "mmap_registered", training: bool = False,
+                 loaded: Callable[[], None] | None = None):
         self.module = module
         self.device = device
         self.grouping = grouping
@@ -109,6 +110,7 @@ class StreamedModule:
         self._holder = host_registrar(backend)  # keeps the host registration for every executor
         self._registered: list[int] = []
         self._checkpoint: Checkpoint | None = None
+        self._loaded = loaded
         self.hooks: KernelHooks | None = None
         # Seconds per set-up stage: map, register, order (the recording forward), pack, hooks;
         # offload adds record, simulate and executor.
@@ -156,6 +158,8 @@ class StreamedModule:
             # From the checkpoint, a copy: on the CPU `.to` would keep a view of the read-only mapping.
             p.data = p.data.to(device) if saved is None else saved.to(device, copy=True)
         self._buffers_to(device, files)
+        if self._loaded is not None:  # the buffers as set-up leaves them (untouched's Baseline.take_buffers)
+            self._loaded()
         if device.type == "cuda":
             torch.cuda.empty_cache()  # what the streamed parameters held goes back for the pool
 

@@ -6,9 +6,11 @@ inference reads: the gradients the backward accumulates into trainable parameter
 buffers a forward updates in place (a BatchNorm's running statistics, a step
 counter), and the random generators dropout draws from. `untouched(module)`
 snapshots them and puts them back, so the user's first step is the one it would
-have been without the set-up. Buffers are taken as set-up's first forward finds
-them: set-up loads a checkpoint's buffers (and moves the module's to the device)
-before it, and those values, not the module's as built, are the ones to keep.
+have been without the set-up. Set-up loads a checkpoint's buffers (and moves the
+module's to the device) before its first forward: it then calls the yielded
+baseline's `take_buffers`, and those values, not the module's as built, are the
+ones put back. Only the first call counts: set-up may make the module streamable
+again (another grouping) after forwards that changed its buffers.
 """
 from __future__ import annotations
 
@@ -19,36 +21,47 @@ import torch
 from torch import nn
 
 
-@contextmanager
-def untouched(module: nn.Module) -> Iterator[None]:
-    """Inside, run `module` freely; on exit its parameters' `.grad` and the CPU and CUDA
-    random generators are what they were on entry, its buffers' values what they were
-    when its first forward inside began."""
-    grads = [(p, None if p.grad is None else p.grad.detach().clone())
-             for p in module.parameters() if p.requires_grad]
-    buffers: dict[str, torch.Tensor] = {}
-    taken = False
+class Baseline:
+    """The state `untouched` puts back: the trainable parameters' `.grad`, the buffers'
+    values and the CPU and CUDA random generators."""
 
-    def snapshot(_module: nn.Module, _args: tuple) -> None:
-        nonlocal taken
-        if not taken:
-            buffers.update({n: b.detach().clone() for n, b in module.named_buffers() if b.device.type != "meta"})
-            taken = True
+    def __init__(self, module: nn.Module):
+        self.module = module
+        self.grads = [(p, None if p.grad is None else p.grad.detach().clone())
+                      for p in module.parameters() if p.requires_grad]
+        self.buffers = self._buffer_values()
+        self._taken = False
+        self.cpu_rng = torch.get_rng_state()
+        self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
 
-    first_forward = module.register_forward_pre_hook(snapshot, prepend=True)
-    cpu_rng = torch.get_rng_state()
-    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-    try:
-        yield
-    finally:
-        first_forward.remove()
-        for p, g in grads:
+    def take_buffers(self) -> None:
+        """At the first call, the buffers' present values become the ones to put back."""
+        if not self._taken:
+            self.buffers, self._taken = self._buffer_values(), True
+
+    def _buffer_values(self) -> dict[str, torch.Tensor]:
+        return {n: b.detach().clone() for n, b in self.module.named_buffers() if b.device.type != "meta"}
+
+    def restore(self) -> None:
+        for p, g in self.grads:
             p.grad = g
-        now = dict(module.named_buffers())  # set-up may have moved a buffer to the device
+        now = dict(self.module.named_buffers())  # set-up may have moved a buffer to the device
         with torch.no_grad():
-            for name, saved in buffers.items():
+            for name, saved in self.buffers.items():
                 if name in now and now[name].shape == saved.shape:
                     now[name].copy_(saved)
-        torch.set_rng_state(cpu_rng)
-        if cuda_rng is not None:
-            torch.cuda.set_rng_state_all(cuda_rng)
+        torch.set_rng_state(self.cpu_rng)
+        if self.cuda_rng is not None:
+            torch.cuda.set_rng_state_all(self.cuda_rng)
+
+
+@contextmanager
+def untouched(module: nn.Module) -> Iterator[Baseline]:
+    """Inside, run `module` freely; on exit its parameters' `.grad` and the random
+    generators are what they were on entry, its buffers what they were on entry or at the
+    baseline's first `take_buffers`."""
+    baseline = Baseline(module)
+    try:
+        yield baseline
+    finally:
+        baseline.restore()
