@@ -1,6 +1,6 @@
 """workload=train_lora on a real module from the CLI, on the CPU: the training step
 recorded (forward, backward at each kernel's mirror, what autograd saved), simulated,
-and executed with activations spilled, against the same steps all resident."""
+and executed with activations spilled, against the same steps of the plain module."""
 from __future__ import annotations
 
 import json

@@ -494,8 +494,9 @@ SD3_SMALL = ["model=sd35_large_diffusers", "model.module.num_layers=2", "model.m
 def test_the_cli_runs_sd3_from_its_checkpoint_bitwise(tmp_path):
     """The shipped SD3.5 config, small: its checkpoint holds a buffer (the positional
     embedding, random in a materialized file) that differs from the module's as built. Record
-    on the CPU backend (it crashed writing into the mapping), then execute: bitwise against the
-    plain module loaded from the file (set-up had put the built buffer back)."""
+    on the CPU backend (it crashed writing into the mapping), then execute inference and a
+    LoRA step: bitwise against the plain module loaded from the file (set-up had put the
+    built buffer back)."""
     pytest.importorskip("diffusers", reason="needs the models extra: pip install 'offload-engine[models]'")
     ckpt = tmp_path / "sd3.safetensors"
 
@@ -511,6 +512,13 @@ def test_the_cli_runs_sd3_from_its_checkpoint_bitwise(tmp_path):
     assert ex.returncode == 0, ex.stdout + ex.stderr
     report = json.loads((tmp_path / "ex" / "report.json").read_text())
     assert report["bitwise"] == [True] * 3 and report["measurement"]["h2d_bytes"] > 0
+    # A LoRA step the same way: its losses and gradients against the plain module's steps.
+    train = run("workload=train_lora", "workload.checkpointing=true", "activations=off", "budget=0.14",
+                "mode=execute", f"weights.file={ckpt}", "weights.backend=cpu", f"hydra.run.dir={tmp_path / 'tr'}")
+    assert train.returncode == 0, train.stdout + train.stderr
+    report = json.loads((tmp_path / "tr" / "report.json").read_text())
+    assert report["loss_match_reference"] is True and report["grads_match_reference"] is True
+    assert report["measurement"]["resident_step_ms"] > 0 and report["measurement"]["h2d_bytes"] > 0
 
 
 def test_the_cli_chooses_the_grouping_by_simulation(tmp_path):

@@ -28,8 +28,9 @@ import json
 import logging
 import statistics
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import torch
 from omegaconf import OmegaConf, open_dict
@@ -38,6 +39,7 @@ from engine.config import WEIGHT_SOURCES, ActivationsConfig
 from engine.errors import ConfigError
 from engine.executor.setup import bitwise_equal, compute_device, device_name, end_of_step, fits_resident
 from engine.executor.training import LEARNING_RATE, match_reference, max_abs_diff, to_host
+from engine.measure.clocks import clock_for
 from engine.models.lora import lora_sgd
 from engine.job import Job, Outcome, config_summary, plan_keys
 from engine.plan import make_plan
@@ -75,20 +77,27 @@ def _setup(job: Job) -> tuple[Any, dict, torch.device]:
         f"mode={cfg.mode} runs model {cfg.model.name} on a CUDA GPU and none is visible; simulate it here "
         "with mode=simulate (from its config, or trace=PATH recorded on a GPU machine), or run it on the CPU "
         "with weights.backend=cpu (timings not a GPU's)"), replica=True)
+    if _training(cfg) and device.type == "cuda" and not cfg.workload.cudnn_attention:
+        # cuDNN's attention backward makes illegal memory accesses on some models (diffusers
+        # FLUX.1-dev under torch 2.11, plain or streamed): this process's steps take the others.
+        torch.backends.cuda.enable_cudnn_sdp(False)
+        log.info("attention runs without cuDNN's kernels in this training run (workload.cudnn_attention=true "
+                 "allows them)")
+    module = _built(cfg, device)
+    return module, example_inputs(cfg.model, module, cfg.workload, device, seed=cfg.seed), device
+
+
+def _built(cfg: Any, device: torch.device) -> Any:
+    """The config's module on the meta device; for a LoRA step with its adapters (on `device`)
+    and, where the workload says so, per-block activation checkpointing."""
     module = build_module(cfg.model)
     if _training(cfg):
-        if device.type == "cuda" and not cfg.workload.cudnn_attention:
-            # cuDNN's attention backward makes illegal memory accesses on some models (diffusers
-            # FLUX.1-dev under torch 2.11, plain or streamed): this process's steps take the others.
-            torch.backends.cuda.enable_cudnn_sdp(False)
-            log.info("attention runs without cuDNN's kernels in this training run (workload.cudnn_attention=true "
-                     "allows them)")
         targets = cfg.model.get("lora_targets", ALL_LINEAR)
         add_lora(module, cfg.workload.lora_rank, targets if isinstance(targets, str) else list(targets),
                  device=device, seed=cfg.seed + 1)
         if cfg.workload.checkpointing:
             enable_checkpointing(module)
-    return module, example_inputs(cfg.model, module, cfg.workload, device, seed=cfg.seed), device
+    return module
 
 
 def _loss(cfg: Any) -> TrainingLoss | None:
@@ -332,43 +341,75 @@ def _train_run(job: Job, module: Any, inputs: dict, initial: dict[str, torch.Ten
     the telemetry rows (with torch's peak of each step), and (`timed`) the last step's
     measured timeline."""
     cfg = job.cfg
+    h = offload(module, budget_mb=budget_mb, example_inputs=inputs, training=True, activations=activations,
+                eviction=eviction, lookahead=cfg.weights.lookahead, checkpoint=_checkpoint(job),
+                backend=cfg.weights.backend, source=cfg.weights.source, **_kernels(cfg))
+    try:
+        def step(i: int) -> Any:
+            h.executor.time_steps = timed and i == cfg.workload.steps - 1
+            return h.step()
+        steps, peaks = _train_steps(cfg, module, inputs, initial, step)
+        rows = [{**row, "torch_peak_bytes": peak} for row, peak in zip(h.telemetry(), peaks)]
+        timeline = h.executor.step_timeline() if timed else None
+    finally:
+        h.remove()
+    return steps, rows, timeline
+
+
+def _train_steps(cfg: Any, module: Any, inputs: dict, initial: dict[str, torch.Tensor],
+                 step: Callable[[int], Any]) -> tuple[Steps, list[int | None]]:
+    """workload.steps training steps of `module`, each's forward and backward inside `step(i)`
+    (a context manager), the adapters starting from `initial` and taking a plain SGD update
+    after each: the steps, and torch's peak of each."""
     adapters = {n: p for n, p in module.named_parameters() if p.requires_grad}
     with torch.no_grad():
         for n, p in adapters.items():
             p.copy_(initial[n])
     loss_fn = _loss(cfg)
     cuda = next(iter(adapters.values())).device.type == "cuda"
-    h = offload(module, budget_mb=budget_mb, example_inputs=inputs, training=True, activations=activations,
-                eviction=eviction, lookahead=cfg.weights.lookahead, checkpoint=_checkpoint(job),
-                backend=cfg.weights.backend, source=cfg.weights.source, **_kernels(cfg))
     steps: Steps = []
-    peaks = []
-    try:
-        for i in range(cfg.workload.steps):
-            for p in adapters.values():
-                p.grad = None
-            if cuda:
-                torch.cuda.reset_peak_memory_stats()
-            h.executor.time_steps = timed and i == cfg.workload.steps - 1
-            with h.step():
-                loss = loss_fn(module(**inputs))
-                loss.backward()
-                loss = loss.detach()  # the graph's nodes keep the step's saved-tensor hooks alive
-            grads = lora_sgd({n: p for n, p in adapters.items() if p.grad is not None}, LEARNING_RATE)
-            # On the host: a run's device memory is what it measures. The device gradients go
-            # now, else the next step's peak counts this step's too; the copies do not wait,
-            # so the loop runs as workload.loop says.
-            steps.append(to_host((loss, grads)))
-            del grads
-            peaks.append(torch.cuda.max_memory_allocated() if cuda else None)
-            end_of_step(cfg.workload.loop, loss.device, i)
+    peaks: list[int | None] = []
+    for i in range(cfg.workload.steps):
+        for p in adapters.values():
+            p.grad = None
         if cuda:
-            torch.cuda.synchronize()  # the steps' copies to the host have landed
-        rows = [{**row, "torch_peak_bytes": peak} for row, peak in zip(h.telemetry(), peaks)]
-        timeline = h.executor.step_timeline() if timed else None
-    finally:
-        h.remove()
-    return steps, rows, timeline
+            torch.cuda.reset_peak_memory_stats()
+        with step(i):
+            loss = loss_fn(module(**inputs))
+            loss.backward()
+            loss = loss.detach()  # the graph's nodes keep the step's saved-tensor hooks alive
+        grads = lora_sgd({n: p for n, p in adapters.items() if p.grad is not None}, LEARNING_RATE)
+        # On the host: a run's device memory is what it measures. The device gradients go
+        # now, else the next step's peak counts this step's too; the copies do not wait,
+        # so the loop runs as workload.loop says.
+        steps.append(to_host((loss, grads)))
+        del grads
+        peaks.append(torch.cuda.max_memory_allocated() if cuda else None)
+        end_of_step(cfg.workload.loop, loss.device, i)
+    if cuda:
+        torch.cuda.synchronize()  # the steps' copies to the host have landed
+    return steps, peaks
+
+
+def _plain_train_run(job: Job, device: torch.device, inputs: dict,
+                     initial: dict[str, torch.Tensor]) -> tuple[Steps, list[float]]:
+    """The same steps on the plain module: built again, its adapters as `initial`, its base
+    loaded from weights.file onto the device (load_resident), no hooks: the steps and each
+    step's time (ms; CUDA events, else the host's clock)."""
+    plain = load_resident(_built(job.cfg, device), _checkpoint(job), device, frozen_only=True)
+    clock = clock_for(device)
+    stamps: list[tuple[Any, Any]] = []
+
+    @contextmanager
+    def step(i: int) -> Iterator[None]:
+        start = clock.stamp()
+        yield
+        stamps.append((start, clock.stamp()))
+    steps, _ = _train_steps(job.cfg, plain, inputs, initial, step)  # ends synchronized
+    del plain
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return steps, [clock.ns(a, b) / 1e6 for a, b in stamps]
 
 
 def _execute_training(job: Job, module: Any, inputs: dict, device: torch.device, trace: Trace,
@@ -385,12 +426,11 @@ def _execute_training(job: Job, module: Any, inputs: dict, device: torch.device,
     # The kernels run as a training script runs them (no deterministic mode, whose kernels
     # differ in time and memory from what was recorded): on a GPU the backward's kernels sum
     # in no fixed order, so a second resident run measures the spread the comparison allows.
-    if compare:
-        reference, ref_rows, _ = _train_run(job, module, inputs, initial, None, None, "priority", timed=False)
-        resident_ms = statistics.median(r["weight_step_ms"] for r in ref_rows[1:] or ref_rows)
+    if compare:  # the plain module, loaded as from_pretrained would: it shares none of offload's set-up
+        reference, ref_ms = _plain_train_run(job, device, inputs, initial)
+        resident_ms = statistics.median(ref_ms[1:] or ref_ms)
         if device.type == "cuda":
-            spread = max_abs_diff(reference, _train_run(job, module, inputs, initial, None, None, "priority",
-                                                        timed=False)[0])
+            spread = max_abs_diff(reference, _plain_train_run(job, device, inputs, initial)[0])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # resident parameters are listed by the handle instead
         steps, rows, timeline = _train_run(job, module, inputs, initial, cfg.budget, act, pred["eviction"],
@@ -409,7 +449,7 @@ def _execute_training(job: Job, module: Any, inputs: dict, device: torch.device,
                 "reserve_releases": sum(r.get("weight_reserve_releases", 0) for r in rows),
                 "relocations": sum(r.get("weight_relocations", 0) for r in rows),
                 "warm_relocations": sum(r.get("weight_relocations", 0) for r in steady),
-                "resident_step_ms": resident_ms}  # the same steps, every weight resident, activations kept
+                "resident_step_ms": resident_ms}  # the same steps of the plain module, every weight resident
     if measured["torch_peak_bytes"] is not None:
         measured["peak_pool_torch_bytes"] = measured["pool_peak_bytes"] + measured["torch_peak_bytes"]
     losses, grads = (None, None) if reference is None else match_reference(steps, reference, spread)
@@ -425,14 +465,14 @@ def _execute_training(job: Job, module: Any, inputs: dict, device: torch.device,
          fmt_bytes(measured["peak_pool_torch_bytes"]) if "peak_pool_torch_bytes" in measured
          else "not measured (cpu)"]]
     if resident_ms is not None:
-        table_rows.append(["step, every weight resident and activations kept", "", f"{resident_ms:.2f} ms"])
+        table_rows.append(["step of the plain module, every weight resident", "", f"{resident_ms:.2f} ms"])
     compared = ("not compared (the weights and saved tensors do not fit all resident)" if reference is None else
                 f"losses {losses}, gradients {grads}" + (f" (within twice the resident runs' own spread, "
                                                          f"{spread:.3g}, or 2^-7 of each tensor's magnitude)"
                                                          if spread else " (bitwise)"))
     md = (f"## Trained {cfg.model.name} at budget {cfg.budget} MB ({pred['eviction']}, activations "
           f"{cfg.activations.mode})\n\n" + table(["", "predicted", "measured"], table_rows)
-          + f"\n\n{_predicted_from(job)}\n\nagainst the same steps all resident: {compared}"
+          + f"\n\n{_predicted_from(job)}\n\nagainst the same steps of the plain module: {compared}"
           + f"\n\ntelemetry: {job.out_dir / 'telemetry.jsonl'}"
           + (f"\n\n{note}" if (note := relocations_note(measured)) else ""))
     wrong = losses is False or grads is False

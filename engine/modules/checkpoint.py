@@ -160,17 +160,26 @@ class Checkpoint:
         self.close()
 
 
-def load_resident(module: nn.Module, path: str | Path, device: torch.device) -> nn.Module:
+def load_resident(module: nn.Module, path: str | Path, device: torch.device, frozen_only: bool = False) -> nn.Module:
     """`module` (built from its config, parameters on the meta device) as a loader such as
     from_pretrained leaves it: every parameter and persistent buffer read from the
-    checkpoint at `path` into its own memory on `device`, every other buffer moved there,
-    no hooks. The plain module that offload's outputs are compared with."""
-    with Checkpoint(path, module_weights(module)) as ckpt:
-        module.load_state_dict({n: t.to(device, copy=True) for n, t in ckpt.tensors().items()}, assign=True,
-                               strict=False)
-    for m in module.modules():
-        for name, b in m._buffers.items():
-            if b is not None and b.device != device:
-                m._buffers[name] = b.to(device)
+    checkpoint at `path` into its own memory on `device` (tied parameters stay one), every
+    other buffer moved there, no hooks. `frozen_only`: the base of a training run (peft's
+    names undone, `state_dict_name`), its adapters, which need grad and no checkpoint holds,
+    left as they are. The plain module offload's outputs and training steps are compared with."""
+    loaded: dict[int, nn.Parameter] = {}
+    with Checkpoint(path, module_weights(module, frozen_only=frozen_only)) as ckpt:
+        tensors = ckpt.tensors()
+        for prefix, m in module.named_modules():
+            for name, p in m._parameters.items():
+                key = state_dict_name(f"{prefix}.{name}" if prefix else name)
+                if p is not None and (id(p) in loaded or key in tensors):
+                    if id(p) not in loaded:
+                        loaded[id(p)] = nn.Parameter(tensors[key].to(device, copy=True), requires_grad=p.requires_grad)
+                    m._parameters[name] = loaded[id(p)]
+            for name, b in m._buffers.items():
+                key = state_dict_name(f"{prefix}.{name}" if prefix else name)
+                if b is not None:
+                    m._buffers[name] = tensors[key].to(device, copy=True) if key in tensors else b.to(device)
+        del tensors  # views of the mappings: the checkpoint closes only once none is left
     return module
-
