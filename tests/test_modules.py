@@ -441,6 +441,7 @@ def test_the_cli_records_then_simulates_a_transformers_model(tmp_path):
     rec = run("mode=record", f"weights.file={ckpt}", "weights.backend=cpu", f"hydra.run.dir={tmp_path / 'rec'}")
     assert rec.returncode == 0, rec.stderr
     trace = tmp_path / "rec" / "trace.jsonl"
+    assert f"replay it: python -m engine model=tiny_llama_hf trace={trace} budget=MB" in rec.stdout
     sim = run(f"trace={trace}", "budget=0.5", f"hydra.run.dir={tmp_path / 'sim'}")
     assert sim.returncode == 0, sim.stderr
     report = json.loads((tmp_path / "sim" / "report.json").read_text())
