@@ -234,6 +234,43 @@ def test_checkpoint_buffers_are_the_checkpoints_and_writable(tmp_path):
     assert run.returncode == 0 and run.stdout.strip().endswith("ok"), (run.returncode, run.stderr[-2000:])
 
 
+def test_a_wrapped_modules_checkpoint_buffer_is_read_by_its_checkpoint_name(tmp_path):
+    """Under peft's `base_model.model.` wrapping, a buffer is found in the checkpoint by the
+    base model's name, as parameters are (state_dict_name), not left as built."""
+    class Shifted(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList(nn.Linear(32, 32) for _ in range(3))
+            self.register_buffer("shift", torch.zeros(32))
+
+        def forward(self, x):
+            for b in self.blocks:
+                x = b(x)
+            return x + self.shift
+
+    class Wrapped(nn.Module):  # the attribute path get_peft_model puts the base model under
+        def __init__(self, inner: nn.Module):
+            super().__init__()
+            self.base_model = nn.Module()
+            self.base_model.model = inner
+
+        def forward(self, x):
+            return self.base_model.model(x)
+
+    torch.manual_seed(0)
+    state = Shifted().state_dict()
+    state["shift"] = torch.arange(32.0)
+    path = tmp_path / "s.safetensors"
+    save_file({n: t.contiguous() for n, t in state.items()}, str(path))
+    with parameters_on_meta():
+        net = Wrapped(Shifted())
+    x = torch.randn(2, 32)
+    h = engine.offload(net, budget_mb=0.02, example_inputs=(x,), checkpoint=path, source="mmap", backend="cpu",
+                       eviction="priority")
+    assert torch.equal(net.base_model.model.shift, state["shift"])
+    h.remove()
+
+
 def test_a_recording_without_room_for_its_resident_steps_says_so(checkpoint, monkeypatch, caplog):
     path, x, _ = checkpoint
     monkeypatch.setattr("engine.modules.record.fits_resident", lambda nbytes, device, transient=None: False)

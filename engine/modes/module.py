@@ -391,12 +391,10 @@ def _train_steps(cfg: Any, module: Any, inputs: dict, initial: dict[str, torch.T
     return steps, peaks
 
 
-def _plain_train_run(job: Job, device: torch.device, inputs: dict,
+def _plain_train_run(cfg: Any, plain: Any, device: torch.device, inputs: dict,
                      initial: dict[str, torch.Tensor]) -> tuple[Steps, list[float]]:
-    """The same steps on the plain module: built again, its adapters as `initial`, its base
-    loaded from weights.file onto the device (load_resident), no hooks: the steps and each
-    step's time (ms; CUDA events, else the host's clock)."""
-    plain = load_resident(_built(job.cfg, device), _checkpoint(job), device, frozen_only=True)
+    """The same steps on the plain module (`_plain`), its adapters from `initial`, no hooks:
+    the steps and each step's time (ms; CUDA events, else the host's clock)."""
     clock = clock_for(device)
     stamps: list[tuple[Any, Any]] = []
 
@@ -405,11 +403,14 @@ def _plain_train_run(job: Job, device: torch.device, inputs: dict,
         start = clock.stamp()
         yield
         stamps.append((start, clock.stamp()))
-    steps, _ = _train_steps(job.cfg, plain, inputs, initial, step)  # ends synchronized
-    del plain
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+    steps, _ = _train_steps(cfg, plain, inputs, initial, step)  # ends synchronized
     return steps, [clock.ns(a, b) / 1e6 for a, b in stamps]
+
+
+def _plain(job: Job, device: torch.device) -> Any:
+    """The module built again with its adapters, its base loaded from weights.file onto the
+    device (load_resident): what a training script without offloading runs."""
+    return load_resident(_built(job.cfg, device), _checkpoint(job), device, frozen_only=True)
 
 
 def _execute_training(job: Job, module: Any, inputs: dict, device: torch.device, trace: Trace,
@@ -427,10 +428,14 @@ def _execute_training(job: Job, module: Any, inputs: dict, device: torch.device,
     # differ in time and memory from what was recorded): on a GPU the backward's kernels sum
     # in no fixed order, so a second resident run measures the spread the comparison allows.
     if compare:  # the plain module, loaded as from_pretrained would: it shares none of offload's set-up
-        reference, ref_ms = _plain_train_run(job, device, inputs, initial)
+        plain = _plain(job, device)
+        reference, ref_ms = _plain_train_run(cfg, plain, device, inputs, initial)
         resident_ms = statistics.median(ref_ms[1:] or ref_ms)
         if device.type == "cuda":
-            spread = max_abs_diff(reference, _plain_train_run(job, device, inputs, initial)[0])
+            spread = max_abs_diff(reference, _plain_train_run(cfg, plain, device, inputs, initial)[0])
+        del plain
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # its weights go back before the streamed run measures its peak
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # resident parameters are listed by the handle instead
         steps, rows, timeline = _train_run(job, module, inputs, initial, cfg.budget, act, pred["eviction"],

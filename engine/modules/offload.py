@@ -162,10 +162,9 @@ def offload(module: nn.Module, *, budget_mb: float | None, example_inputs: Any =
     hw = load_hardware(hardware or DEFAULT_HARDWARE) if (eviction == "auto" or hardware is not None) else None
     if grouping == "auto" and hw is None:
         raise ConfigError("grouping='auto' is chosen by simulation: give eviction='auto' or a hardware profile")
-    setup = _SetUp(module, example_inputs, device, backend, blocks, checkpoint, source, budget_bytes(budget_mb),
-                   lookahead, eviction, hw, loop, choose_by)
     with untouched(module) as baseline:  # set-up's forwards leave buffers and the random generators as they were
-        setup.loaded = baseline.take_buffers
+        setup = _SetUp(module, example_inputs, device, backend, blocks, checkpoint, source, budget_bytes(budget_mb),
+                       lookahead, eviction, hw, loop, choose_by, baseline.take_buffers)
         streamed, trace, prediction = setup.choose_grouping() if grouping == "auto" else setup.streamed(grouping)
         try:
             if prediction is not None:
@@ -196,12 +195,12 @@ class _SetUp:
 
     def __init__(self, module: nn.Module, example_inputs: Any, device: torch.device, backend: str,
                  blocks: Sequence[str] | None, checkpoint: str | Path | None, source: str, budget: int | None,
-                 lookahead: int | str, eviction: str, hw: Any, loop: str, choose_by: str):
+                 lookahead: int | str, eviction: str, hw: Any, loop: str, choose_by: str,
+                 loaded: Callable[[], None]):
         self.module, self.example_inputs, self.device, self.backend = module, example_inputs, device, backend
         self.blocks, self.checkpoint, self.source, self.budget = blocks, checkpoint, source, budget
         self.lookahead, self.eviction, self.hw, self.loop = lookahead, eviction, hw, loop
-        self.choose_by = choose_by
-        self.loaded: Callable[[], None] | None = None  # StreamedModule's `loaded`
+        self.choose_by, self.loaded = choose_by, loaded  # loaded: StreamedModule's
 
     def build(self, grouping: str) -> StreamedModule:
         return StreamedModule(self.module, self.example_inputs, device=self.device, backend=self.backend,

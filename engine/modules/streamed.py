@@ -222,8 +222,9 @@ class StreamedModule:
                 if b is None:
                     continue
                 full = f"{qual}.{name}" if qual else name
-                if files is not None and full in files:
-                    m._buffers[name] = files[full].to(device, copy=True)  # writable, as for kept parameters
+                key = state_dict_name(full)  # as the checkpoint holds it (peft's wrapping undone)
+                if files is not None and key in files:
+                    m._buffers[name] = files[key].to(device, copy=True)  # writable, as for kept parameters
                 elif b.is_meta:
                     raise WeightFileError(f"buffer {full} is on the meta device and not in the checkpoint; build "
                                           "the module with its buffers on the CPU (only parameters on meta)")

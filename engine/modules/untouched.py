@@ -10,7 +10,8 @@ have been without the set-up. Set-up loads a checkpoint's buffers (and moves the
 module's to the device) before its first forward: it then calls the yielded
 baseline's `take_buffers`, and those values, not the module's as built, are the
 ones put back. Only the first call counts: set-up may make the module streamable
-again (another grouping) after forwards that changed its buffers.
+again (another grouping) after forwards that changed its buffers. Without a call no
+forward ran, and no buffer is put back.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ class Baseline:
         self.module = module
         self.grads = [(p, None if p.grad is None else p.grad.detach().clone())
                       for p in module.parameters() if p.requires_grad]
-        self.buffers = self._buffer_values()
+        self.buffers: dict[str, torch.Tensor] = {}
         self._taken = False
         self.cpu_rng = torch.get_rng_state()
         self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
@@ -37,10 +38,8 @@ class Baseline:
     def take_buffers(self) -> None:
         """At the first call, the buffers' present values become the ones to put back."""
         if not self._taken:
-            self.buffers, self._taken = self._buffer_values(), True
-
-    def _buffer_values(self) -> dict[str, torch.Tensor]:
-        return {n: b.detach().clone() for n, b in self.module.named_buffers() if b.device.type != "meta"}
+            self.buffers = {n: b.detach().clone() for n, b in self.module.named_buffers() if b.device.type != "meta"}
+            self._taken = True
 
     def restore(self) -> None:
         for p, g in self.grads:
@@ -58,8 +57,8 @@ class Baseline:
 @contextmanager
 def untouched(module: nn.Module) -> Iterator[Baseline]:
     """Inside, run `module` freely; on exit its parameters' `.grad` and the random
-    generators are what they were on entry, its buffers what they were on entry or at the
-    baseline's first `take_buffers`."""
+    generators are what they were on entry, its buffers what they were at the baseline's
+    first `take_buffers`."""
     baseline = Baseline(module)
     try:
         yield baseline
