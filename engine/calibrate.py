@@ -55,8 +55,8 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from engine.compute import (ATTENTION_OPS, BACKWARD, BACKWARD_FLOPS_FACTOR, BLOCKED, CORE_FLOOR, MATMUL_OPS, PASSES,
-                            TRAINING, KernelTable, ModuleCost, PassCost, features, host_key, pass_bytes,
-                            slowdown_under_copy, table_from_measurements, tables_dir, work)
+                            TRAINING, AttentionTiling, KernelTable, ModuleCost, PassCost, core_flops, features,
+                            host_key, pass_bytes, slowdown_under_copy, table_from_measurements, tables_dir, work)
 from engine.trace import KernelRecord
 from engine.config import HardwareConfig
 from engine.errors import ConfigError, TraceError
@@ -230,18 +230,21 @@ def fit_kernel_table(traces: Sequence[Trace], source: str, probes: Sequence[dict
     the probes' or the records' passes, the pass cost (fit_pass_cost), and each forward matmul
     record's point is its core: its time less its passes, at least CORE_FLOOR of it. A
     training step's forward records give no rates (_rate_records)."""
+    grids = [t.header.get("probes", {}).get("compute", {}) for t in traces] + list(probes)
+    tiling = attention_tiling(grids)
     grid_rows, host, probed, launches, packs = [], [], [], [], []
-    for grid in [t.header.get("probes", {}).get("compute", {}) for t in traces] + list(probes):
+    for grid in grids:
         probed += grid.get("passes", ())
         grid_rows += [("linear", features("linear", (m, n, k), 0), 2 * m * n * k, ns)
                       for m, n, k, ns in grid.get("linear", ())]
-        grid_rows += [(op, features(op, (bh, lq, lk, d), 0), 4 * bh * lq * lk * d, ns)
-                      for op in ATTENTION_OPS for bh, lq, lk, d, ns in grid.get(op, ())]
+        grid_rows += [(op, features(op, shape, 0, tiling=tiling), work(op, core_flops(op, shape), 0, shape, tiling), ns)
+                      for op in ATTENTION_OPS for *shape, ns in grid.get(op, ())]
         for op in ATTENTION_OPS:  # a training step's attention: its forward, and its backward's work as traces count it
-            for bh, lq, lk, d, forward_ns, backward_ns in grid.get(op + TRAINING, ()):
-                feats, flops = features(op, (bh, lq, lk, d), 0), 4 * bh * lq * lk * d
-                grid_rows += [(op + TRAINING, feats, flops, forward_ns),
-                              (op + TRAINING + BACKWARD, feats, BACKWARD_FLOPS_FACTOR * flops, backward_ns)]
+            for *shape, forward_ns, backward_ns in grid.get(op + TRAINING, ()):
+                feats, flops = features(op, shape, 0, tiling=tiling), core_flops(op, shape)
+                grid_rows += [(op + TRAINING, feats, work(op, flops, 0, shape, tiling), forward_ns),
+                              (op + TRAINING + BACKWARD, feats,
+                               work(op, BACKWARD_FLOPS_FACTOR * flops, 0, shape, tiling), backward_ns)]
         grid_rows += [("memory", features("norm", (), nbytes), nbytes, ns) for nbytes, ns in grid.get("memory", ())]
     adds = [(nbytes, ns) for op, _feats, nbytes, ns in grid_rows if op == "memory"]
     largest = max(adds, default=None)
@@ -264,17 +267,28 @@ def fit_kernel_table(traces: Sequence[Trace], source: str, probes: Sequence[dict
                 packs.append((r.op, r.packs))
         for r in _rate_records(t):
             fwd = r.phase == "fwd"
-            feats = features(r.op, r.shape, r.io_bytes, r.passes if fwd else ()) if r.op else None
+            feats = features(r.op, r.shape, r.io_bytes, r.passes if fwd else (), tiling) if r.op else None
             if feats is None:
                 continue
             ns = float(r.compute_ns)
             if fwd and r.op in MATMUL_OPS and r.passes and cost:
                 ns = max(CORE_FLOOR * ns, ns - cost.ns(r.passes))
-            rows.append((r.op + ("" if fwd else BACKWARD), feats, work(r.op, r.flops, r.io_bytes), ns))
-    table = table_from_measurements(rows, source, host, cost, launches, packs)
+            rows.append((r.op + ("" if fwd else BACKWARD), feats, work(r.op, r.flops, r.io_bytes, r.shape, tiling), ns))
+    table = table_from_measurements(rows, source, host, cost, launches, packs, tiling)
     if modules:
         table.module_cost = fit_module_cost(modules, table)
     return table
+
+
+def attention_tiling(grids: Sequence[dict]) -> AttentionTiling | None:
+    """The flash attention tiling (engine/compute.py) of compute probes that timed attention
+    off the tile and name their GPU's SM count ("sms"); None where none did (a table probed
+    before: plain FLOP rates). Probes of GPUs with different SM counts are refused."""
+    sms = {int(g["sms"]) for g in grids if g.get("sms")}
+    if len(sms) > 1:
+        raise TraceError(f"calibrate: the compute probes come from GPUs of {' and '.join(map(str, sorted(sms)))} "
+                         "SMs; calibrate one GPU's recordings and probe files at a time")
+    return AttentionTiling(sms.pop()) if sms else None
 
 
 def fit_module_cost(modules: Sequence[Trace], table: KernelTable) -> ModuleCost:

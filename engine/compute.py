@@ -35,6 +35,16 @@ passes cost elsewhere.
 A rate is work over time: FLOP/ns for linear and attention, bytes/ns for the
 memory-bound ops; interpolating rates, not times, keeps a kernel twice as long
 taking twice the time.
+
+Attention tiles. Flash attention (cuDNN's in inference, FlashAttention's in training) splits
+its work into query tiles of TILE rows per head, run in waves over the GPU's SMs, each
+looping over the keys in tiles of TILE. A table calibrated from a probe that knows the SM
+count (`AttentionTiling`) counts such a kernel's work in the tiles it runs, the last wave's
+idle SMs and the padded tiles included, and gives a length off the tile a feature of its own:
+such a length takes a slower code path throughout (7-14% per tile at 8192 tokens on an H200,
+benchmarks/results/). Interpolated over heads and lengths, these rates follow the
+step a head count or a length makes where it spills into another wave, which plain FLOP
+rates smear. Masked attention (the memory-efficient kernel) keeps plain FLOP rates.
 """
 from __future__ import annotations
 
@@ -73,16 +83,51 @@ NEIGHBOURS = 6
 SAME = 1e-5  # features this close are one point (the table keeps them to 6 decimals)
 BLOCKED = 10  # a kernel's host time over BLOCKED x the median: the host sat on a full launch queue
 TABLE_FORMAT = "offload-engine-kernel-table"
+TILE = 128  # rows of a flash attention kernel's query and key tiles
+RAGGED = 0.5  # feature distance between a length off TILE and one on it
+TILED_OPS = ("attention",)  # the flash kernels (masked attention runs the memory-efficient one)
 
 
-def features(op: str, shape: Sequence[int], io_bytes: int,
-             passes: Sequence[tuple[str, int]] = ()) -> tuple[float, ...] | None:
+@dataclass(frozen=True)
+class AttentionTiling:
+    """How a GPU runs flash attention's tiles (module docstring): TILE-row query tiles of
+    each head in waves of `sms`, each over the keys TILE at a time."""
+
+    sms: int
+
+    def work(self, shape: Sequence[int]) -> int:
+        """FLOPs of the tiles an attention of (bh, lq, lk, d) runs: every SM's share of every
+        wave, each query tile over the padded keys."""
+        bh, lq, lk, d = shape
+        waves = math.ceil(bh * math.ceil(lq / TILE) / self.sms)
+        return 4 * waves * self.sms * TILE * math.ceil(lk / TILE) * TILE * d
+
+    @staticmethod
+    def flags(shape: Sequence[int]) -> tuple[float, float]:
+        """The features of query and key lengths off the tile."""
+        _bh, lq, lk, _d = shape
+        return RAGGED * (lq % TILE != 0), RAGGED * (lk % TILE != 0)
+
+
+def is_tiled(op: str, tiling: AttentionTiling | None) -> bool:
+    """Whether `op`'s rates count tile work (AttentionTiling): a flash attention op, in any
+    phase, in a table that knows its tiling."""
+    return tiling is not None and op.removesuffix(BACKWARD).removesuffix(TRAINING) in TILED_OPS
+
+
+def features(op: str, shape: Sequence[int], io_bytes: int, passes: Sequence[tuple[str, int]] = (),
+             tiling: AttentionTiling | None = None) -> tuple[float, ...] | None:
     """The log2 features a kernel's rate is interpolated over, or None when its
     shape does not say (a module kernel, or a spec kernel without a shape). A
-    forward memory kernel with passes is keyed by its bytes of each pass kind."""
+    forward memory kernel with passes is keyed by its bytes of each pass kind; a tiled
+    attention (is_tiled) adds its lengths' flags (AttentionTiling.flags)."""
     base = op.removesuffix(BACKWARD)
-    if base in MATMUL_OPS:
-        return tuple(math.log2(d) for d in shape) if len(shape) == CORE_DIMS[base] else None
+    core = base.removesuffix(TRAINING)
+    if core in MATMUL_OPS:
+        if len(shape) != CORE_DIMS[core]:
+            return None
+        logs = tuple(math.log2(d) for d in shape)
+        return logs + AttentionTiling.flags(shape) if is_tiled(op, tiling) else logs
     if passes and op == base:
         moved = pass_bytes(passes)
         return tuple(math.log2(1 + moved[kind]) for kind in PASSES)
@@ -131,8 +176,13 @@ def core_io_bytes(op: str, shape: Sequence[int], itemsize: int = 2) -> int:
     return itemsize * bh * d * 2 * (lq + lk)
 
 
-def work(op: str, flops: int, io_bytes: int) -> int:
-    return flops if op.removesuffix(BACKWARD) in MATMUL_OPS else io_bytes
+def work(op: str, flops: int, io_bytes: int, shape: Sequence[int] = (),
+         tiling: AttentionTiling | None = None) -> int:
+    """What a kernel's rate counts: FLOPs for a matmul-bound op (a tiled attention's tile
+    work, times flops over its own FLOPs: a backward's count), bytes for a memory-bound one."""
+    if is_tiled(op, tiling) and len(shape) == CORE_DIMS["attention"]:
+        return round(flops * tiling.work(shape) / core_flops("attention", shape))
+    return flops if op.removesuffix(BACKWARD).removesuffix(TRAINING) in MATMUL_OPS else io_bytes
 
 
 @dataclass(frozen=True)
@@ -184,12 +234,13 @@ class KernelTable:
     `launches[host_key(...)]` the mean CUDA launches a record of it makes, and
     `packs[op]` the mean tensors a training forward record of it hands the saved-tensor
     hooks (recorded traces' "launches" and "packs"); `module_cost` prices a real module's
-    blocks beside their cores."""
+    blocks beside their cores; with `tiling`, flash attention's points are tile work and carry
+    their lengths' flags (AttentionTiling)."""
 
     def __init__(self, points: Mapping[str, Sequence[Point]], source: str = "",
                  host_ns: Mapping[str, int] | None = None, pass_cost: PassCost | None = None,
                  launches: Mapping[str, float] | None = None, packs: Mapping[str, float] | None = None,
-                 module_cost: ModuleCost | None = None):
+                 module_cost: ModuleCost | None = None, tiling: AttentionTiling | None = None):
         self.points = {op: tuple(ps) for op, ps in points.items() if ps}
         self.source = source
         self.host_ns = dict(host_ns or {})
@@ -197,6 +248,7 @@ class KernelTable:
         self.launches = dict(launches or {})
         self.packs = dict(packs or {})
         self.module_cost = module_cost
+        self.tiling = tiling
         self._rates: dict[tuple[str, tuple[float, ...]], float | None] = {}  # a model repeats its shapes
 
     def exact_rate(self, op: str, feats: tuple[float, ...]) -> float | None:
@@ -208,8 +260,8 @@ class KernelTable:
     def core_ns(self, op: str, shape: Sequence[int]) -> float | None:
         """ns of a matmul-bound op (linear, attention) of `shape` at its rate here; None where
         the table has no point for it."""
-        rate = self.rate(op, features(op, shape, 0))
-        return core_flops(op, shape) / rate if rate else None
+        rate = self.rate(op, features(op, shape, 0, tiling=self.tiling))
+        return work(op, core_flops(op, shape), 0, shape, self.tiling) / rate if rate else None
 
     def rate(self, op: str, feats: tuple[float, ...]) -> float | None:
         key = (op, feats)
@@ -229,6 +281,7 @@ class KernelTable:
                 "launches": dict(sorted(self.launches.items())), "packs": dict(sorted(self.packs.items())),
                 "passes": self.pass_cost.to_json() if self.pass_cost else None,
                 "modules": self.module_cost.to_json() if self.module_cost else None,
+                "attention_tiling": {"tile": TILE, "sms": self.tiling.sms} if self.tiling else None,
                 "ops": {op: [[*p.features, p.rate] for p in ps] for op, ps in sorted(self.points.items())}}
 
 
@@ -245,10 +298,12 @@ def _interpolate(points: Sequence[Point], feats: tuple[float, ...]) -> float:
 def table_from_measurements(rows: Iterable[tuple[str, tuple[float, ...], int, float]], source: str,
                             host: Iterable[tuple[str, int]] = (),
                             pass_cost: PassCost | None = None, launches: Iterable[tuple[str, int]] = (),
-                            packs: Iterable[tuple[str, int]] = ()) -> KernelTable:
+                            packs: Iterable[tuple[str, int]] = (),
+                            tiling: AttentionTiling | None = None) -> KernelTable:
     """A table from (op, features, work, ns) rows: rows of one op and features become
     one point at their median rate; from (op, host ns) rows, the median per op; from
-    (key, count) rows of launches and packs, the mean per key."""
+    (key, count) rows of launches and packs, the mean per key. `tiling`: the rows' flash
+    attention features and work are its (features, work)."""
     grouped: dict[tuple[str, tuple[float, ...]], list[float]] = {}
     for op, feats, amount, ns in rows:
         if ns > 0 and amount > 0:
@@ -256,7 +311,8 @@ def table_from_measurements(rows: Iterable[tuple[str, tuple[float, ...], int, fl
     points: dict[str, list[Point]] = {}
     for (op, feats), rates in sorted(grouped.items()):
         points.setdefault(op, []).append(Point(feats, statistics.median(rates)))
-    return KernelTable(points, source, medians_by_op(host), pass_cost, means_by_key(launches), means_by_key(packs))
+    return KernelTable(points, source, medians_by_op(host), pass_cost, means_by_key(launches), means_by_key(packs),
+                       tiling=tiling)
 
 
 def means_by_key(rows: Iterable[tuple[str, int]]) -> dict[str, float]:
@@ -341,8 +397,13 @@ def load_table(name: str) -> KernelTable:
                           f"{', '.join(k for k in module_fields if k not in modules)} (fitted before it existed); "
                           "write it again with mode=calibrate")
     module_cost = ModuleCost(**{k: float(modules[k]) for k in module_fields}) if modules else None
+    tiles = data.get("attention_tiling")
+    if tiles and tiles.get("tile") != TILE:
+        raise ConfigError(f"hardware.kernel_table={name}: {path} counts attention in tiles of {tiles.get('tile')} "
+                          f"rows, this engine in tiles of {TILE}; write it again with mode=calibrate")
     return KernelTable(points, str(data.get("source", "")), {str(op): int(ns) for op, ns in host.items()}, cost,
-                       counts["launches"], counts["packs"], module_cost)
+                       counts["launches"], counts["packs"], module_cost,
+                       AttentionTiling(int(tiles["sms"])) if tiles else None)
 
 
 class ExecutionTimePredictor:
@@ -461,10 +522,10 @@ class ExecutionTimePredictor:
 
 def _table_ns(table: KernelTable, op: str, flops: int, io_bytes: int, shape: Sequence[int], backward: bool,
               passes: Sequence[tuple[str, int]], training: bool = False) -> float | None:
-    feats = features(op, shape, io_bytes, passes)
+    feats = features(op, shape, io_bytes, passes, table.tiling)
     if feats is None:
         return None
-    amount = work(op, flops, io_bytes)
+    amount = work(op, flops, io_bytes, shape, table.tiling)
     if backward or not passes:
         key = op + (TRAINING if training and op in ATTENTION_OPS else "") + (BACKWARD if backward else "")
         rate = table.rate(key, feats)

@@ -11,10 +11,10 @@ import torch
 from omegaconf import OmegaConf
 
 from engine.calibrate import fit_kernel_table, fit_pass_cost, write_kernel_table
-from engine.compute import (BACKWARD, PASSES, TRAINING, ExecutionTimePredictor, KernelTable, PassCost, Point, features,
-                            load_table, rate_keys, table_from_measurements)
+from engine.compute import (BACKWARD, PASSES, TILE, TRAINING, AttentionTiling, ExecutionTimePredictor, KernelTable,
+                            PassCost, Point, core_flops, features, load_table, rate_keys, table_from_measurements, work)
 from engine.config import load_hardware
-from engine.errors import ConfigError
+from engine.errors import ConfigError, TraceError
 from engine.models import load_spec
 from engine.trace import KernelRecord, read_trace, synthesize
 from tests.conftest import ROOT
@@ -278,7 +278,8 @@ def test_the_shipped_table_prices_masked_training_attention_slower_than_inferenc
 def test_the_training_attention_probe_times_each_point_forward_and_backward(monkeypatch):
     from engine.measure import compute as probe
 
-    for name, value in (("HEADS", (8,)), ("TRAIN_SEQ", (256, 1024)), ("HEAD_DIMS", (64,)), ("DUTY", 1.0)):
+    for name, value in (("HEADS", (8,)), ("TRAIN_SEQ", (256, 1024)), ("HEAD_DIMS", (64,)), ("DUTY", 1.0),
+                        ("TRAIN_TILED_HEADS", ())):
         monkeypatch.setattr(probe, name, value)
     grid = probe.probe_attention_training(torch.device("cuda"))
     for op in ("attention_train", "attention_masked_train"):
@@ -305,3 +306,109 @@ def test_a_table_without_module_costs_prices_a_modules_host_by_its_launches(tmp_
     assert p.module_host_ns(ops=10, dispatches=40) == round(10 * per_launch[1])
     roofline = ExecutionTimePredictor(OmegaConf.merge(hw, {"kernel_table": None}))
     assert roofline.launch_host_ns() == hw.kernel_launch_us * 1e3  # no table: the profile's figure
+
+
+def test_attention_tile_work_counts_the_last_waves_idle_sms_and_the_padded_tiles():
+    tiling = AttentionTiling(sms=4)
+    full = (4, 2 * TILE, 2 * TILE, 64)  # 8 query tiles: two full waves over 4 SMs, keys on the tile
+    assert tiling.work(full) == core_flops("attention", full)
+    ragged = (4, 2 * TILE + 1, 2 * TILE + 1, 64)  # 12 query tiles: 3 waves, 3 key tiles
+    assert tiling.work(ragged) == 4 * 3 * 4 * TILE * 3 * TILE * 64
+    one_more_head = (5, 2 * TILE, 2 * TILE, 64)  # 10 tiles: a third wave, 2 of its 4 SMs idle
+    assert tiling.work(one_more_head) == 4 * 3 * 4 * TILE * 2 * TILE * 64
+    # a backward counted twice its forward's FLOPs counts twice its tile work
+    flops = core_flops("attention", ragged)
+    assert work("attention", 2 * flops, 0, ragged, tiling) == 2 * tiling.work(ragged)
+    assert work("attention_masked", flops, 0, ragged, tiling) == flops  # the memory-efficient kernel: FLOPs
+    assert work("attention", flops, 0, ragged, None) == flops  # a table without a tiling: FLOPs
+
+
+def test_a_tiled_tables_attention_features_flag_lengths_off_the_tile():
+    tiling = AttentionTiling(sms=132)
+    aligned = features("attention", (32, 4096, 4096, 128), 0, tiling=tiling)
+    assert aligned == (5.0, 12.0, 12.0, 7.0, 0.0, 0.0)
+    assert features("attention", (32, 4096, 333, 128), 0, tiling=tiling)[4:] == (0.0, 0.5)
+    assert features("attention", (32, 4429, 4429, 128), 0, tiling=tiling)[4:] == (0.5, 0.5)
+    assert len(features("attention_masked", (32, 4429, 4429, 128), 0, tiling=tiling)) == 4
+    assert len(features("attention", (32, 4429, 4429, 128), 0)) == 4  # untiled table: as before
+
+
+def _tiled_probe(sms: int = 132) -> dict:
+    """Attention on the tile at 900 FLOP/ns of tile work, off it at 600, over two head counts."""
+    tiling = AttentionTiling(sms)
+    rows = []
+    for bh, n, rate in ((32, 4096, 900), (32, 8192, 900), (38, 4096, 900), (38, 8192, 900),
+                        (32, 4429, 600), (32, 8525, 600), (38, 4429, 600), (38, 8525, 600)):
+        rows.append([bh, n, n, 128, round(tiling.work((bh, n, n, 128)) / rate)])
+    return {"attention": rows, "sms": sms}
+
+
+def test_calibrate_counts_attention_in_tiles_where_the_probe_names_its_sms():
+    table = fit_kernel_table([], "probe only", [_tiled_probe()])
+    assert table.tiling == AttentionTiling(132)
+    p = ExecutionTimePredictor(_roofline())
+    p.table = table
+    def rate(shape):
+        return AttentionTiling(132).work(shape) / p.core_ns("attention", shape)
+
+    # between probed lengths, one off the tile takes mostly the rate of lengths off the tile, one
+    # on it mostly the rate on it
+    assert 600 < rate((34, 6000, 6000, 128)) < 700
+    assert 800 < rate((34, 6144, 6144, 128)) < 900
+    assert fit_kernel_table([], "untiled", [{"attention": _tiled_probe()["attention"]}]).tiling is None
+    with pytest.raises(TraceError, match="114 and 132 SMs"):
+        fit_kernel_table([], "two GPUs", [_tiled_probe(), _tiled_probe(114)])
+
+
+def test_a_tiled_table_round_trips_and_one_of_another_tile_is_refused(tmp_path):
+    table = fit_kernel_table([], "probe only", [_tiled_probe()])
+    path = tmp_path / "t.kernels.json"
+    path.write_text(json.dumps(table.to_json()))
+    load_table.cache_clear()
+    loaded = load_table(str(path))
+    assert loaded.tiling == AttentionTiling(132)
+    shape = (38, 4429, 4429, 64)
+    assert loaded.core_ns("attention", shape) == table.core_ns("attention", shape)
+    other = tmp_path / "o.kernels.json"
+    other.write_text(json.dumps({**table.to_json(), "attention_tiling": {"tile": 64, "sms": 132}}))
+    with pytest.raises(ConfigError, match="tiles of 64 rows"):
+        load_table(str(other))
+    load_table.cache_clear()
+
+
+def test_the_shipped_h200_table_prices_sd35s_joint_attention_as_probed():
+    """SD3.5 Large's joint attention (38 heads of 64, 4096 + 333 tokens) ran 494 us on the H200
+    (data/traces/h200/probes-h200-2026-11-28-tiles.json); the table before tiles priced it at 390."""
+    p = ExecutionTimePredictor(load_hardware("h200"))
+    assert p.core_ns("attention", (38, 4429, 4429, 64)) == pytest.approx(494_118, rel=0.01)
+    # a length the probe skipped, off the tile, priced from its neighbours off the tile
+    between = p.core_ns("attention", (38, 9549, 9549, 64))
+    assert 1.9e6 < between < 2.2e6
+
+
+def test_the_compute_probe_times_attention_off_the_tile_and_over_model_head_counts():
+    from engine.measure import compute as probe
+
+    shapes = probe.attention_shapes(masked=False)
+    assert len(shapes) == len(set(shapes))
+    assert any(lq % TILE for _bh, lq, _lk, _d in shapes) and {24, 38, 48} <= {s[0] for s in shapes}
+    assert any(lq % TILE for _bh, lq, _lk, _d in probe.training_attention_shapes(masked=False))
+    assert not any(s[1] % TILE and s[1] > 64 for s in probe.training_attention_shapes(masked=True))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="times kernels on a CUDA device")
+def test_the_tiles_probe_names_the_sms_and_times_each_shape(monkeypatch):
+    from engine.measure import compute as probe
+
+    for name, value in (("TILED_HEADS", (8,)), ("TILED_SEQ", (1000, 1024)), ("HEAD_DIMS", (64,)), ("DUTY", 1.0),
+                        ("CROSS_HEADS", ()), ("MASKED_HEADS", (8,)), ("MASKED_Q", (1024,)), ("MASKED_K", (77,)),
+                        ("TRAIN_TILED_HEADS", (8,)), ("TRAIN_TILED_SEQ", (1100,)), ("TRAIN_CROSS_Q", ())):
+        monkeypatch.setattr(probe, name, value)
+    grid = probe.probe_tiles(torch.device("cuda"))
+    assert grid["sms"] == torch.cuda.get_device_properties(0).multi_processor_count
+    assert [r[:4] for r in grid["attention"]] == [[8, 1000, 1000, 64], [8, 1024, 1024, 64]]
+    assert [r[:4] for r in grid["attention_masked"]] == [[8, 1024, 77, 64]]
+    assert [r[:4] for r in grid["attention_train"]] == [[8, 1100, 1100, 64]]
+    assert all(v > 0 for rows in (grid["attention"], grid["attention_train"]) for r in rows for v in r[4:])
+    assert fit_kernel_table([], "tiles", [grid]).tiling == AttentionTiling(grid["sms"])

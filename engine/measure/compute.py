@@ -21,6 +21,10 @@ with autograd on and its backward, on the layout diffusers and transformers hand
 ((1, l, heads, d) viewed as (1, heads, l, d)). Unmasked it is the flash kernel; masked, the
 memory-efficient one, which runs well under the cuDNN kernel inference takes.
 
+The "tiled" shapes time flash attention where its tiles set the pace (engine/compute.py,
+AttentionTiling): lengths off the 128-row tile, the head counts models run, and text-length
+keys, with the GPU's SM count ("sms"), so calibrate counts attention in tile work.
+
 Times are CUDA events around REPEATS launches after WARMUP, divided by REPEATS. Each point
 starts from a rested GPU: the probe idles REST_S, and as long again as the point ran over
 DUTY, so its duty stays under DUTY. Back to back, the grid's heavy points ran at the clocks of
@@ -52,6 +56,16 @@ SEQ_MASKED = (1, 64, 256, 1024, 2048, 4096, 6144, 8192, 16384)
 HEAD_DIMS = (64, 128)
 HEADS = (8, 32)
 TRAIN_SEQ = (64, 256, 1024, 2048, 4096, 6144, 8192, 16384)  # a training step's sequences: no decode
+# Flash attention's tiles (module docstring): self-attention at lengths on and off the tile over
+# the head counts models run, queries against text-length keys, and the same masked.
+TILED_SEQ = (1000, 1024, 1100, 1500, 2048, 2100, 3000, 3333, 4096, 4173, 4429, 5000, 6144, 6400, 7000, 8192, 8269,
+             8525, 10000, 12000)
+TILED_HEADS = (8, 16, 24, 32, 38, 48)
+CROSS_Q, CROSS_K, CROSS_HEADS = (1024, 4096, 4429, 8192), (77, 154, 256, 333, 512), (8, 24, 38)
+MASKED_Q, MASKED_K, MASKED_HEADS = (4096, 4429, 6400), (77, 226, 256, 333), (8, 32)
+TRAIN_TILED_SEQ = (1024, 1100, 2048, 2100, 4096, 4429, 6144, 6400, 8192, 8525)
+TRAIN_TILED_HEADS = (8, 24, 38)
+TRAIN_CROSS_Q, TRAIN_CROSS_K = (4096, 4429), (77, 333)
 # What a training step's attention may run: everything but cuDNN's kernels (module docstring).
 TRAIN_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 MEMORY_BYTES = tuple(1 << p for p in range(12, 31, 2))
@@ -87,10 +101,13 @@ PASS_FNS: dict[str, tuple[str, int, Callable[[dict[str, torch.Tensor]], torch.Te
 
 def time_op_ns(fn: Callable[[], object], device: torch.device) -> float:
     """ns of one call of `fn`: WARMUP calls, then REPEATS timed with CUDA events, then a rest
-    (module docstring)."""
+    (module docstring). The first call is not counted in the duty: a library may build its
+    kernel's plan for a new shape there (cuDNN's attention does), host work that leaves the
+    GPU cool."""
+    fn()
     torch.cuda.synchronize(device)
     began = time.perf_counter()
-    for _ in range(WARMUP):
+    for _ in range(WARMUP - 1):
         fn()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
@@ -122,13 +139,45 @@ def probe_passes(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> l
     return out
 
 
-def probe_attention(device: torch.device, dtype: torch.dtype = torch.bfloat16, masked: bool = False) -> list[list]:
-    """[[bh, lq, lk, d, ns]]: SDPA over (1, bh, l, d) at HEADS x SEQ x SEQ x HEAD_DIMS; `masked`
-    with a boolean key mask (1, 1, 1, lk), as a model that pads its text passes it (torch then
-    runs another kernel than the unmasked flash one), over SEQ_MASKED."""
-    out = []
+Shape = tuple[int, int, int, int]  # (bh, lq, lk, d)
+
+
+def tiled_shapes(masked: bool) -> list[Shape]:
+    """The tiled shapes of inference attention (module docstring)."""
+    if masked:
+        return list(itertools.product(MASKED_HEADS, MASKED_Q, MASKED_K, HEAD_DIMS))
+    return [(h, n, n, d) for h, n, d in itertools.product(TILED_HEADS, TILED_SEQ, HEAD_DIMS)] + \
+        list(itertools.product(CROSS_HEADS, CROSS_Q, CROSS_K, HEAD_DIMS))
+
+
+def tiled_training_shapes() -> list[Shape]:
+    """The tiled shapes of a training step's unmasked attention."""
+    return [(h, n, n, d) for h, n, d in itertools.product(TRAIN_TILED_HEADS, TRAIN_TILED_SEQ, HEAD_DIMS)] + \
+        list(itertools.product(TRAIN_TILED_HEADS, TRAIN_CROSS_Q, TRAIN_CROSS_K, HEAD_DIMS))
+
+
+def attention_shapes(masked: bool) -> list[Shape]:
+    """Inference attention's grid: HEADS x SEQ x SEQ x HEAD_DIMS (masked: SEQ_MASKED), then
+    the tiled shapes."""
     seq = SEQ_MASKED if masked else SEQ
-    for bh, lq, lk, d in itertools.product(HEADS, seq, seq, HEAD_DIMS):
+    grid = list(itertools.product(HEADS, seq, seq, HEAD_DIMS))
+    return list(dict.fromkeys(grid + tiled_shapes(masked)))
+
+
+def training_attention_shapes(masked: bool) -> list[Shape]:
+    """A training step's attention grid: HEADS x TRAIN_SEQ x TRAIN_SEQ x HEAD_DIMS, then
+    (unmasked) the tiled shapes."""
+    grid = list(itertools.product(HEADS, TRAIN_SEQ, TRAIN_SEQ, HEAD_DIMS))
+    return list(dict.fromkeys(grid + ([] if masked else tiled_training_shapes())))
+
+
+def probe_attention(device: torch.device, dtype: torch.dtype = torch.bfloat16, masked: bool = False,
+                    shapes: Sequence[Shape] | None = None) -> list[list]:
+    """[[bh, lq, lk, d, ns]]: SDPA over (1, bh, l, d) at `shapes` (attention_shapes); `masked`
+    with a boolean key mask (1, 1, 1, lk), as a model that pads its text passes it (torch then
+    runs another kernel than the unmasked flash one)."""
+    out = []
+    for bh, lq, lk, d in attention_shapes(masked) if shapes is None else shapes:
         if 4.0 * bh * lq * lk * d > MAX_FLOPS:
             continue
         q = torch.randn(1, bh, lq, d, device=device, dtype=dtype)
@@ -140,13 +189,14 @@ def probe_attention(device: torch.device, dtype: torch.dtype = torch.bfloat16, m
     return out
 
 
-def _training_attention_rows(device: torch.device, dtype: torch.dtype, masked: bool) -> list[list]:
+def training_attention_rows(device: torch.device, dtype: torch.dtype, masked: bool,
+                            shapes: Sequence[Shape] | None = None) -> list[list]:
     """[[bh, lq, lk, d, forward ns, backward ns]]: SDPA as a training step runs it (module
-    docstring) over HEADS x TRAIN_SEQ x TRAIN_SEQ x HEAD_DIMS, `masked` with a boolean key mask
+    docstring) at `shapes` (training_attention_shapes), `masked` with a boolean key mask
     (1, 1, 1, lk); the backward is the gradient of query, key and value from the output's."""
     out = []
     with sdpa_kernel(TRAIN_BACKENDS):
-        for bh, lq, lk, d in itertools.product(HEADS, TRAIN_SEQ, TRAIN_SEQ, HEAD_DIMS):
+        for bh, lq, lk, d in training_attention_shapes(masked) if shapes is None else shapes:
             if 4.0 * bh * lq * lk * d > MAX_FLOPS:
                 continue
             leaves = [torch.randn(1, n, bh, d, device=device, dtype=dtype, requires_grad=True) for n in (lq, lk, lk)]
@@ -164,16 +214,25 @@ def _training_attention_rows(device: torch.device, dtype: torch.dtype, masked: b
 def probe_attention_training(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> dict:
     """{"attention_train": [[bh, lq, lk, d, forward ns, backward ns]] unmasked,
     "attention_masked_train": the same masked}: attention as a training step runs it."""
-    return {"attention_train": _training_attention_rows(device, dtype, masked=False),
-            "attention_masked_train": _training_attention_rows(device, dtype, masked=True)}
+    return {"attention_train": training_attention_rows(device, dtype, masked=False),
+            "attention_masked_train": training_attention_rows(device, dtype, masked=True)}
+
+
+def probe_tiles(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> dict:
+    """The tiled shapes alone (module docstring), inference and training, with "sms": a probe
+    file to add beside one written before they were probed."""
+    return {"attention": probe_attention(device, dtype, shapes=tiled_shapes(False)),
+            "attention_masked": probe_attention(device, dtype, masked=True, shapes=tiled_shapes(True)),
+            "attention_train": training_attention_rows(device, dtype, False, tiled_training_shapes()),
+            "sms": torch.cuda.get_device_properties(device).multi_processor_count}
 
 
 def probe_compute(device: torch.device, dtype: torch.dtype = torch.bfloat16, training: bool = True) -> dict:
     """{"linear": [[m, n, k, ns]], "attention": [[bh, lq, lk, d, ns]], "attention_masked": the same
-    with a key mask, "memory": [[bytes, ns]], "passes": probe_passes}: y = x @ w.T + b for x (m, k),
-    w (n, k); SDPA (probe_attention); y = x + y over bytes. `training` adds "attention_train" and
-    "attention_masked_train" (probe_attention_training)."""
-    out: dict[str, list[list]] = {"linear": [], "memory": []}
+    with a key mask, "memory": [[bytes, ns]], "passes": probe_passes, "sms": the GPU's SM count}:
+    y = x @ w.T + b for x (m, k), w (n, k); SDPA (probe_attention); y = x + y over bytes.
+    `training` adds "attention_train" and "attention_masked_train" (probe_attention_training)."""
+    out: dict = {"linear": [], "memory": [], "sms": torch.cuda.get_device_properties(device).multi_processor_count}
     for m, n, k in itertools.product(ROWS, WIDTHS, WIDTHS):
         if 2.0 * m * n * k > MAX_FLOPS:
             continue
@@ -208,7 +267,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     p = OneLineParser(prog="python -m engine.measure.compute", description=main.__doc__)
     p.add_argument("--out", required=True, type=Path, help="the probe file to write (JSON)")
-    p.add_argument("--only", choices=("attention_masked", "attention_train"),
+    p.add_argument("--only", choices=("attention_masked", "attention_train", "attention_tiles"),
                    help="probe this op alone (a probe file to add beside an older one)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -217,7 +276,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(2)
     device = torch.device("cuda", torch.cuda.current_device())
     only = {"attention_masked": lambda: {"attention_masked": probe_attention(device, masked=True)},
-            "attention_train": lambda: probe_attention_training(device)}
+            "attention_train": lambda: probe_attention_training(device),
+            "attention_tiles": lambda: probe_tiles(device)}
     grid = only[args.only]() if args.only else probe_compute(device)
     data = {"probes": {"compute": grid}, "device": torch.cuda.get_device_name(device),
             "torch": torch.__version__, "cuda": torch.version.cuda,
