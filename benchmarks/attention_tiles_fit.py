@@ -2,7 +2,7 @@
 recordings' probe grids), with plain FLOP rates and with the tiled table (engine/compute.py,
 AttentionTiling); time-weighted mean |error| by op and by kind of shape. Runs on any CPU.
 
-    python benchmarks/attention_tiles_fit.py data/traces/h200/probes-h200-2026-11-28-tiles.json \
+    python benchmarks/attention_tiles_fit.py data/traces/h200/probes-h200-2026-11-28-tiles-c.json \
         --traces data/traces/h200
 """
 from __future__ import annotations

@@ -378,7 +378,7 @@ def test_a_tiled_table_round_trips_and_one_of_another_tile_is_refused(tmp_path):
 
 def test_the_shipped_h200_table_prices_sd35s_joint_attention_as_probed():
     """SD3.5 Large's joint attention (38 heads of 64, 4096 + 333 tokens) ran 494 us on the H200
-    (data/traces/h200/probes-h200-2026-11-28-tiles.json); the table before tiles priced it at 390."""
+    (data/traces/h200/probes-h200-2026-11-28-tiles-c.json); the table before tiles priced it at 390."""
     p = ExecutionTimePredictor(load_hardware("h200"))
     assert p.core_ns("attention", (38, 4429, 4429, 64)) == pytest.approx(494_118, rel=0.01)
     # a length the probe skipped, off the tile, priced from its neighbours off the tile

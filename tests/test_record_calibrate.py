@@ -532,10 +532,11 @@ def test_a_training_recordings_forward_kernels_give_no_rates_its_backward_does()
 def test_the_shipped_h200_profile_is_what_calibrate_fits_from_its_recording(tmp_path) -> None:
     """conf/hardware/h200.yaml and its kernel table come from data/traces/h200 alone (the spec
     recordings; the module costs from the real modules recorded there; attention's tiles from the
-    probe file there): refitting gives the same fields and the same table (the date in `source` aside)."""
+    probe files there): refitting gives the same fields and the same table (the date in `source` aside)."""
     out = tmp_path / "h200.yaml"
-    r = _calibrate_cli(str(DATA / "h200"), "--modules", str(DATA / "h200" / "modules"), "--probes",
-                       str(DATA / "h200" / "probes-h200-2026-11-28-tiles.json"), "--out", str(out))
+    probes = [a for q in sorted((DATA / "h200").glob("probes-*.json")) for a in ("--probes", str(q))]
+    assert len(probes) == 6
+    r = _calibrate_cli(str(DATA / "h200"), "--modules", str(DATA / "h200" / "modules"), *probes, "--out", str(out))
     assert r.returncode == 0, r.stderr
     fitted, shipped = yaml.safe_load(out.read_text()), base_profile("h200")
     assert fitted["device"] == shipped["device"] == "NVIDIA H200" and shipped["device_memory_mb"] == 150110

@@ -59,7 +59,7 @@ TRAIN_SEQ = (64, 256, 1024, 2048, 4096, 6144, 8192, 16384)  # a training step's 
 # Flash attention's tiles (module docstring): self-attention at lengths on and off the tile over
 # the head counts models run, queries against text-length keys, and the same masked.
 TILED_SEQ = (1000, 1024, 1100, 1500, 2048, 2100, 3000, 3333, 4096, 4173, 4429, 5000, 6144, 6400, 7000, 8192, 8269,
-             8525, 10000, 12000)
+             8525, 10000, 12000, 16384, 24576, 32760, 32768)  # 32760: a 480p video of 81 frames
 TILED_HEADS = (8, 16, 24, 32, 38, 48)
 CROSS_Q, CROSS_K, CROSS_HEADS = (1024, 4096, 4429, 8192), (77, 154, 256, 333, 512), (8, 24, 38)
 MASKED_Q, MASKED_K, MASKED_HEADS = (4096, 4429, 6400), (77, 226, 256, 333), (8, 32)
