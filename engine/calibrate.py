@@ -574,6 +574,10 @@ def read_probe_file(path: Path) -> dict:
                    None) if isinstance(rows, list) else rows
         if bad is not None:
             raise TraceError(f"{path}: compute probe {op!r} has a malformed row {str(bad)[:80]}; {hint}")
+    sms = compute.get("sms")
+    if sms is not None and not (isinstance(sms, int) and not isinstance(sms, bool) and sms > 0):
+        raise TraceError(f"{path}: compute probe \"sms\" is {str(sms)[:40]!r}, not the GPU's SM count (an integer "
+                         f"above 0); {hint}")
     return compute
 
 

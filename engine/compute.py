@@ -41,8 +41,8 @@ its work into query tiles of TILE rows per head, run in waves over the GPU's SMs
 looping over the keys in tiles of TILE. A table calibrated from a probe that knows the SM
 count (`AttentionTiling`) counts such a kernel's work in the tiles it runs, the last wave's
 idle SMs and the padded tiles included, and gives a length off the tile a feature of its own:
-such a length takes a slower code path throughout (7-14% per tile at 8192 tokens on an H200,
-benchmarks/results/). Interpolated over heads and lengths, these rates follow the
+such a length takes a slower code path throughout, not only in its last tile
+(benchmarks/results/attention-tiles-*). Interpolated over heads and lengths, these rates follow the
 step a head count or a length makes where it spills into another wave, which plain FLOP
 rates smear. Masked attention (the memory-efficient kernel) keeps plain FLOP rates.
 """

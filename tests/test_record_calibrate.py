@@ -425,7 +425,8 @@ def test_calibrate_takes_a_compute_probe_file_for_the_kernel_table(tmp_path) -> 
     assert table["passes"]["ns_per_byte"] == pytest.approx(dict.fromkeys(PASSES, 60_000 / (1 << 27)), rel=1e-4)
 
 
-@pytest.mark.parametrize("content", [None, "{", '{"probes": {}}', '{"probes": {"compute": {"passes": [["x", 1]]}}}'])
+@pytest.mark.parametrize("content", [None, "{", '{"probes": {}}', '{"probes": {"compute": {"passes": [["x", 1]]}}}',
+                                     '{"probes": {"compute": {"sms": "132"}}}'])
 def test_a_bad_probe_file_is_one_line_and_exit_2(tmp_path, content) -> None:
     path = tmp_path / "probes.json"
     if content is not None:
