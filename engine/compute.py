@@ -502,6 +502,24 @@ class ExecutionTimePredictor:
         # Integer nanoseconds, at least 1: a launched kernel always takes time.
         return max(1, round(ns))
 
+    def untiled_note(self, cores: Iterable[tuple[str, Sequence[int]]]) -> str | None:
+        """A line saying that attention in `cores` ((op, shape) pairs) runs at a length off the
+        tile this profile prices as on it (a table without AttentionTiling, or none); None
+        where no such attention is priced."""
+        if self.table is not None and self.table.tiling is not None:
+            return None
+        ragged = next((shape for op, shape in cores if op in ATTENTION_OPS and len(shape) == CORE_DIMS[op]
+                       and any(AttentionTiling.flags(shape))), None)
+        if ragged is None:
+            return None
+        _bh, lq, lk, _d = ragged
+        table = "this profile's kernel table was probed without attention's tiles" if self.table is not None \
+            else "this profile has no kernel table"
+        return (f"attention over {lq} x {lk} tokens is off the {TILE}-token tile, where it runs slower per FLOP, and "
+                f"{table}: it is priced fast; probe the tiles on this GPU (python -m "
+                "engine.measure.compute --only attention_tiles --out FILE) and calibrate with --probes FILE, as "
+                "hardware=h200 is")
+
     def host_ns(self, op: str, phase: str = "fwd", training: bool = False) -> int:
         """Host time to launch one kernel of `op` in `phase`, from the table; 0 (the
         profile's kernel_launch_us applies) where the table has none."""

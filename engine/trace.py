@@ -80,6 +80,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import zlib
 from dataclasses import asdict, dataclass, fields, is_dataclass
 from datetime import datetime, timezone
@@ -93,6 +94,8 @@ from engine.compute import BACKWARD_FLOPS_FACTOR, CORE_DIMS, PASSES, ExecutionTi
 from engine.errors import TraceError
 from engine.policy import AccessOrder
 from engine.models.spec import Kernel, ModelSpec, SavedTensor
+
+log = logging.getLogger(__name__)
 
 FORMAT = "offload-engine-trace"
 VERSION = 1
@@ -182,6 +185,9 @@ def synthesize(spec: ModelSpec, workload: Any, hardware: Any) -> Trace:
     meta device: engine/models/liveness.py), as a recorded module's header does.
     """
     predictor = ExecutionTimePredictor(hardware)
+    note = predictor.untiled_note((k.op, k.shape) for k in spec.kernels if k.op)
+    if note:
+        log.warning(note)
     training = workload.kind == "train_lora"
     forward = []
     taken: set[str] = set()

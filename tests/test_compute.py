@@ -412,3 +412,26 @@ def test_the_tiles_probe_names_the_sms_and_times_each_shape(monkeypatch):
     assert [r[:4] for r in grid["attention_train"]] == [[8, 1100, 1100, 64]]
     assert all(v > 0 for rows in (grid["attention"], grid["attention_train"]) for r in rows for v in r[4:])
     assert fit_kernel_table([], "tiles", [grid]).tiling == AttentionTiling(grid["sms"])
+
+
+def test_a_profile_without_tiles_says_it_prices_attention_off_the_tile_fast():
+    untiled = ExecutionTimePredictor(load_hardware("h100_pcie5"))
+    tiled = ExecutionTimePredictor(load_hardware("h200"))
+    ragged = [("linear", (4429, 2432, 2432)), ("attention", (38, 4429, 4429, 64))]
+    note = untiled.untiled_note(ragged)
+    assert note and "4429 x 4429 tokens" in note and "--only attention_tiles" in note
+    assert tiled.untiled_note(ragged) is None
+    assert untiled.untiled_note([("attention", (32, 4096, 256, 128)), ("attention_masked", (32, 6144, 512, 128))]) is None
+    assert "no kernel table" in ExecutionTimePredictor(_roofline()).untiled_note(ragged)
+
+
+def test_a_spec_synthesized_off_the_tile_on_an_untiled_profile_warns_once(caplog):
+    workload = OmegaConf.create({**read_trace(FULL / "ltx2-full.jsonl.gz").header["workload"], "video_tokens": 4429})
+    spec = load_spec("ltx", workload)
+    with caplog.at_level("WARNING", logger="engine.trace"):
+        synthesize(spec, workload, load_hardware("h100_pcie5"))
+    assert len([r for r in caplog.records if "4429 x 4429 tokens is off the 128-token tile" in r.message]) == 1
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="engine.trace"):
+        synthesize(spec, workload, load_hardware("h200"))
+    assert not any("tile" in r.message for r in caplog.records)

@@ -257,6 +257,9 @@ def priced_trace(seen: SeenForward, hardware: Any, name: str, workload: Mapping[
                     "(the table's host time per launch); fit one with "
                     "python -m engine.calibrate ... --modules RECORDINGS", hardware.kernel_table)
     rec, order = seen.recording, seen.order
+    note = predictor.untiled_note(core for c in rec.census for core in c.cores)
+    if note:
+        log.warning(note)
     training = seen.saved is not None
     # The step's attention as it runs: without cuDNN's kernels where the CLI's training turns them off.
     attention = training and not workload.get("cudnn_attention", torch.backends.cuda.cudnn_sdp_enabled())
