@@ -551,6 +551,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(2)
     args.out.write_text(profile_yaml(profile))
     print(f"wrote {args.out} from {len(paths)} trace(s)" + (f" and {len(probes)} probe file(s)" if probes else ""))
+    given = {q.resolve() for q in args.probes}
+    unused = [q for d in map(Path, args.traces) if d.is_dir() for q in sorted(d.glob("probes-*.json"))
+              if q.resolve() not in given]
+    if unused:
+        print(f"note: {', '.join(str(q) for q in unused)} beside the traces not taken (a probe file counts only "
+              "with --probes FILE)", file=sys.stderr)
 
 
 def read_probe_file(path: Path) -> dict:

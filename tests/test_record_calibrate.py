@@ -546,3 +546,20 @@ def test_the_shipped_h200_profile_is_what_calibrate_fits_from_its_recording(tmp_
     conf = Path(__file__).resolve().parents[1] / "conf" / "hardware"
     table, ours = (json.loads(p.read_text()) for p in (tmp_path / "h200.kernels.json", conf / "h200.kernels.json"))
     assert {k: v for k, v in table.items() if k != "source"} == {k: v for k, v in ours.items() if k != "source"}
+
+
+def test_a_probe_file_beside_the_traces_is_named_when_not_taken(tmp_path) -> None:
+    """calibrate reads the traces of a directory; a probe file there counts only with --probes,
+    and calibrate says so."""
+    import shutil
+
+    traces = tmp_path / "rec"
+    traces.mkdir()
+    shutil.copy(DATA / "h200" / "flux-full.jsonl.gz", traces)
+    probe = traces / "probes-tiles.json"
+    shutil.copy(DATA / "h200" / "probes-h200-2026-11-28-tiles-c.json", probe)
+    r = _calibrate_cli(str(traces), "--out", str(tmp_path / "a.yaml"))
+    assert r.returncode == 0 and f"note: {probe} beside the traces not taken" in r.stderr, r.stderr
+    r = _calibrate_cli(str(traces), "--probes", str(probe), "--out", str(tmp_path / "b.yaml"))
+    assert r.returncode == 0 and "note:" not in r.stderr, r.stderr
+    assert json.loads((tmp_path / "b.kernels.json").read_text())["attention_tiling"] == {"tile": 128, "sms": 132}
