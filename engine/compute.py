@@ -109,10 +109,15 @@ class AttentionTiling:
         return RAGGED * (lq % TILE != 0), RAGGED * (lk % TILE != 0)
 
 
+def core_op(op: str) -> str:
+    """A table key's bare op: without BACKWARD and TRAINING."""
+    return op.removesuffix(BACKWARD).removesuffix(TRAINING)
+
+
 def is_tiled(op: str, tiling: AttentionTiling | None) -> bool:
     """Whether `op`'s rates count tile work (AttentionTiling): a flash attention op, in any
     phase, in a table that knows its tiling."""
-    return tiling is not None and op.removesuffix(BACKWARD).removesuffix(TRAINING) in TILED_OPS
+    return tiling is not None and core_op(op) in TILED_OPS
 
 
 def features(op: str, shape: Sequence[int], io_bytes: int, passes: Sequence[tuple[str, int]] = (),
@@ -121,8 +126,7 @@ def features(op: str, shape: Sequence[int], io_bytes: int, passes: Sequence[tupl
     shape does not say (a module kernel, or a spec kernel without a shape). A
     forward memory kernel with passes is keyed by its bytes of each pass kind; a tiled
     attention (is_tiled) adds its lengths' flags (AttentionTiling.flags)."""
-    base = op.removesuffix(BACKWARD)
-    core = base.removesuffix(TRAINING)
+    base, core = op.removesuffix(BACKWARD), core_op(op)
     if core in MATMUL_OPS:
         if len(shape) != CORE_DIMS[core]:
             return None
@@ -148,8 +152,7 @@ def rate_keys(op: str) -> tuple[str, ...]:
     """The table keys `op`'s rate is looked up under, first found first: its own; for a
     training attention key, the same without TRAINING (a table probed before training
     attention); a backward's forward; the bare op's probe grid (GRID_OPS)."""
-    base = op.removesuffix(BACKWARD)
-    core = base.removesuffix(TRAINING)
+    base, core = op.removesuffix(BACKWARD), core_op(op)
     keys = [op, core + op[len(base):], base, core, GRID_OPS.get(core, "")]
     return tuple(dict.fromkeys(k for k in keys if k))
 
@@ -182,7 +185,7 @@ def work(op: str, flops: int, io_bytes: int, shape: Sequence[int] = (),
     work, times flops over its own FLOPs: a backward's count), bytes for a memory-bound one."""
     if is_tiled(op, tiling) and len(shape) == CORE_DIMS["attention"]:
         return round(flops * tiling.work(shape) / core_flops("attention", shape))
-    return flops if op.removesuffix(BACKWARD).removesuffix(TRAINING) in MATMUL_OPS else io_bytes
+    return flops if core_op(op) in MATMUL_OPS else io_bytes
 
 
 @dataclass(frozen=True)
@@ -503,12 +506,12 @@ class ExecutionTimePredictor:
         return max(1, round(ns))
 
     def untiled_note(self, cores: Iterable[tuple[str, Sequence[int]]]) -> str | None:
-        """A line saying that attention in `cores` ((op, shape) pairs) runs at a length off the
-        tile this profile prices as on it (a table without AttentionTiling, or none); None
+        """A line saying that flash attention (TILED_OPS) in `cores` ((op, shape) pairs) runs at a
+        length off the tile this profile prices as on it (a table without AttentionTiling, or none); None
         where no such attention is priced."""
         if self.table is not None and self.table.tiling is not None:
             return None
-        ragged = next((shape for op, shape in cores if op in ATTENTION_OPS and len(shape) == CORE_DIMS[op]
+        ragged = next((shape for op, shape in cores if op in TILED_OPS and len(shape) == CORE_DIMS[op]
                        and any(AttentionTiling.flags(shape))), None)
         if ragged is None:
             return None
