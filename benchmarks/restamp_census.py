@@ -1,4 +1,4 @@
-"""Write each real-module recording's op census into its records (cores, memory_elements, ops, dispatches),
+"""Write each real-module recording's op census into its records (cores, passes, ops, dispatches),
 and its meta forward's traced peak into its header (traced_peak_bytes).
 
     python benchmarks/restamp_census.py data/traces/modules/ltx2.trace.jsonl.gz=ltx2_diffusers ... --out OUT
@@ -45,7 +45,7 @@ def main() -> None:
         if list(seen.order.kernels) != names:
             raise SystemExit(f"{path}: the meta forward of {model} runs other kernels than the recording; "
                              "is it the model config it recorded?")
-        records = [dataclasses.replace(r, cores=tuple(c.cores), memory_elements=c.memory_elements, ops=c.ops,
+        records = [dataclasses.replace(r, cores=tuple(c.cores), passes=c.pass_list(), ops=c.ops,
                                        dispatches=c.dispatches)
                    for r, c in zip(trace.records, seen.recording.census)] + list(trace.records[len(names):])
         out = args.out / Path(path).name

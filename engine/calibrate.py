@@ -184,7 +184,7 @@ def _recorded_rates(records: Sequence[KernelRecord]) -> dict[str, float] | None:
     rows = []
     for r in records:
         moved = pass_bytes(r.passes)
-        if r.phase == "fwd" and r.op not in MATMUL_OPS and r.passes and r.compute_ns > 0 \
+        if r.phase == "fwd" and r.op and r.op not in MATMUL_OPS and r.passes and r.compute_ns > 0 \
                 and sum(moved.values()) >= MIN_PASS_BYTES:
             rows.append([moved[k] / r.compute_ns for k in PASSES])
     if not rows:
@@ -292,19 +292,22 @@ def attention_tiling(grids: Sequence[dict]) -> AttentionTiling | None:
 
 
 def fit_module_cost(modules: Sequence[Trace], table: KernelTable) -> ModuleCost:
-    """What recorded real modules' blocks cost beside their cores, from the records' census
-    (engine/modules/census.py), each recording weighted alike (its rows by its step), by least
-    squares with both terms at least 0:
+    """What recorded real modules' blocks cost beside their cores and memory passes, from
+    the records' census (engine/modules/census.py), each recording weighted alike (its rows
+    by its step), by least squares with each term at least 0:
     - GPU: each record's compute at the held kernels' pace (its time over the header's
-      compute_scale), less its cores at `table`'s rates, as ns_per_element x memory_elements +
-      ns_per_op x ops. Decode recordings are left out: the table's one-row matmul points
-      come from recorded decode kernels, whose small ops they hold already.
+      compute_scale), less its cores at `table`'s rates and its passes at `table`'s pass
+      cost, as ns_per_op x ops. Decode recordings are left out: the table's one-row matmul
+      points come from recorded decode kernels, whose small ops they hold already.
     - host: each record's host time (through the hooks) as host_ns_per_op x dispatches +
       host_ns_per_kernel, decode included.
     - workspace_bytes: the median over the recordings whose header has both (decode aside: its
       traced KV cache counts twice) of the measured `activation_peak_bytes` less the traced
       `traced_peak_bytes` (an inference recording's order forward; benchmarks/restamp_census.py
       writes it into older ones from the meta forward); 0 without any."""
+    if table.pass_cost is None:
+        raise TraceError("calibrate --modules: no pass cost to price the modules' memory passes by; pass a compute "
+                         "probe of this GPU (python -m engine.measure.compute --out FILE, then --probes FILE)")
     gpu, gpu_w, host, host_w, workspace = [], [], [], [], []
     for t in modules:
         records = [r for r in t.records if r.phase == "fwd" and r.dispatches]
@@ -315,31 +318,37 @@ def fit_module_cost(modules: Sequence[Trace], table: KernelTable) -> ModuleCost:
         host_w += [1.0 / sum(r.host_ns for r in records)] * len(records)
         if kind == "decode":
             continue
+        if not any(r.passes for r in records):
+            raise TraceError(f"calibrate --modules: the {t.header.get('model')} recording's census has no memory "
+                             "passes (recorded before they were counted); restamp it with "
+                             "benchmarks/restamp_census.py, or record it again with mode=record")
         if "activation_peak_bytes" in t.header and "traced_peak_bytes" in t.header:
             workspace.append(t.header["activation_peak_bytes"] - t.header["traced_peak_bytes"])
         scale = float(t.header.get("compute_scale") or 1.0)
         step = sum(r.compute_ns for r in records) / scale
         for r in records:
             cores = sum(table.core_ns(op, shape) or 0.0 for op, shape in r.cores)
-            gpu.append((r.compute_ns / scale - cores, r.memory_elements, r.ops))
+            gpu.append((r.compute_ns / scale - cores - table.pass_cost.ns(r.passes), r.ops))
             gpu_w.append(1.0 / step)
     if not gpu:
         raise TraceError("calibrate --modules: no inference recording of a real module (other than a decode) "
                          "with its op census (records' \"dispatches\"); record one with mode=record, or restamp an "
                          "older one with benchmarks/restamp_census.py")
-    per_element, per_op = _two_term_nnls(gpu, gpu_w)
+    per_op = _one_term_nnls(gpu, gpu_w)
     host_op, host_kernel = _two_term_nnls(host, host_w)
-    return ModuleCost(round(per_element, 9), round(per_op, 1), round(host_op, 1), round(host_kernel, 1),
+    return ModuleCost(round(per_op, 1), round(host_op, 1), round(host_kernel, 1),
                       float(max(0, round(statistics.median(workspace)))) if workspace else 0.0)
+
+
+def _one_term_nnls(rows: Sequence[Sequence[float]], weights: Sequence[float], i: int = 1) -> float:
+    """Weighted least squares of y = a x over rows (y, ..., x at index i, ...) with a >= 0."""
+    num = sum(w * w * r[0] * r[i] for r, w in zip(rows, weights))
+    den = sum(w * w * r[i] * r[i] for r, w in zip(rows, weights))
+    return max(0.0, num / den) if den else 0.0
 
 
 def _two_term_nnls(rows: Sequence[tuple[float, float, float]], weights: Sequence[float]) -> tuple[float, float]:
     """Weighted least squares of y = a x1 + b x2 over (y, x1, x2) rows with a, b >= 0."""
-    def single(i: int) -> float:
-        num = sum(w * w * r[0] * r[i] for r, w in zip(rows, weights))
-        den = sum(w * w * r[i] * r[i] for r, w in zip(rows, weights))
-        return max(0.0, num / den) if den else 0.0
-
     s11 = sum(w * w * r[1] * r[1] for r, w in zip(rows, weights))
     s22 = sum(w * w * r[2] * r[2] for r, w in zip(rows, weights))
     s12 = sum(w * w * r[1] * r[2] for r, w in zip(rows, weights))
@@ -350,7 +359,7 @@ def _two_term_nnls(rows: Sequence[tuple[float, float, float]], weights: Sequence
         a, b = (s1y * s22 - s2y * s12) / det, (s2y * s11 - s1y * s12) / det
         if a >= 0 and b >= 0:
             return a, b
-    fits = [(single(1), 0.0), (0.0, single(2))]
+    fits = [(_one_term_nnls(rows, weights, 1), 0.0), (0.0, _one_term_nnls(rows, weights, 2))]
 
     def loss(ab: tuple[float, float]) -> float:
         return sum((w * (r[0] - ab[0] * r[1] - ab[1] * r[2])) ** 2 for r, w in zip(rows, weights))

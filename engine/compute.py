@@ -203,25 +203,23 @@ class PassCost:
 
 @dataclass(frozen=True)
 class ModuleCost:
-    """What a real module's block costs besides its cores (engine/modules/census.py): its
-    memory-bound ops' elements at `ns_per_element`, `ns_per_op` of GPU time for each op it
-    launches (the gap and tail of a small kernel); on the host `host_ns_per_op` for each
-    op torch dispatches, views included (dispatch, the Python around it, the launch) and
-    `host_ns_per_kernel` for each block (the offload hooks and the fetch, which a module
-    whose weights all fit runs without); and `workspace_bytes` torch's allocator holds at a
-    forward's peak beyond the tensors its ops make (library workspaces), fitted to recorded
-    modules."""
+    """What a real module's block costs besides its cores and its memory passes
+    (engine/modules/census.py; the passes at the table's PassCost): `ns_per_op` of GPU time
+    for each op it launches (the gap and tail of a small kernel); on the host
+    `host_ns_per_op` for each op torch dispatches, views included (dispatch, the Python
+    around it, the launch) and `host_ns_per_kernel` for each block (the offload hooks and
+    the fetch, which a module whose weights all fit runs without); and `workspace_bytes`
+    torch's allocator holds at a forward's peak beyond the tensors its ops make (library
+    workspaces), fitted to recorded modules."""
 
-    ns_per_element: float
     ns_per_op: float
     host_ns_per_op: float
     host_ns_per_kernel: float
     workspace_bytes: float
 
     def to_json(self) -> dict:
-        return {"ns_per_element": self.ns_per_element, "ns_per_op": self.ns_per_op,
-                "host_ns_per_op": self.host_ns_per_op, "host_ns_per_kernel": self.host_ns_per_kernel,
-                "workspace_bytes": self.workspace_bytes}
+        return {"ns_per_op": self.ns_per_op, "host_ns_per_op": self.host_ns_per_op,
+                "host_ns_per_kernel": self.host_ns_per_kernel, "workspace_bytes": self.workspace_bytes}
 
 
 @dataclass(frozen=True)
@@ -395,6 +393,10 @@ def load_table(name: str) -> KernelTable:
                           f"{missing[0]!r} (fitted before it existed); write it again with mode=calibrate")
     modules = data.get("modules")
     module_fields = [f.name for f in fields(ModuleCost)]
+    if modules and "ns_per_element" in modules:
+        raise ConfigError(f"hardware.kernel_table={name}: {path} prices real modules' memory-bound ops by their "
+                          "elements (fitted before they were priced as memory passes); write it again with "
+                          "mode=calibrate")
     if modules and any(k not in modules for k in module_fields):
         raise ConfigError(f"hardware.kernel_table={name}: {path} prices real modules without "
                           f"{', '.join(k for k in module_fields if k not in modules)} (fitted before it existed); "
@@ -427,12 +429,12 @@ class ExecutionTimePredictor:
     def module_cost(self) -> ModuleCost | None:
         return self.table.module_cost if self.table is not None else None
 
-    def module_kernel_ns(self, cores: Sequence[tuple[str, Sequence[int]]], memory_elements: int, ops: int,
-                         backward: bool = False, trained: Sequence[Sequence[int]] = (),
+    def module_kernel_ns(self, cores: Sequence[tuple[str, Sequence[int]]], passes: Sequence[tuple[str, int]],
+                         ops: int, backward: bool = False, trained: Sequence[Sequence[int]] = (),
                          training: bool = False) -> int:
         """A real module's block from its census (engine/modules/census.py): each core by op
-        and shape, the rest by the table's ModuleCost; without one, the rest's elements at
-        two bytes each through hbm_gbps. `backward`: the block's backward (`backward_core_ns`
+        and shape, its memory passes (`passes_ns`) and each op's launch gap at the table's
+        ModuleCost (none without one). `backward`: the block's backward (`backward_core_ns`
         for each core, and for each of the `trained` linears, (m, n, k), the weight's
         gradient: the matmul (n, k, m)), its ops launched BACKWARD_OPS times.
         `training`: its attention at a training step's rates (TRAINING)."""
@@ -442,10 +444,15 @@ class ExecutionTimePredictor:
         else:
             cores_ns = sum(self.core_ns(op, shape, training) for op, shape in cores)
         ops = ops * BACKWARD_OPS if backward else ops
-        cost = self.module_cost
-        rest = 2 * memory_elements / self.hbm_bytes_per_ns if cost is None else \
-            memory_elements * cost.ns_per_element + ops * cost.ns_per_op
-        return max(1, round(cores_ns + rest))
+        gaps = ops * self.module_cost.ns_per_op if self.module_cost is not None else 0.0
+        return max(1, round(cores_ns + self.passes_ns(passes) + gaps))
+
+    def passes_ns(self, passes: Sequence[tuple[str, int]]) -> float:
+        """Memory passes ((kind, amount) each: Kernel.passes, a census's) at the table's
+        PassCost; without one, their amounts through HBM at hbm_gbps."""
+        if self.table is not None and self.table.pass_cost is not None:
+            return self.table.pass_cost.ns(passes)
+        return sum(n for _, n in passes) / self.hbm_bytes_per_ns
 
     def core_ns(self, op: str, shape: Sequence[int], training: bool = False) -> int:
         """A census core (engine/modules/census.py) by op and shape; `training`: attention

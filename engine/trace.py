@@ -56,8 +56,9 @@ Lines 2.., one JSON object per kernel, in launch order:
                        "elementwise", "embed"); absent for module kernels
     shape       [int]  optional: the spec kernel's shape (engine/models/spec.py Kernel),
                        what mode=calibrate fits kernel time against
-    passes      [[str, int]]  optional: the spec kernel's memory passes, (kind, bytes
-                       moved) each (Kernel.passes; engine/compute.py PASSES)
+    passes      [[str, int]]  optional: the kernel's memory passes, (kind, bytes moved)
+                       each (engine/compute.py PASSES): a spec kernel's (Kernel.passes),
+                       or a module record's other ops, by kind (engine/modules/census.py)
     launches    int    optional: the CUDA launches (kernels, copies, memsets) the record's
                        host work makes, counted by the recorder (engine/measure/launches.py)
                        or from the kernel table (synthesized); absent or 0: not counted,
@@ -68,9 +69,11 @@ Lines 2.., one JSON object per kernel, in launch order:
     cores       [[str, int...]]  optional, module records: the matmul-bound ops the block runs,
                        [op, *shape] each ("linear" m, n, k; "attention" or "attention_masked"
                        bh, lq, lk, d), counted op by op (engine/modules/census.py)
-    memory_elements int  optional, module records: the elements its other ops read and write
     ops         int    optional, module records: the ops it runs that make a tensor, views aside
     dispatches  int    optional, module records: every op torch dispatches for it, views included
+
+A record's "memory_elements" (module records written before their census had passes) is
+read and dropped: nothing prices by it now.
 
 Order: all forward records first; a training trace then has one backward
 record per forward record, in reverse order. `read_trace` checks all of this
@@ -124,7 +127,6 @@ class KernelRecord:
     launches: int = 0
     packs: int = 0
     cores: tuple[tuple[str, tuple[int, ...]], ...] = ()
-    memory_elements: int = 0
     ops: int = 0
     dispatches: int = 0
 
@@ -258,8 +260,6 @@ def _record_json(r: KernelRecord) -> dict:
         out["packs"] = r.packs
     if r.cores:
         out["cores"] = [[op, *shape] for op, shape in r.cores]
-    if r.memory_elements:
-        out["memory_elements"] = r.memory_elements
     if r.ops:
         out["ops"] = r.ops
     if r.dispatches:
@@ -311,10 +311,10 @@ _OPTIONAL = {"copies": (lambda v: isinstance(v, list) and all(isinstance(c, dict
                  isinstance(c, list) and len(c) == 1 + CORE_DIMS.get(c[0] if c else None, -1)
                  and all(_is_int(d) and d > 0 for d in c[1:]) for c in v),
                  'a list of [op, *shape]: ["linear", m, n, k] or ["attention" | "attention_masked", bh, lq, lk, d]'),
-             "memory_elements": (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (elements)"),
              "ops": (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (ops)"),
              "dispatches": (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (ops dispatched)")}
 _RECORD_FIELDS = tuple(f.name for f in fields(KernelRecord))
+_DROPPED = {"memory_elements"}  # module docstring
 
 
 def _parse_saved(raw: list, where: str) -> tuple[SavedTensor, ...]:
@@ -340,7 +340,7 @@ def _parse_record(obj: Any, where: str) -> KernelRecord:
     for key, (ok, what) in _OPTIONAL.items():
         if key in obj and not ok(obj[key]):
             raise TraceError(f"{where}: field {key!r} must be {what}, got {obj[key]!r}")
-    unknown = set(obj) - set(_RECORD_FIELDS)
+    unknown = set(obj) - set(_RECORD_FIELDS) - _DROPPED
     if unknown:
         raise TraceError(f"{where}: unknown record field(s) {', '.join(sorted(unknown))}; "
                          f"version {VERSION} records have {', '.join(_RECORD_FIELDS)}")
@@ -351,7 +351,7 @@ def _parse_record(obj: Any, where: str) -> KernelRecord:
         copies=tuple(obj.get("copies", ())), host_ns=obj.get("host_ns", 0), op=obj.get("op", ""),
         shape=tuple(obj.get("shape", ())), passes=tuple((p[0], p[1]) for p in obj.get("passes", ())),
         launches=obj.get("launches", 0), packs=obj.get("packs", 0),
-        cores=tuple((c[0], tuple(c[1:])) for c in obj.get("cores", ())), memory_elements=obj.get("memory_elements", 0),
+        cores=tuple((c[0], tuple(c[1:])) for c in obj.get("cores", ())),
         ops=obj.get("ops", 0), dispatches=obj.get("dispatches", 0))
 
 

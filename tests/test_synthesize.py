@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 from engine.calibrate import fit_module_cost
-from engine.compute import ExecutionTimePredictor, KernelTable, ModuleCost, Point, core_flops, features, load_table
+from engine.compute import (PASSES, ExecutionTimePredictor, KernelTable, ModuleCost, PassCost, Point, core_flops, features,
+                            load_table)
 from engine.errors import ConfigError, TraceError
 from engine.modules.census import OpCensus, touched_elements
 from engine.trace import KernelRecord, Trace, read_trace, write_trace
@@ -64,7 +65,7 @@ def test_sdpa_is_one_core_masked_or_not_and_a_broadcast_counts_once() -> None:
     assert out.shape == q.shape and out.transpose(1, 2).is_contiguous()  # as the fused kernels lay it out
     assert [k.cores for k in census.kernels] == [[("attention", (8, 32, 32, 64))],
                                                  [("attention_masked", (8, 32, 32, 64))]]
-    assert [k.ops for k in census.kernels] == [1, 1] and census.kernels[0].memory_elements == 0
+    assert [k.ops for k in census.kernels] == [1, 1] and census.kernels[0].passes == {}
     row = torch.empty(1, 1, 64, dtype=torch.bfloat16, device=META)
     assert touched_elements(row.expand(4, 32, 64)) == 64
 
@@ -83,7 +84,48 @@ def test_rms_norm_is_one_op_as_cuda_runs_it(device) -> None:
         torch.rms_norm(x, [64])
     assert out.shape == x.shape
     assert [(k.ops, k.dispatches) for k in census.kernels] == [(1, 1), (1, 1)]
-    assert [k.memory_elements for k in census.kernels] == [2 * x.numel() + 64 + 24, 2 * x.numel() + 24]
+    # bf16 input and output, the bf16 weight, each row's fp32 reciprocal RMS; 64 wide: one head's norm
+    assert [k.pass_list() for k in census.kernels] == [(("head_rms_norm", 2 * (2 * x.numel() + 64) + 4 * 24),),
+                                                       (("head_rms_norm", 2 * 2 * x.numel() + 4 * 24),)]
+    wide = torch.ones(4, 6, 512, dtype=torch.bfloat16, device=device)
+    census = OpCensus()
+    with census, census.fused():
+        F.rms_norm(wide, (512,))
+    assert census.kernels[0].pass_list() == (("rms_norm", 2 * 2 * wide.numel() + 4 * 24),)
+
+
+def _pass_of(run) -> tuple:
+    census = OpCensus()
+    with census, census.fused():
+        run()
+    return census.kernels[0].pass_list()
+
+
+def test_each_memory_op_is_the_pass_its_layout_makes() -> None:
+    """The kinds of engine/modules/census.py: contiguous same-dtype ops and narrowing casts by
+    their bytes; broadcasts, widening casts, permuted and features-major tensors by their
+    elements at two bytes each; reductions as the norm of the width they reduce; a lookup by
+    the rows it reads."""
+    x = torch.empty(2, 256, 512, dtype=torch.bfloat16, device=META)
+    n, rows = x.numel(), x.numel() // 512
+    assert _pass_of(lambda: x + x) == (("pointwise", 3 * 2 * n),)
+    assert _pass_of(lambda: torch.empty_like(x, dtype=torch.float32).to(torch.bfloat16)) == (("pointwise", 6 * n),)
+    assert _pass_of(lambda: x.to(torch.float32)) == (("broadcast", 2 * 2 * n),)
+    assert _pass_of(lambda: x * torch.empty(1, 1, 512, dtype=torch.bfloat16, device=META)) == \
+        (("broadcast", 2 * (2 * n + 512)),)
+    assert _pass_of(lambda: F.layer_norm(x, (512,))) == (("layer_norm", 2 * 2 * n + 2 * 4 * rows),)
+    # a mean over the features after a widening cast: an RMS norm written out in ops
+    assert _pass_of(lambda: x.float().mean(-1)) == (("rms_norm", 4 * n + 4 * rows), ("broadcast", 2 * 2 * n))
+    heads = x.view(2, 256, 8, 64).transpose(1, 2)  # (batch, heads, tokens, head dim): whole rows of a head
+    assert _pass_of(lambda: heads.contiguous()) == (("head_copy", 2 * 2 * n),)
+    assert _pass_of(lambda: heads.float().mean(-1)) == (("head_rms_norm", 4 * n + 4 * n // 64), ("head_copy", 2 * 2 * n))
+    assert _pass_of(lambda: torch.cat([heads, heads], dim=2)) == (("transposed_copy", 2 * 4 * n),)  # torch's slow path
+    features_major = torch.empty(2, 512, 256, dtype=torch.bfloat16, device=META).transpose(1, 2)
+    assert _pass_of(lambda: features_major.contiguous()) == (("transposed_copy", 2 * 2 * n),)
+    assert _pass_of(lambda: features_major + x) == (("transposed", 2 * 3 * n),)
+    table = torch.empty(1000, 512, dtype=torch.bfloat16, device=META)
+    ids = torch.zeros(2, 3, dtype=torch.long, device=META)
+    assert _pass_of(lambda: F.embedding(ids, table)) == (("pointwise", 2 * 2 * 6 * 512),)
 
 
 def test_the_recorder_counts_what_the_meta_forward_counts(tmp_path) -> None:
@@ -99,8 +141,8 @@ def test_the_recorder_counts_what_the_meta_forward_counts(tmp_path) -> None:
     with torch.device("meta"):
         shapes = _tiny_llama()
     synthesized = engine.synthesize(shapes, {"input_ids": ids.to(META)})
-    assert [(r.name, r.cores, r.memory_elements, r.ops) for r in recorded.records] == \
-        [(r.name, r.cores, r.memory_elements, r.ops) for r in synthesized.records]
+    assert [(r.name, r.cores, r.passes, r.ops) for r in recorded.records] == \
+        [(r.name, r.cores, r.passes, r.ops) for r in synthesized.records]
     assert [r.dispatches - s.dispatches for r, s in zip(recorded.records, synthesized.records)] == [0, 2, 2, 0, 0]
     # Its order forward's live bytes too (the CPU's attention kernel holds more than its output).
     assert recorded.header["traced_peak_bytes"] >= synthesized.header["traced_peak_bytes"] > 0
@@ -141,8 +183,8 @@ def test_on_cuda_a_recording_counts_what_the_meta_forward_counts() -> None:
     with torch.device("meta"):
         shapes = net()
     synthesized = engine.synthesize(shapes, (x.to(META),))
-    assert [(r.name, r.cores, r.memory_elements, r.ops, r.dispatches) for r in recorded.records] == \
-        [(r.name, r.cores, r.memory_elements, r.ops, r.dispatches) for r in synthesized.records]
+    assert [(r.name, r.cores, r.passes, r.ops, r.dispatches) for r in recorded.records] == \
+        [(r.name, r.cores, r.passes, r.ops, r.dispatches) for r in synthesized.records]
     assert [r.ops for r in recorded.records if r.name.endswith(".norm")] == [1, 1, 1]  # one fused kernel each
     assert sum(op == "attention" for r in recorded.records for op, _ in r.cores) == 3
 
@@ -227,8 +269,8 @@ def test_offload_chooses_by_census_on_the_trace_synthesize_prices() -> None:
         on_meta = _tiny_llama(4)
     meta = engine.synthesize(on_meta, {"input_ids": torch.zeros(1, 32, dtype=torch.long, device=META)})
     assert census.weight_sizes == meta.weight_sizes
-    assert [(r.name, r.cores, r.ops, r.memory_elements, r.compute_ns) for r in census.records] == \
-        [(r.name, r.cores, r.ops, r.memory_elements, r.compute_ns) for r in meta.records]
+    assert [(r.name, r.cores, r.ops, r.passes, r.compute_ns) for r in census.records] == \
+        [(r.name, r.cores, r.ops, r.passes, r.compute_ns) for r in meta.records]
     assert census.header["traced_peak_bytes"] >= meta.header["traced_peak_bytes"] > 0
     with pytest.raises(ConfigError, match="choose_by='timed' is not one of recording, census"):
         engine.offload(model, budget_mb=0.3, example_inputs={"input_ids": ids}, backend="cpu", choose_by="timed")
@@ -272,20 +314,23 @@ def _module_trace(records: list[KernelRecord], kind: str = "infer", scale: float
 
 
 def test_calibrate_recovers_the_module_costs_it_was_given() -> None:
-    """Records built from known costs: cores at the table's one rate, 3e-4 ns an element and 2000 ns
-    an op on the GPU (the compute over compute_scale 1.25), 9000 ns a dispatch and 150 us a
+    """Records built from known costs: cores at the table's one rate, passes at its pass cost and
+    2000 ns an op on the GPU (the compute over compute_scale 1.25), 9000 ns a dispatch and 150 us a
     block on the host; torch's peak 300 MB over the traced one. The fit gives them back; a
     decode recording times no GPU rest (the table's one-row points hold it) and moves only the
-    host fit."""
+    host fit. A recording whose census has no passes, or a table without a pass cost, is refused."""
     rate = 500.0  # FLOP per ns
-    table = KernelTable({"linear": [Point(features("linear", (64, 64, 64), 0), rate)]})
+    cost = PassCost({k: 3e-4 * (1 + j) for j, k in enumerate(PASSES)})
+    table = KernelTable({"linear": [Point(features("linear", (64, 64, 64), 0), rate)]}, pass_cost=cost)
 
-    def record(i: int, elements: int, ops: int, dispatches: int, gpu: bool = True) -> KernelRecord:
+    def record(i: int, nbytes: int, ops: int, dispatches: int, gpu: bool = True, passes: bool = True) -> KernelRecord:
         cores = (("linear", (64, 64, 64)),) * (1 + i % 3)
         core_ns = len(cores) * 2 * 64 ** 3 / rate
-        compute = 1.25 * (core_ns + 3e-4 * elements + 2000 * ops) if gpu else 1.0
+        moved = (("pointwise", nbytes), ("broadcast", nbytes // 3)) if passes else ()
+        compute = 1.25 * (core_ns + cost.ns(moved) + 2000 * ops) if gpu else 1.0
         return KernelRecord(f"k{i}", i, "fwd", (f"w{i}",), round(compute), 0, 0,
-                            host_ns=round(9000 * dispatches + 150_000), cores=cores, memory_elements=elements, ops=ops, dispatches=dispatches)
+                            host_ns=round(9000 * dispatches + 150_000), cores=cores, passes=moved, ops=ops,
+                            dispatches=dispatches)
 
     a = _module_trace([record(i, 10_000_000 * (1 + i), 40 + 7 * i, 90 + 11 * i) for i in range(6)], scale=1.25,
                       peaks=(1_300_000_000, 1_000_000_000))
@@ -293,26 +338,35 @@ def test_calibrate_recovers_the_module_costs_it_was_given() -> None:
                       peaks=(700_000_000, 400_000_000))
     decode = _module_trace([record(i, 1000, 30, 60 + i, gpu=False) for i in range(4)], kind="decode",
                            peaks=(900_000_000, 1_100_000_000))
-    cost = fit_module_cost([a, b, decode], table)
-    assert cost.ns_per_element == pytest.approx(3e-4, rel=1e-3) and cost.ns_per_op == pytest.approx(2000, rel=1e-3)
-    assert cost.host_ns_per_op == pytest.approx(9000, rel=1e-3)
-    assert cost.host_ns_per_kernel == pytest.approx(150_000, rel=1e-3) and cost.workspace_bytes == 300_000_000
+    fitted = fit_module_cost([a, b, decode], table)
+    assert fitted.ns_per_op == pytest.approx(2000, rel=1e-3) and fitted.host_ns_per_op == pytest.approx(9000, rel=1e-3)
+    assert fitted.host_ns_per_kernel == pytest.approx(150_000, rel=1e-3) and fitted.workspace_bytes == 300_000_000
     with pytest.raises(TraceError, match="no inference recording"):
         fit_module_cost([decode], table)
+    old = _module_trace([record(i, 1000, 30, 60 + i, passes=False) for i in range(4)])
+    with pytest.raises(TraceError, match="restamp it with benchmarks/restamp_census.py"):
+        fit_module_cost([a, old], table)
+    with pytest.raises(TraceError, match="no pass cost"):
+        fit_module_cost([a], KernelTable(table.points))
 
 
-def test_a_block_is_priced_as_its_cores_plus_its_module_costs(tmp_path) -> None:
+def test_a_block_is_priced_as_its_cores_passes_and_ops(tmp_path) -> None:
+    cost = PassCost({k: 3e-4 * (1 + j) for j, k in enumerate(PASSES)})
     table = KernelTable({"linear": [Point(features("linear", (64, 64, 64), 0), 500.0)],
                          "attention": [Point(features("attention", (8, 32, 32, 64), 0), 100.0)]},
-                        module_cost=ModuleCost(3e-4, 2000.0, 9000.0, 150_000.0, 0.0))
+                        pass_cost=cost, module_cost=ModuleCost(2000.0, 9000.0, 150_000.0, 0.0))
     path = tmp_path / "t.kernels.json"
     path.write_text(json.dumps(table.to_json()))
     hw = OmegaConf.create({"matmul_tflops": 771.0, "hbm_gbps": 3000.0, "kernel_table": str(path),
                            "kernel_launch_us": 5.0})
     p = ExecutionTimePredictor(hw)
     cores = [("linear", (64, 64, 64)), ("attention_masked", (8, 32, 32, 64))]  # no masked points: unmasked's
-    expect = 2 * 64 ** 3 / 500 + 4 * 8 * 32 * 32 * 64 / 100 + 3e-4 * 1e6 + 2000 * 10
-    assert p.module_kernel_ns(cores, 1_000_000, 10) == pytest.approx(expect, abs=1)
+    passes = (("pointwise", 1_000_000), ("transposed_copy", 30_000))
+    expect = 2 * 64 ** 3 / 500 + 4 * 8 * 32 * 32 * 64 / 100 + 1.2e-3 * 1e6 + 2.4e-3 * 30_000 + 2000 * 10
+    assert p.module_kernel_ns(cores, passes, 10) == pytest.approx(expect, abs=1)
+    # the backward launches its ops twice, its passes priced once
+    assert p.module_kernel_ns((), passes, 10, backward=True) == pytest.approx(1.2e-3 * 1e6 + 2.4e-3 * 30_000 + 4000 * 10,
+                                                                              abs=1)
     assert p.module_host_ns(10, 25) == 25 * 9000 + 150_000 and p.module_host_ns(10, 25, hooked=False) == 25 * 9000
     data = json.loads(path.read_text())
     del data["modules"]["host_ns_per_kernel"]
@@ -320,6 +374,17 @@ def test_a_block_is_priced_as_its_cores_plus_its_module_costs(tmp_path) -> None:
     load_table.cache_clear()
     with pytest.raises(ConfigError, match="host_ns_per_kernel"):
         load_table(str(path))
+    data["modules"].update(host_ns_per_kernel=1.0, ns_per_element=1e-3)  # a table fitted before passes priced modules
+    path.write_text(json.dumps(data))
+    load_table.cache_clear()
+    with pytest.raises(ConfigError, match="write it again with mode=calibrate"):
+        load_table(str(path))
+    load_table.cache_clear()
+    # without a pass cost, the passes move through HBM
+    bare = tmp_path / "bare.kernels.json"
+    bare.write_text(json.dumps(KernelTable(table.points).to_json()))
+    p = ExecutionTimePredictor(OmegaConf.create({**hw, "kernel_table": str(bare)}))
+    assert p.passes_ns(passes) == pytest.approx(1_030_000 / 3000)
 
 
 def test_the_shipped_modules_are_predicted_unrecorded() -> None:
@@ -409,8 +474,8 @@ def test_a_backward_core_is_its_input_gradient_and_a_trained_one_its_weight_grad
                                                  "kernel_table": "h100_calibrated.kernels.json"}))
     m, n, k = 4096, 3072, 12288
     assert p.backward_core_ns("linear", (m, n, k)) == p.core_ns("linear", (m, k, n))
-    frozen = p.module_kernel_ns([("linear", (m, n, k))], 0, 0, backward=True)
-    trained = p.module_kernel_ns([("linear", (m, 32, k))], 0, 0, backward=True, trained=[(m, 32, k)])
+    frozen = p.module_kernel_ns([("linear", (m, n, k))], (), 0, backward=True)
+    trained = p.module_kernel_ns([("linear", (m, 32, k))], (), 0, backward=True, trained=[(m, 32, k)])
     assert trained == p.core_ns("linear", (m, k, 32)) + p.core_ns("linear", (32, k, m))
     assert frozen == p.core_ns("linear", (m, k, n))
     skinny = (4352, 32, 15360)  # a rank-32 adapter on a 15360-wide input: its input's bytes bound it

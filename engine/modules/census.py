@@ -12,21 +12,42 @@ position, keeps
                   "attention_masked" (batch x heads, query length, key length,
                   head dim) for scaled_dot_product_attention, without or with a mask
                   (torch runs another kernel with one);
-    memory_elements  the elements every other op reads and writes (a broadcast
-                  input counted once, not at its expanded size): an elementwise
-                  kernel's time follows its elements more than its bytes (a bf16
-                  op costs about what the same op in fp32 does);
+    passes        every other op as a memory pass of engine/compute.py's PASSES
+                  (`memory_pass`), its amount summed by kind: what the kernel
+                  table's pass cost prices spec kernels' norms, modulation and
+                  copies by, probed on the same GPU;
     ops           the ops that make a tensor, views aside: about one CUDA launch
                   each;
     dispatches    every op torch dispatches, views included: the host's work;
     trained       the linear cores whose weight requires grad (a training forward's
                   adapters).
 
-The kernel table prices the cores by shape and the rest by bytes and ops
-(engine/compute.py ModuleCost). On the meta device the census costs nothing,
+The kernel table prices the cores by shape, the passes at its pass cost and each
+op's launch gap at its ModuleCost (engine/compute.py). On the meta device the census costs nothing,
 so a model nobody recorded is counted from its config alone
 (engine/modules/synthesize.py); the recorder counts its forward too, and
-mode=calibrate fits the memory side to what it timed.
+mode=calibrate fits the launch gap to what it timed.
+
+A memory pass's kind follows how torch's kernel for it reads memory, in the layouts
+the op sees (its tensors' strides, which the meta device keeps):
+    rms_norm, layer_norm   the fused norms; an RMS norm at most HEAD_WIDTH wide (one
+                  head's) is head_rms_norm; a reduction (a mean, a sum: the
+                  output half the input or less) counts as the RMS norm of the
+                  width it reduces, as a norm written out in ops runs its mean;
+    pointwise     contiguous tensors of one dtype, or a cast that narrows: torch's
+                  vectorized kernels, bound by bytes;
+    broadcast     an input broadcast along some dimension, or dtypes mixed (a cast
+                  that widens, bf16 times fp32): the unrolled kernels, which run
+                  at a rate of elements whatever their size;
+    head_copy     a tensor permuted with its last dimension contiguous (heads
+                  moved past the tokens): whole rows of a head at a time;
+    transposed, transposed_copy   a tensor whose consecutive elements lie a
+                  memory sector or more apart (stored features-major), or a
+                  concatenation of permuted tensors (torch's slow path), the
+                  copy kinds where the op copies one tensor or concatenates.
+The vectorized kinds' amount is the bytes the op moves; the other kinds' the bytes of
+its elements at two bytes each (their pass cost is probed in bf16).
+
 
 Work between two kernels (a model's own glue) counts with the kernel before,
 as the recorder times it; work before the first kernel counts with the first.
@@ -44,11 +65,18 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from engine.compute import PASSES
+
 ATTENTION, ATTENTION_MASKED = "attention", "attention_masked"
 _aten = torch.ops.aten
 _MATMULS = {_aten.mm, _aten.addmm, _aten.bmm, _aten.baddbmm}
 # Ops that launch nothing: allocation without a fill, views torch does not mark as views, and
 # reads of a host scalar.
+# Ops that read only the rows they write (a lookup), and ops that concatenate.
+_ROWS = {_aten.embedding, _aten.index_select, _aten.gather, _aten.index}
+_GATHERS = {_aten.cat, _aten.stack}
+SECTOR = 32  # bytes of a DRAM sector: the unit a GPU reads memory in
+HEAD_WIDTH = 256  # a norm at most this wide normalizes one head
 _NO_KERNEL = {_aten.empty, _aten.empty_strided, _aten.empty_like, _aten.detach, _aten.alias, _aten.lift_fresh,
               _aten._local_scalar_dense, _aten.lift_fresh_copy, _aten._unsafe_view}
 
@@ -58,7 +86,7 @@ class KernelCensus:
     """One kernel position's ops (module docstring)."""
 
     cores: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
-    memory_elements: int = 0
+    passes: dict[str, int] = field(default_factory=dict)  # PASSES kind -> amount (module docstring)
     ops: int = 0
     dispatches: int = 0
     # The linear cores whose weight trains (a LoRA adapter's), (m, n, k) each: their backward
@@ -66,9 +94,58 @@ class KernelCensus:
     trained: list[tuple[int, ...]] = field(default_factory=list)
 
 
+    def add_pass(self, kind: str, amount: int) -> None:
+        self.passes[kind] = self.passes.get(kind, 0) + amount
+
+    def pass_list(self) -> tuple[tuple[str, int], ...]:
+        """The passes as a record carries them: (kind, amount) in PASSES order."""
+        return tuple((k, self.passes[k]) for k in PASSES if self.passes.get(k))
+
+
 def touched_elements(t: torch.Tensor) -> int:
     """The elements a kernel reads of `t`: a dimension broadcast by stride 0 counts once."""
     return math.prod(s for s, st in zip(t.shape, t.stride()) if st != 0)
+
+
+def _contiguous(t: torch.Tensor) -> bool:
+    """Laid out row-major, dimensions of size 1 aside (their stride is free)."""
+    expected = 1
+    for size, stride in reversed(list(zip(t.shape, t.stride()))):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _scattered(t: torch.Tensor) -> bool:
+    """Consecutive elements of the last dimension a memory sector or more apart."""
+    dims = [st for size, st in zip(t.shape, t.stride()) if size != 1]
+    return len(dims) >= 2 and dims[-1] * t.element_size() >= SECTOR
+
+
+def memory_pass(packet: Any, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> tuple[str, int]:
+    """The PASSES kind and amount of a memory-bound op (module docstring) reading `inputs`
+    and writing `outputs`."""
+    moved = sum(touched_elements(t) * t.element_size() for t in inputs + outputs)
+    elements = 2 * sum(touched_elements(t) for t in inputs + outputs)
+    if not outputs:
+        return "pointwise", moved
+    out = max(t.numel() for t in outputs)
+    widest = max(inputs, key=lambda t: t.numel(), default=None)
+    if packet in _ROWS:  # reads the rows it writes
+        return "pointwise", 2 * sum(t.numel() * t.element_size() for t in outputs)
+    gather = packet in _GATHERS
+    if widest is not None and not gather and 2 * out <= widest.numel():
+        return ("head_rms_norm" if widest.shape[-1] <= HEAD_WIDTH else "rms_norm"), moved
+    full = [t for t in inputs if gather or t.numel() >= out] + outputs
+    if any(_scattered(t) for t in full):
+        return ("transposed_copy" if gather or len(inputs) == 1 else "transposed"), elements
+    if not all(_contiguous(t) for t in full):
+        return ("transposed_copy" if gather else "head_copy"), elements
+    widened = len({t.dtype for t in full}) > 1 and not (inputs and inputs[0].dtype == torch.float32)
+    if widened or (not gather and any(1 < touched_elements(t) < out for t in inputs)):
+        return "broadcast", elements
+    return "pointwise", moved
 
 
 class OpCensus(TorchDispatchMode):
@@ -119,9 +196,10 @@ class OpCensus(TorchDispatchMode):
             weight, result = args[1], out
             per_output = max(1, weight[0].numel())
             k.cores.append(("linear", (max(1, result.numel() // weight.shape[0]), weight.shape[0], per_output)))
+        elif packet is _aten.native_layer_norm:
+            k.add_pass("layer_norm", sum(touched_elements(t) * t.element_size() for t in _tensors((args, kwargs, out))))
         else:
-            tensors = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)]
-            k.memory_elements += sum(touched_elements(t) for t in tensors)
+            k.add_pass(*memory_pass(packet, _tensors((args, kwargs)), _tensors(out)))
         return out
 
 
@@ -142,6 +220,10 @@ def grouped_core(a: torch.Tensor, b: torch.Tensor) -> tuple[str, tuple[int, ...]
     else:
         groups, rows = 1, max(1, a.shape[0])
     return ("linear", (-(-rows // groups), n * groups, inner))
+
+
+def _tensors(tree: Any) -> list[torch.Tensor]:
+    return [t for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor)]
 
 
 _RMS_NORMS = (F.rms_norm, torch.rms_norm)
@@ -190,11 +272,13 @@ class _Fused(TorchFunctionMode):
         shape = given["normalized_shape"]
         rows = out.numel() // max(1, math.prod((shape,) if isinstance(shape, int) else shape))
         weight = given.get("weight")
+        x = given["input"]
         k = self.census.current
         k.ops += 1
         k.dispatches += 1
-        k.memory_elements += touched_elements(given["input"]) + touched_elements(out) + rows + (
-            touched_elements(weight) if weight is not None else 0)
+        moved = (touched_elements(x) + touched_elements(out)) * x.element_size() + 4 * rows + (
+            touched_elements(weight) * weight.element_size() if weight is not None else 0)
+        k.add_pass("head_rms_norm" if x.shape[-1] <= HEAD_WIDTH else "rms_norm", moved)
         return out
 
 

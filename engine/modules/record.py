@@ -452,7 +452,7 @@ def _records(streamed: StreamedModule, times: KernelTimes, training: bool) -> tu
         compute_ns=times.compute_ns[i], flops=rec.flops[i],
         io_bytes=sum(order.sizes[w] for w in order.reads[i]), host_ns=times.host_ns[i], saved=saved[i],
         launches=times.launches[i] if times.launches else 0, packs=times.packs.get(i, 0),
-        cores=tuple(rec.census[i].cores), memory_elements=rec.census[i].memory_elements, ops=rec.census[i].ops,
+        cores=tuple(rec.census[i].cores), passes=rec.census[i].pass_list(), ops=rec.census[i].ops,
         dispatches=rec.census[i].dispatches)
         for i in range(n)]
     if not training:

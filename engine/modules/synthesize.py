@@ -270,11 +270,11 @@ def priced_trace(seen: SeenForward, hardware: Any, name: str, workload: Mapping[
         c = rec.census[i]
         forward.append(KernelRecord(
             name=kernel, layer=rec.layers[i], phase="fwd", weights=reads,
-            compute_ns=predictor.module_kernel_ns(c.cores, c.memory_elements, c.ops, training=attention),
+            compute_ns=predictor.module_kernel_ns(c.cores, c.pass_list(), c.ops, training=attention),
             flops=sum(core_flops(op, shape) for op, shape in c.cores),
             io_bytes=sum(order.sizes[w] for w in reads), host_ns=predictor.module_host_ns(c.ops, c.dispatches),
             saved=saved[i], launches=c.ops, packs=seen.saved.packs.get(i, 0) if training else 0,
-            cores=tuple(c.cores), memory_elements=c.memory_elements, ops=c.ops, dispatches=c.dispatches))
+            cores=tuple(c.cores), passes=c.pass_list(), ops=c.ops, dispatches=c.dispatches))
     backward = [] if not training else [_backward(predictor, seen, f, i, needs.get(i, ()), attention)
                                         for i, f in reversed(list(enumerate(forward)))]
     records = tuple(forward + backward)
@@ -305,7 +305,7 @@ def _backward(predictor: ExecutionTimePredictor, seen: SeenForward, f: KernelRec
     c = seen.recording.census[i]
     recomputed = i in seen.recomputed
     if seen.saved.packs.get(i, 0) or recomputed:
-        compute = predictor.module_kernel_ns(c.cores, c.memory_elements, c.ops, backward=True, trained=c.trained,
+        compute = predictor.module_kernel_ns(c.cores, c.pass_list(), c.ops, backward=True, trained=c.trained,
                                              training=attention)
         host = predictor.module_host_ns(c.ops * BACKWARD_OPS, c.dispatches * BACKWARD_OPS)
         launches = c.ops * BACKWARD_OPS

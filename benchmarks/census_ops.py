@@ -1,0 +1,166 @@
+"""Each torch op of a real model's forward timed on the device, with the layout of every tensor it
+reads and writes: the data the op census's memory-bound pricing is fitted and checked against.
+
+    python benchmarks/census_ops.py --out ops.json                       # the shipped set below
+    python benchmarks/census_ops.py --cases sd35:4096:333 --out ops.json
+
+A case is MODEL:VIDEO_TOKENS:TEXT_TOKENS (a diffusers model, inference) or MODEL:decode:CONTEXT /
+MODEL:prefill:TOKENS (a causal LM). Each model is built with two blocks (one of each kind where it
+has two), random bf16 weights on the device. One forward warms up (cuDNN's plans, cuBLAS's
+heuristics); the next is timed op by op: every CHUNK ops (and after an op that hands the host a
+value) the host waits for the GPU and queues a sleep kernel, so it has queued the next ops before
+the GPU reaches them, and a pair of CUDA events around each op times its kernels back to back,
+without the host's launch gaps. A third forward without the events times the whole.
+
+Per op the file holds its aten name, each tensor it reads ("in") and writes ("out") as
+[role, shape, stride, dtype], and its time in ns.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from engine.modules.build import build_module, example_inputs  # noqa: E402
+
+# model config name, the overrides that cut it to two blocks
+MODELS = {
+    "sd35": ("sd35_large_diffusers", ["module.num_layers=2"]),
+    "flux": ("flux_diffusers", ["module.num_layers=1", "module.num_single_layers=1"]),
+    "wan14b": ("wan14b_diffusers", ["module.num_layers=2"]),
+    "ltx2": ("ltx2_diffusers", ["module.num_layers=2"]),
+    "hunyuan": ("hunyuan_video_diffusers", ["module.num_layers=1", "module.num_single_layers=1"]),
+    "qwen_image": ("qwen_image_diffusers", ["module.num_layers=2"]),
+    "llama8b": ("llama8b_hf", ["module.config.num_hidden_layers=2"]),
+    "qwen14b": ("qwen25_14b_hf", ["module.config.num_hidden_layers=2"]),
+}
+CASES = ("sd35:4096:333", "sd35:9216:333", "flux:4096:512", "flux:4080:512", "wan14b:6144:512",
+         "wan14b:32760:512", "ltx2:6144:256", "hunyuan:6144:256", "qwen_image:4096:256",
+         "llama8b:decode:4096", "llama8b:prefill:2048", "qwen14b:decode:4096")
+CHUNK = 32
+SLEEP_CYCLES = 20_000_000  # about 10 ms at the H200's clock: the host queues the next CHUNK ops meanwhile
+
+
+class OpTimer(TorchDispatchMode):
+    """Each op run inside: its tensors' layouts and a pair of CUDA events around it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[dict] = []
+        self.events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self._queued = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if self._queued % CHUNK == 0:
+            torch.cuda.synchronize()
+            torch.cuda._sleep(SLEEP_CYCLES)
+        self._queued += 1
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = func(*args, **kwargs)
+        end.record()
+        tensors = [["in", t] for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        tensors += [["out", t] for t in outs]
+        if not all(t.is_cuda for t in outs) or func is torch.ops.aten._local_scalar_dense.default:
+            self._queued = 0  # the host waited for this op: queue a sleep before the next
+        self.rows.append({"op": str(func), "view": bool(func.is_view), "tensors": [
+            [role, list(t.shape), list(t.stride()), str(t.dtype).removeprefix("torch.")] for role, t in tensors]})
+        self.events.append((start, end))
+        return out
+
+    def finish(self) -> list[dict]:
+        torch.cuda.synchronize()
+        for row, (start, end) in zip(self.rows, self.events):
+            row["ns"] = round(start.elapsed_time(end) * 1e6)
+        return self.rows
+
+
+def on_device(module: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    """`module` (parameters on the meta device) with random parameters on `device`, buffers moved."""
+    g = torch.Generator(device=device).manual_seed(0)
+    for name, p in list(module.named_parameters()):
+        owner, _, leaf = name.rpartition(".")
+        holder = module.get_submodule(owner) if owner else module
+        data = torch.randn(p.shape, generator=g, device=device, dtype=torch.float32).mul_(0.02).to(p.dtype)
+        holder._parameters[leaf] = torch.nn.Parameter(data, requires_grad=False)
+    for name, b in list(module.named_buffers()):
+        owner, _, leaf = name.rpartition(".")
+        holder = module.get_submodule(owner) if owner else module
+        holder._buffers[leaf] = b.to(device)
+    return module
+
+
+def workload(kind: str, a: str, b: str) -> SimpleNamespace:
+    if a == "decode":
+        return SimpleNamespace(kind="decode", batch=1, video_tokens=0, audio_tokens=0, text_tokens=0,
+                               context_tokens=int(b))
+    if a == "prefill":
+        return SimpleNamespace(kind="infer", batch=1, video_tokens=0, audio_tokens=0, text_tokens=int(b),
+                               context_tokens=0)
+    return SimpleNamespace(kind="infer", batch=1, video_tokens=int(a), audio_tokens=128 if kind == "ltx2" else 0,
+                           text_tokens=int(b), context_tokens=0)
+
+
+def run_case(case: str, device: torch.device) -> dict:
+    key, a, b = case.split(":")
+    config, overrides = MODELS[key]
+    cfg = OmegaConf.merge(OmegaConf.load(ROOT / "conf" / "model" / f"{config}.yaml"), OmegaConf.from_dotlist(overrides))
+    module = on_device(build_module(cfg), device, torch.bfloat16)
+    w = workload(key, a, b)
+    inputs = example_inputs(cfg, module, w, device)
+    with torch.no_grad():
+        module(**inputs)  # warm-up
+        torch.cuda.synchronize()
+        inputs = example_inputs(cfg, module, w, device)  # a decode cache is read afresh
+        timer = OpTimer()
+        with timer:
+            module(**inputs)
+        rows = timer.finish()
+        inputs = example_inputs(cfg, module, w, device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(SLEEP_CYCLES * 20)
+        start.record()
+        module(**inputs)
+        end.record()
+        torch.cuda.synchronize()
+    whole = round(start.elapsed_time(end) * 1e6)
+    del module, inputs
+    torch.cuda.empty_cache()
+    return {"case": case, "config": config, "overrides": overrides, "workload": vars(w), "forward_ns": whole,
+            "ops": rows}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--out", required=True, type=Path)
+    args = ap.parse_args()
+    device = torch.device("cuda")
+    out = {"device": torch.cuda.get_device_name(device), "torch": torch.__version__, "cases": []}
+    print("| case | ops | sum of ops ms | forward ms |\n|---|---|---|---|")
+    for case in args.cases.split(","):
+        began = time.perf_counter()
+        result = run_case(case, device)
+        out["cases"].append(result)
+        args.out.write_text(json.dumps(out))
+        total = sum(r["ns"] for r in result["ops"])
+        print(f"| {case} | {len(result['ops'])} | {total / 1e6:.3f} | {result['forward_ns'] / 1e6:.3f} |"
+              f" ({time.perf_counter() - began:.0f} s)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
