@@ -11,6 +11,9 @@ from engine.modules.synthesize import synthesize_module  # noqa: E402
 hw = load_hardware("h200")
 CASES = [("hunyuan_video_diffusers", dict(video_tokens=6144, text_tokens=256), (0, 12000)),
          ("sd35_large_diffusers", dict(video_tokens=1024, text_tokens=333), (0, 8000))]
+if sys.argv[1:] == ["second"]:
+    CASES = [("qwen_image_diffusers", dict(video_tokens=4096, text_tokens=256), (0, 16000)),
+             ("ltx2_diffusers", dict(video_tokens=3072, audio_tokens=128, text_tokens=256), (0, 16000))]
 for model, shape, budgets in CASES:
     wl = OmegaConf.create({"kind": "infer", "batch": 1, "audio_tokens": 0, "context_tokens": 0, **shape})
     trace = synthesize_module(OmegaConf.load(ROOT / "conf" / "model" / f"{model}.yaml"), wl, hw)
