@@ -78,6 +78,12 @@ def grouping(trace: Trace, path: Path) -> str:
     return trace.header.get("grouping") or ("leaf" if path.name.endswith("-leaf.trace.jsonl.gz") else "block")
 
 
+def shape(workload: dict | None) -> str:
+    """A workload as a key: the recording of a run's rows is the one of its model, grouping and
+    workload (a directory may hold one model recorded at several token counts)."""
+    return json.dumps(workload or {}, sort_keys=True)
+
+
 ROOT = Path(__file__).resolve().parents[1]
 TABLE_TRACES = ROOT / "data" / "traces" / "full"  # what the shipped kernel table is fitted from
 TABLE_MODULES = ROOT / "data" / "traces" / "modules"
@@ -145,17 +151,18 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     errors, picks, peaks = [], [], []
     for d, data in runs:
-        traces = {(t.header["model"], grouping(t, path)): t
+        traces = {(t.header["model"], grouping(t, path), shape(t.header.get("workload"))): t
                   for path, t in ((p, read_trace(p)) for p in sorted(d.glob("*.trace.jsonl.gz")))}
         if args.synthesized:
             traces = {key: synthesized(t, hw, held_out) for key, t in traces.items()}
         for result in data["results"]:
             at: dict[float, list[tuple[float, float, str]]] = {}
             for r in result["rows"]:
-                key = (result["model"], r.get("grouping", "block"))
+                key = (result["model"], r.get("grouping", "block"), shape(result.get("workload")))
                 if key not in traces:
-                    raise ConfigError(f"{d} has no {key[1]} recording of {result['model']} (KEY.trace.jsonl.gz, "
-                                      "KEY-leaf.trace.jsonl.gz); pass the --out directory of one real_models.py run")
+                    raise ConfigError(f"{d} has no {key[1]} recording of {result['model']} on its workload "
+                                      "(KEY.trace.jsonl.gz, KEY-leaf.trace.jsonl.gz); pass the --out directory of one "
+                                      "real_models.py run")
                 trace = edited(traces[key], args.set)
                 budget = round(r["budget_mb"] * 1e6) if r["budget_mb"] else None  # 0: all resident
                 loop = "synced" if "predicted_synced_ms" in r else "free"
