@@ -1,8 +1,9 @@
 """Each torch op of a real model's forward timed on the device, with the layout of every tensor it
 reads and writes: the data the op census's memory-bound pricing is fitted and checked against.
 
-    python benchmarks/census_ops.py --out ops.json                       # the shipped set below
+    python benchmarks/census_ops.py --out ops.json                       # the shipped set below (GPU)
     python benchmarks/census_ops.py --cases sd35:4096:333 --out ops.json
+    python benchmarks/census_ops.py --report ops.json.gz --hardware h200  # each op priced as the census does (CPU)
 
 A case is MODEL:VIDEO_TOKENS:TEXT_TOKENS (a diffusers model, inference) or MODEL:decode:CONTEXT /
 MODEL:prefill:TOKENS (a causal LM). Each model is built with two blocks (one of each kind where it
@@ -14,10 +15,17 @@ without the host's launch gaps. A third forward without the events times the who
 
 Per op the file holds its aten name, each tensor it reads ("in") and writes ("out") as
 [role, shape, stride, dtype], and its time in ns.
+
+--report reads such a file on any machine: each memory-bound op as the census makes it a memory
+pass (engine/modules/census.py memory_pass, on meta tensors of the same layouts), the rate each
+kind ran at against the profile's probed pass cost, and per case the ops' summed time against
+their passes priced. An op's time includes its pair of events (about 1.4 us on the H200), so
+the ops under 20 us are left out of the rates.
 """
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import sys
 import time
@@ -34,6 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from engine.modules.build import build_module, example_inputs  # noqa: E402
+from engine.modules.census import memory_pass  # noqa: E402
 
 # model config name, the overrides that cut it to two blocks
 MODELS = {
@@ -144,11 +153,66 @@ def run_case(case: str, device: torch.device) -> dict:
             "ops": rows}
 
 
+# Ops the census counts as cores, or as launching nothing (engine/modules/census.py).
+CORES = ("aten.mm.", "aten.addmm.", "aten.bmm.", "aten.baddbmm.", "aten.convolution.", "aten._scaled_dot_product",
+         "aten._flash_attention", "aten._efficient_attention", "aten._cudnn_attention", "aten._grouped_mm.")
+NO_KERNEL = ("aten.empty.", "aten.empty_strided.", "aten.empty_like.", "aten.detach.", "aten.alias.",
+             "aten.lift_fresh.", "aten._local_scalar_dense.", "aten.lift_fresh_copy.", "aten._unsafe_view.")
+BIG_NS = 20_000
+
+
+def priced_ops(case: dict) -> list[tuple[str, int, int]]:
+    """(kind, amount, ns) of each memory-bound op of a case, as the census makes it a pass."""
+    out = []
+    for row in case["ops"]:
+        name = row["op"]
+        if row["view"] or name.startswith(CORES) or name.startswith(NO_KERNEL):
+            continue
+        packet = getattr(torch.ops.aten, name.split(".")[1])
+        tensors = {"in": [], "out": []}
+        for role, shape, stride, dtype in row["tensors"]:
+            tensors[role].append(torch.empty_strided(shape, stride, dtype=getattr(torch, dtype), device="meta"))
+        out.append((*memory_pass(packet, tensors["in"], tensors["out"]), row["ns"]))
+    return out
+
+
+def report(path: Path, hardware: str) -> None:
+    from engine.compute import PASSES
+    from engine.config import load_hardware
+    from engine.compute import ExecutionTimePredictor
+
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        data = json.load(f)
+    cost = ExecutionTimePredictor(load_hardware(hardware)).table.pass_cost
+    cases = [(c["case"], priced_ops(c)) for c in data["cases"]]
+    print(f"{data['device']}, hardware={hardware}: memory-bound ops of {BIG_NS // 1000} us or more\n")
+    print("| kind | ops | ms | measured GB/s | probed GB/s |\n|---|---|---|---|---|")
+    for kind in PASSES:
+        big = [(a, ns) for _, ops in cases for k, a, ns in ops if k == kind and ns >= BIG_NS]
+        if big:
+            moved, ns = sum(a for a, _ in big), sum(n for _, n in big)
+            print(f"| {kind} | {len(big)} | {ns / 1e6:.2f} | {moved / ns:.0f} | {1 / cost.ns_per_byte[kind]:.0f} |")
+    print("\n| case | memory-bound ops | their time ms (ops of 20 us or more) | priced ms | error |\n|---|---|---|---|---|")
+    for name, ops in cases:
+        big = [(k, a, ns) for k, a, ns in ops if ns >= BIG_NS]
+        measured, priced = sum(ns for *_, ns in big), cost.ns([(k, a) for k, a, _ in big])
+        if measured:
+            print(f"| {name} | {len(ops)} | {measured / 1e6:.3f} | {priced / 1e6:.3f} | {100 * (priced / measured - 1):+.1f}% |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default=",".join(CASES))
-    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--report", type=Path, help="a file --out wrote: print its ops priced (no GPU)")
+    ap.add_argument("--hardware", default="h200", help="the profile whose pass cost --report prices by")
     args = ap.parse_args()
+    if args.report:
+        report(args.report, args.hardware)
+        return
+    if args.out is None:
+        ap.error("give --out FILE (or --report FILE)")
     device = torch.device("cuda")
     out = {"device": torch.cuda.get_device_name(device), "torch": torch.__version__, "cases": []}
     print("| case | ops | sum of ops ms | forward ms |\n|---|---|---|---|")

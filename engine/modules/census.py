@@ -128,6 +128,10 @@ def memory_pass(packet: Any, inputs: list[torch.Tensor], outputs: list[torch.Ten
     and writing `outputs`."""
     moved = sum(touched_elements(t) * t.element_size() for t in inputs + outputs)
     elements = 2 * sum(touched_elements(t) for t in inputs + outputs)
+    if packet is _aten.native_layer_norm:
+        return "layer_norm", moved
+    if packet is _aten._fused_rms_norm:
+        return ("head_rms_norm" if inputs[0].shape[-1] <= HEAD_WIDTH else "rms_norm"), moved
     if not outputs:
         return "pointwise", moved
     out = max(t.numel() for t in outputs)
@@ -196,8 +200,6 @@ class OpCensus(TorchDispatchMode):
             weight, result = args[1], out
             per_output = max(1, weight[0].numel())
             k.cores.append(("linear", (max(1, result.numel() // weight.shape[0]), weight.shape[0], per_output)))
-        elif packet is _aten.native_layer_norm:
-            k.add_pass("layer_norm", sum(touched_elements(t) * t.element_size() for t in _tensors((args, kwargs, out))))
         else:
             k.add_pass(*memory_pass(packet, _tensors((args, kwargs)), _tensors(out)))
         return out
@@ -272,13 +274,13 @@ class _Fused(TorchFunctionMode):
         shape = given["normalized_shape"]
         rows = out.numel() // max(1, math.prod((shape,) if isinstance(shape, int) else shape))
         weight = given.get("weight")
-        x = given["input"]
         k = self.census.current
         k.ops += 1
         k.dispatches += 1
-        moved = (touched_elements(x) + touched_elements(out)) * x.element_size() + 4 * rows + (
-            touched_elements(weight) * weight.element_size() if weight is not None else 0)
-        k.add_pass("head_rms_norm" if x.shape[-1] <= HEAD_WIDTH else "rms_norm", moved)
+        # As CUDA's fused kernel: it also writes each row's reciprocal RMS in fp32.
+        rstd = self._uncounted(lambda: torch.empty(rows, dtype=torch.float32, device="meta"))
+        k.add_pass(*memory_pass(_aten._fused_rms_norm, [given["input"]] + ([weight] if weight is not None else []),
+                                [out, rstd]))
         return out
 
 
