@@ -8,9 +8,9 @@ no checkpoint read), its kernels found as offload finds them
 (engine/modules/kernels.py), its inputs made by the config's builder, and one
 forward recorded as the recorder's first forward is (`record_order`): the access
 order, and each position's op census (engine/modules/census.py). A record's
-compute time is its cores by op and shape plus the rest at the kernel table's
-ModuleCost, its host time its ops' (ExecutionTimePredictor.module_kernel_ns,
-module_host_ns); its weight is the kernel's packed span, sized as offload packs it
+compute time is its cores by op and shape, its memory passes at the kernel table's
+pass cost and its ops' launch gaps at its ModuleCost, its host time its ops'
+(ExecutionTimePredictor.module_kernel_ns, module_host_ns); its weight is the kernel's packed span, sized as offload packs it
 (engine/modules/packing.py). The header carries the bytes the forward holds at its
 peak beside the streamed weights (its inputs, the parameters kept resident, every
 live tensor its ops made), traced in the same forward.
@@ -253,7 +253,7 @@ def priced_trace(seen: SeenForward, hardware: Any, name: str, workload: Mapping[
     predictor = ExecutionTimePredictor(hardware)
     if predictor.table is not None and predictor.module_cost is None:
         log.warning("hardware.kernel_table=%s prices no real module (fitted without module recordings): each "
-                    "block's memory-bound ops run at hbm_gbps and each op costs the host one CUDA launch's time "
+                    "block's ops launch with no gap between them and each costs the host one CUDA launch's time "
                     "(the table's host time per launch); fit one with "
                     "python -m engine.calibrate ... --modules RECORDINGS", hardware.kernel_table)
     rec, order = seen.recording, seen.order
