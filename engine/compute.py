@@ -30,7 +30,8 @@ recorded memory kernels. With a pass cost, a matmul kernel is its
 core (the table's points: recorded kernels less their passes) plus its passes,
 and a memory kernel whose passes match no recorded kernel is the sum of its
 passes: a model nobody recorded gets its epilogues and norms from what such
-passes cost elsewhere.
+passes cost elsewhere. A real module's census makes each of its memory-bound ops such a pass
+(engine/modules/census.py), priced alike.
 
 A rate is work over time: FLOP/ns for linear and attention, bytes/ns for the
 memory-bound ops; interpolating rates, not times, keeps a kernel twice as long
