@@ -23,8 +23,8 @@ position, keeps
                   adapters).
 
 The kernel table prices the cores by shape, the passes at its pass cost and each
-op's launch gap at its ModuleCost (engine/compute.py). On the meta device the census costs nothing,
-so a model nobody recorded is counted from its config alone
+op's launch gap at its ModuleCost (engine/compute.py). On the meta device the census
+costs nothing, so a model nobody recorded is counted from its config alone
 (engine/modules/synthesize.py); the recorder counts its forward too, and
 mode=calibrate fits the launch gap to what it timed.
 
@@ -47,7 +47,6 @@ the op sees (its tensors' strides, which the meta device keeps):
                   copy kinds where the op copies one tensor or concatenates.
 The vectorized kinds' amount is the bytes the op moves; the other kinds' the bytes of
 its elements at two bytes each (their pass cost is probed in bf16).
-
 
 Work between two kernels (a model's own glue) counts with the kernel before,
 as the recorder times it; work before the first kernel counts with the first.
