@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from engine.modules.build import build_module, example_inputs  # noqa: E402
-from engine.modules.census import memory_pass  # noqa: E402
+from engine.modules.census import CORE_PACKETS, launches_kernel, memory_pass  # noqa: E402
 
 # model config name, the overrides that cut it to two blocks
 MODELS = {
@@ -153,11 +153,9 @@ def run_case(case: str, device: torch.device) -> dict:
             "ops": rows}
 
 
-# Ops the census counts as cores, or as launching nothing (engine/modules/census.py).
-CORES = ("aten.mm.", "aten.addmm.", "aten.bmm.", "aten.baddbmm.", "aten.convolution.", "aten._scaled_dot_product",
-         "aten._flash_attention", "aten._efficient_attention", "aten._cudnn_attention", "aten._grouped_mm.")
-NO_KERNEL = ("aten.empty.", "aten.empty_strided.", "aten.empty_like.", "aten.detach.", "aten.alias.",
-             "aten.lift_fresh.", "aten._local_scalar_dense.", "aten.lift_fresh_copy.", "aten._unsafe_view.")
+# The fused attention kernels: the census counts SDPA as one core where the model calls it.
+ATTENTION = ("aten._scaled_dot_product", "aten._flash_attention", "aten._efficient_attention",
+             "aten._cudnn_attention")
 BIG_NS = 20_000
 
 
@@ -166,13 +164,14 @@ def priced_ops(case: dict) -> list[tuple[str, int, int]]:
     out = []
     for row in case["ops"]:
         name = row["op"]
-        if row["view"] or name.startswith(CORES) or name.startswith(NO_KERNEL):
+        _, base, overload = name.split(".")
+        func = getattr(getattr(torch.ops.aten, base), overload)
+        if name.startswith(ATTENTION) or not launches_kernel(func) or func._overloadpacket in CORE_PACKETS:
             continue
-        packet = getattr(torch.ops.aten, name.split(".")[1])
         tensors = {"in": [], "out": []}
         for role, shape, stride, dtype in row["tensors"]:
             tensors[role].append(torch.empty_strided(shape, stride, dtype=getattr(torch, dtype), device="meta"))
-        out.append((*memory_pass(packet, tensors["in"], tensors["out"]), row["ns"]))
+        out.append((*memory_pass(func._overloadpacket, tensors["in"], tensors["out"]), row["ns"]))
     return out
 
 

@@ -78,6 +78,15 @@ SECTOR = 32  # bytes of a DRAM sector: the unit a GPU reads memory in
 HEAD_WIDTH = 256  # a norm at most this wide normalizes one head
 _NO_KERNEL = {_aten.empty, _aten.empty_strided, _aten.empty_like, _aten.detach, _aten.alias, _aten.lift_fresh,
               _aten._local_scalar_dense, _aten.lift_fresh_copy, _aten._unsafe_view}
+# The matmul-bound ops a census counts as cores, (m, n, k) each (OpCensus).
+CORE_PACKETS = frozenset(_MATMULS | {_aten._grouped_mm, _aten.convolution})
+
+
+def launches_kernel(func: Any) -> bool:
+    """Whether the census counts aten op `func` as an op: it makes a tensor with a kernel of
+    its own (not a view, an allocation without a fill or a host read)."""
+    return not (func.is_view or func._overloadpacket in _NO_KERNEL)
+
 
 
 @dataclass
@@ -106,6 +115,11 @@ def touched_elements(t: torch.Tensor) -> int:
     return math.prod(s for s, st in zip(t.shape, t.stride()) if st != 0)
 
 
+def _norm_kind(x: torch.Tensor) -> str:
+    """The RMS norm kind of normalizing (or reducing) `x`'s last dimension."""
+    return "head_rms_norm" if x.shape[-1] <= HEAD_WIDTH else "rms_norm"
+
+
 def _contiguous(t: torch.Tensor) -> bool:
     """Laid out row-major, dimensions of size 1 aside (their stride is free)."""
     expected = 1
@@ -130,7 +144,7 @@ def memory_pass(packet: Any, inputs: list[torch.Tensor], outputs: list[torch.Ten
     if packet is _aten.native_layer_norm:
         return "layer_norm", moved
     if packet is _aten._fused_rms_norm:
-        return ("head_rms_norm" if inputs[0].shape[-1] <= HEAD_WIDTH else "rms_norm"), moved
+        return _norm_kind(inputs[0]), moved
     if not outputs:
         return "pointwise", moved
     out = max(t.numel() for t in outputs)
@@ -139,7 +153,7 @@ def memory_pass(packet: Any, inputs: list[torch.Tensor], outputs: list[torch.Ten
         return "pointwise", 2 * sum(t.numel() * t.element_size() for t in outputs)
     gather = packet in _GATHERS
     if widest is not None and not gather and 2 * out <= widest.numel():
-        return ("head_rms_norm" if widest.shape[-1] <= HEAD_WIDTH else "rms_norm"), moved
+        return _norm_kind(widest), moved
     full = [t for t in inputs if gather or t.numel() >= out] + outputs
     if any(_scattered(t) for t in full):
         return ("transposed_copy" if gather or len(inputs) == 1 else "transposed"), elements
@@ -183,7 +197,7 @@ class OpCensus(TorchDispatchMode):
             return out
         k = self.current
         k.dispatches += 1
-        if func.is_view or func._overloadpacket in _NO_KERNEL:
+        if not launches_kernel(func):
             return out
         k.ops += 1
         packet = func._overloadpacket

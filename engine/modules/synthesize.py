@@ -10,10 +10,11 @@ forward recorded as the recorder's first forward is (`record_order`): the access
 order, and each position's op census (engine/modules/census.py). A record's
 compute time is its cores by op and shape, its memory passes at the kernel table's
 pass cost and its ops' launch gaps at its ModuleCost, its host time its ops'
-(ExecutionTimePredictor.module_kernel_ns, module_host_ns); its weight is the kernel's packed span, sized as offload packs it
-(engine/modules/packing.py). The header carries the bytes the forward holds at its
-peak beside the streamed weights (its inputs, the parameters kept resident, every
-live tensor its ops made), traced in the same forward.
+(ExecutionTimePredictor.module_kernel_ns, module_host_ns); its weight is the
+kernel's packed span, sized as offload packs it (engine/modules/packing.py). The
+header carries the bytes the forward holds at its peak beside the streamed weights
+(its inputs, the parameters kept resident, every live tensor its ops made), traced
+in the same forward.
 
 A LoRA training step (workload=train_lora) runs the forward with the adapters
 injected (engine/modules/adapters.py; per-block checkpointing when
