@@ -304,11 +304,14 @@ def fit_module_cost(modules: Sequence[Trace], table: KernelTable) -> ModuleCost:
     - workspace_bytes: the median over the recordings whose header has both (decode aside: its
       traced KV cache counts twice) of the measured `activation_peak_bytes` less the traced
       `traced_peak_bytes` (an inference recording's order forward; benchmarks/restamp_census.py
-      writes it into older ones from the meta forward); 0 without any."""
+      writes it into older ones from the meta forward); 0 without any.
+    - linear_sustained_slowdown: each recording the GPU paced (`_gpu_paced`) weighted alike, its
+      compute_scale less 1 (the pipelined step over its held kernels) as that times the share of
+      its priced time in linear cores; 0 without any."""
     if table.pass_cost is None:
         raise TraceError("calibrate --modules: no pass cost to price the modules' memory passes by; pass a compute "
                          "probe of this GPU (python -m engine.measure.compute --out FILE, then --probes FILE)")
-    gpu, gpu_w, host, host_w, workspace = [], [], [], [], []
+    gpu, gpu_w, host, host_w, workspace, paced = [], [], [], [], [], []
     for t in modules:
         records = [r for r in t.records if r.phase == "fwd" and r.dispatches]
         kind = (t.header.get("workload") or {}).get("kind")
@@ -330,14 +333,32 @@ def fit_module_cost(modules: Sequence[Trace], table: KernelTable) -> ModuleCost:
             cores = sum(table.core_ns(op, shape) or 0.0 for op, shape in r.cores)
             gpu.append((r.compute_ns / scale - cores - table.pass_cost.ns(r.passes), r.ops))
             gpu_w.append(1.0 / step)
+        if _gpu_paced(t, records, step):
+            paced.append((scale - 1.0, records))
     if not gpu:
         raise TraceError("calibrate --modules: no inference recording of a real module (other than a decode) "
                          "with its op census (records' \"dispatches\"); record one with mode=record, or restamp an "
                          "older one with benchmarks/restamp_census.py")
     per_op = _one_term_nnls(gpu, gpu_w)
     host_op, host_kernel = _two_term_nnls(host, host_w)
+    shares = []
+    for slowdown, records in paced:
+        linear = sum(table.core_ns("linear", shape) or 0.0 for r in records for op, shape in r.cores if op == "linear")
+        priced = sum(sum(table.core_ns(op, shape) or 0.0 for op, shape in r.cores) + table.pass_cost.ns(r.passes)
+                     + per_op * r.ops for r in records)
+        shares.append((slowdown, linear / priced))
     return ModuleCost(round(per_op, 1), round(host_op, 1), round(host_kernel, 1),
-                      float(max(0, round(statistics.median(workspace)))) if workspace else 0.0)
+                      float(max(0, round(statistics.median(workspace)))) if workspace else 0.0,
+                      round(_one_term_nnls(shares, [1.0] * len(shares)), 4))
+
+
+def _gpu_paced(t: Trace, records: Sequence[KernelRecord], held_ns: float) -> bool:
+    """Whether a recorded inference's pipelined step ran at the GPU's pace throughout, so that
+    its kernels' scale to it (header "compute_scale") is their slowdown under sustained load:
+    the step was timed, and its host work, as the module without hooks launches it, is shorter
+    than its kernels held (a host that nearly keeps pace leaves the GPU idle at times)."""
+    host = sum(r.host_ns for r in records) * float(t.header.get("plain_host_factor") or 1.0)
+    return bool(t.header.get("pipelined_step_ns")) and host < held_ns
 
 
 def _one_term_nnls(rows: Sequence[Sequence[float]], weights: Sequence[float], i: int = 1) -> float:

@@ -248,6 +248,24 @@ def test_a_causal_lm_prefill_is_synthesized() -> None:
     assert trace.records[1].cores[3] == ("attention", (4, 16, 16, 16))
 
 
+def test_a_synthesized_step_runs_its_linear_shares_sustained_slowdown() -> None:
+    """The synthesized trace's sustained slowdown is the table's per linear share, times the
+    share of its compute that its linear cores take at the table's rates."""
+    from engine.config import load_hardware
+    from engine.modules.synthesize import synthesize_module
+
+    pytest.importorskip("transformers", reason="needs the models extra: pip install 'offload-engine[models]'")
+    hw = load_hardware("h100_pcie5")
+    trace = synthesize_module(OmegaConf.load(ROOT / "conf" / "model" / "tiny_llama_hf.yaml"),
+                              OmegaConf.create({"kind": "infer", "batch": 1, "text_tokens": 512}), hw)
+    p = ExecutionTimePredictor(hw)
+    linear = sum(p.core_ns(op, shape) for r in trace.records for op, shape in r.cores if op == "linear")
+    share = linear / sum(r.compute_ns for r in trace.records)
+    assert 0.1 < share < 1
+    assert trace.header["compute_sustained_slowdown"] == pytest.approx(
+        p.module_cost.linear_sustained_slowdown * share, abs=1e-4)
+
+
 def test_offload_chooses_by_census_on_the_trace_synthesize_prices() -> None:
     """choose_by="census": offload's order forward priced as the meta forward is, nothing timed;
     the same cores, ops, elements and so compute, block by block (on the CPU its attention
@@ -306,8 +324,10 @@ def test_a_trace_refuses_a_malformed_core(tmp_path) -> None:
 
 
 def _module_trace(records: list[KernelRecord], kind: str = "infer", scale: float = 1.0,
-                  peaks: tuple[int, int] | None = None) -> Trace:
+                  peaks: tuple[int, int] | None = None, pipelined: bool = False) -> Trace:
     header = {"source": "recorded", "workload": {"kind": kind}, "compute_scale": scale}
+    if pipelined:
+        header["pipelined_step_ns"] = sum(r.compute_ns for r in records)
     if peaks:
         header["activation_peak_bytes"], header["traced_peak_bytes"] = peaks
     return Trace(header, {r.weights[0]: 1 for r in records}, tuple(records))
@@ -316,31 +336,46 @@ def _module_trace(records: list[KernelRecord], kind: str = "infer", scale: float
 def test_calibrate_recovers_the_module_costs_it_was_given() -> None:
     """Records built from known costs: cores at the table's one rate, passes at its pass cost and
     2000 ns an op on the GPU (the compute over compute_scale 1.25), 9000 ns a dispatch and 150 us a
-    block on the host; torch's peak 300 MB over the traced one. The fit gives them back; a
-    decode recording times no GPU rest (the table's one-row points hold it) and moves only the
-    host fit. A recording whose census has no passes, or a table without a pass cost, is refused."""
+    block on the host; torch's peak 300 MB over the traced one; and steps that the GPU paced
+    (host work under the held kernels) 0.1 x their linear share slower pipelined than held. The
+    fit gives them back; recordings the host paced (a, b: their scale 1.25 is the host's) do not
+    move the sustained slowdown; a decode recording times no GPU rest (the table's one-row points
+    hold it) and moves only the host fit. A recording whose census has no passes, or a table
+    without a pass cost, is refused."""
     rate = 500.0  # FLOP per ns
     cost = PassCost({k: 3e-4 * (1 + j) for j, k in enumerate(PASSES)})
     table = KernelTable({"linear": [Point(features("linear", (64, 64, 64), 0), rate)]}, pass_cost=cost)
 
-    def record(i: int, nbytes: int, ops: int, dispatches: int, gpu: bool = True, passes: bool = True) -> KernelRecord:
-        cores = (("linear", (64, 64, 64)),) * (1 + i % 3)
-        core_ns = len(cores) * 2 * 64 ** 3 / rate
+    def held(i: int, nbytes: int, ops: int, width: int = 64, passes: bool = True) -> tuple:
+        cores = (("linear", (width, width, width)),) * (1 + i % 3)
         moved = (("pointwise", nbytes), ("broadcast", nbytes // 3)) if passes else ()
-        compute = 1.25 * (core_ns + cost.ns(moved) + 2000 * ops) if gpu else 1.0
-        return KernelRecord(f"k{i}", i, "fwd", (f"w{i}",), round(compute), 0, 0,
+        linear = len(cores) * 2 * width ** 3 / rate
+        return cores, moved, linear, linear + cost.ns(moved) + 2000 * ops
+
+    def record(i: int, nbytes: int, ops: int, dispatches: int, gpu: bool = True, passes: bool = True,
+               width: int = 64, scale: float = 1.25) -> KernelRecord:
+        cores, moved, _, ns = held(i, nbytes, ops, width, passes)
+        return KernelRecord(f"k{i}", i, "fwd", (f"w{i}",), round(scale * ns) if gpu else 1, 0, 0,
                             host_ns=round(9000 * dispatches + 150_000), cores=cores, passes=moved, ops=ops,
                             dispatches=dispatches)
 
+    def paced(nbytes: int, width: int) -> Trace:
+        parts = [held(i, nbytes, 40, width) for i in range(4)]
+        scale = 1 + 0.1 * sum(p[2] for p in parts) / sum(p[3] for p in parts)
+        return _module_trace([record(i, nbytes, 40, 5, width=width, scale=scale) for i in range(4)], scale=scale,
+                             pipelined=True)
+
     a = _module_trace([record(i, 10_000_000 * (1 + i), 40 + 7 * i, 90 + 11 * i) for i in range(6)], scale=1.25,
-                      peaks=(1_300_000_000, 1_000_000_000))
+                      peaks=(1_300_000_000, 1_000_000_000), pipelined=True)
     b = _module_trace([record(i, 3_000_000 * (2 + i), 100 - 9 * i, 150 + 5 * i) for i in range(6)], scale=1.25,
-                      peaks=(700_000_000, 400_000_000))
+                      peaks=(700_000_000, 400_000_000), pipelined=True)
     decode = _module_trace([record(i, 1000, 30, 60 + i, gpu=False) for i in range(4)], kind="decode",
                            peaks=(900_000_000, 1_100_000_000))
-    fitted = fit_module_cost([a, b, decode], table)
+    fitted = fit_module_cost([a, b, decode, paced(1_000_000_000, 1024), paced(300_000_000, 512)], table)
     assert fitted.ns_per_op == pytest.approx(2000, rel=1e-3) and fitted.host_ns_per_op == pytest.approx(9000, rel=1e-3)
     assert fitted.host_ns_per_kernel == pytest.approx(150_000, rel=1e-3) and fitted.workspace_bytes == 300_000_000
+    assert fitted.linear_sustained_slowdown == pytest.approx(0.1, abs=1e-4)
+    assert fit_module_cost([a, b], table).linear_sustained_slowdown == 0.0
     with pytest.raises(TraceError, match="no inference recording"):
         fit_module_cost([decode], table)
     old = _module_trace([record(i, 1000, 30, 60 + i, passes=False) for i in range(4)])
@@ -354,7 +389,7 @@ def test_a_block_is_priced_as_its_cores_passes_and_ops(tmp_path) -> None:
     cost = PassCost({k: 3e-4 * (1 + j) for j, k in enumerate(PASSES)})
     table = KernelTable({"linear": [Point(features("linear", (64, 64, 64), 0), 500.0)],
                          "attention": [Point(features("attention", (8, 32, 32, 64), 0), 100.0)]},
-                        pass_cost=cost, module_cost=ModuleCost(2000.0, 9000.0, 150_000.0, 0.0))
+                        pass_cost=cost, module_cost=ModuleCost(2000.0, 9000.0, 150_000.0, 0.0, 0.1))
     path = tmp_path / "t.kernels.json"
     path.write_text(json.dumps(table.to_json()))
     hw = OmegaConf.create({"matmul_tflops": 771.0, "hbm_gbps": 3000.0, "kernel_table": str(path),
