@@ -211,10 +211,10 @@ class ModuleCost:
     around it, the launch) and `host_ns_per_kernel` for each block (the offload hooks and
     the fetch, which a module whose weights all fit runs without); and `workspace_bytes`
     torch's allocator holds at a forward's peak beyond the tensors its ops make (library
-    workspaces); `linear_sustained_slowdown`, how much slower than held a step runs under
-    sustained load at a duty of 1 for each unit of its time in linear cores (the GPU's clocks
-    drop under its power limit, and matmuls run at its clocks; memory passes hardly do),
-    fitted to recorded modules."""
+    workspaces); `linear_sustained_slowdown`, how much slower than held an inference runs
+    under sustained load at a duty of 1 for each unit of its time in linear cores (the GPU's
+    clocks drop under its power limit, and matmuls run at its clocks; memory passes hardly
+    do), fitted to recorded modules."""
 
     ns_per_op: float
     host_ns_per_op: float
@@ -228,7 +228,7 @@ class ModuleCost:
                 "linear_sustained_slowdown": self.linear_sustained_slowdown}
 
     def sustained_slowdown(self, linear_ns: float, compute_ns: float) -> float:
-        """A step's slowdown under sustained load at a duty of 1 (the simulator's), where
+        """An inference's slowdown under sustained load at a duty of 1 (the simulator's), where
         `linear_ns` of its `compute_ns` run in linear cores."""
         return self.linear_sustained_slowdown * linear_ns / compute_ns if compute_ns > 0 else 0.0
 
@@ -449,17 +449,14 @@ class ExecutionTimePredictor:
         for each core, and for each of the `trained` linears, (m, n, k), the weight's
         gradient: the matmul (n, k, m)), its ops launched BACKWARD_OPS times.
         `training`: its attention at a training step's rates (TRAINING)."""
+        if backward:
+            cores_ns = sum(self.backward_core_ns(op, shape, training) for op, shape in cores)
+            cores_ns += sum(self.core_ns("linear", (n, k, m)) for m, n, k in trained)
+        else:
+            cores_ns = sum(self.core_ns(op, shape, training) for op, shape in cores)
         ops = ops * BACKWARD_OPS if backward else ops
         gaps = ops * self.module_cost.ns_per_op if self.module_cost is not None else 0.0
-        return max(1, round(self.module_cores_ns(cores, backward, trained, training) + self.passes_ns(passes) + gaps))
-
-    def module_cores_ns(self, cores: Sequence[tuple[str, Sequence[int]]], backward: bool = False,
-                        trained: Sequence[Sequence[int]] = (), training: bool = False) -> float:
-        """The cores' part of `module_kernel_ns` (same arguments)."""
-        if not backward:
-            return sum(self.core_ns(op, shape, training) for op, shape in cores)
-        return (sum(self.backward_core_ns(op, shape, training) for op, shape in cores)
-                + sum(self.core_ns("linear", (n, k, m)) for m, n, k in trained))
+        return max(1, round(cores_ns + self.passes_ns(passes) + gaps))
 
     def passes_ns(self, passes: Sequence[tuple[str, int]]) -> float:
         """Memory passes ((kind, amount) each: Kernel.passes, a census's) at the table's

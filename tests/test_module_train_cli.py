@@ -236,6 +236,12 @@ def test_checkpointing_adds_each_block_forward_to_its_backward():
     assert sum(s.nbytes for r in ckpt.records for s in r.saved) < sum(s.nbytes for r in plain.records for s in r.saved)
 
 
+def test_a_synthesized_lora_step_sags_as_the_profile_says():
+    """A LoRA step slows under sustained load by the profile's compute_sustained_slowdown, not by
+    the inference fit's linear share (engine/modules/synthesize.py)."""
+    assert "compute_sustained_slowdown" not in _synthesized(True).header
+
+
 def test_a_training_steps_attention_is_priced_as_the_cli_runs_it():
     """The CLI's training turns cuDNN's attention off: the kernels with an attention core, and
     their backward, take the table's training rates; workload.cudnn_attention=true keeps the

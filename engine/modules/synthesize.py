@@ -14,7 +14,10 @@ pass cost and its ops' launch gaps at its ModuleCost, its host time its ops'
 kernel's packed span, sized as offload packs it (engine/modules/packing.py). The
 header carries the bytes the forward holds at its peak beside the streamed weights
 (its inputs, the parameters kept resident, every live tensor its ops made), traced
-in the same forward.
+in the same forward, and the inference's slowdown under sustained load: its linear
+cores' share of its compute at the ModuleCost's rate per share (recorded modules'
+inferences slow by about that share; a LoRA step recorded slows less than its share
+says, and takes the profile's compute_sustained_slowdown).
 
 A LoRA training step (workload=train_lora) runs the forward with the adapters
 injected (engine/modules/adapters.py; per-block checkpointing when
@@ -269,7 +272,7 @@ def priced_trace(seen: SeenForward, hardware: Any, name: str, workload: Mapping[
     forward, linear = [], []
     for i, (kernel, reads) in enumerate(zip(order.kernels, order.reads)):
         c = rec.census[i]
-        linear.append(predictor.module_cores_ns(_linear(c.cores)))
+        linear.append(sum(predictor.core_ns(op, shape) for op, shape in c.cores if op == "linear"))
         forward.append(KernelRecord(
             name=kernel, layer=rec.layers[i], phase="fwd", weights=reads,
             compute_ns=predictor.module_kernel_ns(c.cores, c.pass_list(), c.ops, training=attention),
@@ -277,11 +280,10 @@ def priced_trace(seen: SeenForward, hardware: Any, name: str, workload: Mapping[
             io_bytes=sum(order.sizes[w] for w in reads), host_ns=predictor.module_host_ns(c.ops, c.dispatches),
             saved=saved[i], launches=c.ops, packs=seen.saved.packs.get(i, 0) if training else 0,
             cores=tuple(c.cores), passes=c.pass_list(), ops=c.ops, dispatches=c.dispatches))
-    backward = [] if not training else [_backward(predictor, seen, f, linear[i], i, needs.get(i, ()), attention)
+    backward = [] if not training else [_backward(predictor, seen, f, i, needs.get(i, ()), attention)
                                         for i, f in reversed(list(enumerate(forward)))]
-    records = tuple(forward + [b for b, _ in backward])
+    records = tuple(forward + backward)
     cost = predictor.module_cost
-    linear_ns = sum(linear) + sum(n for _, n in backward)
     header = {
         "format": FORMAT, "version": VERSION, "records": len(records), "source": "synthesized",
         "model": name, "num_layers": max(rec.layers, default=-1) + 1, "params": seen.params,
@@ -291,9 +293,10 @@ def priced_trace(seen: SeenForward, hardware: Any, name: str, workload: Mapping[
         # As a recording's: what torch holds beside the pool at the forward's peak, its workspaces too.
         "traced_peak_bytes": seen.traced_peak_bytes,
         "activation_peak_bytes": seen.traced_peak_bytes + round(cost.workspace_bytes if cost else 0),
-        # The step's own pace under sustained load, by its linear cores' share (the profile's without a cost).
-        **({"compute_sustained_slowdown": round(cost.sustained_slowdown(linear_ns, sum(r.compute_ns for r in records)),
-                                                4)} if cost else {}),
+        # An inference's own pace under sustained load, by its linear cores' share (ModuleCost); a LoRA
+        # step's is the profile's (module docstring).
+        **({"compute_sustained_slowdown": round(cost.sustained_slowdown(sum(linear), sum(r.compute_ns for r in records)),
+                                                4)} if cost and not training else {}),
         "block_records": True, "resident_bytes": seen.resident_bytes,
         # Every weight resident, offload drops the hooks (engine/modules/offload.py): the host's share then.
         "plain_host_factor": round(sum(predictor.module_host_ns(c.ops, c.dispatches, hooked=False)
@@ -304,34 +307,27 @@ def priced_trace(seen: SeenForward, hardware: Any, name: str, workload: Mapping[
     return trace
 
 
-def _backward(predictor: ExecutionTimePredictor, seen: SeenForward, f: KernelRecord, f_linear: float, i: int,
-              needs: Sequence[str], attention: bool) -> tuple[KernelRecord, float]:
-    """The backward record of forward position `i` (`f`, `f_linear` ns of it in linear cores),
-    frozen base weights (module docstring), and its ns in linear cores; `attention`: at a
-    training step's rates (ExecutionTimePredictor.module_kernel_ns)."""
+def _backward(predictor: ExecutionTimePredictor, seen: SeenForward, f: KernelRecord, i: int,
+              needs: Sequence[str], attention: bool) -> KernelRecord:
+    """The backward record of forward position `i` (`f`), frozen base weights (module docstring);
+    `attention`: at a training step's rates (ExecutionTimePredictor.module_kernel_ns)."""
     c = seen.recording.census[i]
     recomputed = i in seen.recomputed
     if seen.saved.packs.get(i, 0) or recomputed:
         compute = predictor.module_kernel_ns(c.cores, c.pass_list(), c.ops, backward=True, trained=c.trained,
                                              training=attention)
-        linear = predictor.module_cores_ns(_linear(c.cores), backward=True, trained=c.trained)
         host = predictor.module_host_ns(c.ops * BACKWARD_OPS, c.dispatches * BACKWARD_OPS)
         launches = c.ops * BACKWARD_OPS
     else:  # no gradient reaches it
-        compute, linear, host, launches = 1, 0.0, predictor.module_host_ns(0, 0), 0
+        compute, host, launches = 1, predictor.module_host_ns(0, 0), 0
     if recomputed:
         compute += f.compute_ns
-        linear += f_linear
         host += predictor.module_host_ns(c.ops, c.dispatches, hooked=False)
         launches += c.ops
     return KernelRecord(
         name=f.name + BACKWARD_SUFFIX, layer=f.layer, phase="bwd", weights=f.weights, compute_ns=compute,
         flops=BACKWARD_FLOPS_FACTOR * f.flops, io_bytes=f.io_bytes, host_ns=host, needs=tuple(needs),
-        launches=launches), linear
-
-
-def _linear(cores: Sequence[tuple[str, Sequence[int]]]) -> list[tuple[str, Sequence[int]]]:
-    return [(op, shape) for op, shape in cores if op == "linear"]
+        launches=launches)
 
 
 def synthesize_module(model_cfg: Any, workload: Any, hardware: Any) -> Trace:
