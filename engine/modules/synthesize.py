@@ -14,10 +14,11 @@ pass cost and its ops' launch gaps at its ModuleCost, its host time its ops'
 kernel's packed span, sized as offload packs it (engine/modules/packing.py). The
 header carries the bytes the forward holds at its peak beside the streamed weights
 (its inputs, the parameters kept resident, every live tensor its ops made), traced
-in the same forward, and the inference's slowdown under sustained load: its linear
-cores' share of its compute at the ModuleCost's rate per share (recorded modules'
-inferences slow by about that share; a LoRA step recorded slows less than its share
-says, and takes the profile's compute_sustained_slowdown).
+in the same forward, and an inference's slowdown under sustained load: its linear
+cores' share of its compute at the ModuleCost's rate per share, as recorded modules'
+inferences slow. A LoRA step takes the profile's compute_sustained_slowdown: recorded
+ones slowed no more than their share says, and their synthesized compute runs over the
+recorded kernels already.
 
 A LoRA training step (workload=train_lora) runs the forward with the adapters
 injected (engine/modules/adapters.py; per-block checkpointing when
