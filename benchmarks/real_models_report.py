@@ -149,7 +149,7 @@ def main() -> None:
           f"{' --synthesized' if args.synthesized else ''}{' --leave-one-out' if args.leave_one_out else ''}\n")
     print("| run | model | budget MB | backend | grouping/eviction/lookahead | measured ms (mean) | predicted ms | error |")
     print("|---|---|---|---|---|---|---|---|")
-    errors, picks, peaks = [], [], []
+    errors, hosts, picks, peaks, host_bound = [], [], [], [], []  # host_bound: (row, error) where the host sets it
     for d, data in runs:
         traces = {(t.header["model"], grouping(t, path), shape(t.header.get("workload"))): t
                   for path, t in ((p, read_trace(p)) for p in sorted(d.glob("*.trace.jsonl.gz")))}
@@ -171,6 +171,9 @@ def main() -> None:
                 p = prediction["step_ms"]
                 err = p / r["mean_ms"] - 1
                 errors.append(err)
+                hosts.append(prediction["bound_by"] == "host")
+                if hosts[-1]:
+                    host_bound.append((f"{d.name} {result['model']} at {r['budget_mb']:.0f} MB", err))
                 if r.get("process_peak_bytes"):
                     peaks.append(prediction["peak_process_bytes"] / r["process_peak_bytes"] - 1)
                 config = f"{r['backend']} {key[1]}/{r['eviction']}/{r['lookahead']}"
@@ -189,6 +192,11 @@ def main() -> None:
               f"{', '.join(f'{p:+.1%}' for p in picks)} over the best")
     else:
         print()
+    rest = [e for e, host in zip(errors, hosts) if not host]
+    if host_bound and rest:
+        print(f"the {len(rest)} rows the GPU or the link bounds (as predicted): mean |error| "
+              f"{statistics.mean(map(abs, rest)):.2%}, max {max(map(abs, rest)):.2%}; the host bounds "
+              + ", ".join(f"{name} ({err:+.1%})" for name, err in host_bound))
     if peaks:
         print(f"process peak, {len(peaks)} rows: mean |error| {statistics.mean(map(abs, peaks)):.2%}, "
               f"max {max(map(abs, peaks)):.2%}")
