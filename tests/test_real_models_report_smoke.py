@@ -44,3 +44,14 @@ def test_an_output_is_bitwise_one_of_the_resident_outcomes() -> None:
     outcomes = distinct([a, a.clone(), b, a, b.clone()])
     assert len(outcomes) == 2 and outcomes[0] is a and outcomes[1] is b
     assert one_of(b.clone(), outcomes) and not one_of(torch.tensor([1.0, 2.03125], dtype=torch.bfloat16), outcomes)
+
+
+def test_the_report_names_the_rows_the_host_bounds() -> None:
+    """The shipped H200 module rows: Llama-3.1-8B decode with every weight resident is the host's
+    step, as the simulator finds it; the summary of the other eleven leaves it out and names it."""
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "real_models_report.py"),
+                           str(ROOT / "data" / "traces" / "h200" / "modules"), "--hardware", "h200"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert re.search(r"^the 11 rows the GPU or the link bounds \(as predicted\): mean \|error\| [\d.]+%, max [\d.]+%; "
+                     r"the host bounds modules llama3.1-8b-hf at 0 MB \([+-][\d.]+%\)$", done.stdout, re.M), done.stdout
