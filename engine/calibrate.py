@@ -56,7 +56,8 @@ from typing import Any, Iterable, Sequence
 
 from engine.compute import (ATTENTION_OPS, BACKWARD, BACKWARD_FLOPS_FACTOR, BLOCKED, CORE_FLOOR, MATMUL_OPS, PASSES,
                             TRAINING, AttentionTiling, KernelTable, ModuleCost, PassCost, core_flops, features,
-                            host_key, pass_bytes, slowdown_under_copy, table_from_measurements, tables_dir, work)
+                            host_key, pass_bytes, pflops, slowdown_under_copy, table_from_measurements, tables_dir,
+                            work)
 from engine.trace import KernelRecord
 from engine.config import HardwareConfig
 from engine.errors import ConfigError, TraceError
@@ -305,9 +306,9 @@ def fit_module_cost(modules: Sequence[Trace], table: KernelTable) -> ModuleCost:
       traced KV cache counts twice) of the measured `activation_peak_bytes` less the traced
       `traced_peak_bytes` (an inference recording's order forward; benchmarks/restamp_census.py
       writes it into older ones from the meta forward); 0 without any.
-    - linear_sustained_slowdown: each recording the GPU paced (`_gpu_paced`) weighted alike, its
-      compute_scale less 1 (the pipelined step over its held kernels) as that times the share of
-      its priced time in linear cores; 0 without any."""
+    - sustained_slowdown_per_pflops: each recording the GPU paced (`_gpu_paced`) weighted alike,
+      its compute_scale less 1 (the pipelined step over its held kernels) as that times the
+      PFLOP/s its cores run at over its priced time; 0 without any."""
     if table.pass_cost is None:
         raise TraceError("calibrate --modules: no pass cost to price the modules' memory passes by; pass a compute "
                          "probe of this GPU (python -m engine.measure.compute --out FILE, then --probes FILE)")
@@ -341,15 +342,14 @@ def fit_module_cost(modules: Sequence[Trace], table: KernelTable) -> ModuleCost:
                          "older one with benchmarks/restamp_census.py")
     per_op = _one_term_nnls(gpu, gpu_w)
     host_op, host_kernel = _two_term_nnls(host, host_w)
-    shares = []
+    rates = []
     for slowdown, records in paced:
-        linear = sum(table.core_ns("linear", shape) or 0.0 for r in records for op, shape in r.cores if op == "linear")
         priced = sum(sum(table.core_ns(op, shape) or 0.0 for op, shape in r.cores) + table.pass_cost.ns(r.passes)
                      + per_op * r.ops for r in records)
-        shares.append((slowdown, linear / priced))
+        rates.append((slowdown, pflops(sum(core_flops(op, shape) for r in records for op, shape in r.cores), priced)))
     return ModuleCost(round(per_op, 1), round(host_op, 1), round(host_kernel, 1),
                       float(max(0, round(statistics.median(workspace)))) if workspace else 0.0,
-                      round(_one_term_nnls(shares, [1.0] * len(shares)), 4))
+                      round(_one_term_nnls(rates, [1.0] * len(rates)), 4))
 
 
 def _gpu_paced(t: Trace, records: Sequence[KernelRecord], held_ns: float) -> bool:

@@ -211,26 +211,31 @@ class ModuleCost:
     around it, the launch) and `host_ns_per_kernel` for each block (the offload hooks and
     the fetch, which a module whose weights all fit runs without); and `workspace_bytes`
     torch's allocator holds at a forward's peak beyond the tensors its ops make (library
-    workspaces); `linear_sustained_slowdown`, how much slower than held an inference runs
-    under sustained load at a duty of 1 for each unit of its time in linear cores (the GPU's
-    clocks drop under its power limit, and matmuls run at its clocks; memory passes hardly
-    do), fitted to recorded modules."""
+    workspaces); `sustained_slowdown_per_pflops`, how much slower than held an inference runs
+    under sustained load at a duty of 1 for each PFLOP/s its cores run at over the step (the
+    GPU's clocks drop under its power limit, which the tensor cores' work draws on), fitted
+    to recorded modules."""
 
     ns_per_op: float
     host_ns_per_op: float
     host_ns_per_kernel: float
     workspace_bytes: float
-    linear_sustained_slowdown: float
+    sustained_slowdown_per_pflops: float
 
     def to_json(self) -> dict:
         return {"ns_per_op": self.ns_per_op, "host_ns_per_op": self.host_ns_per_op,
                 "host_ns_per_kernel": self.host_ns_per_kernel, "workspace_bytes": self.workspace_bytes,
-                "linear_sustained_slowdown": self.linear_sustained_slowdown}
+                "sustained_slowdown_per_pflops": self.sustained_slowdown_per_pflops}
 
-    def sustained_slowdown(self, linear_ns: float, compute_ns: float) -> float:
-        """An inference's slowdown under sustained load at a duty of 1 (the simulator's), where
-        `linear_ns` of its `compute_ns` run in linear cores."""
-        return self.linear_sustained_slowdown * linear_ns / compute_ns if compute_ns > 0 else 0.0
+    def sustained_slowdown(self, flops: float, compute_ns: float) -> float:
+        """An inference's slowdown under sustained load at a duty of 1 (the simulator's), its
+        cores' `flops` run in `compute_ns`."""
+        return self.sustained_slowdown_per_pflops * pflops(flops, compute_ns)
+
+
+def pflops(flops: float, ns: float) -> float:
+    """PFLOP/s of `flops` in `ns`."""
+    return flops / ns / 1e6 if ns > 0 else 0.0
 
 
 @dataclass(frozen=True)

@@ -238,7 +238,7 @@ def test_checkpointing_adds_each_block_forward_to_its_backward():
 
 def test_a_synthesized_lora_step_sags_as_the_profile_says():
     """A LoRA step slows under sustained load by the profile's compute_sustained_slowdown, not by
-    the inference fit's linear share (engine/modules/synthesize.py)."""
+    the inference fit's FLOP rate (engine/modules/synthesize.py)."""
     assert "compute_sustained_slowdown" not in _synthesized(True).header
 
 

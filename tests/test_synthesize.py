@@ -248,9 +248,9 @@ def test_a_causal_lm_prefill_is_synthesized() -> None:
     assert trace.records[1].cores[3] == ("attention", (4, 16, 16, 16))
 
 
-def test_a_synthesized_step_runs_its_linear_shares_sustained_slowdown() -> None:
-    """The synthesized trace's sustained slowdown is the table's per linear share, times the
-    share of its compute that its linear cores take at the table's rates."""
+def test_a_synthesized_inference_sags_by_its_cores_flop_rate() -> None:
+    """The synthesized trace's sustained slowdown is the table's per PFLOP/s, times the PFLOP/s
+    its cores run at over its compute."""
     from engine.config import load_hardware
     from engine.modules.synthesize import synthesize_module
 
@@ -259,11 +259,11 @@ def test_a_synthesized_step_runs_its_linear_shares_sustained_slowdown() -> None:
     trace = synthesize_module(OmegaConf.load(ROOT / "conf" / "model" / "tiny_llama_hf.yaml"),
                               OmegaConf.create({"kind": "infer", "batch": 1, "text_tokens": 512}), hw)
     p = ExecutionTimePredictor(hw)
-    linear = sum(p.core_ns(op, shape) for r in trace.records for op, shape in r.cores if op == "linear")
-    share = linear / sum(r.compute_ns for r in trace.records)
-    assert 0.1 < share < 1
+    flops = sum(core_flops(op, shape) for r in trace.records for op, shape in r.cores)
+    rate = flops / sum(r.compute_ns for r in trace.records) / 1e6  # PFLOP/s
+    assert 0 < rate < 1
     assert trace.header["compute_sustained_slowdown"] == pytest.approx(
-        p.module_cost.linear_sustained_slowdown * share, abs=1e-4)
+        p.module_cost.sustained_slowdown_per_pflops * rate, abs=1e-4)
 
 
 def test_offload_chooses_by_census_on_the_trace_synthesize_prices() -> None:
@@ -337,7 +337,7 @@ def test_calibrate_recovers_the_module_costs_it_was_given() -> None:
     """Records built from known costs: cores at the table's one rate, passes at its pass cost and
     2000 ns an op on the GPU (the compute over compute_scale 1.25), 9000 ns a dispatch and 150 us a
     block on the host; torch's peak 300 MB over the traced one; and steps that the GPU paced
-    (host work under the held kernels) 0.1 x their linear share slower pipelined than held. The
+    (host work under the held kernels) 0.1 x their cores' PFLOP/s slower pipelined than held. The
     fit gives them back; recordings the host paced (a, b: their scale 1.25 is the host's) do not
     move the sustained slowdown; a decode recording times no GPU rest (the table's one-row points
     hold it) and moves only the host fit. A recording whose census has no passes, or a table
@@ -349,8 +349,8 @@ def test_calibrate_recovers_the_module_costs_it_was_given() -> None:
     def held(i: int, nbytes: int, ops: int, width: int = 64, passes: bool = True) -> tuple:
         cores = (("linear", (width, width, width)),) * (1 + i % 3)
         moved = (("pointwise", nbytes), ("broadcast", nbytes // 3)) if passes else ()
-        linear = len(cores) * 2 * width ** 3 / rate
-        return cores, moved, linear, linear + cost.ns(moved) + 2000 * ops
+        flops = len(cores) * 2 * width ** 3
+        return cores, moved, flops, flops / rate + cost.ns(moved) + 2000 * ops
 
     def record(i: int, nbytes: int, ops: int, dispatches: int, gpu: bool = True, passes: bool = True,
                width: int = 64, scale: float = 1.25) -> KernelRecord:
@@ -361,7 +361,7 @@ def test_calibrate_recovers_the_module_costs_it_was_given() -> None:
 
     def paced(nbytes: int, width: int) -> Trace:
         parts = [held(i, nbytes, 40, width) for i in range(4)]
-        scale = 1 + 0.1 * sum(p[2] for p in parts) / sum(p[3] for p in parts)
+        scale = 1 + 0.1 * sum(p[2] for p in parts) / sum(p[3] for p in parts) / 1e6
         return _module_trace([record(i, nbytes, 40, 5, width=width, scale=scale) for i in range(4)], scale=scale,
                              pipelined=True)
 
@@ -374,8 +374,8 @@ def test_calibrate_recovers_the_module_costs_it_was_given() -> None:
     fitted = fit_module_cost([a, b, decode, paced(1_000_000_000, 1024), paced(300_000_000, 512)], table)
     assert fitted.ns_per_op == pytest.approx(2000, rel=1e-3) and fitted.host_ns_per_op == pytest.approx(9000, rel=1e-3)
     assert fitted.host_ns_per_kernel == pytest.approx(150_000, rel=1e-3) and fitted.workspace_bytes == 300_000_000
-    assert fitted.linear_sustained_slowdown == pytest.approx(0.1, abs=1e-4)
-    assert fit_module_cost([a, b], table).linear_sustained_slowdown == 0.0
+    assert fitted.sustained_slowdown_per_pflops == pytest.approx(0.1, abs=1e-4)
+    assert fit_module_cost([a, b], table).sustained_slowdown_per_pflops == 0.0
     with pytest.raises(TraceError, match="no inference recording"):
         fit_module_cost([decode], table)
     old = _module_trace([record(i, 1000, 30, 60 + i, passes=False) for i in range(4)])

@@ -14,11 +14,11 @@ pass cost and its ops' launch gaps at its ModuleCost, its host time its ops'
 kernel's packed span, sized as offload packs it (engine/modules/packing.py). The
 header carries the bytes the forward holds at its peak beside the streamed weights
 (its inputs, the parameters kept resident, every live tensor its ops made), traced
-in the same forward, and an inference's slowdown under sustained load: its linear
-cores' share of its compute at the ModuleCost's rate per share, as recorded modules'
-inferences slow. A LoRA step takes the profile's compute_sustained_slowdown: recorded
-ones slowed no more than their share says, and their synthesized compute runs over the
-recorded kernels already.
+in the same forward, and an inference's slowdown under sustained load: the PFLOP/s its
+cores run at over its compute, at the ModuleCost's slowdown per PFLOP/s, as recorded
+modules' inferences slow. A LoRA step takes the profile's compute_sustained_slowdown: with the
+inferences' fit three measured LoRA steps ran under the prediction, their synthesized
+compute already over the recorded kernels.
 
 A LoRA training step (workload=train_lora) runs the forward with the adapters
 injected (engine/modules/adapters.py; per-block checkpointing when
@@ -270,10 +270,9 @@ def priced_trace(seen: SeenForward, hardware: Any, name: str, workload: Mapping[
     attention = training and not workload.get("cudnn_attention", torch.backends.cuda.cudnn_sdp_enabled())
     saved, needs = saved_tensors(order.kernels, rec.layers, seen.saved.saved, seen.saved.last_saver) \
         if training else ([()] * len(order), {})
-    forward, linear = [], []
+    forward = []
     for i, (kernel, reads) in enumerate(zip(order.kernels, order.reads)):
         c = rec.census[i]
-        linear.append(sum(predictor.core_ns(op, shape) for op, shape in c.cores if op == "linear"))
         forward.append(KernelRecord(
             name=kernel, layer=rec.layers[i], phase="fwd", weights=reads,
             compute_ns=predictor.module_kernel_ns(c.cores, c.pass_list(), c.ops, training=attention),
@@ -294,10 +293,11 @@ def priced_trace(seen: SeenForward, hardware: Any, name: str, workload: Mapping[
         # As a recording's: what torch holds beside the pool at the forward's peak, its workspaces too.
         "traced_peak_bytes": seen.traced_peak_bytes,
         "activation_peak_bytes": seen.traced_peak_bytes + round(cost.workspace_bytes if cost else 0),
-        # An inference's own pace under sustained load, by its linear cores' share (ModuleCost); a LoRA
+        # An inference's own pace under sustained load, by its cores' FLOP rate (ModuleCost); a LoRA
         # step's is the profile's (module docstring).
-        **({"compute_sustained_slowdown": round(cost.sustained_slowdown(sum(linear), sum(r.compute_ns for r in records)),
-                                                4)} if cost and not training else {}),
+        **({"compute_sustained_slowdown": round(cost.sustained_slowdown(sum(r.flops for r in records),
+                                                                        sum(r.compute_ns for r in records)), 4)}
+           if cost and not training else {}),
         "block_records": True, "resident_bytes": seen.resident_bytes,
         # Every weight resident, offload drops the hooks (engine/modules/offload.py): the host's share then.
         "plain_host_factor": round(sum(predictor.module_host_ns(c.ops, c.dispatches, hooked=False)
