@@ -19,7 +19,8 @@ Per op the file holds its aten name, each tensor it reads ("in") and writes ("ou
 --report reads such a file on any machine: each memory-bound op as the census makes it a memory
 pass (engine/modules/census.py memory_pass, on meta tensors of the same layouts), the rate each
 kind ran at against the profile's probed pass cost, and per case the ops' summed time against
-their passes priced. An op's time includes its pair of events (about 1.4 us on the H200), so
+their passes priced; then each case's cores (its linears, its attention, masked or not) against
+the profile's kernel table. An op's time includes its pair of events (about 1.4 us on the H200), so
 the ops under 20 us are left out of the rates.
 """
 from __future__ import annotations
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -42,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from engine.modules.build import build_module, example_inputs  # noqa: E402
-from engine.modules.census import CORE_PACKETS, launches_kernel, memory_pass  # noqa: E402
+from engine.modules.census import ATTENTION_MASKED, CORE_PACKETS, launches_kernel, memory_pass  # noqa: E402
 
 # model config name, the overrides that cut it to two blocks
 MODELS = {
@@ -175,6 +177,26 @@ def priced_ops(case: dict) -> list[tuple[str, int, int]]:
     return out
 
 
+MATMULS = ("aten.mm.", "aten.addmm.", "aten.bmm.", "aten.baddbmm.")
+MASKABLE = ("aten._efficient_attention", "aten._scaled_dot_product_efficient", "aten._cudnn_attention",
+            "aten._scaled_dot_product_cudnn")  # their fourth tensor is the mask
+
+
+def timed_cores(case: dict) -> list[tuple[str, tuple[int, ...], int]]:
+    """(op, shape, ns) of each matmul-bound op of a case, as the census makes it a core."""
+    out = []
+    for row in case["ops"]:
+        name, ins = row["op"], [shape for role, shape, *_ in row["tensors"] if role == "in"]
+        if name.startswith(MATMULS):
+            a, b = ins[1:3] if name.startswith(("aten.addmm.", "aten.baddbmm.")) else ins[:2]
+            out.append(("linear", (math.prod(a) // a[-1], b[-1], a[-1]), row["ns"]))
+        elif name.startswith(ATTENTION):
+            (batch, heads, lq, d), lk = ins[0], ins[1][2]
+            op = ATTENTION_MASKED if name.startswith(MASKABLE) and len(ins) > 3 else "attention"
+            out.append((op, (batch * heads, lq, lk, d), row["ns"]))
+    return out
+
+
 def report(path: Path, hardware: str) -> None:
     from engine.compute import PASSES
     from engine.config import load_hardware
@@ -183,7 +205,8 @@ def report(path: Path, hardware: str) -> None:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt") as f:
         data = json.load(f)
-    cost = ExecutionTimePredictor(load_hardware(hardware)).table.pass_cost
+    predictor = ExecutionTimePredictor(load_hardware(hardware))
+    cost = predictor.table.pass_cost
     cases = [(c["case"], priced_ops(c)) for c in data["cases"]]
     print(f"{data['device']}, hardware={hardware}: memory-bound ops of {BIG_NS // 1000} us or more\n")
     print("| kind | ops | ms | measured GB/s | probed GB/s |\n|---|---|---|---|---|")
@@ -198,6 +221,15 @@ def report(path: Path, hardware: str) -> None:
         measured, priced = sum(ns for *_, ns in big), cost.ns([(k, a) for k, a, _ in big])
         if measured:
             print(f"| {name} | {len(ops)} | {measured / 1e6:.3f} | {priced / 1e6:.3f} | {100 * (priced / measured - 1):+.1f}% |")
+    print("\n| case | core | ops | their time ms (with their events) | priced ms | error |\n|---|---|---|---|---|---|")
+    for c in data["cases"]:
+        cores = timed_cores(c)
+        for op in ("linear", "attention", ATTENTION_MASKED):
+            mine = [(shape, ns) for o, shape, ns in cores if o == op]
+            if mine:
+                measured, priced = sum(ns for _, ns in mine), sum(predictor.core_ns(op, shape) for shape, _ in mine)
+                print(f"| {c['case']} | {op} | {len(mine)} | {measured / 1e6:.3f} | {priced / 1e6:.3f} | "
+                      f"{100 * (priced / measured - 1):+.1f}% |")
 
 
 def main() -> None:
