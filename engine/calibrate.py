@@ -308,7 +308,8 @@ def fit_module_cost(modules: Sequence[Trace], table: KernelTable) -> ModuleCost:
       writes it into older ones from the meta forward); 0 without any.
     - sustained_slowdown_per_pflops: each recording the GPU paced (`_gpu_paced`) weighted alike,
       its compute_scale less 1 (the pipelined step over its held kernels) as that times the
-      PFLOP/s its cores run at over its priced time; 0 without any."""
+      PFLOP/s its cores run at over its priced time; 0 without any (the profile's
+      compute_sustained_slowdown then prices a synthesized inference's sag)."""
     if table.pass_cost is None:
         raise TraceError("calibrate --modules: no pass cost to price the modules' memory passes by; pass a compute "
                          "probe of this GPU (python -m engine.measure.compute --out FILE, then --probes FILE)")

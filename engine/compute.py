@@ -213,8 +213,9 @@ class ModuleCost:
     torch's allocator holds at a forward's peak beyond the tensors its ops make (library
     workspaces); `sustained_slowdown_per_pflops`, how much slower than held an inference runs
     under sustained load at a duty of 1 for each PFLOP/s its cores run at over the step (the
-    GPU's clocks drop under its power limit, which the tensor cores' work draws on), fitted
-    to recorded modules."""
+    GPU's clocks drop under its power limit, which the tensor cores' work draws on; 0 where no
+    recording fitted it, and the profile's compute_sustained_slowdown applies), fitted to
+    recorded modules."""
 
     ns_per_op: float
     host_ns_per_op: float

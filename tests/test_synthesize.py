@@ -248,9 +248,9 @@ def test_a_causal_lm_prefill_is_synthesized() -> None:
     assert trace.records[1].cores[3] == ("attention", (4, 16, 16, 16))
 
 
-def test_a_synthesized_inference_sags_by_its_cores_flop_rate() -> None:
+def test_a_synthesized_inference_sags_by_its_cores_flop_rate(tmp_path) -> None:
     """The synthesized trace's sustained slowdown is the table's per PFLOP/s, times the PFLOP/s
-    its cores run at over its compute."""
+    its cores run at over its compute; a table that fitted none leaves the profile's."""
     from engine.config import load_hardware
     from engine.modules.synthesize import synthesize_module
 
@@ -264,6 +264,13 @@ def test_a_synthesized_inference_sags_by_its_cores_flop_rate() -> None:
     assert 0 < rate < 1
     assert trace.header["compute_sustained_slowdown"] == pytest.approx(
         p.module_cost.sustained_slowdown_per_pflops * rate, abs=1e-4)
+    data = p.table.to_json()
+    data["modules"]["sustained_slowdown_per_pflops"] = 0.0
+    (tmp_path / "t.kernels.json").write_text(json.dumps(data))
+    unfitted = OmegaConf.merge(hw, {"kernel_table": str(tmp_path / "t.kernels.json")})
+    trace = synthesize_module(OmegaConf.load(ROOT / "conf" / "model" / "tiny_llama_hf.yaml"),
+                              OmegaConf.create({"kind": "infer", "batch": 1, "text_tokens": 512}), unfitted)
+    assert "compute_sustained_slowdown" not in trace.header
 
 
 def test_offload_chooses_by_census_on_the_trace_synthesize_prices() -> None:

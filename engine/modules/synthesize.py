@@ -294,10 +294,10 @@ def priced_trace(seen: SeenForward, hardware: Any, name: str, workload: Mapping[
         "traced_peak_bytes": seen.traced_peak_bytes,
         "activation_peak_bytes": seen.traced_peak_bytes + round(cost.workspace_bytes if cost else 0),
         # An inference's own pace under sustained load, by its cores' FLOP rate (ModuleCost); a LoRA
-        # step's is the profile's (module docstring).
+        # step's, or one whose table fitted none, is the profile's (module docstring).
         **({"compute_sustained_slowdown": round(cost.sustained_slowdown(sum(r.flops for r in records),
                                                                         sum(r.compute_ns for r in records)), 4)}
-           if cost and not training else {}),
+           if cost and cost.sustained_slowdown_per_pflops and not training else {}),
         "block_records": True, "resident_bytes": seen.resident_bytes,
         # Every weight resident, offload drops the hooks (engine/modules/offload.py): the host's share then.
         "plain_host_factor": round(sum(predictor.module_host_ns(c.ops, c.dispatches, hooked=False)
