@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -44,7 +43,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from engine.modules.build import build_module, example_inputs  # noqa: E402
-from engine.modules.census import ATTENTION_MASKED, CORE_PACKETS, launches_kernel, memory_pass  # noqa: E402
+from engine.modules.census import (ATTENTION_MASKED, CORE_PACKETS, MATMULS, attention_core,  # noqa: E402
+                                   launches_kernel, matmul_core, memory_pass)
 
 # model config name, the overrides that cut it to two blocks
 MODELS = {
@@ -161,39 +161,43 @@ ATTENTION = ("aten._scaled_dot_product", "aten._flash_attention", "aten._efficie
 BIG_NS = 20_000
 
 
+def _on_meta(row: dict) -> tuple[Any, list[torch.Tensor], list[torch.Tensor]]:
+    """A row's aten op and meta tensors of the layouts it read ("in") and wrote ("out")."""
+    _, base, overload = row["op"].split(".")
+    tensors: dict[str, list[torch.Tensor]] = {"in": [], "out": []}
+    for role, shape, stride, dtype in row["tensors"]:
+        tensors[role].append(torch.empty_strided(shape, stride, dtype=getattr(torch, dtype), device="meta"))
+    return getattr(getattr(torch.ops.aten, base), overload), tensors["in"], tensors["out"]
+
+
 def priced_ops(case: dict) -> list[tuple[str, int, int]]:
     """(kind, amount, ns) of each memory-bound op of a case, as the census makes it a pass."""
     out = []
     for row in case["ops"]:
-        name = row["op"]
-        _, base, overload = name.split(".")
-        func = getattr(getattr(torch.ops.aten, base), overload)
-        if name.startswith(ATTENTION) or not launches_kernel(func) or func._overloadpacket in CORE_PACKETS:
+        func, ins, outs = _on_meta(row)
+        if row["op"].startswith(ATTENTION) or not launches_kernel(func) or func._overloadpacket in CORE_PACKETS:
             continue
-        tensors = {"in": [], "out": []}
-        for role, shape, stride, dtype in row["tensors"]:
-            tensors[role].append(torch.empty_strided(shape, stride, dtype=getattr(torch, dtype), device="meta"))
-        out.append((*memory_pass(func._overloadpacket, tensors["in"], tensors["out"]), row["ns"]))
+        out.append((*memory_pass(func._overloadpacket, ins, outs), row["ns"]))
     return out
 
 
-MATMULS = ("aten.mm.", "aten.addmm.", "aten.bmm.", "aten.baddbmm.")
+# The fused attention kernels whose fourth tensor argument, where given, is the mask.
 MASKABLE = ("aten._efficient_attention", "aten._scaled_dot_product_efficient", "aten._cudnn_attention",
-            "aten._scaled_dot_product_cudnn")  # their fourth tensor is the mask
+            "aten._scaled_dot_product_cudnn")
 
 
 def timed_cores(case: dict) -> list[tuple[str, tuple[int, ...], int]]:
     """(op, shape, ns) of each matmul-bound op of a case, as the census makes it a core."""
     out = []
     for row in case["ops"]:
-        name, ins = row["op"], [shape for role, shape, *_ in row["tensors"] if role == "in"]
-        if name.startswith(MATMULS):
-            a, b = ins[1:3] if name.startswith(("aten.addmm.", "aten.baddbmm.")) else ins[:2]
-            out.append(("linear", (math.prod(a) // a[-1], b[-1], a[-1]), row["ns"]))
-        elif name.startswith(ATTENTION):
-            (batch, heads, lq, d), lk = ins[0], ins[1][2]
-            op = ATTENTION_MASKED if name.startswith(MASKABLE) and len(ins) > 3 else "attention"
-            out.append((op, (batch * heads, lq, lk, d), row["ns"]))
+        func, ins, _ = _on_meta(row)
+        if func._overloadpacket in MATMULS:
+            (op, shape), _ = matmul_core(func._overloadpacket, ins)
+        elif row["op"].startswith(ATTENTION):
+            op, shape = attention_core(ins[0], ins[1], row["op"].startswith(MASKABLE) and len(ins) > 3)
+        else:
+            continue
+        out.append((op, shape, row["ns"]))
     return out
 
 

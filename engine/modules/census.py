@@ -56,7 +56,7 @@ from __future__ import annotations
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -68,18 +68,18 @@ from engine.compute import PASSES
 
 ATTENTION, ATTENTION_MASKED = "attention", "attention_masked"
 _aten = torch.ops.aten
-_MATMULS = {_aten.mm, _aten.addmm, _aten.bmm, _aten.baddbmm}
+MATMULS = frozenset({_aten.mm, _aten.addmm, _aten.bmm, _aten.baddbmm})
+# The matmul-bound ops a census counts as cores, (m, n, k) each (OpCensus).
+CORE_PACKETS = frozenset(MATMULS | {_aten._grouped_mm, _aten.convolution})
 # Ops that launch nothing: allocation without a fill, views torch does not mark as views, and
 # reads of a host scalar.
+_NO_KERNEL = {_aten.empty, _aten.empty_strided, _aten.empty_like, _aten.detach, _aten.alias, _aten.lift_fresh,
+              _aten._local_scalar_dense, _aten.lift_fresh_copy, _aten._unsafe_view}
 # Ops that read only the rows they write (a lookup), and ops that concatenate.
 _ROWS = {_aten.embedding, _aten.index_select, _aten.gather, _aten.index}
 _GATHERS = {_aten.cat, _aten.stack}
 SECTOR = 32  # bytes of a DRAM sector: the unit a GPU reads memory in
 HEAD_WIDTH = 256  # a norm at most this wide normalizes one head
-_NO_KERNEL = {_aten.empty, _aten.empty_strided, _aten.empty_like, _aten.detach, _aten.alias, _aten.lift_fresh,
-              _aten._local_scalar_dense, _aten.lift_fresh_copy, _aten._unsafe_view}
-# The matmul-bound ops a census counts as cores, (m, n, k) each (OpCensus).
-CORE_PACKETS = frozenset(_MATMULS | {_aten._grouped_mm, _aten.convolution})
 
 
 def launches_kernel(func: Any) -> bool:
@@ -87,6 +87,20 @@ def launches_kernel(func: Any) -> bool:
     its own (not a view, an allocation without a fill or a host read)."""
     return not (func.is_view or func._overloadpacket in _NO_KERNEL)
 
+
+def matmul_core(packet: Any, args: Sequence[torch.Tensor]) -> tuple[tuple[str, tuple[int, ...]], torch.Tensor]:
+    """A MATMULS op's core, ("linear", (m, n, k)), and its right-hand operand (a linear's
+    weight), from its tensor arguments in order."""
+    a, b = (args[1], args[2]) if packet in (_aten.addmm, _aten.baddbmm) else (args[0], args[1])
+    inner = a.shape[-1]
+    return ("linear", (max(1, a.numel() // max(1, inner)), b.shape[-1], inner)), b
+
+
+def attention_core(q: torch.Tensor, k: torch.Tensor, masked: bool) -> tuple[str, tuple[int, ...]]:
+    """Attention's core: (ATTENTION or ATTENTION_MASKED, (batch x heads, query length, key
+    length, head dim)) for queries `q` and keys `k` laid out (..., length, dim)."""
+    heads = max(1, q.numel() // (q.shape[-1] * q.shape[-2]))
+    return (ATTENTION_MASKED if masked else ATTENTION), (heads, q.shape[-2], k.shape[-2], q.shape[-1])
 
 
 @dataclass
@@ -100,7 +114,6 @@ class KernelCensus:
     # The linear cores whose weight trains (a LoRA adapter's), (m, n, k) each: their backward
     # also makes the weight's gradient.
     trained: list[tuple[int, ...]] = field(default_factory=list)
-
 
     def add_pass(self, kind: str, amount: int) -> None:
         self.passes[kind] = self.passes.get(kind, 0) + amount
@@ -139,8 +152,8 @@ def _scattered(t: torch.Tensor) -> bool:
 def memory_pass(packet: Any, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> tuple[str, int]:
     """The PASSES kind and amount of a memory-bound op (module docstring) reading `inputs`
     and writing `outputs`."""
-    moved = sum(touched_elements(t) * t.element_size() for t in inputs + outputs)
-    elements = 2 * sum(touched_elements(t) for t in inputs + outputs)
+    touched = [(touched_elements(t), t.element_size()) for t in inputs + outputs]
+    moved, elements = sum(n * size for n, size in touched), 2 * sum(n for n, _ in touched)
     if packet is _aten.native_layer_norm:
         return "layer_norm", moved
     if packet is _aten._fused_rms_norm:
@@ -201,10 +214,9 @@ class OpCensus(TorchDispatchMode):
             return out
         k.ops += 1
         packet = func._overloadpacket
-        if packet in _MATMULS:
-            a, b = (args[1], args[2]) if packet in (_aten.addmm, _aten.baddbmm) else (args[0], args[1])
-            inner = a.shape[-1]
-            k.cores.append(("linear", (max(1, a.numel() // max(1, inner)), b.shape[-1], inner)))
+        if packet in MATMULS:
+            core, b = matmul_core(packet, args)
+            k.cores.append(core)
             if b.requires_grad:
                 k.trained.append(k.cores[-1][1])
         elif packet is _aten._grouped_mm:
@@ -265,12 +277,10 @@ class _Fused(TorchFunctionMode):
         named = ("query", "key", "value", "attn_mask")
         given = {**dict(zip(named, args)), **kwargs}
         q, key = given["query"], given["key"]
-        op = ATTENTION if given.get("attn_mask") is None else ATTENTION_MASKED
-        heads = max(1, q.numel() // (q.shape[-1] * q.shape[-2]))
         k = self.census.current
         k.ops += 1
         k.dispatches += 1
-        k.cores.append((op, (heads, q.shape[-2], key.shape[-2], q.shape[-1])))
+        k.cores.append(attention_core(q, key, given.get("attn_mask") is not None))
         return self._uncounted(lambda: fused_attention(q, key, given["value"]) if q.is_meta else func(*args, **kwargs))
 
     def _uncounted(self, run: Callable[[], Any]) -> Any:
