@@ -16,9 +16,8 @@ header carries the bytes the forward holds at its peak beside the streamed weigh
 (its inputs, the parameters kept resident, every live tensor its ops made), traced
 in the same forward, and an inference's slowdown under sustained load: the PFLOP/s its
 cores run at over its compute, at the ModuleCost's slowdown per PFLOP/s, as recorded
-modules' inferences slow. A LoRA step takes the profile's compute_sustained_slowdown: with the
-inferences' fit three measured LoRA steps ran under the prediction, their synthesized
-compute already over the recorded kernels.
+modules' inferences slow. A LoRA step takes the profile's compute_sustained_slowdown: the
+fit is of inferences, and recorded LoRA steps slowed less than it says (docs/DESIGN.md).
 
 A LoRA training step (workload=train_lora) runs the forward with the adapters
 injected (engine/modules/adapters.py; per-block checkpointing when
