@@ -260,6 +260,42 @@ def sd3_inputs(module: nn.Module, workload: Any, device: torch.device, dtype: to
         timestep=torch.full((b,), 500.0, device=device, dtype=dtype), return_dict=False)
 
 
+def mochi_inputs(module: nn.Module, workload: Any, device: torch.device, dtype: torch.dtype,
+                 seed: int = 0) -> dict:
+    """diffusers MochiTransformer3DModel: a latent video (channels, frames, height, width; patch_size
+    pixels of latent a side per token, one frame deep), T5 text states with their mask, timestep."""
+    c = module.config
+    g = torch.Generator().manual_seed(seed)
+    b, text = workload.batch, max(1, workload.text_tokens)
+    if text > c.max_sequence_length:
+        raise ConfigError(f"workload.text_tokens={text}: Mochi's caption pooling takes at most "
+                          f"{c.max_sequence_length} text tokens; give workload.text_tokens<={c.max_sequence_length}")
+    frames, height, width = _grid(workload.video_tokens)
+    return dict(
+        hidden_states=_randn(g, (b, c.in_channels, frames, height * c.patch_size, width * c.patch_size), device, dtype),
+        encoder_hidden_states=_randn(g, (b, text, c.text_embed_dim), device, dtype),
+        timestep=torch.full((b,), 500, device=device, dtype=torch.long),
+        encoder_attention_mask=torch.ones(b, text, device=device, dtype=torch.bool), return_dict=False)
+
+
+def auraflow_inputs(module: nn.Module, workload: Any, device: torch.device, dtype: torch.dtype,
+                    seed: int = 0) -> dict:
+    """diffusers AuraFlowTransformer2DModel: latents on the squarest grid of the workload's image
+    tokens (patch_size pixels of latent a side each), the text encoder's states, timestep."""
+    c = module.config
+    g = torch.Generator().manual_seed(seed)
+    b, n, text, h, w = _image_shape(workload, "AuraFlow")
+    side = math.isqrt(c.pos_embed_max_size)
+    if max(h, w) > side:
+        raise ConfigError(f"workload.video_tokens={n}: its {h} x {w} token grid is past AuraFlow's positional "
+                          f"embedding ({side} tokens a side); pick a count whose squarest grid fits, at most "
+                          f"{side * side}, or raise model.module.pos_embed_max_size")
+    return dict(
+        hidden_states=_randn(g, (b, c.in_channels, h * c.patch_size, w * c.patch_size), device, dtype),
+        encoder_hidden_states=_randn(g, (b, text, c.joint_attention_dim), device, dtype),
+        timestep=torch.full((b,), 500.0, device=device, dtype=dtype), return_dict=False)
+
+
 def llama_inputs(module: nn.Module, workload: Any, device: torch.device, dtype: torch.dtype,
                  seed: int = 0) -> dict:
     """A transformers causal LM (LlamaForCausalLM and its kin): decode (workload.kind decode)

@@ -18,6 +18,10 @@ in the same forward, and an inference's slowdown under sustained load: the PFLOP
 cores run at over its compute, at the ModuleCost's slowdown per PFLOP/s, as recorded
 modules' inferences slow. A LoRA step takes the profile's compute_sustained_slowdown: the
 fit is of inferences, and recorded LoRA steps slowed less than it says (docs/DESIGN.md).
+Values the forward reads off its tensors are taken as the synthesized inputs' masks of ones
+give them (a truth test reads True, a nonzero finds every element), and an inference's
+header names where a nonzero would hold the host until the device caught up ("host_syncs",
+as the recorder finds them); autocast on the meta device is a no-op (`_TruthOnMeta`).
 
 A LoRA training step (workload=train_lora) runs the forward with the adapters
 injected (engine/modules/adapters.py; per-block checkpointing when
@@ -45,7 +49,7 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from importlib import metadata
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -90,6 +94,7 @@ class SeenForward:
     saved: SavedStorages | None = None  # a training forward: what each kernel saved for backward
     recomputed: frozenset[int] = frozenset()  # a training forward's positions checkpointing runs again
     step_live_peak: int = 0  # a training step: the most its forward and backward held live at once
+    host_syncs: tuple[int, ...] = ()  # a meta inference: positions its host would wait at (_TruthOnMeta)
 
     @property
     def traced_peak_bytes(self) -> int:
@@ -127,13 +132,60 @@ def on_meta(model_cfg: Any, workload: Any) -> tuple[nn.Module, dict]:
 class _TruthOnMeta(TorchDispatchMode):
     """A truth test of a one-element boolean tensor on the meta device reads True: the checks
     transformers makes on a mask before it builds one (no packed sequences in the position ids,
-    every token attended), which hold for the inputs a synthesized trace is made with. Any
-    other value read on the meta device still fails (a data-dependent shape or size)."""
+    every token attended), which hold for the inputs a synthesized trace is made with. Likewise
+    `nonzero` finds every element: a processor that gathers a prompt's valid tokens by its mask
+    (Mochi's) gathers them all, as a mask of ones holds. Any other value read on the meta device
+    still fails (a data-dependent shape or size). Inside, torch.autocast on the meta device is a
+    no-op (`_MetaAutocast`).
+
+    On a GPU a nonzero synchronizes the host with the device: `syncs` are the positions the
+    host would wait at, as the recorder counts them (engine/modules/record.py host_syncs): the
+    kernel after the one running (`position`, its index), modulo `kernels`."""
+
+    def __init__(self, position: Callable[[], int] = lambda: -1, kernels: int = 1):
+        super().__init__()
+        self.position, self.kernels = position, kernels
+        self.syncs: set[int] = set()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         if func is torch.ops.aten._local_scalar_dense.default and args[0].is_meta and args[0].dtype == torch.bool:
             return True
+        if func is torch.ops.aten.nonzero.default and args[0].is_meta:
+            self.syncs.add((self.position() + 1) % self.kernels)
+            return torch.empty((args[0].numel(), args[0].dim()), dtype=torch.long, device=META)
         return func(*args, **(kwargs or {}))
+
+    def __enter__(self) -> "_TruthOnMeta":
+        torch.autocast = torch.amp.autocast = _MetaAutocast
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        torch.autocast = torch.amp.autocast = _AUTOCAST
+        return super().__exit__(*exc)
+
+
+_AUTOCAST = torch.autocast
+
+
+class _MetaAutocast(_AUTOCAST):
+    """torch.autocast, but a no-op on the meta device, which autocast refuses: models that pin a
+    region's dtype (Mochi's rotary embedding at float32, Z-Image's and others' with autocast off)
+    by their tensors' device type. On meta only the shapes and dtypes the region's own ops give
+    count, and the synthesized forward runs under no autocast to leave."""
+
+    def __init__(self, device_type: str, *args: Any, **kwargs: Any):
+        self._meta = device_type == "meta"
+        if not self._meta:
+            super().__init__(device_type, *args, **kwargs)
+
+    def __enter__(self) -> Any:
+        return None if self._meta else super().__enter__()
+
+    def __exit__(self, *exc: Any) -> Any:
+        return None if self._meta else super().__exit__(*exc)
+
+    def __call__(self, func: Any) -> Any:
+        return func if self._meta else super().__call__(func)
 
 
 class _Position(TorchDispatchMode):
@@ -206,12 +258,13 @@ def meta_forward(module: nn.Module, inputs: Any, grouping: str = "block",
         return outputs[-1]
 
     cls = type(module)
-    position = _Position(kernels) if training else None
+    position = _Position(kernels)  # inference: only its count of the kernels entered (host syncs)
+    truth = _TruthOnMeta(lambda: position.current, len(kernels))
     try:
         if training:
             noted = NotedTensors(saved, position.saving)
             with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(noted.pack, noted.unpack), \
-                    _TruthOnMeta(), position:
+                    truth, position:
                 loss_fn = TrainingLoss()  # its targets stay on the device all step, as the CLI's do
                 losses = []
                 # The loss's ops, and what it saves, count with the last kernel, as recorded.
@@ -222,7 +275,7 @@ def meta_forward(module: nn.Module, inputs: Any, grouping: str = "block",
             with live, meta_attention():  # the backward: checkpointing recomputes a block and holds its activations
                 loss.backward()
         else:
-            with torch.no_grad(), _TruthOnMeta():
+            with torch.no_grad(), truth:
                 rec = record_order(module, run, kernels, lambda w, p: None, lambda w, p: None, live)
     except EngineError:
         raise
@@ -234,15 +287,14 @@ def meta_forward(module: nn.Module, inputs: Any, grouping: str = "block",
             "synthesized: record it on a GPU (mode=record weights.file=CHECKPOINT, then trace=PATH), or check "
             "that model.inputs matches its forward") from e
     finally:
-        if position is not None:
-            position.remove()
+        position.remove()
     host = {w: p for k in kernels for w, p in k.params.items()}
     packed = pack_kernels(rec.order, host, None, lambda n: torch.empty(n, dtype=torch.uint8, device=META))
     recomputed = frozenset(i for i, layer in enumerate(rec.layers)
                            if training and layer >= 0 and not position.own_saves.get(i) and _checkpointed(module))
     return SeenForward(rec, packed.order, sum(_nbytes(p) for p in [*kept, *rec.outside]), input_bytes,
                        sum(p.numel() for p in module.parameters()), f"{cls.__module__}.{cls.__qualname__}", grouping,
-                       saved, recomputed, live.peak if training else 0)
+                       saved, recomputed, live.peak if training else 0, () if training else tuple(sorted(truth.syncs)))
 
 
 def _checkpointed(module: nn.Module) -> bool:
@@ -297,6 +349,8 @@ def priced_trace(seen: SeenForward, hardware: Any, name: str, workload: Mapping[
         **({"compute_sustained_slowdown": round(cost.sustained_slowdown(sum(r.flops for r in records),
                                                                         sum(r.compute_ns for r in records)), 4)}
            if cost and cost.sustained_slowdown_per_pflops and not training else {}),
+        # Where the forward reads a value off the device (a nonzero), as a recording's: the host waits there.
+        **({"host_syncs": list(seen.host_syncs)} if seen.host_syncs else {}),
         "block_records": True, "resident_bytes": seen.resident_bytes,
         # Every weight resident, offload drops the hooks (engine/modules/offload.py): the host's share then.
         "plain_host_factor": round(sum(predictor.module_host_ns(c.ops, c.dispatches, hooked=False)
