@@ -119,11 +119,14 @@ def timed(fn: Callable[[], Any], warmup: int, steps: int) -> tuple[list[float], 
     """A synced loop's last `steps` steps (ms, CUDA events) and when each ended (Unix
     seconds, to set beside a log of the GPU's clocks): the host waits for each step's
     last kernel before the next, as reading the output does (the copy stream's prefetches
-    go on across the wait, as they do there)."""
+    go on across the wait, as they do there). Each step's output is let go before the next
+    starts, as a loop that consumes it does: the peak measured is one step's, as predicted
+    (an LLM prefill's logits and KV cache are 0.8 GB of Mistral-7B's at 4096 tokens)."""
     out = None
     times, ends = [], []
     torch.cuda.synchronize()
     for i in range(warmup + steps):
+        out = None
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         out = fn()

@@ -35,8 +35,9 @@ Python list on the device) blocks there the same way, every step; so does a
 synced loop (`synced`) at the end of every step, as a loop that reads each step's
 output waits for its last kernel. A recorded
 module's record is a block of many launches (header "block_records"): its GPU
-work starts once the host has made the first launch (kernel_launch_us) and ends
-no sooner than the host has issued the rest of it.
+work starts once the host has made the first launch (the record's host time over
+its "launches", kernel_launch_us where they were not counted) and ends no sooner
+than the host has issued the rest of it.
 """
 from __future__ import annotations
 
@@ -231,7 +232,7 @@ class Launcher:
                 host_ns = (rec.host_ns or self.launch_ns) + self.hooks_ns[pos]
                 self.host_work_ns[step] += host_ns
                 if self.blocks:  # the block's first launch, then the rest of its host work
-                    first = min(self.launch_ns, host_ns)
+                    first = host_ns // rec.launches if rec.launches else min(self.launch_ns, host_ns)
                     yield env.timeout(first)
                     self.compute.launch(seq, rec, deps, env.now + host_ns - first)
                     yield env.timeout(host_ns - first)

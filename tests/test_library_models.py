@@ -16,7 +16,7 @@ import torch
 
 import engine
 from engine.errors import BelowFloorError
-from engine.modules.build import qwen_image_inputs, sd3_inputs
+from engine.modules.build import auraflow_inputs, mochi_inputs, qwen_image_inputs, sd3_inputs
 
 BF16 = torch.bfloat16
 
@@ -61,6 +61,11 @@ def _transformers(name: str) -> tuple[torch.nn.Module, dict]:
     else:
         model = t.Qwen2ForCausalLM(t.Qwen2Config(**common))
     return model, {"input_ids": torch.randint(0, 512, (1, 16))}
+
+
+def _here() -> torch.device:
+    """The default device: meta inside `with torch.device("meta")`, else the CPU."""
+    return torch.empty(0).device
 
 
 def _diffusers(name: str) -> tuple[torch.nn.Module, dict]:
@@ -135,6 +140,18 @@ def _diffusers(name: str) -> tuple[torch.nn.Module, dict]:
         inputs = dict(hidden_states=_randn(1, 4, 16, 16), encoder_hidden_states=_randn(1, 8, 32),
                       timestep=torch.tensor([10]), original_size=torch.tensor([[16.0, 16.0]]),
                       target_size=torch.tensor([[16.0, 16.0]]), crop_coords=torch.tensor([[0.0, 0.0]]))
+    elif name == "mochi":  # asymmetric dual-stream blocks; the attention gathers the prompt by its mask (a nonzero)
+        model = d.MochiTransformer3DModel(patch_size=2, num_attention_heads=2, attention_head_dim=16, num_layers=4,
+                                          pooled_projection_dim=16, in_channels=4, text_embed_dim=32, time_embed_dim=16,
+                                          max_sequence_length=8)
+        # the shipped config's inputs builder (conf/model/mochi_diffusers.yaml)
+        inputs = mochi_inputs(model, SimpleNamespace(batch=1, video_tokens=64, text_tokens=8), _here(), BF16)
+    elif name == "auraflow":  # joint blocks, then single-stream ones; a learned positional embedding
+        model = d.AuraFlowTransformer2DModel(sample_size=16, patch_size=2, in_channels=4, num_mmdit_layers=2,
+                                             num_single_dit_layers=2, attention_head_dim=16, num_attention_heads=2,
+                                             joint_attention_dim=32, caption_projection_dim=32, out_channels=4,
+                                             pos_embed_max_size=256)
+        inputs = auraflow_inputs(model, SimpleNamespace(batch=1, video_tokens=64, text_tokens=8), _here(), BF16)
     else:  # sana: linear attention, a caption norm
         model = d.SanaTransformer2DModel(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16,
                                          num_layers=4, num_cross_attention_heads=2, cross_attention_head_dim=16,
@@ -158,8 +175,8 @@ def _floor_mb(model: torch.nn.Module, inputs: dict) -> float:
 BUILDERS: dict[str, Callable[[str], tuple[torch.nn.Module, dict]]] = {
     **dict.fromkeys(("qwen2", "gemma2", "gpt2", "mixtral", "t5", "deepseek_v3", "gpt_oss", "mamba", "jamba", "bloom",
                      "bert"), _transformers),
-    **dict.fromkeys(("unet", "sd3", "hunyuan_video", "qwen_image", "sana", "hunyuan_dit", "cosmos", "stable_audio"),
-                    _diffusers),
+    **dict.fromkeys(("unet", "sd3", "hunyuan_video", "qwen_image", "sana", "hunyuan_dit", "cosmos", "stable_audio",
+                     "mochi", "auraflow"), _diffusers),
 }
 
 
@@ -191,7 +208,7 @@ def _to_meta(value: Any) -> Any:
 
 
 @pytest.mark.parametrize("name", ["deepseek_v3", "gpt_oss", "mamba", "jamba", "bloom", "bert", "hunyuan_dit", "cosmos",
-                                  "stable_audio"])
+                                  "stable_audio", "mochi", "auraflow"])
 def test_a_library_model_is_synthesized_from_its_config(name: str) -> None:
     """Built on the meta device, nothing allocated: one record a block and one a leaf outside
     the blocks, each priced."""
@@ -201,6 +218,33 @@ def test_a_library_model_is_synthesized_from_its_config(name: str) -> None:
     trace = engine.synthesize(model, {k: _to_meta(v) for k, v in inputs.items()})
     assert trace.header["source"] == "synthesized"
     assert len(trace.records) >= 4 and all(r.compute_ns > 0 for r in trace.records)
+
+
+def test_a_nonzero_on_meta_is_a_host_sync_and_autocast_a_no_op() -> None:
+    """Mochi's attention gathers the prompt's tokens by a nonzero of its mask (on a GPU the host
+    waits there) and its rotary embedding runs under torch.autocast of its tensors' device: on
+    the meta device the nonzero finds every token, each block's record names the sync (before
+    the next record, as the recorder counts it), and torch.autocast is torch's again after."""
+    autocast = torch.autocast
+    with torch.device("meta"):
+        model, inputs = BUILDERS["mochi"]("mochi")
+    trace = engine.synthesize(model.to(BF16), {k: _to_meta(v) for k, v in inputs.items()})
+    blocks = [i for i, r in enumerate(trace.records) if r.name.startswith("transformer_blocks.")]
+    assert trace.header["host_syncs"] == [(i + 1) % len(trace.records) for i in blocks]
+    assert torch.autocast is autocast and torch.amp.autocast is autocast
+    # A checkpointed LoRA step: the backward's recomputation gathers the prompt again.
+    from engine.modules.adapters import add_lora, enable_checkpointing
+
+    with torch.device("meta"):
+        model, inputs = BUILDERS["mochi"]("mochi")
+    model = model.to(BF16)
+    add_lora(model, 4, ["to_q", "to_v"], device=torch.device("meta"))
+    enable_checkpointing(model)
+    step = engine.synthesize(model, {k: _to_meta(v) for k, v in inputs.items()}, training=True)
+    assert "host_syncs" not in step.header and any(r.phase == "bwd" for r in step.records)
+    with torch.device("meta"):
+        model, inputs = BUILDERS["auraflow"]("auraflow")
+    assert "host_syncs" not in engine.synthesize(model.to(BF16), {k: _to_meta(v) for k, v in inputs.items()}).header
 
 
 def test_generate_decodes_through_the_hooks() -> None:

@@ -179,7 +179,8 @@ def test_saves_count_in_the_layer_the_offloader_is_in():
 
 
 @pytest.mark.parametrize("model", ["ltx2_diffusers", "flux_diffusers", "wan14b_diffusers", "qwen_image_diffusers",
-                                   "sd35_large_diffusers", "llama8b_hf", "qwen25_14b_hf"])
+                                   "sd35_large_diffusers", "llama8b_hf", "qwen25_14b_hf", "mochi_diffusers",
+                                   "auraflow_diffusers", "mistral7b_hf"])
 def test_every_shipped_lora_target_names_a_module_of_its_class(model):
     """peft refuses targets only when none matches; a shipped config's every suffix must."""
     from omegaconf import OmegaConf

@@ -121,6 +121,11 @@ def test_a_block_record_runs_as_its_host_issues_it() -> None:
     assert whole["step_ms"] == pytest.approx(4.0 + 0.5, rel=1e-9)
     assert blocks["step_ms"] == pytest.approx(4.0 + launch_ms, rel=1e-9)
     assert blocks["compute_ms"] == pytest.approx(4.0, rel=1e-9)
+    # With its launches counted, the first launch is the block's host time over them (a block of
+    # 100 launches in 500 us makes its first 5 us in), not a whole spec kernel's kernel_launch_us.
+    counted = tuple(replace(r, launches=100) for r in records)
+    assert run(Trace({**header, "block_records": True}, sizes, counted), None,
+               steps=4).prediction["step_ms"] == pytest.approx(4.0 + 0.005, rel=1e-9)
     slow = tuple(replace(r, host_ns=3 * MS) for r in records)  # the host bounds the step either way
     bound = run(Trace({**header, "block_records": True}, sizes, slow), None, steps=4).prediction
     assert bound["step_ms"] == pytest.approx(4 * 3.0, rel=1e-9) and bound["compute_ms"] == pytest.approx(4.0)

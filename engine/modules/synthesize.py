@@ -272,7 +272,7 @@ def meta_forward(module: nn.Module, inputs: Any, grouping: str = "block",
                                    then=lambda: losses.append(loss_fn(outputs.pop())))
                 loss = losses.pop()
             position.remove()  # the backward's recomputation is not a forward
-            with live, meta_attention():  # the backward: checkpointing recomputes a block and holds its activations
+            with live, meta_attention(), truth:  # the backward: checkpointing recomputes a block and holds its activations
                 loss.backward()
         else:
             with torch.no_grad(), truth:
