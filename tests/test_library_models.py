@@ -220,6 +220,22 @@ def test_a_library_model_is_synthesized_from_its_config(name: str) -> None:
     assert len(trace.records) >= 4 and all(r.compute_ns > 0 for r in trace.records)
 
 
+def test_the_shipped_inputs_builders_refuse_shapes_their_model_cannot_take() -> None:
+    """A token grid past a learned positional embedding (SD3's, AuraFlow's), more text than
+    Mochi's caption pooling takes: one ConfigError naming the limit and the way out."""
+    from engine.errors import ConfigError
+
+    cpu = torch.device("cpu")
+    for name, workload, match in [("sd3", dict(video_tokens=34 * 34, text_tokens=8), "past SD3's positional embedding"),
+                                  ("auraflow", dict(video_tokens=17 * 17, text_tokens=8),
+                                   "at most 256, or raise model.module.pos_embed_max_size"),
+                                  ("mochi", dict(video_tokens=64, text_tokens=9), "at most 8 text tokens")]:
+        model, _ = BUILDERS[name](name)
+        build = {"sd3": sd3_inputs, "auraflow": auraflow_inputs, "mochi": mochi_inputs}[name]
+        with pytest.raises(ConfigError, match=match):
+            build(model, SimpleNamespace(batch=1, **workload), cpu, BF16)
+
+
 def test_a_nonzero_on_meta_is_a_host_sync_and_autocast_a_no_op() -> None:
     """Mochi's attention gathers the prompt's tokens by a nonzero of its mask (on a GPU the host
     waits there) and its rotary embedding runs under torch.autocast of its tensors' device: on

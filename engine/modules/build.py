@@ -152,6 +152,17 @@ def _image_shape(workload: Any, family: str) -> tuple[int, int, int, int, int]:
     return (workload.batch, n, max(1, workload.text_tokens), *_square(n))
 
 
+def _embedded_grid(workload: Any, family: str, side: int, hint: str = "") -> tuple[int, int, int, int, int]:
+    """`_image_shape`, refused where its grid is past a learned positional embedding of `side`
+    tokens a side (`hint`: another way out, after the message's)."""
+    b, n, text, h, w = _image_shape(workload, family)
+    if max(h, w) > side:
+        raise ConfigError(f"workload.video_tokens={n}: its {h} x {w} token grid is past {family}'s positional "
+                          f"embedding ({side} tokens a side); pick a count whose squarest grid fits, at most "
+                          f"{side * side}{hint}")
+    return b, n, text, h, w
+
+
 def _randn(g: torch.Generator, shape: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     return torch.randn(shape, generator=g).to(device=device, dtype=dtype)
 
@@ -248,11 +259,7 @@ def sd3_inputs(module: nn.Module, workload: Any, device: torch.device, dtype: to
     and T5 text states, CLIP pooled, timestep."""
     c = module.config
     g = torch.Generator().manual_seed(seed)
-    b, n, text, h, w = _image_shape(workload, "SD3")
-    if max(h, w) > c.pos_embed_max_size:
-        raise ConfigError(f"workload.video_tokens={n}: its {h} x {w} token grid is past SD3's positional embedding "
-                          f"({c.pos_embed_max_size} tokens a side); pick a count whose squarest grid fits, at most "
-                          f"{c.pos_embed_max_size ** 2}")
+    b, n, text, h, w = _embedded_grid(workload, "SD3", c.pos_embed_max_size)
     return dict(
         hidden_states=_randn(g, (b, c.in_channels, h * c.patch_size, w * c.patch_size), device, dtype),
         encoder_hidden_states=_randn(g, (b, text, c.joint_attention_dim), device, dtype),
@@ -284,12 +291,8 @@ def auraflow_inputs(module: nn.Module, workload: Any, device: torch.device, dtyp
     tokens (patch_size pixels of latent a side each), the text encoder's states, timestep."""
     c = module.config
     g = torch.Generator().manual_seed(seed)
-    b, n, text, h, w = _image_shape(workload, "AuraFlow")
-    side = math.isqrt(c.pos_embed_max_size)
-    if max(h, w) > side:
-        raise ConfigError(f"workload.video_tokens={n}: its {h} x {w} token grid is past AuraFlow's positional "
-                          f"embedding ({side} tokens a side); pick a count whose squarest grid fits, at most "
-                          f"{side * side}, or raise model.module.pos_embed_max_size")
+    b, n, text, h, w = _embedded_grid(workload, "AuraFlow", math.isqrt(c.pos_embed_max_size),
+                                      ", or raise model.module.pos_embed_max_size")
     return dict(
         hidden_states=_randn(g, (b, c.in_channels, h * c.patch_size, w * c.patch_size), device, dtype),
         encoder_hidden_states=_randn(g, (b, text, c.joint_attention_dim), device, dtype),
