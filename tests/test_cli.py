@@ -329,3 +329,15 @@ def test_check_holds_the_device_to_the_weight_pool_at_its_cap(run_cli):
     assert "weights.backend=vmm" in out
     assert run_cli("model=tiny", "budget=2", "mode=check", "hardware.device_memory_mb=857",
                    "sim.timeline=false").returncode == 0
+
+
+def test_the_choice_is_listed_first_among_candidates_its_figure_ties() -> None:
+    """Candidates whose rounded long-run steps tie (lookaheads that all hide the copies) are
+    listed with the one chosen first, so the line reads as it decided."""
+    from engine.choice import Choice
+    from engine.modes.simulate import choice_md
+
+    tied = {"priority/2": 1024.42, "priority/1": 1024.42, "priority/4": 1024.42, "belady/2": 1024.48}
+    line = choice_md(Choice("priority", 4, ("eviction", "lookahead"), tied, None))
+    assert "chose priority at lookahead 4" in line
+    assert line.index("priority/4 1024.42 ms") < line.index("priority/2 1024.42 ms") < line.index("belady/2")

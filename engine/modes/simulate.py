@@ -97,8 +97,10 @@ def prediction_md(pred: dict, job: Job) -> str:
 
 
 def choice_md(choice: Choice) -> str:
-    """What weights.eviction=auto / weights.lookahead=auto chose, beside every candidate."""
-    ranked = sorted(choice.candidates_ms.items(), key=lambda kv: kv[1])
+    """What weights.eviction=auto / weights.lookahead=auto chose, beside every candidate, fastest
+    first (the chosen one first among those its rounded figure ties)."""
+    chosen = f"{choice.eviction}/{choice.lookahead}"
+    ranked = sorted(choice.candidates_ms.items(), key=lambda kv: (kv[1], kv[0] != chosen))
     chose = "weights=auto" if len(choice.chose) == 2 else f"weights.{choice.chose[0]}=auto"
     return (f"{chose} chose {choice.eviction} at lookahead {choice.lookahead}, the fastest predicted "
             "(eviction/lookahead, long-run mean step): " + ", ".join(f"{c} {ms:.2f} ms" for c, ms in ranked)
