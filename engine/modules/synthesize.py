@@ -140,18 +140,18 @@ class _TruthOnMeta(TorchDispatchMode):
 
     On a GPU a nonzero synchronizes the host with the device: `syncs` are the positions the
     host would wait at, as the recorder counts them (engine/modules/record.py host_syncs): the
-    kernel after the one running (`position`, its index), modulo `kernels`."""
+    record after the one running (`position`, its index; the step's length past the last)."""
 
-    def __init__(self, position: Callable[[], int] = lambda: -1, kernels: int = 1):
+    def __init__(self, position: Callable[[], int] = lambda: -1):
         super().__init__()
-        self.position, self.kernels = position, kernels
+        self.position = position
         self.syncs: set[int] = set()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         if func is torch.ops.aten._local_scalar_dense.default and args[0].is_meta and args[0].dtype == torch.bool:
             return True
         if func is torch.ops.aten.nonzero.default and args[0].is_meta:
-            self.syncs.add((self.position() + 1) % self.kernels)
+            self.syncs.add(self.position() + 1)
             return torch.empty((args[0].numel(), args[0].dim()), dtype=torch.long, device=META)
         return func(*args, **(kwargs or {}))
 
@@ -259,7 +259,7 @@ def meta_forward(module: nn.Module, inputs: Any, grouping: str = "block",
 
     cls = type(module)
     position = _Position(kernels)  # inference: only its count of the kernels entered (host syncs)
-    truth = _TruthOnMeta(lambda: position.current, len(kernels))
+    truth = _TruthOnMeta(lambda: position.current)
     try:
         if training:
             noted = NotedTensors(saved, position.saving)
@@ -294,7 +294,8 @@ def meta_forward(module: nn.Module, inputs: Any, grouping: str = "block",
                            if training and layer >= 0 and not position.own_saves.get(i) and _checkpointed(module))
     return SeenForward(rec, packed.order, sum(_nbytes(p) for p in [*kept, *rec.outside]), input_bytes,
                        sum(p.numel() for p in module.parameters()), f"{cls.__module__}.{cls.__qualname__}", grouping,
-                       saved, recomputed, live.peak if training else 0, () if training else tuple(sorted(truth.syncs)))
+                       saved, recomputed, live.peak if training else 0,
+                       () if training else tuple(sorted({s % len(packed.order) for s in truth.syncs})))
 
 
 def _checkpointed(module: nn.Module) -> bool:
