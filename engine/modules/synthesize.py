@@ -169,7 +169,7 @@ _AUTOCAST = torch.autocast
 
 class _MetaAutocast(_AUTOCAST):
     """torch.autocast, but a no-op on the meta device, which autocast refuses: models that pin a
-    region's dtype (Mochi's rotary embedding at float32, Z-Image's and others' with autocast off)
+    region's dtype (Mochi's rotary embedding at float32, Helios' and others' with autocast off)
     by their tensors' device type. On meta only the shapes and dtypes the region's own ops give
     count, and the synthesized forward runs under no autocast to leave."""
 
