@@ -111,8 +111,37 @@ def distinct(outputs: list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def one_of(output: torch.Tensor, outcomes: list[torch.Tensor]) -> bool:
-    """Whether `output` is bitwise one of the resident run's `outcomes`."""
-    return any(bitwise_equal(output, o) for o in outcomes)
+    """Whether `output` is bitwise one of the resident run's `outcomes` (on their device)."""
+    return any(bitwise_equal(output.to(o.device), o) for o in outcomes)
+
+
+# Runs written before "harness_device_bytes" held things of their own on the device, counted in
+# each recording's torch peak and each row's: the copy stream's buffer (engine/measure/probes.py
+# copy_stream_beside) and the resident reference's outputs; in a row's steps, one more step's
+# whole output too (a causal LM prefill's with its new KV cache), alive beside the next step.
+LEGACY_COPY_BYTES = 256 * 2**20
+
+
+def legacy_harness_bytes(cfg: Any, workload: dict, outcomes: int, row: bool = False) -> int:
+    """What a run without "harness_device_bytes" held on the device beside the module while it
+    recorded (`row` False) or ran a row's steps: the copy buffer and `outcomes` reference outputs,
+    each a causal LM's logits (bf16) or a diffusion transformer's prediction, shaped as its latent
+    input; in a row, one more output and a prefill's KV cache."""
+    from engine.modules.synthesize import on_meta
+
+    module, inputs = on_meta(cfg, SimpleNamespace(**workload))
+    cache = 0
+    if "input_ids" in inputs:
+        c = module.config
+        tokens = inputs["input_ids"].numel()
+        output = tokens * c.vocab_size * 2
+        if workload.get("kind") != "decode":
+            head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+            cache = c.num_hidden_layers * 2 * tokens * c.num_key_value_heads * head_dim * 2
+    else:
+        latents = inputs["hidden_states"]
+        output = latents.numel() * latents.element_size()
+    return LEGACY_COPY_BYTES + outcomes * output + (output + cache if row else 0)
 
 
 def timed(fn: Callable[[], Any], warmup: int, steps: int) -> tuple[list[float], list[float], Any]:
@@ -161,7 +190,8 @@ def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
     device = torch.device("cuda")
     shape = {**WORKLOADS[key], **args.workload}
     wl = SimpleNamespace(**shape)
-    result: dict[str, Any] = {"model": cfg.name, "model_set": args.model_set, "workload": shape, "rows": []}
+    result: dict[str, Any] = {"model": cfg.name, "model_set": args.model_set, "workload": shape, "rows": [],
+                              "harness_device_bytes": 0}
     path = Path(args.dir) / f"{key}.safetensors"
     module = build_module(cfg)
     table = module_weights(module, cfg.name)
@@ -193,10 +223,12 @@ def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
         def with_copies() -> Any:
             beside()
             return resident_step()
-        copy_times, _, _ = timed(with_copies, 1, args.steps)
+        copy_times = timed(with_copies, 1, args.steps)[0]
         slowdown = statistics.median(copy_times) / resident_ms - 1
-        outcomes = distinct(kept)
-        del ref_module, out, kept
+        # Kept on the host, with nothing else of the reference's left on the device: the
+        # recordings' and rows' torch peaks are the module's own.
+        outcomes = [o.cpu() for o in distinct(kept)]
+        del ref_module, out, kept, beside, with_copies
     gc.collect()
     torch.cuda.empty_cache()
     finite = all(bool(o.float().isfinite().all()) for o in outcomes)
@@ -279,6 +311,7 @@ def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
             continue
         torch.cuda.reset_peak_memory_stats()
         rss0 = host_rss()
+        allocated = torch.cuda.memory_allocated()  # the inputs and the libraries' workspaces
         t0 = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -289,6 +322,9 @@ def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
         torch.cuda.reset_peak_memory_stats()  # the steps' peak: set-up copies each kernel in once, on its own
         with torch.no_grad():
             times, ends, out = timed(lambda: module(**inputs), args.warmup, args.steps)
+            peak_torch = torch.cuda.max_memory_allocated()  # the timed steps': one output alive at a time
+            output = first_output(out).cpu()
+            del out
             timed_rows = h.telemetry()[-args.steps:]  # the executor keeps its last 16 steps
             free_ms = free_running(lambda: module(**inputs), args.steps)
             free_relocations = sum(r["relocations"] for r in h.telemetry()[-args.steps:])
@@ -314,16 +350,15 @@ def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
                "mean_ms": mean, "times": times, "step_ends_unix": ends,
                "prediction_error": synced_ms / mean - 1, "candidates_ms": pred["candidates"],
                "h2d_bytes": h2d, "mean_h2d_bytes": mean_h2d, "host_copied_bytes": copied, "predicted_h2d_bytes": pred["h2d_bytes"], "setup_s": setup_s,
-               "bitwise": one_of(first_output(out), outcomes),
-               "max_abs_diff": min((first_output(out).float() - o.float()).abs().max().item() for o in outcomes),
+               "bitwise": one_of(output, outcomes),
+               "max_abs_diff": min((output.float() - o.float()).abs().max().item() for o in outcomes),
                "peak_pool_bytes": max(r["peak_device_bytes"] for r in rows),
                "held_weight_bytes": max(r["held_device_bytes"] for r in rows),
                "backend_reserved_peak_bytes": h.executor.backend.reserved_peak_bytes(),
-               "peak_torch_bytes": torch.cuda.max_memory_allocated(),
+               "peak_torch_bytes": peak_torch, "allocated_before_setup": allocated,
                "predicted_peak_bytes": pred["peak_device_bytes"], "rss": host_rss(), "rss_before": rss0,
                # the process: pool + torch's allocations (activations, inputs, kept parameters) + the rest
-               "process_peak_bytes": max(r["held_device_bytes"] for r in rows) + torch.cuda.max_memory_allocated()
-               + outside, "predicted_process_bytes": pred["peak_process_bytes"],
+               "process_peak_bytes": max(r["held_device_bytes"] for r in rows) + peak_torch + outside, "predicted_process_bytes": pred["peak_process_bytes"],
                "measured_timeline": h.executor.step_timeline() if args.timeline else None}
         result["rows"].append(row)
         log(f"{key} @ {budget} ({grouping}, {backend}): {pred['eviction']} lookahead {pred['lookahead']} {step:.1f} ms (mean {mean:.1f}, "
@@ -331,7 +366,6 @@ def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
             f"of the mean), H2D {row['mean_h2d_bytes'] / 1e9:.2f} GB a step (predicted {pred['h2d_bytes'] / 1e9:.2f}), set-up {setup_s:.1f} s, "
             f"bitwise={row['bitwise']} (max diff {row['max_abs_diff']:.3g}), process peak {row['process_peak_bytes'] / 1e9:.2f} GB "
             f"(predicted {row['predicted_process_bytes'] / 1e9:.2f})")
-        del out
         h.remove()
         gc.collect()
         torch.cuda.empty_cache()

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 RUN = ROOT / "benchmarks" / "results" / "real-2026-11-26" / "run12"
 
@@ -55,3 +57,40 @@ def test_the_report_names_the_rows_the_host_bounds() -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     assert re.search(r"^the 11 rows the GPU or the link bounds \(as predicted\): mean \|error\| [\d.]+%, max [\d.]+%; "
                      r"the host bounds modules llama3.1-8b-hf at 0 MB \([+-][\d.]+%\)$", done.stdout, re.M), done.stdout
+
+
+def test_the_harness_bytes_come_out_of_an_older_recording_once() -> None:
+    """A recording real_models.py made while it held its own buffers on the device: the report
+    takes them out of its torch peak, and not again where restamp_harness.py took them already."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from real_models_report import without_harness
+
+    from engine.trace import read_trace
+
+    trace = read_trace(next(RUN.glob("*.trace.jsonl.gz")))
+    trace = type(trace)({**trace.header, "activation_peak_bytes": 1_000_000}, trace.weight_sizes, trace.records)
+    taken = without_harness(trace, 300_000)
+    assert taken.header["activation_peak_bytes"] == 700_000 and taken.header["harness_device_bytes"] == 300_000
+    assert without_harness(taken, 300_000).header == taken.header
+    assert without_harness(trace, 0) is trace
+
+
+def test_an_older_run_held_the_copy_buffer_and_its_reference_outputs() -> None:
+    """What an older run of real_models.py held beside a causal LM: the copy buffer, each
+    reference output's logits, and in a row one more output, a prefill's with its KV cache."""
+    pytest.importorskip("transformers", reason="needs the models extra: pip install 'offload-engine[models]'")
+    from omegaconf import OmegaConf
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from real_models import LEGACY_COPY_BYTES, legacy_harness_bytes
+
+    cfg = OmegaConf.load(ROOT / "conf" / "model" / "mistral7b_hf.yaml")
+    cfg.module.config.num_hidden_layers = 2
+    shape = dict(batch=1, video_tokens=0, audio_tokens=0)
+    decode = {**shape, "kind": "decode", "text_tokens": 0, "context_tokens": 64}
+    prefill = {**shape, "kind": "infer", "text_tokens": 64, "context_tokens": 0}
+    logits = 32000 * 2
+    assert legacy_harness_bytes(cfg, decode, 2) == LEGACY_COPY_BYTES + 2 * logits
+    assert legacy_harness_bytes(cfg, decode, 1, row=True) == LEGACY_COPY_BYTES + 2 * logits
+    cache = 2 * 2 * 64 * 8 * 128 * 2  # layers x (keys, values) x tokens x key-value heads x head dim x bf16
+    assert legacy_harness_bytes(cfg, prefill, 1, row=True) == LEGACY_COPY_BYTES + 2 * 64 * logits + cache

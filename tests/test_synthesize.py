@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -433,13 +434,17 @@ def test_the_shipped_modules_are_predicted_unrecorded() -> None:
     """The six shipped real modules, each synthesized on the meta device from its model config
     (no recording) and priced by the default profile, against their 21 rows measured on the H100
     (data/traces/modules/real_models.json, synced loops): the bytes copied as recorded, the
-    process peak within 1.5% (the traced activations plus the table's workspace), and the
+    process peak within 1.5% (the traced activations plus the table's workspace; the measured
+    peak less what real_models.py itself held on the device then), and the
     steps within 13% (HunyuanVideo's, 9-13% under; the mean within 4%; benchmarks/results has
     the table)."""
     pytest.importorskip("diffusers", reason="needs the models extra: pip install 'offload-engine[models]'")
     from engine.config import load_hardware
     from engine.modules.offload import predict
     from engine.modules.synthesize import synthesize_module
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from real_models import legacy_harness_bytes
 
     data = json.loads((DATA / "modules" / "real_models.json").read_text())
     hw = load_hardware("h100_pcie5")
@@ -452,13 +457,17 @@ def test_the_shipped_modules_are_predicted_unrecorded() -> None:
         # A recording's spans are where the checkpoint holds them, a few bytes apart from packing's.
         assert sum(trace.weight_sizes.values()) == pytest.approx(sum(recorded.weight_sizes.values()), rel=1e-6)
         assert [r.name for r in trace.records] == [r.name for r in recorded.records]
-        for r in next(res for res in data["results"] if res["model"] == model)["rows"]:
+        result = next(res for res in data["results"] if res["model"] == model)
+        held = legacy_harness_bytes(OmegaConf.load(configs[model]), result["workload"], result["resident_outcomes"],
+                                    row=True)
+        for r in result["rows"]:
             budget = round(r["budget_mb"] * 1e6) if r["budget_mb"] else None
             p = predict(trace, hw, budget, r["lookahead"], r["eviction"], backend=r["backend"], loop="synced")
             if r["predicted_h2d_bytes"] == r["h2d_bytes"] and r["eviction"] == "priority":
                 assert p["h2d_bytes"] == r["h2d_bytes"], (model, r["budget_mb"])
             errors.append(abs(p["step_ms"] / r["mean_ms"] - 1))
-            assert p["peak_process_bytes"] == pytest.approx(r["process_peak_bytes"], rel=0.015), (model, r["budget_mb"])
+            measured = r["process_peak_bytes"] - held  # less what the benchmark itself held on the device
+            assert p["peak_process_bytes"] == pytest.approx(measured, rel=0.015), (model, r["budget_mb"])
     assert len(errors) == 21 and max(errors) < 0.13 and sum(errors) / len(errors) < 0.04
 
 
