@@ -45,7 +45,9 @@ idle SMs and the padded tiles included, and gives a length off the tile a featur
 such a length takes a slower code path throughout, not only in its last tile
 (benchmarks/results/attention-tiles-*). Interpolated over heads and lengths, these rates follow the
 step a head count or a length makes where it spills into another wave, which plain FLOP
-rates smear. Masked attention (the memory-efficient kernel) keeps plain FLOP rates.
+rates smear. Masked attention (the memory-efficient kernel) keeps plain FLOP rates. Causal
+attention without a mask runs the flash kernel over the tiles on and below the diagonal alone
+(`causal_share`): priced at flash attention's rates, on that share of its work.
 """
 from __future__ import annotations
 
@@ -59,9 +61,13 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from engine.errors import ConfigError, TraceError
 
-MATMUL_OPS = ("linear", "attention", "attention_masked")
-ATTENTION_OPS = ("attention", "attention_masked")
-CORE_DIMS = {"linear": 3, "attention": 4, "attention_masked": 4}  # a matmul op's shape: (m, n, k), (bh, lq, lk, d)
+MATMUL_OPS = ("linear", "attention", "attention_masked", "attention_causal")
+ATTENTION_OPS = ("attention", "attention_masked", "attention_causal")
+CORE_DIMS = {"linear": 3, "attention": 4, "attention_masked": 4,
+             "attention_causal": 4}  # a matmul op's shape: (m, n, k), (bh, lq, lk, d)
+# Causal attention (is_causal, no mask) runs the flash kernel over the tiles on and below the
+# diagonal only: priced at flash attention's rates (CAUSAL_OF) on the work of those tiles.
+CAUSAL_OF = {"attention_causal": "attention"}
 MEMORY_OPS = ("norm", "elementwise", "embed")
 BACKWARD = "_bwd"
 # A backward kernel's FLOPs and bytes, as traces count them: twice its forward's (the kernel
@@ -73,8 +79,8 @@ BACKWARD_OPS = 2  # ops a real module's backward launches per op of its forward
 TRAINING = "_train"
 # The probe grid an op falls back to where the table has no point of its own (a table probed
 # before masked attention prices it as unmasked: ExecutionTimePredictor.lacks).
-GRID_OPS = {"linear": "linear", "attention": "attention", "attention_masked": "attention", "norm": "memory",
-            "elementwise": "memory", "embed": "memory"}
+GRID_OPS = {"linear": "linear", "attention": "attention", "attention_masked": "attention",
+            "attention_causal": "attention", "norm": "memory", "elementwise": "memory", "embed": "memory"}
 # Memory-bound passes a spec kernel may run around its core op (Kernel.passes), by what
 # sets their cost per byte (engine/models/builder.py).
 PASSES = ("rms_norm", "head_rms_norm", "layer_norm", "pointwise", "broadcast", "head_copy", "transposed",
@@ -86,7 +92,7 @@ BLOCKED = 10  # a kernel's host time over BLOCKED x the median: the host sat on 
 TABLE_FORMAT = "offload-engine-kernel-table"
 TILE = 128  # rows of a flash attention kernel's query and key tiles
 RAGGED = 0.5  # feature distance between a length off TILE and one on it
-TILED_OPS = ("attention",)  # the flash kernels (masked attention runs the memory-efficient one)
+TILED_OPS = ("attention", "attention_causal")  # the flash kernels (masked attention runs another one)
 
 
 @dataclass(frozen=True)
@@ -152,10 +158,22 @@ def pass_bytes(passes: Sequence[tuple[str, int]]) -> dict[str, int]:
 def rate_keys(op: str) -> tuple[str, ...]:
     """The table keys `op`'s rate is looked up under, first found first: its own; for a
     training attention key, the same without TRAINING (a table probed before training
-    attention); a backward's forward; the bare op's probe grid (GRID_OPS)."""
+    attention); a backward's forward; the bare op's probe grid (GRID_OPS); a causal attention's
+    then those of the attention it runs (CAUSAL_OF), in the same phase."""
     base, core = op.removesuffix(BACKWARD), core_op(op)
-    keys = [op, core + op[len(base):], base, core, GRID_OPS.get(core, "")]
+    keys = [op, core + op[len(base):], base, core]
+    if core in CAUSAL_OF:
+        keys += rate_keys(CAUSAL_OF[core] + op[len(core):])
+    keys.append(GRID_OPS.get(core, ""))
     return tuple(dict.fromkeys(k for k in keys if k))
+
+
+def causal_share(shape: Sequence[int]) -> float:
+    """The share of a causal attention's (query tile, key tile) pairs the kernel runs: those on
+    and below the diagonal, queries and keys aligned at their first token as torch aligns them."""
+    _bh, lq, lk, _d = shape
+    nq, nk = math.ceil(lq / TILE), math.ceil(lk / TILE)
+    return sum(min(nk, i + 1) for i in range(nq)) / (nq * nk)
 
 
 def host_key(op: str, phase: str, training: bool) -> str:
@@ -166,8 +184,10 @@ def host_key(op: str, phase: str, training: bool) -> str:
 
 
 def core_flops(op: str, shape: Sequence[int]) -> int:
-    """FLOPs of a matmul-bound op: 2mnk for a linear (m, n, k), 4 x bh x lq x lk x d for attention."""
-    return (2 if op == "linear" else 4) * math.prod(shape)
+    """FLOPs of a matmul-bound op: 2mnk for a linear (m, n, k), 4 x bh x lq x lk x d for attention,
+    a causal one's over the tiles it runs (causal_share)."""
+    flops = (2 if op == "linear" else 4) * math.prod(shape)
+    return round(flops * causal_share(shape)) if op in CAUSAL_OF else flops
 
 
 def core_io_bytes(op: str, shape: Sequence[int], itemsize: int = 2) -> int:

@@ -435,3 +435,22 @@ def test_a_spec_synthesized_off_the_tile_on_an_untiled_profile_warns_once(caplog
     with caplog.at_level("WARNING", logger="engine.trace"):
         synthesize(spec, workload, load_hardware("h200"))
     assert not any("tile" in r.message for r in caplog.records)
+
+
+def test_causal_attention_is_priced_on_the_tiles_it_runs_at_flash_attentions_rates():
+    """is_causal without a mask: the flash kernel runs the (query tile, key tile) pairs on and
+    below the diagonal, (n + 1) / 2n of n x n; priced at the attention rates of its phase."""
+    from engine.compute import causal_share, rate_keys
+
+    assert causal_share((8, 4 * TILE, 4 * TILE, 128)) == 10 / 16
+    assert causal_share((8, 1, 4096, 128)) == 1 / 32  # one query row: its first key tile
+    assert causal_share((8, TILE + 1, TILE, 64)) == 1.0
+    assert rate_keys("attention_causal" + TRAINING + BACKWARD) == (
+        "attention_causal" + TRAINING + BACKWARD, "attention_causal" + BACKWARD, "attention_causal" + TRAINING,
+        "attention_causal", "attention" + TRAINING + BACKWARD, "attention" + BACKWARD, "attention" + TRAINING, "attention")
+    p = ExecutionTimePredictor(load_hardware("h200"))
+    for shape in ((32, 4096, 4096, 128), (24, 4429, 4429, 64)):
+        full = p.core_ns("attention", shape)
+        assert p.core_ns("attention_causal", shape) == pytest.approx(full * causal_share(shape), abs=1)
+        assert p.backward_core_ns("attention_causal", shape, training=True) == pytest.approx(
+            p.backward_core_ns("attention", shape, training=True) * causal_share(shape), abs=1)

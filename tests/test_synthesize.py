@@ -45,7 +45,7 @@ def test_the_census_counts_a_llama_layers_cores_by_shape() -> None:
                                                "model.norm", "lm_head"]
     layer = trace.records[1]
     assert layer.cores == (("linear", (16, 64, 64)), ("linear", (16, 32, 64)), ("linear", (16, 32, 64)),
-                           ("attention", (4, 16, 16, 16)), ("linear", (16, 64, 64)), ("linear", (16, 128, 64)),
+                           ("attention_causal", (4, 16, 16, 16)), ("linear", (16, 64, 64)), ("linear", (16, 128, 64)),
                            ("linear", (16, 128, 64)), ("linear", (16, 64, 128)))
     assert trace.records[2].cores == layer.cores and trace.records[4].cores == (("linear", (16, 512, 64)),)
     assert layer.flops == 2 * 16 * 64 * (64 + 32 + 32 + 64 + 128 * 3) + 4 * 4 * 16 * 16 * 16
@@ -55,7 +55,7 @@ def test_the_census_counts_a_llama_layers_cores_by_shape() -> None:
         -(-p.numel() * 2 // 256) * 256 for p in model.model.layers[0].parameters())
 
 
-def test_sdpa_is_one_core_masked_or_not_and_a_broadcast_counts_once() -> None:
+def test_sdpa_is_one_core_masked_causal_or_neither_and_a_broadcast_counts_once() -> None:
     q = torch.empty(1, 8, 32, 64, dtype=torch.bfloat16, device=META)
     mask = torch.ones(1, 1, 1, 32, dtype=torch.bool, device=META)
     census = OpCensus()
@@ -63,10 +63,15 @@ def test_sdpa_is_one_core_masked_or_not_and_a_broadcast_counts_once() -> None:
         out = F.scaled_dot_product_attention(q, q, q)
         census.start(1)
         F.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+        census.start(2)
+        F.scaled_dot_product_attention(q, q, q, None, 0.0, True)
+        F.scaled_dot_product_attention(q, q, q, attn_mask=mask, is_causal=False)
     assert out.shape == q.shape and out.transpose(1, 2).is_contiguous()  # as the fused kernels lay it out
     assert [k.cores for k in census.kernels] == [[("attention", (8, 32, 32, 64))],
-                                                 [("attention_masked", (8, 32, 32, 64))]]
-    assert [k.ops for k in census.kernels] == [1, 1] and census.kernels[0].passes == {}
+                                                 [("attention_masked", (8, 32, 32, 64))],
+                                                 [("attention_causal", (8, 32, 32, 64)),
+                                                  ("attention_masked", (8, 32, 32, 64))]]
+    assert [k.ops for k in census.kernels] == [1, 1, 2] and census.kernels[0].passes == {}
     row = torch.empty(1, 1, 64, dtype=torch.bfloat16, device=META)
     assert touched_elements(row.expand(4, 32, 64)) == 64
 
@@ -246,7 +251,7 @@ def test_a_causal_lm_prefill_is_synthesized() -> None:
     cfg = OmegaConf.load(ROOT / "conf" / "model" / "tiny_llama_hf.yaml")
     trace = synthesize_module(cfg, OmegaConf.create({"kind": "infer", "batch": 1, "text_tokens": 16}),
                               load_hardware("h100_pcie5"))
-    assert trace.records[1].cores[3] == ("attention", (4, 16, 16, 16))
+    assert trace.records[1].cores[3] == ("attention_causal", (4, 16, 16, 16))  # is_causal, no mask
 
 
 def test_a_synthesized_inference_sags_by_its_cores_flop_rate(tmp_path) -> None:

@@ -11,7 +11,9 @@ position, keeps
                   mixture's experts: one linear as wide as the groups it runs); "attention" or
                   "attention_masked" (batch x heads, query length, key length,
                   head dim) for scaled_dot_product_attention, without or with a mask
-                  (torch runs another kernel with one);
+                  (torch runs another kernel with one); "attention_causal" where
+                  it is causal without a mask (the flash kernel skips the tiles above
+                  the diagonal);
     passes        every other op as a memory pass of engine/compute.py's PASSES
                   (`memory_pass`), its amount summed by kind: what the kernel
                   table's pass cost prices spec kernels' norms, modulation and
@@ -66,7 +68,7 @@ from torch.utils._pytree import tree_flatten
 
 from engine.compute import PASSES
 
-ATTENTION, ATTENTION_MASKED = "attention", "attention_masked"
+ATTENTION, ATTENTION_MASKED, ATTENTION_CAUSAL = "attention", "attention_masked", "attention_causal"
 _aten = torch.ops.aten
 MATMULS = frozenset({_aten.mm, _aten.addmm, _aten.bmm, _aten.baddbmm})
 # The matmul-bound ops a census counts as cores, (m, n, k) each (OpCensus).
@@ -96,11 +98,13 @@ def matmul_core(packet: Any, args: Sequence[torch.Tensor]) -> tuple[tuple[str, t
     return ("linear", (max(1, a.numel() // max(1, inner)), b.shape[-1], inner)), b
 
 
-def attention_core(q: torch.Tensor, k: torch.Tensor, masked: bool) -> tuple[str, tuple[int, ...]]:
-    """Attention's core: (ATTENTION or ATTENTION_MASKED, (batch x heads, query length, key
-    length, head dim)) for queries `q` and keys `k` laid out (..., length, dim)."""
+def attention_core(q: torch.Tensor, k: torch.Tensor, masked: bool, causal: bool = False) -> tuple[str, tuple[int, ...]]:
+    """Attention's core: (ATTENTION, ATTENTION_MASKED or, is_causal without a mask,
+    ATTENTION_CAUSAL; (batch x heads, query length, key length, head dim)) for queries `q` and
+    keys `k` laid out (..., length, dim)."""
     heads = max(1, q.numel() // (q.shape[-1] * q.shape[-2]))
-    return (ATTENTION_MASKED if masked else ATTENTION), (heads, q.shape[-2], k.shape[-2], q.shape[-1])
+    op = ATTENTION_MASKED if masked else ATTENTION_CAUSAL if causal else ATTENTION
+    return op, (heads, q.shape[-2], k.shape[-2], q.shape[-1])
 
 
 @dataclass
@@ -274,13 +278,13 @@ class _Fused(TorchFunctionMode):
             return self._rms_norm(func, args, kwargs)
         if func is not F.scaled_dot_product_attention:
             return func(*args, **kwargs)
-        named = ("query", "key", "value", "attn_mask")
+        named = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
         given = {**dict(zip(named, args)), **kwargs}
         q, key = given["query"], given["key"]
         k = self.census.current
         k.ops += 1
         k.dispatches += 1
-        k.cores.append(attention_core(q, key, given.get("attn_mask") is not None))
+        k.cores.append(attention_core(q, key, given.get("attn_mask") is not None, bool(given.get("is_causal"))))
         return self._uncounted(lambda: fused_attention(q, key, given["value"]) if q.is_meta else func(*args, **kwargs))
 
     def _uncounted(self, run: Callable[[], Any]) -> Any:
