@@ -47,7 +47,9 @@ such a length takes a slower code path throughout, not only in its last tile
 step a head count or a length makes where it spills into another wave, which plain FLOP
 rates smear. Masked attention (the memory-efficient kernel) keeps plain FLOP rates. Causal
 attention without a mask runs the flash kernel over the tiles on and below the diagonal alone
-(`causal_share`): priced at flash attention's rates, on that share of its work.
+(`causal_share`), priced at flash attention's rates: in a tiled table on the waves those tiles
+run in, longest first, each wave as long as its longest (`AttentionTiling.causal_ratio`: under a
+wave of them a causal kernel takes as long as the full one); otherwise on that share of its FLOPs.
 """
 from __future__ import annotations
 
@@ -66,8 +68,11 @@ ATTENTION_OPS = ("attention", "attention_masked", "attention_causal")
 CORE_DIMS = {"linear": 3, "attention": 4, "attention_masked": 4,
              "attention_causal": 4}  # a matmul op's shape: (m, n, k), (bh, lq, lk, d)
 # Causal attention (is_causal, no mask) runs the flash kernel over the tiles on and below the
-# diagonal only: priced at flash attention's rates (CAUSAL_OF) on the work of those tiles.
+# diagonal only: priced at flash attention's rates (CAUSAL_OF) on the work of those tiles, in a
+# tiled table as the waves they run in (AttentionTiling.causal_ratio), CAUSAL_CTAS_PER_SM query
+# tiles resident on each SM at once (what the timed causal kernels' waves fit).
 CAUSAL_OF = {"attention_causal": "attention"}
+CAUSAL_CTAS_PER_SM = 2
 MEMORY_OPS = ("norm", "elementwise", "embed")
 BACKWARD = "_bwd"
 # A backward kernel's FLOPs and bytes, as traces count them: twice its forward's (the kernel
@@ -108,6 +113,16 @@ class AttentionTiling:
         bh, lq, lk, d = shape
         waves = math.ceil(bh * math.ceil(lq / TILE) / self.sms)
         return 4 * waves * self.sms * TILE * math.ceil(lk / TILE) * TILE * d
+
+    def causal_ratio(self, shape: Sequence[int]) -> float:
+        """A causal attention's time over the full one's (CAUSAL_OF): its query tiles, the
+        longest first, run in waves of CAUSAL_CTAS_PER_SM x sms, each wave as long as its
+        longest tile; the full kernel's waves all as long as the keys."""
+        bh, lq, lk, _d = shape
+        nq, nk = math.ceil(lq / TILE), math.ceil(lk / TILE)
+        slots = CAUSAL_CTAS_PER_SM * self.sms
+        waves = math.ceil(bh * nq / slots)
+        return sum(min(nk, nq - w * slots // bh) for w in range(waves)) / (waves * nk)
 
     @staticmethod
     def flags(shape: Sequence[int]) -> tuple[float, float]:
@@ -203,10 +218,13 @@ def core_io_bytes(op: str, shape: Sequence[int], itemsize: int = 2) -> int:
 def work(op: str, flops: int, io_bytes: int, shape: Sequence[int] = (),
          tiling: AttentionTiling | None = None) -> int:
     """What a kernel's rate counts: FLOPs for a matmul-bound op (a tiled attention's tile
-    work, times flops over its own FLOPs: a backward's count), bytes for a memory-bound one."""
+    work, a causal one's in its waves, times flops over its own FLOPs: a backward's count),
+    bytes for a memory-bound one."""
+    core = core_op(op)
     if is_tiled(op, tiling) and len(shape) == CORE_DIMS["attention"]:
-        return round(flops * tiling.work(shape) / core_flops("attention", shape))
-    return flops if core_op(op) in MATMUL_OPS else io_bytes
+        tiles = tiling.work(shape) * (tiling.causal_ratio(shape) if core in CAUSAL_OF else 1.0)
+        return round(flops / core_flops(core, shape) * tiles)
+    return flops if core in MATMUL_OPS else io_bytes
 
 
 @dataclass(frozen=True)

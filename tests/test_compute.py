@@ -439,8 +439,10 @@ def test_a_spec_synthesized_off_the_tile_on_an_untiled_profile_warns_once(caplog
 
 def test_causal_attention_is_priced_on_the_tiles_it_runs_at_flash_attentions_rates():
     """is_causal without a mask: the flash kernel runs the (query tile, key tile) pairs on and
-    below the diagonal, (n + 1) / 2n of n x n; priced at the attention rates of its phase."""
-    from engine.compute import causal_share, rate_keys
+    below the diagonal, (n + 1) / 2n of n x n; a tiled table prices the waves they run in, the
+    longest first, each as long as its longest tile (a causal kernel within one wave takes the
+    full one's time); either at the attention rates of its phase."""
+    from engine.compute import CAUSAL_CTAS_PER_SM, causal_share, rate_keys
 
     assert causal_share((8, 4 * TILE, 4 * TILE, 128)) == 10 / 16
     assert causal_share((8, 1, 4096, 128)) == 1 / 32  # one query row: its first key tile
@@ -448,9 +450,16 @@ def test_causal_attention_is_priced_on_the_tiles_it_runs_at_flash_attentions_rat
     assert rate_keys("attention_causal" + TRAINING + BACKWARD) == (
         "attention_causal" + TRAINING + BACKWARD, "attention_causal" + BACKWARD, "attention_causal" + TRAINING,
         "attention_causal", "attention" + TRAINING + BACKWARD, "attention" + BACKWARD, "attention" + TRAINING, "attention")
-    p = ExecutionTimePredictor(load_hardware("h200"))
+    tiling = AttentionTiling(sms=2)
+    slots = CAUSAL_CTAS_PER_SM * 2
+    assert tiling.causal_ratio((slots, 4 * TILE, 4 * TILE, 64)) == (4 + 3 + 2 + 1) / 16  # a wave a query tile
+    assert tiling.causal_ratio((1, slots * TILE, slots * TILE, 64)) == 1.0  # one wave: the diagonal's row
+    tiled, untiled = (ExecutionTimePredictor(load_hardware(h)) for h in ("h200", "h100_pcie5"))
     for shape in ((32, 4096, 4096, 128), (24, 4429, 4429, 64)):
-        full = p.core_ns("attention", shape)
-        assert p.core_ns("attention_causal", shape) == pytest.approx(full * causal_share(shape), abs=1)
-        assert p.backward_core_ns("attention_causal", shape, training=True) == pytest.approx(
-            p.backward_core_ns("attention", shape, training=True) * causal_share(shape), abs=1)
+        ratio = tiled.table.tiling.causal_ratio(shape)
+        assert 0.5 < ratio < 0.7
+        assert tiled.core_ns("attention_causal", shape) == pytest.approx(tiled.core_ns("attention", shape) * ratio, abs=1)
+        assert tiled.backward_core_ns("attention_causal", shape, training=True) == pytest.approx(
+            tiled.backward_core_ns("attention", shape, training=True) * ratio, abs=1)
+        assert untiled.core_ns("attention_causal", shape) == pytest.approx(
+            untiled.core_ns("attention", shape) * causal_share(shape), abs=1)
