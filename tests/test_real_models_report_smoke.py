@@ -22,7 +22,7 @@ def test_the_report_replays_a_run_as_it_was_predicted() -> None:
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads((RUN / "real_models.json").read_text())["results"][0]["rows"]
-    printed = [float(m) for m in re.findall(r"^\| run12 \|.*\| ([\d.]+) \| [+-][\d.]+% \|$", done.stdout, re.M)]
+    printed = [float(m) for m in re.findall(r"^\| run12 \|.*/.*\| ([\d.]+) \| [+-][\d.]+% \|$", done.stdout, re.M)]
     assert len(printed) == len(rows) == 4
     assert printed == [522.7, 522.7, 528.0, 528.9]
     assert "4 rows: mean |error|" in done.stdout
