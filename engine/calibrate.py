@@ -64,8 +64,8 @@ from engine.errors import ConfigError, TraceError
 from engine.trace import Trace, read_trace
 from engine.units import MIB
 
-PROBE_ROWS = {"linear": 4, "attention": 5, "attention_masked": 5, "attention_train": 6, "attention_masked_train": 6,
-              "memory": 2, "passes": 5}  # probe row widths
+PROBE_ROWS = {"linear": 4, "attention": 5, "attention_masked": 5, "attention_full_mask": 5, "attention_train": 6,
+              "attention_masked_train": 6, "memory": 2, "passes": 5}  # probe row widths
 MIN_PASS_BYTES = 1 << 24  # smaller memory kernels wait on the host's launches, not on HBM
 RIDGE = 100.0  # FLOP per byte above which a kernel counts as compute-bound
 LARGE_COPY = 64 * MIB
