@@ -103,6 +103,7 @@ NEIGHBOURS = 6
 SAME = 1e-5  # features this close are one point (the table keeps them to 6 decimals)
 BLOCKED = 10  # a kernel's host time over BLOCKED x the median: the host sat on a full launch queue
 TABLE_FORMAT = "offload-engine-kernel-table"
+GPU_ALONE = "gpu_alone"  # a compute probe grid's "timing": each point timed on the GPU alone
 TILE = 128  # rows of a flash attention kernel's query and key tiles
 RAGGED = 0.5  # feature distance between a length off TILE and one on it
 TILED_OPS = ("attention", "attention_causal")  # the flash kernels (masked attention runs another one)

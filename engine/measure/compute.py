@@ -45,6 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from engine.compute import GPU_ALONE
 from engine.measure.clocks import CudaClock
 from engine.models.builder import MODULATE, NORM, ONE_PASS, RESIDUAL, SCALE
 from engine.models.layers import gelu, layer_norm, modulate, per_head_rms, rms_norm
@@ -65,6 +66,10 @@ TILED_SEQ = (1000, 1024, 1100, 1500, 2048, 2100, 3000, 3333, 4096, 4173, 4429, 5
 TILED_HEADS = (8, 16, 24, 32, 38, 48)
 CROSS_Q, CROSS_K, CROSS_HEADS = (1024, 4096, 4429, 8192), (77, 154, 256, 333, 512), (8, 24, 38)
 MASKED_Q, MASKED_K, MASKED_HEADS = (4096, 4429, 6400), (77, 226, 256, 333), (8, 32)
+# A decode's queries, masked: transformers folds a grouped-query model's query heads into its
+# key-value heads, one query row each (8 heads of 4 rows for Mistral-7B); the kernel's time stays
+# near one row's up to its query tile, which rates interpolated between 1 and 64 rows miss.
+DECODE_Q = (2, 4, 8, 16)
 FULL_MASK_SEQ = (64, 256, 1024, 2048, 4096, 4429, 6144, 8192, 16384)  # a prefill's, masked along its queries
 TRAIN_TILED_SEQ = (1024, 1100, 2048, 2100, 4096, 4429, 6144, 6400, 8192, 8525)
 TRAIN_TILED_HEADS = (8, 24, 38)
@@ -166,11 +171,12 @@ def tiled_training_shapes() -> list[Shape]:
 
 
 def attention_shapes(masked: bool) -> list[Shape]:
-    """Inference attention's grid: HEADS x SEQ x SEQ x HEAD_DIMS (masked: SEQ_MASKED), then
-    the tiled shapes."""
+    """Inference attention's grid: HEADS x SEQ x SEQ x HEAD_DIMS (masked: SEQ_MASKED, and a
+    decode's DECODE_Q query rows over SEQ_MASKED keys), then the tiled shapes."""
     seq = SEQ_MASKED if masked else SEQ
     grid = list(itertools.product(HEADS, seq, seq, HEAD_DIMS))
-    return list(dict.fromkeys(grid + tiled_shapes(masked)))
+    decode = list(itertools.product(HEADS, DECODE_Q, SEQ_MASKED, HEAD_DIMS)) if masked else []
+    return list(dict.fromkeys(grid + decode + tiled_shapes(masked)))
 
 
 def training_attention_shapes(masked: bool) -> list[Shape]:
@@ -265,7 +271,8 @@ def probe_compute(device: torch.device, dtype: torch.dtype = torch.bfloat16, tra
     [[bytes, ns]], "passes": probe_passes, "sms": the GPU's SM count}:
     y = x @ w.T + b for x (m, k), w (n, k); SDPA (probe_attention); y = x + y over bytes.
     `training` adds "attention_train" and "attention_masked_train" (probe_attention_training)."""
-    out: dict = {"linear": [], "memory": [], "sms": torch.cuda.get_device_properties(device).multi_processor_count}
+    out: dict = {"linear": [], "memory": [], "sms": torch.cuda.get_device_properties(device).multi_processor_count,
+                 "timing": GPU_ALONE}
     for m, n, k in itertools.product(ROWS, WIDTHS, WIDTHS):
         if 2.0 * m * n * k > MAX_FLOPS:
             continue
@@ -313,7 +320,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             "attention_full_mask": lambda: {"attention_full_mask": probe_full_mask(device)},
             "attention_train": lambda: probe_attention_training(device),
             "attention_tiles": lambda: probe_tiles(device)}
-    grid = only[args.only]() if args.only else probe_compute(device)
+    grid = {**(only[args.only]() if args.only else probe_compute(device)), "timing": GPU_ALONE}
     data = {"probes": {"compute": grid}, "device": torch.cuda.get_device_name(device),
             "torch": torch.__version__, "cuda": torch.version.cuda,
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
