@@ -54,8 +54,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from engine.compute import (ATTENTION_OPS, BACKWARD, BACKWARD_FLOPS_FACTOR, BLOCKED, CORE_FLOOR, MATMUL_OPS, PASSES,
-                            TRAINING, AttentionTiling, KernelTable, ModuleCost, PassCost, core_flops, features,
+from engine.compute import (ATTENTION_OPS, BACKWARD, BACKWARD_FLOPS_FACTOR, BLOCKED, CORE_FLOOR, GPU_ALONE, MATMUL_OPS,
+                            PASSES, TRAINING, AttentionTiling, KernelTable, ModuleCost, PassCost, core_flops, features,
                             host_key, pass_bytes, pflops, slowdown_under_copy, table_from_measurements, tables_dir,
                             work)
 from engine.trace import KernelRecord
@@ -64,8 +64,8 @@ from engine.errors import ConfigError, TraceError
 from engine.trace import Trace, read_trace
 from engine.units import MIB
 
-PROBE_ROWS = {"linear": 4, "attention": 5, "attention_masked": 5, "attention_train": 6, "attention_masked_train": 6,
-              "memory": 2, "passes": 5}  # probe row widths
+PROBE_ROWS = {"linear": 4, "attention": 5, "attention_masked": 5, "attention_full_mask": 5, "attention_train": 6,
+              "attention_masked_train": 6, "memory": 2, "passes": 5}  # probe row widths
 MIN_PASS_BYTES = 1 << 24  # smaller memory kernels wait on the host's launches, not on HBM
 RIDGE = 100.0  # FLOP per byte above which a kernel counts as compute-bound
 LARGE_COPY = 64 * MIB
@@ -233,20 +233,10 @@ def fit_kernel_table(traces: Sequence[Trace], source: str, probes: Sequence[dict
     training step's forward records give no rates (_rate_records)."""
     grids = [t.header.get("probes", {}).get("compute", {}) for t in traces] + list(probes)
     tiling = attention_tiling(grids)
-    grid_rows, host, probed, launches, packs = [], [], [], [], []
+    host, probed, launches, packs = [], [], [], []
     for grid in grids:
         probed += grid.get("passes", ())
-        grid_rows += [("linear", features("linear", (m, n, k), 0), 2 * m * n * k, ns)
-                      for m, n, k, ns in grid.get("linear", ())]
-        grid_rows += [(op, features(op, shape, 0, tiling=tiling), work(op, core_flops(op, shape), 0, shape, tiling), ns)
-                      for op in ATTENTION_OPS for *shape, ns in grid.get(op, ())]
-        for op in ATTENTION_OPS:  # a training step's attention: its forward, and its backward's work as traces count it
-            for *shape, forward_ns, backward_ns in grid.get(op + TRAINING, ()):
-                feats, flops = features(op, shape, 0, tiling=tiling), core_flops(op, shape)
-                grid_rows += [(op + TRAINING, feats, work(op, flops, 0, shape, tiling), forward_ns),
-                              (op + TRAINING + BACKWARD, feats,
-                               work(op, BACKWARD_FLOPS_FACTOR * flops, 0, shape, tiling), backward_ns)]
-        grid_rows += [("memory", features("norm", (), nbytes), nbytes, ns) for nbytes, ns in grid.get("memory", ())]
+    grid_rows = probe_rows(grids, tiling)
     adds = [(nbytes, ns) for op, _feats, nbytes, ns in grid_rows if op == "memory"]
     largest = max(adds, default=None)
     cost = fit_pass_cost([r for t in traces for r in _rate_records(t)], largest[1] / largest[0] if largest else None,
@@ -279,6 +269,32 @@ def fit_kernel_table(traces: Sequence[Trace], source: str, probes: Sequence[dict
     if modules:
         table.module_cost = fit_module_cost(modules, table)
     return table
+
+
+def probe_rows(grids: Sequence[dict], tiling: AttentionTiling | None) -> list[tuple[str, tuple[float, ...], int, int]]:
+    """(op, features, work, ns) of each timed point of compute probe `grids`; a point of a grid
+    timed on the GPU alone ("timing": GPU_ALONE) replaces those at its op and features from grids
+    timed otherwise (their small kernels at the host's pace of launching them)."""
+    per_grid = [(grid.get("timing") == GPU_ALONE, _grid_rows(grid, tiling)) for grid in grids]
+    alone = {(op, _rounded(feats)) for by_gpu, rows in per_grid if by_gpu for op, feats, _, _ in rows}
+    return [row for by_gpu, rows in per_grid for row in rows if by_gpu or (row[0], _rounded(row[1])) not in alone]
+
+
+def _rounded(feats: tuple[float, ...]) -> tuple[float, ...]:
+    return tuple(round(f, 6) for f in feats)
+
+
+def _grid_rows(grid: dict, tiling: AttentionTiling | None) -> list[tuple[str, tuple[float, ...], int, int]]:
+    rows = [("linear", features("linear", (m, n, k), 0), 2 * m * n * k, ns) for m, n, k, ns in grid.get("linear", ())]
+    rows += [(op, features(op, shape, 0, tiling=tiling), work(op, core_flops(op, shape), 0, shape, tiling), ns)
+             for op in ATTENTION_OPS for *shape, ns in grid.get(op, ())]
+    for op in ATTENTION_OPS:  # a training step's attention: its forward, and its backward's work as traces count it
+        for *shape, forward_ns, backward_ns in grid.get(op + TRAINING, ()):
+            feats, flops = features(op, shape, 0, tiling=tiling), core_flops(op, shape)
+            rows += [(op + TRAINING, feats, work(op, flops, 0, shape, tiling), forward_ns),
+                     (op + TRAINING + BACKWARD, feats, work(op, BACKWARD_FLOPS_FACTOR * flops, 0, shape, tiling),
+                      backward_ns)]
+    return rows + [("memory", features("norm", (), nbytes), nbytes, ns) for nbytes, ns in grid.get("memory", ())]
 
 
 def attention_tiling(grids: Sequence[dict]) -> AttentionTiling | None:

@@ -45,7 +45,10 @@ idle SMs and the padded tiles included, and gives a length off the tile a featur
 such a length takes a slower code path throughout, not only in its last tile
 (benchmarks/results/attention-tiles-*). Interpolated over heads and lengths, these rates follow the
 step a head count or a length makes where it spills into another wave, which plain FLOP
-rates smear. Masked attention (the memory-efficient kernel) keeps plain FLOP rates. Causal
+rates smear. Masked attention keeps plain FLOP rates: with a mask of keys, broadcast along
+the queries ("attention_masked", a padded text's), and with one that varies along them
+("attention_full_mask": a causal or sliding-window mask, a padded batch's), which every head's
+tiles read beside their keys and a probe of its own times. Causal
 attention without a mask runs the flash kernel over the tiles on and below the diagonal alone
 (`causal_share`), priced at flash attention's rates: in a tiled table on the waves those tiles
 run in, longest first, each wave as long as its longest (`AttentionTiling.causal_ratio`: under a
@@ -63,16 +66,20 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from engine.errors import ConfigError, TraceError
 
-MATMUL_OPS = ("linear", "attention", "attention_masked", "attention_causal")
-ATTENTION_OPS = ("attention", "attention_masked", "attention_causal")
-CORE_DIMS = {"linear": 3, "attention": 4, "attention_masked": 4,
-             "attention_causal": 4}  # a matmul op's shape: (m, n, k), (bh, lq, lk, d)
+MATMUL_OPS = ("linear", "attention", "attention_masked", "attention_causal", "attention_full_mask")
+ATTENTION_OPS = ("attention", "attention_masked", "attention_causal", "attention_full_mask")
+CORE_DIMS = {"linear": 3, "attention": 4, "attention_masked": 4, "attention_causal": 4,
+             "attention_full_mask": 4}  # a matmul op's shape: (m, n, k), (bh, lq, lk, d)
 # Causal attention (is_causal, no mask) runs the flash kernel over the tiles on and below the
 # diagonal only: priced at flash attention's rates (CAUSAL_OF) on the work of those tiles, in a
 # tiled table as the waves they run in (AttentionTiling.causal_ratio), CAUSAL_CTAS_PER_SM query
 # tiles resident on each SM at once (what the timed causal kernels' waves fit).
 CAUSAL_OF = {"attention_causal": "attention"}
 CAUSAL_CTAS_PER_SM = 2
+# The op whose rates an attention op falls back to where the table has none of its own: a causal
+# attention runs the flash kernel; one whose mask varies along the queries (a causal or
+# sliding-window mask, a padded batch's), the masked kernel, which reads that mask too.
+RUNS_AS = {**CAUSAL_OF, "attention_full_mask": "attention_masked"}
 MEMORY_OPS = ("norm", "elementwise", "embed")
 BACKWARD = "_bwd"
 # A backward kernel's FLOPs and bytes, as traces count them: twice its forward's (the kernel
@@ -85,7 +92,8 @@ TRAINING = "_train"
 # The probe grid an op falls back to where the table has no point of its own (a table probed
 # before masked attention prices it as unmasked: ExecutionTimePredictor.lacks).
 GRID_OPS = {"linear": "linear", "attention": "attention", "attention_masked": "attention",
-            "attention_causal": "attention", "norm": "memory", "elementwise": "memory", "embed": "memory"}
+            "attention_causal": "attention", "attention_full_mask": "attention", "norm": "memory",
+            "elementwise": "memory", "embed": "memory"}
 # Memory-bound passes a spec kernel may run around its core op (Kernel.passes), by what
 # sets their cost per byte (engine/models/builder.py).
 PASSES = ("rms_norm", "head_rms_norm", "layer_norm", "pointwise", "broadcast", "head_copy", "transposed",
@@ -95,6 +103,7 @@ NEIGHBOURS = 6
 SAME = 1e-5  # features this close are one point (the table keeps them to 6 decimals)
 BLOCKED = 10  # a kernel's host time over BLOCKED x the median: the host sat on a full launch queue
 TABLE_FORMAT = "offload-engine-kernel-table"
+GPU_ALONE = "gpu_alone"  # a compute probe grid's "timing": each point timed on the GPU alone
 TILE = 128  # rows of a flash attention kernel's query and key tiles
 RAGGED = 0.5  # feature distance between a length off TILE and one on it
 TILED_OPS = ("attention", "attention_causal")  # the flash kernels (masked attention runs another one)
@@ -173,12 +182,12 @@ def pass_bytes(passes: Sequence[tuple[str, int]]) -> dict[str, int]:
 def rate_keys(op: str) -> tuple[str, ...]:
     """The table keys `op`'s rate is looked up under, first found first: its own; for a
     training attention key, the same without TRAINING (a table probed before training
-    attention); a backward's forward; the bare op's probe grid (GRID_OPS); a causal attention's
-    then those of the attention it runs (CAUSAL_OF), in the same phase."""
+    attention); a backward's forward; the bare op's probe grid (GRID_OPS); an attention op of
+    RUNS_AS, then those of the op it falls back to, in the same phase."""
     base, core = op.removesuffix(BACKWARD), core_op(op)
     keys = [op, core + op[len(base):], base, core]
-    if core in CAUSAL_OF:
-        keys += rate_keys(CAUSAL_OF[core] + op[len(core):])
+    if core in RUNS_AS:
+        keys += rate_keys(RUNS_AS[core] + op[len(core):])
     keys.append(GRID_OPS.get(core, ""))
     return tuple(dict.fromkeys(k for k in keys if k))
 

@@ -67,8 +67,9 @@ Lines 2.., one JSON object per kernel, in launch order:
                        hooks while the record runs (weights and duplicates among them, so at
                        least len(saved)); absent or 0: len(saved)
     cores       [[str, int...]]  optional, module records: the matmul-bound ops the block runs,
-                       [op, *shape] each ("linear" m, n, k; "attention", "attention_masked" or
-                       "attention_causal" bh, lq, lk, d), counted op by op (engine/modules/census.py)
+                       [op, *shape] each ("linear" m, n, k; "attention", "attention_masked",
+                       "attention_full_mask" or "attention_causal" bh, lq, lk, d), counted op by
+                       op (engine/modules/census.py)
     ops         int    optional, module records: the ops it runs that make a tensor, views aside
     dispatches  int    optional, module records: every op torch dispatches for it, views included
 
@@ -310,8 +311,8 @@ _OPTIONAL = {"copies": (lambda v: isinstance(v, list) and all(isinstance(c, dict
              "cores": (lambda v: isinstance(v, list) and all(
                  isinstance(c, list) and len(c) == 1 + CORE_DIMS.get(c[0] if c else None, -1)
                  and all(_is_int(d) and d > 0 for d in c[1:]) for c in v),
-                 'a list of [op, *shape]: ["linear", m, n, k] or ["attention" | "attention_masked" | "attention_causal", '
-                 'bh, lq, lk, d]'),
+                 'a list of [op, *shape]: ["linear", m, n, k] or ["attention" | "attention_masked" | '
+                 '"attention_full_mask" | "attention_causal", bh, lq, lk, d]'),
              "ops": (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (ops)"),
              "dispatches": (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (ops dispatched)")}
 _RECORD_FIELDS = tuple(f.name for f in fields(KernelRecord))

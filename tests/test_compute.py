@@ -394,6 +394,8 @@ def test_the_compute_probe_times_attention_off_the_tile_and_over_model_head_coun
     assert any(lq % TILE for _bh, lq, _lk, _d in shapes) and {24, 38, 48} <= {s[0] for s in shapes}
     assert any(lq % TILE for _bh, lq, _lk, _d in probe.training_attention_shapes(masked=False))
     assert not any(s[1] % TILE and s[1] > 64 for s in probe.training_attention_shapes(masked=True))
+    full = probe.full_mask_shapes()
+    assert all(lq == lk for _bh, lq, lk, _d in full) and (32, 4096, 4096, 128) in full
 
 
 @pytest.mark.cuda
@@ -442,7 +444,7 @@ def test_causal_attention_is_priced_on_the_tiles_it_runs_at_flash_attentions_rat
     below the diagonal, (n + 1) / 2n of n x n; a tiled table prices the waves they run in, the
     longest first, each as long as its longest tile (a causal kernel within one wave takes the
     full one's time); either at the attention rates of its phase."""
-    from engine.compute import CAUSAL_CTAS_PER_SM, causal_share, rate_keys
+    from engine.compute import CAUSAL_CTAS_PER_SM, causal_share
 
     assert causal_share((8, 4 * TILE, 4 * TILE, 128)) == 10 / 16
     assert causal_share((8, 1, 4096, 128)) == 1 / 32  # one query row: its first key tile
@@ -463,3 +465,13 @@ def test_causal_attention_is_priced_on_the_tiles_it_runs_at_flash_attentions_rat
             tiled.backward_core_ns("attention", shape, training=True) * ratio, abs=1)
         assert untiled.core_ns("attention_causal", shape) == pytest.approx(
             untiled.core_ns("attention", shape) * causal_share(shape), abs=1)
+
+
+def test_attention_with_a_mask_along_the_queries_falls_back_to_masked_attentions_rates():
+    """A table without full-mask points (probed before them) prices such attention as masked
+    attention of its phase, then as the bare attention grid."""
+    assert rate_keys("attention_full_mask" + TRAINING + BACKWARD)[4:] == (
+        "attention_masked" + TRAINING + BACKWARD, "attention_masked" + BACKWARD, "attention_masked" + TRAINING,
+        "attention_masked", "attention")
+    table = KernelTable({"attention_masked": [Point(features("attention_masked", (8, 256, 256, 64), 0), 50.0)]})
+    assert table.rate("attention_full_mask", features("attention_full_mask", (8, 256, 256, 64), 0)) == 50.0

@@ -58,6 +58,7 @@ def test_the_census_counts_a_llama_layers_cores_by_shape() -> None:
 def test_sdpa_is_one_core_masked_causal_or_neither_and_a_broadcast_counts_once() -> None:
     q = torch.empty(1, 8, 32, 64, dtype=torch.bfloat16, device=META)
     mask = torch.ones(1, 1, 1, 32, dtype=torch.bool, device=META)
+    rows = torch.ones(1, 1, 32, 32, dtype=torch.bool, device=META)  # a mask along the queries too
     census = OpCensus()
     with census, census.fused():
         out = F.scaled_dot_product_attention(q, q, q)
@@ -66,12 +67,14 @@ def test_sdpa_is_one_core_masked_causal_or_neither_and_a_broadcast_counts_once()
         census.start(2)
         F.scaled_dot_product_attention(q, q, q, None, 0.0, True)
         F.scaled_dot_product_attention(q, q, q, attn_mask=mask, is_causal=False)
+        F.scaled_dot_product_attention(q, q, q, attn_mask=rows)
     assert out.shape == q.shape and out.transpose(1, 2).is_contiguous()  # as the fused kernels lay it out
     assert [k.cores for k in census.kernels] == [[("attention", (8, 32, 32, 64))],
                                                  [("attention_masked", (8, 32, 32, 64))],
                                                  [("attention_causal", (8, 32, 32, 64)),
-                                                  ("attention_masked", (8, 32, 32, 64))]]
-    assert [k.ops for k in census.kernels] == [1, 1, 2] and census.kernels[0].passes == {}
+                                                  ("attention_masked", (8, 32, 32, 64)),
+                                                  ("attention_full_mask", (8, 32, 32, 64))]]
+    assert [k.ops for k in census.kernels] == [1, 1, 3] and census.kernels[0].passes == {}
     row = torch.empty(1, 1, 64, dtype=torch.bfloat16, device=META)
     assert touched_elements(row.expand(4, 32, 64)) == 64
 

@@ -25,7 +25,8 @@ The "tiled" shapes time flash attention where its tiles set the pace (engine/com
 AttentionTiling): lengths off the 128-row tile, the head counts models run, and text-length
 keys, with the GPU's SM count ("sms"), so calibrate counts attention in tile work.
 
-Times are CUDA events around REPEATS launches after WARMUP, divided by REPEATS. Each point
+Times are CUDA events around REPEATS launches after WARMUP, divided by REPEATS, the launches
+queued behind a spin kernel so the events time the GPU alone (`time_op_ns`). Each point
 starts from a rested GPU: the probe idles REST_S, and as long again as the point ran over
 DUTY, so its duty stays under DUTY. Back to back, the grid's heavy points ran at the clocks of
 a GPU under sustained load, slower than the same shapes inside a held step
@@ -44,6 +45,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from engine.compute import GPU_ALONE
+from engine.measure.clocks import CudaClock
 from engine.models.builder import MODULATE, NORM, ONE_PASS, RESIDUAL, SCALE
 from engine.models.layers import gelu, layer_norm, modulate, per_head_rms, rms_norm
 
@@ -63,6 +66,11 @@ TILED_SEQ = (1000, 1024, 1100, 1500, 2048, 2100, 3000, 3333, 4096, 4173, 4429, 5
 TILED_HEADS = (8, 16, 24, 32, 38, 48)
 CROSS_Q, CROSS_K, CROSS_HEADS = (1024, 4096, 4429, 8192), (77, 154, 256, 333, 512), (8, 24, 38)
 MASKED_Q, MASKED_K, MASKED_HEADS = (4096, 4429, 6400), (77, 226, 256, 333), (8, 32)
+# A decode's queries, masked: transformers folds a grouped-query model's query heads into its
+# key-value heads, one query row each (8 heads of 4 rows for Mistral-7B); the kernel's time stays
+# near one row's up to its query tile, which rates interpolated between 1 and 64 rows miss.
+DECODE_Q = (2, 4, 8, 16)
+FULL_MASK_SEQ = (64, 256, 1024, 2048, 4096, 4429, 6144, 8192, 16384)  # a prefill's, masked along its queries
 TRAIN_TILED_SEQ = (1024, 1100, 2048, 2100, 4096, 4429, 6144, 6400, 8192, 8525)
 TRAIN_TILED_HEADS = (8, 24, 38)
 TRAIN_CROSS_Q, TRAIN_CROSS_K = (4096, 4429), (77, 333)
@@ -78,6 +86,7 @@ REPEATS = 5
 MAX_FLOPS = 2e13  # skip grid points whose repeats would take seconds
 REST_S = 0.01
 DUTY = 0.2
+HOLD_NS = 20_000_000  # the longest spin a timed call waits behind (time_op_ns)
 
 # name: (PASSES kind, the builder's bytes moved per activation byte, the forward's call on
 # a: x (1, rows, width), y like x, s per-sample (1, 1, width), w a weight of the norm's width,
@@ -100,22 +109,27 @@ PASS_FNS: dict[str, tuple[str, int, Callable[[dict[str, torch.Tensor]], torch.Te
 
 
 def time_op_ns(fn: Callable[[], object], device: torch.device) -> float:
-    """ns of one call of `fn`: WARMUP calls, then REPEATS timed with CUDA events, then a rest
-    (module docstring). The first call is not counted in the duty: a library may build its
-    kernel's plan for a new shape there (cuDNN's attention does), host work that leaves the
-    GPU cool."""
+    """ns of one call of `fn` on the GPU: WARMUP calls, then REPEATS timed with CUDA events
+    behind a spin kernel as long as the warm-up's calls took (at most HOLD_NS), so the host has
+    queued them all before the first runs and a call whose launch costs the host more than its
+    kernel runs (cuDNN's attention on a decode's shapes) is timed as the GPU runs it in a model;
+    then a rest (module docstring). The first call and the spin are not counted in the duty: a
+    library may build its kernel's plan for a new shape there, host work that leaves the GPU cool."""
     fn()
     torch.cuda.synchronize(device)
     began = time.perf_counter()
     for _ in range(WARMUP - 1):
         fn()
+    torch.cuda.synchronize(device)
+    hold_ns = min(HOLD_NS, REPEATS * (time.perf_counter() - began) * 1e9 / (WARMUP - 1))
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    CudaClock(device).hold(round(hold_ns))
     start.record()
     for _ in range(REPEATS):
         fn()
     end.record()
     torch.cuda.synchronize(device)
-    time.sleep(REST_S + (time.perf_counter() - began) * (1 - DUTY) / DUTY)
+    time.sleep(REST_S + (time.perf_counter() - began - hold_ns / 1e9) * (1 - DUTY) / DUTY)
     return start.elapsed_time(end) * 1e6 / REPEATS
 
 
@@ -157,11 +171,12 @@ def tiled_training_shapes() -> list[Shape]:
 
 
 def attention_shapes(masked: bool) -> list[Shape]:
-    """Inference attention's grid: HEADS x SEQ x SEQ x HEAD_DIMS (masked: SEQ_MASKED), then
-    the tiled shapes."""
+    """Inference attention's grid: HEADS x SEQ x SEQ x HEAD_DIMS (masked: SEQ_MASKED, and a
+    decode's DECODE_Q query rows over SEQ_MASKED keys), then the tiled shapes."""
     seq = SEQ_MASKED if masked else SEQ
     grid = list(itertools.product(HEADS, seq, seq, HEAD_DIMS))
-    return list(dict.fromkeys(grid + tiled_shapes(masked)))
+    decode = list(itertools.product(HEADS, DECODE_Q, SEQ_MASKED, HEAD_DIMS)) if masked else []
+    return list(dict.fromkeys(grid + decode + tiled_shapes(masked)))
 
 
 def training_attention_shapes(masked: bool) -> list[Shape]:
@@ -187,6 +202,29 @@ def probe_attention(device: torch.device, dtype: torch.dtype = torch.bfloat16, m
                                                  device))])
         del q, kv, mask
     return out
+
+
+def probe_full_mask(device: torch.device, dtype: torch.dtype = torch.bfloat16,
+                    shapes: Sequence[Shape] | None = None) -> list[list]:
+    """[[bh, lq, lk, d, ns]]: SDPA over (1, bh, l, d) with a boolean mask that varies along the
+    queries, (1, 1, lq, lk) causal, as transformers hands a sliding-window model's prefill (or
+    a padded batch's), at `shapes` (full_mask_shapes)."""
+    out = []
+    for bh, lq, lk, d in full_mask_shapes() if shapes is None else shapes:
+        if 4.0 * bh * lq * lk * d > MAX_FLOPS:
+            continue
+        q = torch.randn(1, bh, lq, d, device=device, dtype=dtype)
+        kv = torch.randn(1, bh, lk, d, device=device, dtype=dtype)
+        mask = torch.ones(lq, lk, device=device, dtype=torch.bool).tril(lk - lq)[None, None]
+        out.append([bh, lq, lk, d, round(time_op_ns(lambda: F.scaled_dot_product_attention(q, kv, kv, attn_mask=mask),
+                                                 device))])
+        del q, kv, mask
+    return out
+
+
+def full_mask_shapes() -> list[Shape]:
+    """Self-attention with a mask along the queries: HEADS x FULL_MASK_SEQ x HEAD_DIMS."""
+    return [(h, n, n, d) for h, n, d in itertools.product(HEADS, FULL_MASK_SEQ, HEAD_DIMS)]
 
 
 def training_attention_rows(device: torch.device, dtype: torch.dtype, masked: bool,
@@ -229,10 +267,12 @@ def probe_tiles(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> di
 
 def probe_compute(device: torch.device, dtype: torch.dtype = torch.bfloat16, training: bool = True) -> dict:
     """{"linear": [[m, n, k, ns]], "attention": [[bh, lq, lk, d, ns]], "attention_masked": the same
-    with a key mask, "memory": [[bytes, ns]], "passes": probe_passes, "sms": the GPU's SM count}:
+    with a key mask, "attention_full_mask" with one along the queries (probe_full_mask), "memory":
+    [[bytes, ns]], "passes": probe_passes, "sms": the GPU's SM count}:
     y = x @ w.T + b for x (m, k), w (n, k); SDPA (probe_attention); y = x + y over bytes.
     `training` adds "attention_train" and "attention_masked_train" (probe_attention_training)."""
-    out: dict = {"linear": [], "memory": [], "sms": torch.cuda.get_device_properties(device).multi_processor_count}
+    out: dict = {"linear": [], "memory": [], "sms": torch.cuda.get_device_properties(device).multi_processor_count,
+                 "timing": GPU_ALONE}
     for m, n, k in itertools.product(ROWS, WIDTHS, WIDTHS):
         if 2.0 * m * n * k > MAX_FLOPS:
             continue
@@ -243,6 +283,7 @@ def probe_compute(device: torch.device, dtype: torch.dtype = torch.bfloat16, tra
         del x, w, b
     out["attention"] = probe_attention(device, dtype)
     out["attention_masked"] = probe_attention(device, dtype, masked=True)
+    out["attention_full_mask"] = probe_full_mask(device, dtype)
     if training:
         out.update(probe_attention_training(device, dtype))
     for nbytes in MEMORY_BYTES:
@@ -267,7 +308,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     p = OneLineParser(prog="python -m engine.measure.compute", description=main.__doc__)
     p.add_argument("--out", required=True, type=Path, help="the probe file to write (JSON)")
-    p.add_argument("--only", choices=("attention_masked", "attention_train", "attention_tiles"),
+    p.add_argument("--only", choices=("attention_masked", "attention_full_mask", "attention_train", "attention_tiles"),
                    help="probe this op alone (a probe file to add beside an older one)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -276,9 +317,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(2)
     device = torch.device("cuda", torch.cuda.current_device())
     only = {"attention_masked": lambda: {"attention_masked": probe_attention(device, masked=True)},
+            "attention_full_mask": lambda: {"attention_full_mask": probe_full_mask(device)},
             "attention_train": lambda: probe_attention_training(device),
             "attention_tiles": lambda: probe_tiles(device)}
-    grid = only[args.only]() if args.only else probe_compute(device)
+    grid = {**(only[args.only]() if args.only else probe_compute(device)), "timing": GPU_ALONE}
     data = {"probes": {"compute": grid}, "device": torch.cuda.get_device_name(device),
             "torch": torch.__version__, "cuda": torch.version.cuda,
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}

@@ -11,9 +11,10 @@ position, keeps
                   mixture's experts: one linear as wide as the groups it runs); "attention" or
                   "attention_masked" (batch x heads, query length, key length,
                   head dim) for scaled_dot_product_attention, without or with a mask
-                  (torch runs another kernel with one); "attention_causal" where
-                  it is causal without a mask (the flash kernel skips the tiles above
-                  the diagonal);
+                  (torch runs another kernel with one), "attention_full_mask" where the
+                  mask varies along the queries (every head's tiles read it);
+                  "attention_causal" where it is causal without a mask (the flash
+                  kernel skips the tiles above the diagonal);
     passes        every other op as a memory pass of engine/compute.py's PASSES
                   (`memory_pass`), its amount summed by kind: what the kernel
                   table's pass cost prices spec kernels' norms, modulation and
@@ -69,6 +70,7 @@ from torch.utils._pytree import tree_flatten
 from engine.compute import PASSES
 
 ATTENTION, ATTENTION_MASKED, ATTENTION_CAUSAL = "attention", "attention_masked", "attention_causal"
+ATTENTION_FULL_MASK = "attention_full_mask"
 _aten = torch.ops.aten
 MATMULS = frozenset({_aten.mm, _aten.addmm, _aten.bmm, _aten.baddbmm})
 # The matmul-bound ops a census counts as cores, (m, n, k) each (OpCensus).
@@ -98,12 +100,16 @@ def matmul_core(packet: Any, args: Sequence[torch.Tensor]) -> tuple[tuple[str, t
     return ("linear", (max(1, a.numel() // max(1, inner)), b.shape[-1], inner)), b
 
 
-def attention_core(q: torch.Tensor, k: torch.Tensor, masked: bool, causal: bool = False) -> tuple[str, tuple[int, ...]]:
-    """Attention's core: (ATTENTION, ATTENTION_MASKED or, is_causal without a mask,
-    ATTENTION_CAUSAL; (batch x heads, query length, key length, head dim)) for queries `q` and
-    keys `k` laid out (..., length, dim)."""
+def attention_core(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None,
+                   causal: bool = False) -> tuple[str, tuple[int, ...]]:
+    """Attention's core: (ATTENTION; with a `mask` ATTENTION_MASKED, or ATTENTION_FULL_MASK where
+    it varies along the queries; is_causal without one, ATTENTION_CAUSAL; (batch x heads, query
+    length, key length, head dim)) for queries `q` and keys `k` laid out (..., length, dim)."""
     heads = max(1, q.numel() // (q.shape[-1] * q.shape[-2]))
-    op = ATTENTION_MASKED if masked else ATTENTION_CAUSAL if causal else ATTENTION
+    if mask is not None:
+        op = ATTENTION_FULL_MASK if mask.dim() >= 2 and mask.shape[-2] > 1 else ATTENTION_MASKED
+    else:
+        op = ATTENTION_CAUSAL if causal else ATTENTION
     return op, (heads, q.shape[-2], k.shape[-2], q.shape[-1])
 
 
@@ -284,7 +290,7 @@ class _Fused(TorchFunctionMode):
         k = self.census.current
         k.ops += 1
         k.dispatches += 1
-        k.cores.append(attention_core(q, key, given.get("attn_mask") is not None, bool(given.get("is_causal"))))
+        k.cores.append(attention_core(q, key, given.get("attn_mask"), bool(given.get("is_causal"))))
         return self._uncounted(lambda: fused_attention(q, key, given["value"]) if q.is_meta else func(*args, **kwargs))
 
     def _uncounted(self, run: Callable[[], Any]) -> Any:
