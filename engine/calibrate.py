@@ -272,12 +272,13 @@ def fit_kernel_table(traces: Sequence[Trace], source: str, probes: Sequence[dict
 
 
 def probe_rows(grids: Sequence[dict], tiling: AttentionTiling | None) -> list[tuple[str, tuple[float, ...], int, int]]:
-    """(op, features, work, ns) of each timed point of compute probe `grids`; a point of a grid
-    timed on the GPU alone ("timing": GPU_ALONE) replaces those at its op and features from grids
-    timed otherwise (their small kernels at the host's pace of launching them)."""
-    per_grid = [(grid.get("timing") == GPU_ALONE, _grid_rows(grid, tiling)) for grid in grids]
-    alone = {(op, _rounded(feats)) for by_gpu, rows in per_grid if by_gpu for op, feats, _, _ in rows}
-    return [row for by_gpu, rows in per_grid for row in rows if by_gpu or (row[0], _rounded(row[1])) not in alone]
+    """(op, features, work, ns) of each timed point of compute probe `grids`; a point of an op
+    its grid timed on the GPU alone (listed under GPU_ALONE) replaces those at its op and
+    features from grids that timed that op otherwise (small kernels at the host's pace of
+    launching them)."""
+    rows = [(row, row[0] in grid.get(GPU_ALONE, ())) for grid in grids for row in _grid_rows(grid, tiling)]
+    alone = {(row[0], _rounded(row[1])) for row, by_gpu in rows if by_gpu}
+    return [row for row, by_gpu in rows if by_gpu or (row[0], _rounded(row[1])) not in alone]
 
 
 def _rounded(feats: tuple[float, ...]) -> tuple[float, ...]:

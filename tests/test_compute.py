@@ -475,3 +475,20 @@ def test_attention_with_a_mask_along_the_queries_falls_back_to_masked_attentions
         "attention_masked", "attention")
     table = KernelTable({"attention_masked": [Point(features("attention_masked", (8, 256, 256, 64), 0), 50.0)]})
     assert table.rate("attention_full_mask", features("attention_full_mask", (8, 256, 256, 64), 0)) == 50.0
+
+
+def test_an_op_probed_on_the_gpu_alone_replaces_its_points_timed_at_the_hosts_pace():
+    """A probe grid lists the ops it timed on the GPU alone (GPU_ALONE); their points replace the
+    same op's at the same shape from other grids, not other ops', and add where none was."""
+    from engine.calibrate import probe_rows
+    from engine.compute import GPU_ALONE
+
+    old = {"attention_masked": [[32, 1, 4096, 128, 78_000], [8, 64, 4096, 128, 100_000]],
+           "attention": [[32, 1, 4096, 128, 40_000]]}
+    new = {"attention_masked": [[32, 1, 4096, 128, 23_800], [8, 4, 4096, 128, 89_000]],
+           "attention": [[32, 1, 4096, 128, 30_000]], GPU_ALONE: ["attention_masked"]}
+    rows = {(op, tuple(round(2 ** f) for f in feats)): ns for op, feats, _, ns in probe_rows([old, new], None)}
+    assert rows[("attention_masked", (32, 1, 4096, 128))] == 23_800
+    assert rows[("attention_masked", (8, 64, 4096, 128))] == 100_000 and rows[("attention_masked", (8, 4, 4096, 128))] == 89_000
+    # attention was not timed alone in the new grid: both its points stand
+    assert sum(op == "attention" for op, *_ in probe_rows([old, new], None)) == 2

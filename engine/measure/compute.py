@@ -25,8 +25,9 @@ The "tiled" shapes time flash attention where its tiles set the pace (engine/com
 AttentionTiling): lengths off the 128-row tile, the head counts models run, and text-length
 keys, with the GPU's SM count ("sms"), so calibrate counts attention in tile work.
 
-Times are CUDA events around REPEATS launches after WARMUP, divided by REPEATS, the launches
-queued behind a spin kernel so the events time the GPU alone (`time_op_ns`). Each point
+Times are CUDA events around REPEATS launches after WARMUP, divided by REPEATS; inference
+attention's queued behind a spin kernel so the events time the GPU alone (GPU_ALONE_OPS; the
+grid names them under GPU_ALONE, and calibrate lets them replace points timed otherwise). Each point
 starts from a rested GPU: the probe idles REST_S, and as long again as the point ran over
 DUTY, so its duty stays under DUTY. Back to back, the grid's heavy points ran at the clocks of
 a GPU under sustained load, slower than the same shapes inside a held step
@@ -87,6 +88,11 @@ MAX_FLOPS = 2e13  # skip grid points whose repeats would take seconds
 REST_S = 0.01
 DUTY = 0.2
 HOLD_NS = 20_000_000  # the longest spin a timed call waits behind (time_op_ns)
+# The ops timed on the GPU alone (time_op_ns `alone`): inference attention, whose launch through
+# cuDNN costs the host more than a decode's kernel runs. The linears and passes keep the host's
+# pace of launching them alone, which the module costs' gap per op was fitted beside
+# (benchmarks/results/linear-probe-h200-2026-11-28.md: probed at the GPU's pace they priced worse).
+GPU_ALONE_OPS = ("attention", "attention_masked", "attention_full_mask")
 
 # name: (PASSES kind, the builder's bytes moved per activation byte, the forward's call on
 # a: x (1, rows, width), y like x, s per-sample (1, 1, width), w a weight of the norm's width,
@@ -108,12 +114,12 @@ PASS_FNS: dict[str, tuple[str, int, Callable[[dict[str, torch.Tensor]], torch.Te
 }
 
 
-def time_op_ns(fn: Callable[[], object], device: torch.device) -> float:
-    """ns of one call of `fn` on the GPU: WARMUP calls, then REPEATS timed with CUDA events
-    behind a spin kernel as long as the warm-up's calls took (at most HOLD_NS), so the host has
-    queued them all before the first runs and a call whose launch costs the host more than its
-    kernel runs (cuDNN's attention on a decode's shapes) is timed as the GPU runs it in a model;
-    then a rest (module docstring). The first call and the spin are not counted in the duty: a
+def time_op_ns(fn: Callable[[], object], device: torch.device, alone: bool = False) -> float:
+    """ns of one call of `fn`: WARMUP calls, then REPEATS timed with CUDA events, then a rest
+    (module docstring). `alone`: on the GPU alone, the repeats queued behind a spin kernel as
+    long as the warm-up's calls took (at most HOLD_NS), so a call whose launch costs the host
+    more than its kernel runs (cuDNN's attention on a decode's shapes) is timed as the GPU runs
+    it in a model (GPU_ALONE_OPS). The first call and the spin are not counted in the duty: a
     library may build its kernel's plan for a new shape there, host work that leaves the GPU cool."""
     fn()
     torch.cuda.synchronize(device)
@@ -121,9 +127,10 @@ def time_op_ns(fn: Callable[[], object], device: torch.device) -> float:
     for _ in range(WARMUP - 1):
         fn()
     torch.cuda.synchronize(device)
-    hold_ns = min(HOLD_NS, REPEATS * (time.perf_counter() - began) * 1e9 / (WARMUP - 1))
+    hold_ns = min(HOLD_NS, REPEATS * (time.perf_counter() - began) * 1e9 / (WARMUP - 1)) if alone else 0.0
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    CudaClock(device).hold(round(hold_ns))
+    if hold_ns:
+        CudaClock(device).hold(round(hold_ns))
     start.record()
     for _ in range(REPEATS):
         fn()
@@ -199,7 +206,7 @@ def probe_attention(device: torch.device, dtype: torch.dtype = torch.bfloat16, m
         kv = torch.randn(1, bh, lk, d, device=device, dtype=dtype)
         mask = torch.ones(1, 1, 1, lk, device=device, dtype=torch.bool) if masked else None
         out.append([bh, lq, lk, d, round(time_op_ns(lambda: F.scaled_dot_product_attention(q, kv, kv, attn_mask=mask),
-                                                 device))])
+                                                 device, alone=True))])
         del q, kv, mask
     return out
 
@@ -217,7 +224,7 @@ def probe_full_mask(device: torch.device, dtype: torch.dtype = torch.bfloat16,
         kv = torch.randn(1, bh, lk, d, device=device, dtype=dtype)
         mask = torch.ones(lq, lk, device=device, dtype=torch.bool).tril(lk - lq)[None, None]
         out.append([bh, lq, lk, d, round(time_op_ns(lambda: F.scaled_dot_product_attention(q, kv, kv, attn_mask=mask),
-                                                 device))])
+                                                 device, alone=True))])
         del q, kv, mask
     return out
 
@@ -271,8 +278,7 @@ def probe_compute(device: torch.device, dtype: torch.dtype = torch.bfloat16, tra
     [[bytes, ns]], "passes": probe_passes, "sms": the GPU's SM count}:
     y = x @ w.T + b for x (m, k), w (n, k); SDPA (probe_attention); y = x + y over bytes.
     `training` adds "attention_train" and "attention_masked_train" (probe_attention_training)."""
-    out: dict = {"linear": [], "memory": [], "sms": torch.cuda.get_device_properties(device).multi_processor_count,
-                 "timing": GPU_ALONE}
+    out: dict = {"linear": [], "memory": [], "sms": torch.cuda.get_device_properties(device).multi_processor_count}
     for m, n, k in itertools.product(ROWS, WIDTHS, WIDTHS):
         if 2.0 * m * n * k > MAX_FLOPS:
             continue
@@ -293,6 +299,7 @@ def probe_compute(device: torch.device, dtype: torch.dtype = torch.bfloat16, tra
         del x, y
     out["passes"] = probe_passes(device, dtype)
     torch.cuda.empty_cache()
+    out[GPU_ALONE] = [op for op in GPU_ALONE_OPS if op in out]
     return out
 
 
@@ -320,7 +327,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             "attention_full_mask": lambda: {"attention_full_mask": probe_full_mask(device)},
             "attention_train": lambda: probe_attention_training(device),
             "attention_tiles": lambda: probe_tiles(device)}
-    grid = {**(only[args.only]() if args.only else probe_compute(device)), "timing": GPU_ALONE}
+    grid = only[args.only]() if args.only else probe_compute(device)
+    grid[GPU_ALONE] = [op for op in GPU_ALONE_OPS if op in grid]
     data = {"probes": {"compute": grid}, "device": torch.cuda.get_device_name(device),
             "torch": torch.__version__, "cuda": torch.version.cuda,
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
