@@ -42,8 +42,9 @@ from torch.utils._pytree import tree_flatten
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from engine.compute import MATMUL_OPS  # noqa: E402
 from engine.modules.build import build_module, example_inputs  # noqa: E402
-from engine.modules.census import (ATTENTION_MASKED, CORE_PACKETS, MATMULS, attention_core,  # noqa: E402
+from engine.modules.census import (CORE_PACKETS, MATMULS, attention_core,  # noqa: E402
                                    launches_kernel, matmul_core, memory_pass)
 
 # model config name, the overrides that cut it to two blocks
@@ -194,7 +195,7 @@ def timed_cores(case: dict) -> list[tuple[str, tuple[int, ...], int]]:
         if func._overloadpacket in MATMULS:
             (op, shape), _ = matmul_core(func._overloadpacket, ins)
         elif row["op"].startswith(ATTENTION):
-            op, shape = attention_core(ins[0], ins[1], row["op"].startswith(MASKABLE) and len(ins) > 3)
+            op, shape = attention_core(ins[0], ins[1], ins[3] if row["op"].startswith(MASKABLE) and len(ins) > 3 else None)
         else:
             continue
         out.append((op, shape, row["ns"]))
@@ -228,7 +229,7 @@ def report(path: Path, hardware: str) -> None:
     print("\n| case | core | ops | their time ms (with their events) | priced ms | error |\n|---|---|---|---|---|---|")
     for c in data["cases"]:
         cores = timed_cores(c)
-        for op in ("linear", "attention", ATTENTION_MASKED):
+        for op in MATMUL_OPS:
             mine = [(shape, ns) for o, shape, ns in cores if o == op]
             if mine:
                 measured, priced = sum(ns for _, ns in mine), sum(predictor.core_ns(op, shape) for shape, _ in mine)

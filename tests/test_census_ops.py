@@ -28,5 +28,5 @@ def test_timed_ops_become_the_cores_the_census_counts() -> None:
         {"op": "aten.add.Tensor", "ns": 9, "tensors": [["in", [4], [1], bf16], ["out", [4], [1], bf16]]}]}
     assert timed_cores(case) == [("linear", (4096, 12288, 3072), 100), ("linear", (512, 128, 64), 50),
                                  ("attention", (24, 4608, 4608, 128), 70),
-                                 ("attention_masked", (24, 4352, 4352, 128), 80),
+                                 ("attention_full_mask", (24, 4352, 4352, 128), 80),
                                  ("attention", (16, 1024, 512, 64), 90)]
