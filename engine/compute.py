@@ -52,7 +52,8 @@ tiles read beside their keys and a probe of its own times. Causal
 attention without a mask runs the flash kernel over the tiles on and below the diagonal alone
 (`causal_share`), priced at flash attention's rates: in a tiled table on the waves those tiles
 run in, longest first, each wave as long as its longest (`AttentionTiling.causal_ratio`: under a
-wave of them a causal kernel takes as long as the full one); otherwise on that share of its FLOPs.
+wave of them a causal kernel takes as long as the full one); a table without the tiling, whose
+waves are unknown, prices it as the full attention.
 """
 from __future__ import annotations
 
@@ -227,12 +228,14 @@ def core_io_bytes(op: str, shape: Sequence[int], itemsize: int = 2) -> int:
 def work(op: str, flops: int, io_bytes: int, shape: Sequence[int] = (),
          tiling: AttentionTiling | None = None) -> int:
     """What a kernel's rate counts: FLOPs for a matmul-bound op (a tiled attention's tile
-    work, a causal one's in its waves, times flops over its own FLOPs: a backward's count),
-    bytes for a memory-bound one."""
+    work, a causal one's in its waves, times flops over its own FLOPs: a backward's count; a
+    causal one's without the tiling, the full attention's), bytes for a memory-bound one."""
     core = core_op(op)
     if is_tiled(op, tiling) and len(shape) == CORE_DIMS["attention"]:
         tiles = tiling.work(shape) * (tiling.causal_ratio(shape) if core in CAUSAL_OF else 1.0)
         return round(flops / core_flops(core, shape) * tiles)
+    if core in CAUSAL_OF and len(shape) == CORE_DIMS[core]:
+        return round(flops / causal_share(shape))  # its waves unknown: the full attention's work
     return flops if core in MATMUL_OPS else io_bytes
 
 
