@@ -180,7 +180,13 @@ def main() -> None:
         for result in data["results"]:
             at: dict[float, list[tuple[float, float, str]]] = {}
             measured_peak = any(r.get("process_peak_bytes") for r in result["rows"])
-            held, held_in_rows = (harness_bytes(result), harness_bytes(result, row=True)) if measured_peak else (0, 0)
+            try:
+                held, held_in_rows = (harness_bytes(result), harness_bytes(result, row=True)) if measured_peak \
+                    else (0, 0)
+            except ConfigError as err:  # an older run's reference outputs are sized on the meta device
+                print(f"note: {d.name} {result['model']}: its process peaks are left out (the harness it held "
+                      f"is sized from the model's meta forward: {err})", file=sys.stderr)
+                measured_peak, held, held_in_rows = False, 0, 0
             for r in result["rows"]:
                 key = (result["model"], r.get("grouping", "block"), shape(result.get("workload")))
                 if key not in traces:
@@ -198,7 +204,7 @@ def main() -> None:
                 hosts.append(prediction["bound_by"] == "host")
                 if hosts[-1]:
                     host_bound.append((f"{d.name} {result['model']} at {r['budget_mb']:.0f} MB", err))
-                if r.get("process_peak_bytes"):
+                if measured_peak and r.get("process_peak_bytes"):
                     peak = r["process_peak_bytes"] - held_in_rows
                     peaks.append((f"| {d.name} | {result['model']} | {r['budget_mb']:.0f} | {peak / 1e9:.2f} | "
                                   f"{prediction['peak_process_bytes'] / 1e9:.2f} |",
