@@ -172,6 +172,7 @@ def main() -> None:
     print("| run | model | budget MB | backend | grouping/eviction/lookahead | measured ms (mean) | predicted ms | error |")
     print("|---|---|---|---|---|---|---|---|")
     errors, hosts, picks, peaks, host_bound = [], [], [], [], []  # host_bound: (row, error) where the host sets it
+    notes: list[str] = []  # printed after the tables, so a bad input stays one line
     for d, data in runs:
         traces = {(t.header["model"], grouping(t, path), shape(t.header.get("workload"))): t
                   for path, t in ((p, read_trace(p)) for p in sorted(d.glob("*.trace.jsonl.gz")))}
@@ -184,8 +185,8 @@ def main() -> None:
                 held, held_in_rows = (harness_bytes(result), harness_bytes(result, row=True)) if measured_peak \
                     else (0, 0)
             except ConfigError as err:  # an older run's reference outputs are sized on the meta device
-                print(f"note: {d.name} {result['model']}: its process peaks are left out (the harness it held "
-                      f"is sized from the model's meta forward: {err})", file=sys.stderr)
+                notes.append(f"note: {d.name} {result['model']}: its process peaks are left out (the harness it "
+                             f"held is sized from the model's meta forward: {err})")
                 measured_peak, held, held_in_rows = False, 0, 0
             for r in result["rows"]:
                 key = (result["model"], r.get("grouping", "block"), shape(result.get("workload")))
@@ -236,6 +237,8 @@ def main() -> None:
         errs = [err for _, err in peaks]
         print(f"process peak, {len(errs)} rows: mean |error| {statistics.mean(map(abs, errs)):.2%}, "
               f"max {max(map(abs, errs)):.2%}")
+    for note in notes:
+        print(note, file=sys.stderr)
 
 
 if __name__ == "__main__":
