@@ -126,10 +126,10 @@ def one_of(output: torch.Tensor, outcomes: list[torch.Tensor]) -> bool:
 LEGACY_COPY_BYTES = 256 * 2**20
 
 
-def legacy_harness_bytes(cfg: Any, workload: dict, outcomes: int, row: bool = False) -> int:
-    """What a run without "harness_device_bytes" held on the device beside the module while it
-    recorded (`row` False) or ran a row's steps: the copy buffer and `outcomes` reference outputs,
-    each a causal LM's logits (bf16) or a diffusion transformer's prediction, shaped as its latent
+def legacy_harness_bytes(cfg: Any, workload: dict, outcomes: int) -> tuple[int, int]:
+    """What a run without "harness_device_bytes" held on the device beside the module, (while it
+    recorded, while it ran a row's steps): the copy buffer and `outcomes` reference outputs, each
+    a causal LM's logits (bf16) or a diffusion transformer's prediction, shaped as its latent
     input; in a row, one more output and a prefill's KV cache."""
     from engine.modules.synthesize import on_meta
 
@@ -145,7 +145,8 @@ def legacy_harness_bytes(cfg: Any, workload: dict, outcomes: int, row: bool = Fa
     else:
         latents = inputs["hidden_states"]
         output = latents.numel() * latents.element_size()
-    return LEGACY_COPY_BYTES + outcomes * output + (output + cache if row else 0)
+    recording = LEGACY_COPY_BYTES + outcomes * output
+    return recording, recording + output + cache
 
 
 def timed(fn: Callable[[], Any], warmup: int, steps: int) -> tuple[list[float], list[float], Any]:

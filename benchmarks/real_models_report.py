@@ -91,14 +91,14 @@ TABLE_TRACES = ROOT / "data" / "traces" / "full"  # what the shipped kernel tabl
 TABLE_MODULES = ROOT / "data" / "traces" / "modules"
 
 
-def harness_bytes(result: dict, row: bool = False) -> int:
-    """What the run's harness held on the device beside the module, in its recording's torch peak
-    or (`row`) its rows': its "harness_device_bytes", or for an older run
+def harness_bytes(result: dict) -> tuple[int, int]:
+    """What the run's harness held on the device beside the module, (in its recording's torch
+    peak, in its rows'): its "harness_device_bytes", or for an older run
     real_models.legacy_harness_bytes."""
     if "harness_device_bytes" in result:
-        return result["harness_device_bytes"]
+        return result["harness_device_bytes"], result["harness_device_bytes"]
     cfg = OmegaConf.merge(model_config(result["model"]), OmegaConf.from_dotlist(result.get("model_set") or []))
-    return legacy_harness_bytes(cfg, result["workload"], result.get("resident_outcomes", 1), row)
+    return legacy_harness_bytes(cfg, result["workload"], result.get("resident_outcomes", 1))
 
 
 def without_harness(trace: Trace, held: int) -> Trace:
@@ -182,8 +182,7 @@ def main() -> None:
             at: dict[float, list[tuple[float, float, str]]] = {}
             measured_peak = any(r.get("process_peak_bytes") for r in result["rows"])
             try:
-                held, held_in_rows = (harness_bytes(result), harness_bytes(result, row=True)) if measured_peak \
-                    else (0, 0)
+                held, held_in_rows = harness_bytes(result) if measured_peak else (0, 0)
             except ConfigError as err:  # an older run's reference outputs are sized on the meta device
                 notes.append(f"note: {d.name} {result['model']}: its process peaks are left out (the harness it "
                              f"held is sized from the model's meta forward: {err})")

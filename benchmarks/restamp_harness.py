@@ -50,7 +50,7 @@ def main() -> None:
             print(f"{path}: left as it is ({'a training step' if kind == 'train_lora' else 'nothing to take out'})")
             continue
         cfg = OmegaConf.merge(model_config(h["model"]), OmegaConf.from_dotlist(h.get("model_set", [])))
-        held = legacy_harness_bytes(cfg, h["workload"], outcomes(path, h["model"], h["workload"]))
+        held = legacy_harness_bytes(cfg, h["workload"], outcomes(path, h["model"], h["workload"]))[0]
         header = {**h, "activation_peak_bytes": max(0, h["activation_peak_bytes"] - held), "harness_device_bytes": held}
         write_trace(path, dataclasses.replace(trace, header=header))
         print(f"{path}: activation peak {h['activation_peak_bytes'] / 1e6:.0f} -> {header['activation_peak_bytes'] / 1e6:.0f} MB")

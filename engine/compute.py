@@ -72,15 +72,15 @@ ATTENTION_OPS = ("attention", "attention_masked", "attention_causal", "attention
 CORE_DIMS = {"linear": 3, "attention": 4, "attention_masked": 4, "attention_causal": 4,
              "attention_full_mask": 4}  # a matmul op's shape: (m, n, k), (bh, lq, lk, d)
 # Causal attention (is_causal, no mask) runs the flash kernel over the tiles on and below the
-# diagonal only: priced at flash attention's rates (CAUSAL_OF) on the work of those tiles, in a
+# diagonal only: priced at flash attention's rates (RUNS_AS) on the work of those tiles, in a
 # tiled table as the waves they run in (AttentionTiling.causal_ratio), CAUSAL_CTAS_PER_SM query
 # tiles resident on each SM at once (what the timed causal kernels' waves fit).
-CAUSAL_OF = {"attention_causal": "attention"}
+CAUSAL = "attention_causal"
 CAUSAL_CTAS_PER_SM = 2
 # The op whose rates an attention op falls back to where the table has none of its own: a causal
 # attention runs the flash kernel; one whose mask varies along the queries (a causal or
 # sliding-window mask, a padded batch's), the masked kernel, which reads that mask too.
-RUNS_AS = {**CAUSAL_OF, "attention_full_mask": "attention_masked"}
+RUNS_AS = {CAUSAL: "attention", "attention_full_mask": "attention_masked"}
 MEMORY_OPS = ("norm", "elementwise", "embed")
 BACKWARD = "_bwd"
 # A backward kernel's FLOPs and bytes, as traces count them: twice its forward's (the kernel
@@ -92,8 +92,7 @@ BACKWARD_OPS = 2  # ops a real module's backward launches per op of its forward
 TRAINING = "_train"
 # The probe grid an op falls back to where the table has no point of its own (a table probed
 # before masked attention prices it as unmasked: ExecutionTimePredictor.lacks).
-GRID_OPS = {"linear": "linear", "attention": "attention", "attention_masked": "attention",
-            "attention_causal": "attention", "attention_full_mask": "attention", "norm": "memory",
+GRID_OPS = {"linear": "linear", "attention": "attention", "attention_masked": "attention", "norm": "memory",
             "elementwise": "memory", "embed": "memory"}
 # Memory-bound passes a spec kernel may run around its core op (Kernel.passes), by what
 # sets their cost per byte (engine/models/builder.py).
@@ -125,7 +124,7 @@ class AttentionTiling:
         return 4 * waves * self.sms * TILE * math.ceil(lk / TILE) * TILE * d
 
     def causal_ratio(self, shape: Sequence[int]) -> float:
-        """A causal attention's time over the full one's (CAUSAL_OF): its query tiles, the
+        """A causal attention's time over the full one's (CAUSAL): its query tiles, the
         longest first, run in waves of CAUSAL_CTAS_PER_SM x sms, each wave as long as its
         longest tile; the full kernel's waves all as long as the keys."""
         bh, lq, lk, _d = shape
@@ -183,13 +182,11 @@ def pass_bytes(passes: Sequence[tuple[str, int]]) -> dict[str, int]:
 def rate_keys(op: str) -> tuple[str, ...]:
     """The table keys `op`'s rate is looked up under, first found first: its own; for a
     training attention key, the same without TRAINING (a table probed before training
-    attention); a backward's forward; the bare op's probe grid (GRID_OPS); an attention op of
-    RUNS_AS, then those of the op it falls back to, in the same phase."""
+    attention); a backward's forward; the bare op's probe grid (GRID_OPS); for an attention op
+    of RUNS_AS, then the keys of the op it falls back to, in the same phase."""
     base, core = op.removesuffix(BACKWARD), core_op(op)
     keys = [op, core + op[len(base):], base, core]
-    if core in RUNS_AS:
-        keys += rate_keys(RUNS_AS[core] + op[len(core):])
-    keys.append(GRID_OPS.get(core, ""))
+    keys += rate_keys(RUNS_AS[core] + op[len(core):]) if core in RUNS_AS else [GRID_OPS.get(core, "")]
     return tuple(dict.fromkeys(k for k in keys if k))
 
 
@@ -212,7 +209,7 @@ def core_flops(op: str, shape: Sequence[int]) -> int:
     """FLOPs of a matmul-bound op: 2mnk for a linear (m, n, k), 4 x bh x lq x lk x d for attention,
     a causal one's over the tiles it runs (causal_share)."""
     flops = (2 if op == "linear" else 4) * math.prod(shape)
-    return round(flops * causal_share(shape)) if op in CAUSAL_OF else flops
+    return round(flops * causal_share(shape)) if op == CAUSAL else flops
 
 
 def core_io_bytes(op: str, shape: Sequence[int], itemsize: int = 2) -> int:
@@ -232,9 +229,9 @@ def work(op: str, flops: int, io_bytes: int, shape: Sequence[int] = (),
     causal one's without the tiling, the full attention's), bytes for a memory-bound one."""
     core = core_op(op)
     if is_tiled(op, tiling) and len(shape) == CORE_DIMS["attention"]:
-        tiles = tiling.work(shape) * (tiling.causal_ratio(shape) if core in CAUSAL_OF else 1.0)
+        tiles = tiling.work(shape) * (tiling.causal_ratio(shape) if core == CAUSAL else 1.0)
         return round(flops / core_flops(core, shape) * tiles)
-    if core in CAUSAL_OF and len(shape) == CORE_DIMS[core]:
+    if core == CAUSAL and len(shape) == CORE_DIMS[core]:
         return round(flops / causal_share(shape))  # its waves unknown: the full attention's work
     return flops if core in MATMUL_OPS else io_bytes
 

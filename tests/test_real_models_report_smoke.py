@@ -90,7 +90,7 @@ def test_an_older_run_held_the_copy_buffer_and_its_reference_outputs() -> None:
     decode = {**shape, "kind": "decode", "text_tokens": 0, "context_tokens": 64}
     prefill = {**shape, "kind": "infer", "text_tokens": 64, "context_tokens": 0}
     logits = 32000 * 2
-    assert legacy_harness_bytes(cfg, decode, 2) == LEGACY_COPY_BYTES + 2 * logits
-    assert legacy_harness_bytes(cfg, decode, 1, row=True) == LEGACY_COPY_BYTES + 2 * logits
+    assert legacy_harness_bytes(cfg, decode, 2)[0] == LEGACY_COPY_BYTES + 2 * logits
+    assert legacy_harness_bytes(cfg, decode, 1)[1] == LEGACY_COPY_BYTES + 2 * logits
     cache = 2 * 2 * 64 * 8 * 128 * 2  # layers x (keys, values) x tokens x key-value heads x head dim x bf16
-    assert legacy_harness_bytes(cfg, prefill, 1, row=True) == LEGACY_COPY_BYTES + 2 * 64 * logits + cache
+    assert legacy_harness_bytes(cfg, prefill, 1)[1] == LEGACY_COPY_BYTES + 2 * 64 * logits + cache

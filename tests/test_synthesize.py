@@ -466,8 +466,7 @@ def test_the_shipped_modules_are_predicted_unrecorded() -> None:
         assert sum(trace.weight_sizes.values()) == pytest.approx(sum(recorded.weight_sizes.values()), rel=1e-6)
         assert [r.name for r in trace.records] == [r.name for r in recorded.records]
         result = next(res for res in data["results"] if res["model"] == model)
-        held = legacy_harness_bytes(OmegaConf.load(configs[model]), result["workload"], result["resident_outcomes"],
-                                    row=True)
+        held = legacy_harness_bytes(OmegaConf.load(configs[model]), result["workload"], result["resident_outcomes"])[1]
         for r in result["rows"]:
             budget = round(r["budget_mb"] * 1e6) if r["budget_mb"] else None
             p = predict(trace, hw, budget, r["lookahead"], r["eviction"], backend=r["backend"], loop="synced")

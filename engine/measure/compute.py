@@ -126,11 +126,12 @@ def time_op_ns(fn: Callable[[], object], device: torch.device, alone: bool = Fal
     began = time.perf_counter()
     for _ in range(WARMUP - 1):
         fn()
-    torch.cuda.synchronize(device)
-    hold_ns = min(HOLD_NS, REPEATS * (time.perf_counter() - began) * 1e9 / (WARMUP - 1)) if alone else 0.0
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    if hold_ns:
+    hold_ns = 0.0
+    if alone:
+        torch.cuda.synchronize(device)
+        hold_ns = min(HOLD_NS, REPEATS * (time.perf_counter() - began) * 1e9 / (WARMUP - 1))
         CudaClock(device).hold(round(hold_ns))
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(REPEATS):
         fn()
@@ -299,8 +300,13 @@ def probe_compute(device: torch.device, dtype: torch.dtype = torch.bfloat16, tra
         del x, y
     out["passes"] = probe_passes(device, dtype)
     torch.cuda.empty_cache()
-    out[GPU_ALONE] = [op for op in GPU_ALONE_OPS if op in out]
-    return out
+    return marked(out)
+
+
+def marked(grid: dict) -> dict:
+    """`grid` naming under GPU_ALONE the ops of it timed on the GPU alone (GPU_ALONE_OPS)."""
+    grid[GPU_ALONE] = [op for op in GPU_ALONE_OPS if op in grid]
+    return grid
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -327,8 +333,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             "attention_full_mask": lambda: {"attention_full_mask": probe_full_mask(device)},
             "attention_train": lambda: probe_attention_training(device),
             "attention_tiles": lambda: probe_tiles(device)}
-    grid = only[args.only]() if args.only else probe_compute(device)
-    grid[GPU_ALONE] = [op for op in GPU_ALONE_OPS if op in grid]
+    grid = marked(only[args.only]()) if args.only else probe_compute(device)
     data = {"probes": {"compute": grid}, "device": torch.cuda.get_device_name(device),
             "torch": torch.__version__, "cuda": torch.version.cuda,
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
