@@ -239,6 +239,12 @@ def forward_live_bytes(module: nn.Module, inputs: Any) -> tuple[LiveBytes, int]:
     return live, sum(t.numel() * t.element_size() for t in given)
 
 
+def buffer_bytes(module: nn.Module) -> int:
+    """The bytes of `module`'s buffers (a learned positional table, rotary frequencies):
+    offload moves every one to the device, where it stays beside the streamed weights."""
+    return sum(b.numel() * b.element_size() for b in module.buffers())
+
+
 def input_tensors(inputs: Any) -> list[torch.Tensor]:
     """The tensors among a forward's arguments (a pytree)."""
     return [t for t in tree_flatten(inputs)[0] if isinstance(t, torch.Tensor)]

@@ -34,7 +34,7 @@ from engine.executor.runtime import WeightExecutor, host_registrar
 from engine.executor.sources import pageable_buffer, register_file
 from engine.modules.checkpoint import Checkpoint, module_weights, state_dict_name
 from engine.modules.hooks import KernelHooks, placeholder
-from engine.modules.kernels import Recording, forward_live_bytes, partition, record_order, weight_names
+from engine.modules.kernels import Recording, buffer_bytes, forward_live_bytes, partition, record_order, weight_names
 from engine.modules.packing import pack_kernels, weight_views
 from engine.units import MB
 
@@ -158,6 +158,7 @@ class StreamedModule:
             # From the checkpoint, a copy: on the CPU `.to` would keep a view of the read-only mapping.
             p.data = p.data.to(device) if saved is None else saved.to(device, copy=True)
         self._buffers_to(device, files)
+        self.buffer_bytes = buffer_bytes(self.module)
         if self._loaded is not None:  # the buffers as set-up leaves them (untouched's Baseline.take_buffers)
             self._loaded()
         if device.type == "cuda":

@@ -13,7 +13,7 @@ pass cost and its ops' launch gaps at its ModuleCost, its host time its ops'
 (ExecutionTimePredictor.module_kernel_ns, module_host_ns); its weight is the
 kernel's packed span, sized as offload packs it (engine/modules/packing.py). The
 header carries the bytes the forward holds at its peak beside the streamed weights
-(its inputs, the parameters kept resident, every live tensor its ops made), traced
+(its inputs, the parameters kept resident, its buffers, every live tensor its ops made), traced
 in the same forward, and an inference's slowdown under sustained load: the PFLOP/s its
 cores run at over its compute, at the ModuleCost's slowdown per PFLOP/s, as recorded
 modules' inferences slow. A LoRA step takes the profile's compute_sustained_slowdown: the
@@ -61,8 +61,8 @@ from engine.measure.timing import NotedTensors, SavedStorages
 from engine.modules.adapters import ALL_LINEAR, TrainingLoss, add_lora, enable_checkpointing
 from engine.modules.build import build_module, example_inputs, plain_config
 from engine.modules.census import meta_attention
-from engine.modules.kernels import (GROUPINGS, Recording, forward_live_bytes, input_tensors, kv_cache_tensors,
-                                   partition, record_order)
+from engine.modules.kernels import (GROUPINGS, Recording, buffer_bytes, forward_live_bytes, input_tensors,
+                                   kv_cache_tensors, partition, record_order)
 from engine.modules.packing import pack_kernels
 from engine.policy import AccessOrder
 from engine.trace import BACKWARD_SUFFIX, FORMAT, VERSION, KernelRecord, Trace, check_trace, saved_tensors
@@ -87,6 +87,7 @@ class SeenForward:
     recording: Recording  # its access order (unpacked), layers, each position's census, live peak
     order: AccessOrder  # the order packed as offload packs it: one weight a kernel
     resident_bytes: int  # parameters kept resident (outside the kernels, or read outside their own)
+    buffer_bytes: int  # the module's buffers, all on the device (kernels.buffer_bytes)
     input_bytes: int
     params: int
     module_class: str
@@ -99,13 +100,14 @@ class SeenForward:
     @property
     def traced_peak_bytes(self) -> int:
         """What the forward holds at its peak beside the streamed weights: its ops' live
-        tensors, its inputs and the parameters kept resident. A training step's peak over its
-        forward and backward, less the saved tensors (the simulator counts those, kept or
-        spilled), as a recording's header counts it."""
+        tensors, its inputs, the parameters kept resident and the buffers. A training step's
+        peak over its forward and backward, less the saved tensors (the simulator counts
+        those, kept or spilled), as a recording's header counts it."""
+        held = self.input_bytes + self.resident_bytes + self.buffer_bytes
         if self.saved is None:
-            return self.recording.live_peak + self.input_bytes + self.resident_bytes
+            return self.recording.live_peak + held
         saved = sum(sum(v) for v in self.saved.saved.values())
-        return max(0, self.step_live_peak + self.input_bytes + self.resident_bytes - saved)
+        return max(0, self.step_live_peak + held - saved)
 
 
 def seen_forward(streamed: StreamedModule) -> SeenForward:
@@ -113,9 +115,9 @@ def seen_forward(streamed: StreamedModule) -> SeenForward:
     forward's."""
     module = streamed.module
     cls = type(module)
-    return SeenForward(streamed.recording, streamed.order, streamed.resident_bytes, streamed.input_bytes,
-                       sum(p.numel() for p in module.parameters()), f"{cls.__module__}.{cls.__qualname__}",
-                       streamed.grouping)
+    return SeenForward(streamed.recording, streamed.order, streamed.resident_bytes, streamed.buffer_bytes,
+                       streamed.input_bytes, sum(p.numel() for p in module.parameters()),
+                       f"{cls.__module__}.{cls.__qualname__}", streamed.grouping)
 
 
 def on_meta(model_cfg: Any, workload: Any) -> tuple[nn.Module, dict]:
@@ -292,9 +294,9 @@ def meta_forward(module: nn.Module, inputs: Any, grouping: str = "block",
     packed = pack_kernels(rec.order, host, None, lambda n: torch.empty(n, dtype=torch.uint8, device=META))
     recomputed = frozenset(i for i, layer in enumerate(rec.layers)
                            if training and layer >= 0 and not position.own_saves.get(i) and _checkpointed(module))
-    return SeenForward(rec, packed.order, sum(_nbytes(p) for p in [*kept, *rec.outside]), input_bytes,
-                       sum(p.numel() for p in module.parameters()), f"{cls.__module__}.{cls.__qualname__}", grouping,
-                       saved, recomputed, live.peak if training else 0,
+    return SeenForward(rec, packed.order, sum(_nbytes(p) for p in [*kept, *rec.outside]), buffer_bytes(module),
+                       input_bytes, sum(p.numel() for p in module.parameters()), f"{cls.__module__}.{cls.__qualname__}",
+                       grouping, saved, recomputed, live.peak if training else 0,
                        () if training else tuple(sorted({s % len(packed.order) for s in truth.syncs})))
 
 

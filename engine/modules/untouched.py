@@ -11,7 +11,10 @@ module's to the device) before its first forward: it then calls the yielded
 baseline's `take_buffers`, and those values, not the module's as built, are the
 ones put back. Only the first call counts: set-up may make the module streamable
 again (another grouping) after forwards that changed its buffers. Without a call no
-forward ran, and no buffer is put back.
+forward ran, and no buffer is put back. The copies wait on the host (a learned
+positional table is hundreds of MB; a device copy would hold that much beside the
+module through set-up, and for as long as anything kept the baseline) and are let go
+once put back.
 """
 from __future__ import annotations
 
@@ -38,7 +41,8 @@ class Baseline:
     def take_buffers(self) -> None:
         """At the first call, the buffers' present values become the ones to put back."""
         if not self._taken:
-            self.buffers = {n: b.detach().clone() for n, b in self.module.named_buffers() if b.device.type != "meta"}
+            self.buffers = {n: b.detach().to("cpu", copy=True) for n, b in self.module.named_buffers()
+                            if b.device.type != "meta"}
             self._taken = True
 
     def restore(self) -> None:
@@ -52,6 +56,7 @@ class Baseline:
         torch.set_rng_state(self.cpu_rng)
         if self.cuda_rng is not None:
             torch.cuda.set_rng_state_all(self.cuda_rng)
+        self.grads, self.buffers = [], {}  # put back once; the copies are let go
 
 
 @contextmanager
