@@ -567,7 +567,8 @@ def record_module(streamed: StreamedModule, *, name: str, backend: str, workload
         **({"host_syncs": list(run.syncs)} if run.syncs is not None else {}),
         **({"compute_slowdown_under_copy": round(run.slowdown, 4)} if run.slowdown is not None else {}),
         "block_records": True,  # a record is a block of many launches: the simulator starts it with the first
-        "resident_bytes": streamed.resident_bytes, "record_s": round(time.perf_counter() - t0, 3),
+        "resident_bytes": streamed.resident_bytes, "buffer_bytes": streamed.buffer_bytes,
+        "record_s": round(time.perf_counter() - t0, 3),
         "record_stages_s": stages,  # timing kernel by kernel, then the all-resident steps
         **(extra_header or {}),
     }

@@ -354,7 +354,7 @@ def priced_trace(seen: SeenForward, hardware: Any, name: str, workload: Mapping[
            if cost and cost.sustained_slowdown_per_pflops and not training else {}),
         # Where the forward reads a value off the device (a nonzero), as a recording's: the host waits there.
         **({"host_syncs": list(seen.host_syncs)} if seen.host_syncs else {}),
-        "block_records": True, "resident_bytes": seen.resident_bytes,
+        "block_records": True, "resident_bytes": seen.resident_bytes, "buffer_bytes": seen.buffer_bytes,
         # Every weight resident, offload drops the hooks (engine/modules/offload.py): the host's share then.
         "plain_host_factor": round(sum(predictor.module_host_ns(c.ops, c.dispatches, hooked=False)
                                        for c in rec.census) / max(1, sum(r.host_ns for r in forward)), 6),
