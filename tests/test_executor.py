@@ -94,6 +94,19 @@ def test_every_host_source_gives_the_same_outputs(tiny, source):
     assert backend.registered == {}  # unregistered on close
 
 
+def test_telemetry_keeps_every_step_up_to_keep_steps_then_the_last_ones(tiny):
+    """A step's telemetry stays until `keep_steps` later steps have run: the first step's
+    (a cold pool's peak) is there through the first `keep_steps` steps."""
+    ex = WeightExecutor(tiny.order, tiny.wf.tensors(), budget_bytes=None, eviction="priority", lookahead=2,
+                        backend="cpu", keep_steps=5)
+    for n in range(1, 12):
+        with ex.step():
+            for i in range(len(tiny.order)):
+                ex.fetch(i)
+        assert [r["step"] for r in ex.telemetry()] == list(range(max(0, n - 5), n))
+    ex.close()
+
+
 def test_below_floor_fails_at_init_with_the_exact_minimum(tiny):
     fl = floor(tiny.order, 2).bytes
     with pytest.raises(BelowFloorError, match=rf"use budget={-(-fl // 10**6)} or more") as err:

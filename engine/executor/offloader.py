@@ -81,7 +81,7 @@ from engine.executor.copies import Copies, CpuCopies, CudaCopies
 from engine.executor.pinned_pool import SlabPool
 from engine.executor.saved_groups import SavedGroup, SavedGroups, StepMeasures
 from engine.gc_pause import paused_gc
-from engine.policy import KEEP_STEPS, ActivationPolicy, Decision, StepCounters, keep_last_steps
+from engine.policy import KEEP_STEPS, ActivationPolicy, Decision, StepCounters, keep_last, keep_last_steps
 from engine.policy.activations import WatermarkPolicy
 from engine.policy.saved import mb_to_bytes, validate_caps
 from engine.policy.schedule import Question, StepSchedule, ask
@@ -366,8 +366,8 @@ class ActivationOffloader:
             keep_last_steps(self.log, keep)
             if self.policy.log is not self.log:
                 keep_last_steps(self.policy.log, keep)
-            del self.policy.history[:len(self.policy.history) - keep]
-            del self._records[:len(self._records) - keep]
+            keep_last(self.policy.history, keep)
+            keep_last(self._records, keep)
         self._clear_step_state()
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)

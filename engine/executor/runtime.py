@@ -33,7 +33,7 @@ import torch
 from engine.errors import ExecutorError, PlacementError
 from engine.gc_pause import paused_gc
 from engine.executor.backend import Backend, Block
-from engine.policy import KEEP_STEPS, AccessOrder, Decision, keep_last_steps
+from engine.policy import KEEP_STEPS, AccessOrder, Decision, keep_last, keep_last_steps
 from engine.policy.placement import place, residency
 
 log = logging.getLogger(__name__)
@@ -218,7 +218,7 @@ class WeightExecutor:
             if self.keep_steps is not None:
                 keep_last_steps(self.log, self.keep_steps - 1)
                 keep_last_steps(self.policy.log, self.keep_steps - 1)
-                del self.steps[:len(self.steps) - self.keep_steps + 1]
+                keep_last(self.steps, self.keep_steps - 1)
             stats = StepStats(step=self._steps_run, start=self.backend.timer(),
                               peak_resident_bytes=self._resident_bytes, marks=[] if timed else None)
             self._stats = stats

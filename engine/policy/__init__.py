@@ -54,6 +54,11 @@ def waits_for_step(loop: str, step: int) -> bool:
 KEEP_STEPS = 16  # steps of decisions and telemetry a long-running driver keeps (keep_last_steps)
 
 
+def keep_last(items: list, keep: int) -> None:
+    """Drop, in place, all but the last `keep` items (a step's telemetry, one per step)."""
+    del items[:max(0, len(items) - keep)]
+
+
 def keep_last_steps(log: list[Decision], keep: int | None) -> None:
     """Drop, in place, the decisions of all but the last `keep` steps logged
     (None keeps everything). Why: a driver that runs for hours logs thousands
