@@ -323,6 +323,7 @@ def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
             h = engine.offload(module, budget_mb=budget or None, example_inputs=inputs, eviction=pred["eviction"],
                                lookahead=pred["lookahead"], checkpoint=path, backend=backend, grouping=grouping)
         setup_s = time.perf_counter() - t0
+        h.executor.keep_steps = None  # every step's telemetry: the first (a cold pool's) peak counts
         copied = h.streamed.copied_bytes
         torch.cuda.reset_peak_memory_stats()  # the steps' peak: set-up copies each kernel in once, on its own
         with torch.no_grad():
@@ -330,7 +331,7 @@ def bench_model(key: str, args: argparse.Namespace, hw: Any) -> dict:
             peak_torch = torch.cuda.max_memory_allocated()  # the timed steps': one output alive at a time
             output = first_output(out).cpu()
             del out
-            timed_rows = h.telemetry()[-args.steps:]  # the executor keeps its last 16 steps
+            timed_rows = h.telemetry()[-args.steps:]
             free_ms = free_running(lambda: module(**inputs), args.steps)
             free_relocations = sum(r["relocations"] for r in h.telemetry()[-args.steps:])
             if args.timeline:  # one more step with its kernels and copies timed on the device
