@@ -36,7 +36,7 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -97,7 +97,7 @@ def harness_bytes(result: dict) -> tuple[int, int]:
     real_models.legacy_harness_bytes."""
     if "harness_device_bytes" in result:
         return result["harness_device_bytes"], result["harness_device_bytes"]
-    cfg = OmegaConf.merge(model_config(result["model"]), OmegaConf.from_dotlist(result.get("model_set") or []))
+    cfg = model_config(result["model"], result.get("model_set"))
     return legacy_harness_bytes(cfg, result["workload"], result.get("resident_outcomes", 1))
 
 
@@ -111,12 +111,13 @@ def without_harness(trace: Trace, held: int) -> Trace:
                   "harness_device_bytes": held}, trace.weight_sizes, trace.records)
 
 
-def model_config(name: str) -> DictConfig:
-    """The shipped model config (conf/model/*.yaml) named `name`."""
+def model_config(name: str, model_set: Sequence[str] | None = None) -> DictConfig:
+    """The shipped model config (conf/model/*.yaml) named `name`, with a run's overrides
+    (real_models.py --model-set, as its results and recordings keep them)."""
     for path in sorted((ROOT / "conf" / "model").glob("*.yaml")):
         cfg = OmegaConf.load(path)
         if cfg.get("name") == name and "module" in cfg:
-            return cfg
+            return OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(model_set or [])))
     raise ConfigError(f"no model config in conf/model names the real module {name!r}")
 
 
@@ -141,7 +142,7 @@ def synthesized(trace: Trace, hw: DictConfig, held_out: Callable[[str], DictConf
     from engine.modules.synthesize import synthesize_module
 
     model = trace.header["model"]
-    cfg = OmegaConf.merge(model_config(model), OmegaConf.from_dotlist(trace.header.get("model_set", [])))
+    cfg = model_config(model, trace.header.get("model_set"))
     cfg.grouping = trace.header.get("grouping", "block")
     return synthesize_module(cfg, OmegaConf.create(trace.header["workload"]),
                              held_out(model) if held_out else hw)

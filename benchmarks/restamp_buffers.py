@@ -20,8 +20,6 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-from omegaconf import OmegaConf
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -41,7 +39,7 @@ def main() -> None:
         if "buffer_bytes" in h or "traced_peak_bytes" not in h or "activation_peak_bytes" not in h:
             print(f"{path}: left as it is ({'done already' if 'buffer_bytes' in h else 'no inference peaks'})")
             continue
-        cfg = OmegaConf.merge(model_config(h["model"]), OmegaConf.from_dotlist(h.get("model_set", [])))
+        cfg = model_config(h["model"], h.get("model_set"))
         held = buffer_bytes(on_meta(cfg, SimpleNamespace(**h["workload"]))[0])
         header = {**h, "activation_peak_bytes": max(0, h["activation_peak_bytes"] - held),
                   "traced_peak_bytes": h["traced_peak_bytes"] + held, "buffer_bytes": held}

@@ -18,8 +18,6 @@ import json
 import sys
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -49,7 +47,7 @@ def main() -> None:
         if kind == "train_lora" or "activation_peak_bytes" not in h or "harness_device_bytes" in h:
             print(f"{path}: left as it is ({'a training step' if kind == 'train_lora' else 'nothing to take out'})")
             continue
-        cfg = OmegaConf.merge(model_config(h["model"]), OmegaConf.from_dotlist(h.get("model_set", [])))
+        cfg = model_config(h["model"], h.get("model_set"))
         held = legacy_harness_bytes(cfg, h["workload"], outcomes(path, h["model"], h["workload"]))[0]
         header = {**h, "activation_peak_bytes": max(0, h["activation_peak_bytes"] - held), "harness_device_bytes": held}
         write_trace(path, dataclasses.replace(trace, header=header))
