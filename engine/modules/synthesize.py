@@ -13,8 +13,8 @@ pass cost and its ops' launch gaps at its ModuleCost, its host time its ops'
 (ExecutionTimePredictor.module_kernel_ns, module_host_ns); its weight is the
 kernel's packed span, sized as offload packs it (engine/modules/packing.py). The
 header carries the bytes the forward holds at its peak beside the streamed weights
-(its inputs, the parameters kept resident, its buffers, every live tensor its ops made), traced
-in the same forward, and an inference's slowdown under sustained load: the PFLOP/s its
+(its inputs, the parameters kept resident, its buffers, every live tensor its ops
+made), traced in the same forward, and an inference's slowdown under sustained load: the PFLOP/s its
 cores run at over its compute, at the ModuleCost's slowdown per PFLOP/s, as recorded
 modules' inferences slow. A LoRA step takes the profile's compute_sustained_slowdown: the
 fit is of inferences, and recorded LoRA steps slowed less than it says (docs/DESIGN.md).
