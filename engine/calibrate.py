@@ -58,7 +58,7 @@ from engine.compute import (ATTENTION_OPS, BACKWARD, BACKWARD_FLOPS_FACTOR, BLOC
                             PASSES, TRAINING, AttentionTiling, KernelTable, ModuleCost, PassCost, core_flops, features,
                             host_key, pass_bytes, pflops, slowdown_under_copy, table_from_measurements, tables_dir,
                             work)
-from engine.trace import KernelRecord
+from engine.trace import BACKWARD_SUFFIX, KernelRecord
 from engine.config import HardwareConfig
 from engine.errors import ConfigError, TraceError
 from engine.trace import Trace, read_trace
@@ -326,7 +326,8 @@ def fit_module_cost(modules: Sequence[Trace], table: KernelTable) -> ModuleCost:
     - sustained_slowdown_per_pflops: each recording the GPU paced (`_gpu_paced`) weighted alike,
       its compute_scale less 1 (the pipelined step over its held kernels) as that times the
       PFLOP/s its cores run at over its priced time; 0 without any (the profile's
-      compute_sustained_slowdown then prices a synthesized inference's sag)."""
+      compute_sustained_slowdown then prices a synthesized inference's sag).
+    - training host: from recorded LoRA steps (`fit_training_host`); 0 without any."""
     if table.pass_cost is None:
         raise TraceError("calibrate --modules: no pass cost to price the modules' memory passes by; pass a compute "
                          "probe of this GPU (python -m engine.measure.compute --out FILE, then --probes FILE)")
@@ -365,9 +366,44 @@ def fit_module_cost(modules: Sequence[Trace], table: KernelTable) -> ModuleCost:
         priced = sum(sum(table.core_ns(op, shape) or 0.0 for op, shape in r.cores) + table.pass_cost.ns(r.passes)
                      + per_op * r.ops for r in records)
         rates.append((slowdown, pflops(sum(core_flops(op, shape) for r in records for op, shape in r.cores), priced)))
+    train_op, backward_op = fit_training_host([t for t in modules if t.header.get("source") == "recorded"
+                                               and is_training(t)], host_kernel)
     return ModuleCost(round(per_op, 1), round(host_op, 1), round(host_kernel, 1),
                       float(max(0, round(statistics.median(workspace)))) if workspace else 0.0,
-                      round(_one_term_nnls(rates, [1.0] * len(rates)), 4))
+                      round(_one_term_nnls(rates, [1.0] * len(rates)), 4), round(train_op, 1), round(backward_op, 1))
+
+
+def fit_training_host(steps: Sequence[Trace], host_kernel: float) -> tuple[float, float]:
+    """A training step's host costs per dispatched op (ModuleCost train_host_ns_per_op,
+    backward_host_ns_per_op) from recorded LoRA steps with their op census, each recording
+    weighted alike, by least squares at least 0, each block's hooks at `host_kernel`:
+    - each forward record's host time as train_host_ns_per_op x its dispatches + host_kernel;
+    - each backward record's as backward_host_ns_per_op x its forward's dispatches +
+      host_kernel, plus, where the step was checkpointed and the record is a block's,
+      checkpointing's recompute of its forward at train_host_ns_per_op.
+    (0.0, 0.0) without any such recording."""
+    fwd_rows, fwd_w, pairs = [], [], []
+    for t in steps:
+        forward = {r.name: r for r in t.records if r.phase == "fwd" and r.dispatches}
+        if not forward:
+            continue
+        total = sum(r.host_ns for r in forward.values())
+        fwd_rows += [(r.host_ns - host_kernel, r.dispatches) for r in forward.values()]
+        fwd_w += [1.0 / total] * len(forward)
+        checkpointed = bool((t.header.get("workload") or {}).get("checkpointing"))
+        backward = [(r, forward[r.name[:-len(BACKWARD_SUFFIX)]]) for r in t.records
+                    if r.phase == "bwd" and r.name.endswith(BACKWARD_SUFFIX) and r.name[:-len(BACKWARD_SUFFIX)] in forward]
+        pairs.append((backward, checkpointed, sum(r.host_ns for r, _ in backward)))
+    if not fwd_rows:
+        return 0.0, 0.0
+    train_op = _one_term_nnls(fwd_rows, fwd_w)
+    bwd_rows, bwd_w = [], []
+    for backward, checkpointed, total in pairs:
+        for r, f in backward:
+            recompute = train_op * f.dispatches if checkpointed and f.layer >= 0 else 0.0
+            bwd_rows.append((r.host_ns - host_kernel - recompute, f.dispatches))
+            bwd_w.append(1.0 / max(1, total))
+    return train_op, _one_term_nnls(bwd_rows, bwd_w)
 
 
 def _gpu_paced(t: Trace, records: Sequence[KernelRecord], held_ns: float) -> bool:

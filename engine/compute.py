@@ -87,6 +87,9 @@ BACKWARD = "_bwd"
 # table's backward rates are work over time on this count).
 BACKWARD_FLOPS_FACTOR = 2
 BACKWARD_OPS = 2  # ops a real module's backward launches per op of its forward
+# A real module's host phases (ModuleCost.host_ns_per_dispatch): an inference forward, a
+# training forward (autograd records its graph), a backward.
+HOST_PHASES = ("infer", "train", "bwd")
 # The kernel table's key of a training forward's kernel: its host time (host_key), and an
 # attention op's rate as a training step runs it (probed: engine/measure/compute.py).
 TRAINING = "_train"
@@ -261,19 +264,35 @@ class ModuleCost:
     workspaces); `sustained_slowdown_per_pflops`, how much slower than held an inference runs
     under sustained load at a duty of 1 for each PFLOP/s its cores run at over the step (the
     GPU's clocks drop under its power limit, which the tensor cores' work draws on; 0 where no
-    recording fitted it, and the profile's compute_sustained_slowdown applies), fitted to
-    recorded modules."""
+    recording fitted it, and the profile's compute_sustained_slowdown applies); in a training
+    step, `train_host_ns_per_op` for each op a forward dispatches while autograd records its
+    graph (the forward, and checkpointing's recompute of it) and `backward_host_ns_per_op` for
+    each op of the forward whose backward runs (0 where no training recording fitted them: the
+    inference's host_ns_per_op, BACKWARD_OPS of it for a backward), fitted to recorded modules."""
 
     ns_per_op: float
     host_ns_per_op: float
     host_ns_per_kernel: float
     workspace_bytes: float
     sustained_slowdown_per_pflops: float
+    train_host_ns_per_op: float
+    backward_host_ns_per_op: float
 
     def to_json(self) -> dict:
         return {"ns_per_op": self.ns_per_op, "host_ns_per_op": self.host_ns_per_op,
                 "host_ns_per_kernel": self.host_ns_per_kernel, "workspace_bytes": self.workspace_bytes,
-                "sustained_slowdown_per_pflops": self.sustained_slowdown_per_pflops}
+                "sustained_slowdown_per_pflops": self.sustained_slowdown_per_pflops,
+                "train_host_ns_per_op": self.train_host_ns_per_op,
+                "backward_host_ns_per_op": self.backward_host_ns_per_op}
+
+    def host_ns_per_dispatch(self, phase: str) -> float:
+        """The host's time per dispatched op in `phase` (HOST_PHASES): an inference's
+        forward, a training forward (autograd recording), or a backward (per op of its forward)."""
+        if phase == "train":
+            return self.train_host_ns_per_op or self.host_ns_per_op
+        if phase == "bwd":
+            return self.backward_host_ns_per_op or BACKWARD_OPS * self.host_ns_per_op
+        return self.host_ns_per_op
 
     def sustained_slowdown(self, flops: float, compute_ns: float) -> float:
         """An inference's slowdown under sustained load at a duty of 1 (the simulator's), its
@@ -535,14 +554,17 @@ class ExecutionTimePredictor:
         return self.kernel_ns(op, f * core_flops(op, shape), f * core_io_bytes(op, shape), shape, backward=True,
                               training=training)
 
-    def module_host_ns(self, ops: int, dispatches: int, hooked: bool = True) -> int:
-        """Host time of a real module's block that launches `ops` ops of `dispatches`, through
+    def module_host_ns(self, ops: int, dispatches: int, hooked: bool = True, phase: str = "infer") -> int:
+        """Host time of a real module's block that launches `ops` ops of `dispatches` in its
+        forward, run in `phase` (HOST_PHASES: "bwd" is that forward's backward), through
         offload's hooks or (`hooked` False) without: the table's ModuleCost, else each op at
-        the host time of one CUDA launch (launch_host_ns)."""
+        the host time of one CUDA launch (launch_host_ns), BACKWARD_OPS of them in a backward."""
+        if phase not in HOST_PHASES:
+            raise ValueError(f"module_host_ns: phase {phase!r} is not one of {', '.join(HOST_PHASES)}")
         cost = self.module_cost
         if cost is None:
-            return round(ops * self.launch_host_ns())
-        return round(dispatches * cost.host_ns_per_op + (cost.host_ns_per_kernel if hooked else 0.0))
+            return round(ops * (BACKWARD_OPS if phase == "bwd" else 1) * self.launch_host_ns())
+        return round(dispatches * cost.host_ns_per_dispatch(phase) + (cost.host_ns_per_kernel if hooked else 0.0))
 
     def launch_host_ns(self) -> float:
         """The host time of one CUDA launch: the median over the table's inference ops of

@@ -13,12 +13,12 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from engine.calibrate import fit_module_cost
+from engine.calibrate import fit_module_cost, fit_training_host
 from engine.compute import (PASSES, ExecutionTimePredictor, KernelTable, ModuleCost, PassCost, Point, core_flops, features,
                             load_table)
 from engine.errors import ConfigError, TraceError
 from engine.modules.census import OpCensus, touched_elements
-from engine.trace import KernelRecord, Trace, read_trace, write_trace
+from engine.trace import BACKWARD_SUFFIX, KernelRecord, Trace, read_trace, write_trace
 from tests.conftest import ROOT
 
 DATA = ROOT / "data" / "traces"
@@ -401,11 +401,64 @@ def test_calibrate_recovers_the_module_costs_it_was_given() -> None:
         fit_module_cost([a], KernelTable(table.points))
 
 
+def test_calibrate_recovers_a_training_steps_host_costs() -> None:
+    """Recorded LoRA steps built from known host costs: 20 us a dispatch in a forward that
+    autograd records, 30 us a forward dispatch in its backward, 150 us a block's hooks, and in a
+    checkpointed step each block's backward recomputing its forward (the embedding, layer -1,
+    not). The fit gives them back; records without a census and backward records without their
+    forward's are left out; no training recording: 0, 0."""
+    train, backward, hooks = 20_000, 30_000, 150_000
+
+    def step(dispatches: list[int], checkpointed: bool) -> Trace:
+        fwd = [KernelRecord(f"k{i}", i - 1, "fwd", (f"w{i}",), 1000, 0, 0, host_ns=train * d + hooks,
+                            dispatches=d) for i, d in enumerate(dispatches)]
+        bwd = [KernelRecord(f.name + BACKWARD_SUFFIX, f.layer, "bwd", f.weights, 1000, 0, 0,
+                            host_ns=backward * f.dispatches + hooks
+                            + (train * f.dispatches if checkpointed and f.layer >= 0 else 0))
+               for f in reversed(fwd)]
+        odd = [KernelRecord("old", 0, "fwd", ("w9",), 1000, 0, 0, host_ns=1),  # no census
+               KernelRecord("orphan" + BACKWARD_SUFFIX, 0, "bwd", ("w9",), 1000, 0, 0, host_ns=10**9)]
+        header = {"source": "recorded", "workload": {"kind": "train_lora", "checkpointing": checkpointed}}
+        return Trace(header, {r.weights[0]: 1 for r in fwd + odd}, tuple(fwd + odd + bwd))
+
+    steps = [step([40, 300, 310, 290], True), step([25, 120, 130], False), step([60, 500, 480], True)]
+    assert fit_training_host(steps, hooks) == (pytest.approx(train, rel=1e-6), pytest.approx(backward, rel=1e-6))
+    assert fit_training_host([], hooks) == (0.0, 0.0)
+
+
+def test_a_training_steps_host_is_priced_by_phase(tmp_path) -> None:
+    """A training forward's host at train_host_ns_per_op a dispatch, its backward at
+    backward_host_ns_per_op, each with the block's hooks; a table that fitted neither prices
+    them as an inference (BACKWARD_OPS of it for a backward), and without any module cost
+    each op is one launch's host time."""
+    hw = {"matmul_tflops": 771.0, "hbm_gbps": 3000.0, "kernel_launch_us": 5.0}
+
+    def predictor(cost: ModuleCost | None) -> ExecutionTimePredictor:
+        path = tmp_path / f"{len(list(tmp_path.iterdir()))}.kernels.json"
+        path.write_text(json.dumps(KernelTable({"linear": [Point(features("linear", (64, 64, 64), 0), 500.0)]},
+                                               module_cost=cost).to_json()))
+        load_table.cache_clear()
+        return ExecutionTimePredictor(OmegaConf.create({**hw, "kernel_table": str(path)}))
+
+    fitted = predictor(ModuleCost(2000.0, 9000.0, 150_000.0, 0.0, 0.1, 20_000.0, 30_000.0))
+    assert fitted.module_host_ns(10, 25, phase="train") == 25 * 20_000 + 150_000
+    assert fitted.module_host_ns(10, 25, hooked=False, phase="train") == 25 * 20_000
+    assert fitted.module_host_ns(10, 25, phase="bwd") == 25 * 30_000 + 150_000
+    inference_only = predictor(ModuleCost(2000.0, 9000.0, 150_000.0, 0.0, 0.1, 0.0, 0.0))
+    assert inference_only.module_host_ns(10, 25, phase="train") == 25 * 9000 + 150_000
+    assert inference_only.module_host_ns(10, 25, phase="bwd") == 2 * 25 * 9000 + 150_000
+    bare = predictor(None)
+    assert bare.module_host_ns(10, 25, phase="bwd") == 2 * bare.module_host_ns(10, 25)
+    with pytest.raises(ValueError, match="phase 'backward'"):
+        fitted.module_host_ns(10, 25, phase="backward")
+    load_table.cache_clear()
+
+
 def test_a_block_is_priced_as_its_cores_passes_and_ops(tmp_path) -> None:
     cost = PassCost({k: 3e-4 * (1 + j) for j, k in enumerate(PASSES)})
     table = KernelTable({"linear": [Point(features("linear", (64, 64, 64), 0), 500.0)],
                          "attention": [Point(features("attention", (8, 32, 32, 64), 0), 100.0)]},
-                        pass_cost=cost, module_cost=ModuleCost(2000.0, 9000.0, 150_000.0, 0.0, 0.1))
+                        pass_cost=cost, module_cost=ModuleCost(2000.0, 9000.0, 150_000.0, 0.0, 0.1, 0.0, 0.0))
     path = tmp_path / "t.kernels.json"
     path.write_text(json.dumps(table.to_json()))
     hw = OmegaConf.create({"matmul_tflops": 771.0, "hbm_gbps": 3000.0, "kernel_table": str(path),

@@ -324,6 +324,7 @@ def priced_trace(seen: SeenForward, hardware: Any, name: str, workload: Mapping[
     attention = training and not workload.get("cudnn_attention", torch.backends.cuda.cudnn_sdp_enabled())
     saved, needs = saved_tensors(order.kernels, rec.layers, seen.saved.saved, seen.saved.last_saver) \
         if training else ([()] * len(order), {})
+    phase = "train" if training else "infer"  # the forward's host: autograd records its graph in training
     forward = []
     for i, (kernel, reads) in enumerate(zip(order.kernels, order.reads)):
         c = rec.census[i]
@@ -331,7 +332,8 @@ def priced_trace(seen: SeenForward, hardware: Any, name: str, workload: Mapping[
             name=kernel, layer=rec.layers[i], phase="fwd", weights=reads,
             compute_ns=predictor.module_kernel_ns(c.cores, c.pass_list(), c.ops, training=attention),
             flops=sum(core_flops(op, shape) for op, shape in c.cores),
-            io_bytes=sum(order.sizes[w] for w in reads), host_ns=predictor.module_host_ns(c.ops, c.dispatches),
+            io_bytes=sum(order.sizes[w] for w in reads), host_ns=predictor.module_host_ns(c.ops, c.dispatches,
+                                                                                          phase=phase),
             saved=saved[i], launches=c.ops, packs=seen.saved.packs.get(i, 0) if training else 0,
             cores=tuple(c.cores), passes=c.pass_list(), ops=c.ops, dispatches=c.dispatches))
     backward = [] if not training else [_backward(predictor, seen, f, i, needs.get(i, ()), attention)
@@ -356,7 +358,7 @@ def priced_trace(seen: SeenForward, hardware: Any, name: str, workload: Mapping[
         **({"host_syncs": list(seen.host_syncs)} if seen.host_syncs else {}),
         "block_records": True, "resident_bytes": seen.resident_bytes, "buffer_bytes": seen.buffer_bytes,
         # Every weight resident, offload drops the hooks (engine/modules/offload.py): the host's share then.
-        "plain_host_factor": round(sum(predictor.module_host_ns(c.ops, c.dispatches, hooked=False)
+        "plain_host_factor": round(sum(predictor.module_host_ns(c.ops, c.dispatches, hooked=False, phase=phase)
                                        for c in rec.census) / max(1, sum(r.host_ns for r in forward)), 6),
     }
     trace = Trace(header=header, weight_sizes=dict(order.sizes), records=records)
@@ -373,13 +375,13 @@ def _backward(predictor: ExecutionTimePredictor, seen: SeenForward, f: KernelRec
     if seen.saved.packs.get(i, 0) or recomputed:
         compute = predictor.module_kernel_ns(c.cores, c.pass_list(), c.ops, backward=True, trained=c.trained,
                                              training=attention)
-        host = predictor.module_host_ns(c.ops * BACKWARD_OPS, c.dispatches * BACKWARD_OPS)
+        host = predictor.module_host_ns(c.ops, c.dispatches, phase="bwd")
         launches = c.ops * BACKWARD_OPS
     else:  # no gradient reaches it
         compute, host, launches = 1, predictor.module_host_ns(0, 0), 0
     if recomputed:
         compute += f.compute_ns
-        host += predictor.module_host_ns(c.ops, c.dispatches, hooked=False)
+        host += predictor.module_host_ns(c.ops, c.dispatches, hooked=False, phase="train")
         launches += c.ops
     return KernelRecord(
         name=f.name + BACKWARD_SUFFIX, layer=f.layer, phase="bwd", weights=f.weights, compute_ns=compute,
