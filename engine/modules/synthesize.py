@@ -27,7 +27,10 @@ A LoRA training step (workload=train_lora) runs the forward with the adapters
 injected (engine/modules/adapters.py; per-block checkpointing when
 workload.checkpointing) and autograd on, and logs what each kernel saves as the
 recorder does (engine/measure/timing.py SavedStorages); the loss is taken inside,
-so what it saves counts with the last kernel, as recorded. Attention on the meta
+so what it saves counts with the last kernel, as recorded. Its host is priced per op at
+a training step's costs (ModuleCost.host_ns_per_dispatch: the forward's, whose ops
+autograd records, for the forward and a checkpointed block's recompute; the backward's
+for the backward). Attention on the meta
 device is the fused kernel's output and what its backward reads (census.py
 `fused_attention`). The backward mirrors the forward: a kernel's backward is its
 census at the backward's costs (`ExecutionTimePredictor.module_kernel_ns(backward=True)`:
