@@ -291,3 +291,48 @@ def test_the_api_synthesizes_a_peft_models_training_step():
             assert b.compute_ns == a.compute_ns + fwd[a.name.removesuffix(BACKWARD_SUFFIX)]
     with pytest.raises(ConfigError, match="no trainable parameters"):
         engine.synthesize(model.base_model.model.requires_grad_(False), inputs, training=True)
+
+
+def test_a_synthesized_training_steps_host_is_priced_at_the_training_costs(tmp_path, caplog):
+    """The default profile's table carries a training step's host costs (fitted to recorded LoRA
+    steps): each forward record's host is its dispatches at train_host_ns_per_op and the block's
+    hooks, and a checkpointed block's backward adds its forward again at that cost, without the
+    hooks. A table fitted without any LoRA step prices them as an inference, and says so."""
+    from omegaconf import OmegaConf
+
+    import engine
+    from engine.compute import load_table
+    from engine.config import load_hardware
+
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2)
+    with torch.device("meta"):
+        model = peft.get_peft_model(transformers.LlamaForCausalLM(config),
+                                    peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    inputs = {"input_ids": torch.zeros(1, 32, dtype=torch.long, device="meta"), "use_cache": False}
+    hw = load_hardware("h100_pcie5")
+    cost = load_table(hw.kernel_table).module_cost
+    assert cost.train_host_ns_per_op > cost.host_ns_per_op > 0 and cost.backward_host_ns_per_op > 0
+    step = engine.synthesize(model, inputs, hardware=hw, training=True)
+    forward = {r.name: r for r in step.records if r.phase == "fwd"}
+    for r in forward.values():
+        assert r.host_ns == round(r.dispatches * cost.train_host_ns_per_op + cost.host_ns_per_kernel)
+    layers = [r for r in step.records if r.phase == "bwd" and ".layers." in r.name]
+    assert layers
+    for r in layers:
+        f = forward[r.name.removesuffix(BACKWARD_SUFFIX)]
+        assert r.host_ns == round(f.dispatches * cost.backward_host_ns_per_op + cost.host_ns_per_kernel) \
+            + round(f.dispatches * cost.train_host_ns_per_op)
+    data = json.loads((ROOT / "conf" / "hardware" / hw.kernel_table).read_text())
+    data["modules"].update(train_host_ns_per_op=0.0, backward_host_ns_per_op=0.0)
+    (tmp_path / "inference-only.kernels.json").write_text(json.dumps(data))
+    bare = OmegaConf.merge(hw, {"kernel_table": str(tmp_path / "inference-only.kernels.json")})
+    with caplog.at_level("WARNING"):
+        inference = engine.synthesize(model, inputs, hardware=bare, training=True)
+    assert "prices no training step's host" in caplog.text
+    assert all(r.host_ns == round(r.dispatches * cost.host_ns_per_op + cost.host_ns_per_kernel)
+               for r in inference.records if r.phase == "fwd")

@@ -318,11 +318,17 @@ def priced_trace(seen: SeenForward, hardware: Any, name: str, workload: Mapping[
                     "block's ops launch with no gap between them and each costs the host one CUDA launch's time "
                     "(the table's host time per launch); fit one with "
                     "python -m engine.calibrate ... --modules RECORDINGS", hardware.kernel_table)
+    training = seen.saved is not None
+    cost = predictor.module_cost
+    if training and cost is not None and not (cost.train_host_ns_per_op and cost.backward_host_ns_per_op):
+        log.warning("hardware.kernel_table=%s prices no training step's host (fitted without a recorded LoRA "
+                    "step): its forward's and backward's ops at an inference's host cost, which a training "
+                    "forward's ran 1.3-2.4x of; add one to the fit (workload=train_lora mode=record into "
+                    "--modules)", hardware.kernel_table)
     rec, order = seen.recording, seen.order
     note = predictor.untiled_note(core for c in rec.census for core in c.cores)
     if note:
         log.warning(note)
-    training = seen.saved is not None
     # The step's attention as it runs: without cuDNN's kernels where the CLI's training turns them off.
     attention = training and not workload.get("cudnn_attention", torch.backends.cuda.cudnn_sdp_enabled())
     saved, needs = saved_tensors(order.kernels, rec.layers, seen.saved.saved, seen.saved.last_saver) \
@@ -342,7 +348,6 @@ def priced_trace(seen: SeenForward, hardware: Any, name: str, workload: Mapping[
     backward = [] if not training else [_backward(predictor, seen, f, i, needs.get(i, ()), attention)
                                         for i, f in reversed(list(enumerate(forward)))]
     records = tuple(forward + backward)
-    cost = predictor.module_cost
     header = {
         "format": FORMAT, "version": VERSION, "records": len(records), "source": "synthesized",
         "model": name, "num_layers": max(rec.layers, default=-1) + 1, "params": seen.params,
