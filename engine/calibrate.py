@@ -38,8 +38,9 @@ each trace; with several traces, the median over them):
                             CUDA launches per record by op and phase, and saved-tensor hook
                             calls per training forward record by op (records' "launches",
                             "packs"); with module recordings (--modules), what a real module's
-                            blocks cost beside their cores (fit_module_cost); written beside
-                            the profile as NAME.kernels.json
+                            blocks cost beside their cores (fit_module_cost), and from the
+                            LoRA steps among them a training step's host per op
+                            (fit_training_host); written beside the profile as NAME.kernels.json
 
 Fields no recording measures (pageable and unregistered-mmap rates, device memory,
 launch queue depth, the activation offloader's hook costs, which mode=validate's training
