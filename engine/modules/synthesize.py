@@ -322,8 +322,8 @@ def priced_trace(seen: SeenForward, hardware: Any, name: str, workload: Mapping[
     cost = predictor.module_cost
     if training and cost is not None and not (cost.train_host_ns_per_op and cost.backward_host_ns_per_op):
         log.warning("hardware.kernel_table=%s prices no training step's host (fitted without a recorded LoRA "
-                    "step): its forward's and backward's ops at an inference's host cost, which a training "
-                    "forward's ran 1.3-2.4x of; add one to the fit (workload=train_lora mode=record into "
+                    "step): its forward's and backward's ops at an inference's host cost, under what autograd "
+                    "costs a training forward; add one to the fit (workload=train_lora mode=record into "
                     "--modules)", hardware.kernel_table)
     rec, order = seen.recording, seen.order
     note = predictor.untiled_note(core for c in rec.census for core in c.cores)
