@@ -70,8 +70,8 @@ def runs_of(path: Path) -> tuple[list[Measured], Trace]:
         rows = [(r, r["measured"]) for r in json.loads(side.read_text())["rows"]]
         trace = path
     out = []
+    name = path.name.split(".")[0]
     for c, m in rows:
-        name = path.name.split(".")[0]
         out.append(Measured(name, c["budget_mb"], c["eviction"], c["lookahead"], m["step_ms"],
                             m.get("peak_pool_torch_bytes")))
         if m.get("resident_step_ms"):

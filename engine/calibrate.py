@@ -392,8 +392,9 @@ def fit_training_host(steps: Sequence[Trace], host_kernel: float) -> tuple[float
         fwd_rows += [(r.host_ns - host_kernel, r.dispatches) for r in forward.values()]
         fwd_w += [1.0 / total] * len(forward)
         checkpointed = bool((t.header.get("workload") or {}).get("checkpointing"))
-        backward = [(r, forward[r.name[:-len(BACKWARD_SUFFIX)]]) for r in t.records
-                    if r.phase == "bwd" and r.name.endswith(BACKWARD_SUFFIX) and r.name[:-len(BACKWARD_SUFFIX)] in forward]
+        backward = [(r, forward[r.name.removesuffix(BACKWARD_SUFFIX)]) for r in t.records
+                    if r.phase == "bwd" and r.name.endswith(BACKWARD_SUFFIX)
+                    and r.name.removesuffix(BACKWARD_SUFFIX) in forward]
         pairs.append((backward, checkpointed, sum(r.host_ns for r, _ in backward)))
     if not fwd_rows:
         return 0.0, 0.0

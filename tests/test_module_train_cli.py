@@ -266,11 +266,8 @@ def test_a_training_step_is_predicted_from_the_config_alone(tmp_path):
     assert "10 kernels" in r.stdout or "/ 10" in r.stdout  # the forward's 5 and their mirror
 
 
-def test_the_api_synthesizes_a_peft_models_training_step():
-    """engine.synthesize(training=True) on a module that carries its own adapters (peft's
-    get_peft_model) and checkpointing: the forward, its mirror, and each layer's forward again."""
-    import engine
-
+def _peft_llama_on_meta() -> tuple:
+    """A two-layer Llama on the meta device carrying peft's adapters on q and v, and its inputs."""
     transformers = pytest.importorskip("transformers")
     peft = pytest.importorskip("peft")
     config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -278,7 +275,15 @@ def test_the_api_synthesizes_a_peft_models_training_step():
     with torch.device("meta"):
         model = peft.get_peft_model(transformers.LlamaForCausalLM(config),
                                     peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
-    inputs = {"input_ids": torch.zeros(1, 32, dtype=torch.long, device="meta"), "use_cache": False}
+    return model, {"input_ids": torch.zeros(1, 32, dtype=torch.long, device="meta"), "use_cache": False}
+
+
+def test_the_api_synthesizes_a_peft_models_training_step():
+    """engine.synthesize(training=True) on a module that carries its own adapters (peft's
+    get_peft_model) and checkpointing: the forward, its mirror, and each layer's forward again."""
+    import engine
+
+    model, inputs = _peft_llama_on_meta()
     plain = engine.synthesize(model, inputs, training=True)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
@@ -304,16 +309,9 @@ def test_a_synthesized_training_steps_host_is_priced_at_the_training_costs(tmp_p
     from engine.compute import load_table
     from engine.config import load_hardware
 
-    transformers = pytest.importorskip("transformers")
-    peft = pytest.importorskip("peft")
-    config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2)
-    with torch.device("meta"):
-        model = peft.get_peft_model(transformers.LlamaForCausalLM(config),
-                                    peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    model, inputs = _peft_llama_on_meta()
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
-    inputs = {"input_ids": torch.zeros(1, 32, dtype=torch.long, device="meta"), "use_cache": False}
     hw = load_hardware("h100_pcie5")
     cost = load_table(hw.kernel_table).module_cost
     assert cost.train_host_ns_per_op > cost.host_ns_per_op > 0 and cost.backward_host_ns_per_op > 0
