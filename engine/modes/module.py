@@ -39,6 +39,7 @@ from engine.config import WEIGHT_SOURCES, ActivationsConfig
 from engine.errors import ConfigError
 from engine.executor.setup import bitwise_equal, compute_device, device_name, end_of_step, fits_resident
 from engine.executor.training import LEARNING_RATE, match_reference, max_abs_diff, to_host
+from engine.gc_pause import paused_gc
 from engine.measure.clocks import clock_for
 from engine.models.lora import lora_sgd
 from engine.job import Job, Outcome, config_summary, plan_keys
@@ -394,15 +395,18 @@ def _train_steps(cfg: Any, module: Any, inputs: dict, initial: dict[str, torch.T
 def _plain_train_run(cfg: Any, plain: Any, device: torch.device, inputs: dict,
                      initial: dict[str, torch.Tensor]) -> tuple[Steps, list[float]]:
     """The same steps on the plain module (`_plain`), its adapters from `initial`, no hooks:
-    the steps and each step's time (ms; CUDA events, else the host's clock)."""
+    the steps and each step's time (ms; CUDA events, else the host's clock). Each step runs
+    with cyclic GC paused, as the offloaded steps do (engine/gc_pause.py), so the two differ
+    in the offloading alone."""
     clock = clock_for(device)
     stamps: list[tuple[Any, Any]] = []
 
     @contextmanager
     def step(i: int) -> Iterator[None]:
-        start = clock.stamp()
-        yield
-        stamps.append((start, clock.stamp()))
+        with paused_gc():
+            start = clock.stamp()
+            yield
+            stamps.append((start, clock.stamp()))
     steps, _ = _train_steps(cfg, plain, inputs, initial, step)  # ends synchronized
     return steps, [clock.ns(a, b) / 1e6 for a, b in stamps]
 
