@@ -578,3 +578,33 @@ def test_a_branch_the_loss_does_not_reach_is_released_at_the_step_end(activation
         assert all(torch.equal(grads[k], grads_ref[k]) for k in grads_ref)
     assert h.telemetry()[-1]["activations_spilled"] > 0
     h.remove()
+
+
+def test_the_plain_reference_steps_run_with_gc_paused_as_the_offloaded_ones():
+    """execute's "step of the plain module" runs each step as the offloaded steps do, cyclic GC
+    paused inside (engine/gc_pause.py), and leaves it on after."""
+    import gc
+
+    from omegaconf import OmegaConf
+
+    from engine.modes.module import plain_train_run
+
+    seen: list[bool] = []
+
+    class Probe(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lora = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            seen.append(gc.isenabled())
+            return self.lora(x)
+
+    model = Probe()
+    initial = {n: p.detach().clone() for n, p in model.named_parameters()}
+    cfg = OmegaConf.create({"seed": 0, "workload": {"kind": "train_lora", "steps": 3, "loop": "free"}})
+    assert gc.isenabled()
+    steps, ms = plain_train_run(cfg, model, torch.device("cpu"), {"x": torch.ones(2, 4)}, initial)
+    assert seen == [False, False, False] and gc.isenabled()
+    assert len(steps) == len(ms) == 3 and all(t > 0 for t in ms)
+    assert steps[0][0] != steps[2][0]  # the adapters took their SGD updates between steps

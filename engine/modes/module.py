@@ -392,7 +392,7 @@ def _train_steps(cfg: Any, module: Any, inputs: dict, initial: dict[str, torch.T
     return steps, peaks
 
 
-def _plain_train_run(cfg: Any, plain: Any, device: torch.device, inputs: dict,
+def plain_train_run(cfg: Any, plain: Any, device: torch.device, inputs: dict,
                      initial: dict[str, torch.Tensor]) -> tuple[Steps, list[float]]:
     """The same steps on the plain module (`_plain`), its adapters from `initial`, no hooks:
     the steps and each step's time (ms; CUDA events, else the host's clock). Each step runs
@@ -433,10 +433,10 @@ def _execute_training(job: Job, module: Any, inputs: dict, device: torch.device,
     # in no fixed order, so a second resident run measures the spread the comparison allows.
     if compare:  # the plain module, loaded as from_pretrained would: it shares none of offload's set-up
         plain = _plain(job, device)
-        reference, ref_ms = _plain_train_run(cfg, plain, device, inputs, initial)
+        reference, ref_ms = plain_train_run(cfg, plain, device, inputs, initial)
         resident_ms = statistics.median(ref_ms[1:] or ref_ms)
         if device.type == "cuda":
-            spread = max_abs_diff(reference, _plain_train_run(cfg, plain, device, inputs, initial)[0])
+            spread = max_abs_diff(reference, plain_train_run(cfg, plain, device, inputs, initial)[0])
         del plain
         if device.type == "cuda":
             torch.cuda.empty_cache()  # its weights go back before the streamed run measures its peak
