@@ -63,6 +63,10 @@ def runs_of(path: Path) -> tuple[list[Measured], Trace]:
             raise ConfigError(f"{report} is not a measured LoRA step (workload=train_lora mode=execute)")
         rows = [(data["config"], data["measurement"])]
     else:
+        if not path.name.endswith(".jsonl.gz"):
+            raise ConfigError(f"{path}: neither a run directory nor a recording (*.jsonl.gz); pass the "
+                              "hydra.run.dir of a workload=train_lora mode=execute run, or a recording with its "
+                              "measured rows")
         side = path.with_name(path.name.replace(".jsonl.gz", ".measured.json"))
         if not side.exists():
             raise ConfigError(f"{path}: no {side.name} beside it; pass a run directory or a recording with its "

@@ -31,3 +31,11 @@ def test_a_run_without_its_report_is_one_line(tmp_path) -> None:
     done = subprocess.run([sys.executable, str(REPORT), str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and done.stderr.strip().count("\n") == 0, done.stderr
     assert "no report.json and trace.jsonl.gz" in done.stderr
+
+
+def test_a_file_that_is_no_recording_is_one_line(tmp_path) -> None:
+    log = tmp_path / "llama.log"  # a run's log beside its directory, as a glob of runs/* picks up
+    log.write_text("not a recording")
+    done = subprocess.run([sys.executable, str(REPORT), str(log)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and done.stderr.strip().count("\n") == 0, done.stderr
+    assert "neither a run directory nor a recording" in done.stderr
