@@ -29,6 +29,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.host_drift import turn  # noqa: E402
 from engine.modules.build import llama_inputs  # noqa: E402
 
 PACE_BLOCKS = 32  # blocks a round: long enough for perf_counter, short enough to sit in one phase
@@ -89,17 +90,6 @@ def spin(stop: multiprocessing.synchronize.Event) -> None:
             x += i * i
 
 
-def synced_median_ms(fn: Callable[[], None], steps: int) -> float:
-    times = []
-    for _ in range(steps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
-
-
 def spread(values: list[float]) -> str:
     m = statistics.mean(values)
     return f"{min(values):.2f}-{max(values):.2f} (cv {statistics.pstdev(values) / m * 100:.1f}%)"
@@ -158,9 +148,9 @@ def main() -> None:
             hogs, stop = [], ctx.Event()
         p0 = host_pace_ns(dev)
         cpu = host_pace_ns(torch.device("cpu"))
-        d = synced_median_ms(decode, args.steps)
+        d = turn(decode, args.steps)["median"]
         p1 = host_pace_ns(dev)
-        tr = synced_median_ms(train, args.train_steps)
+        tr = turn(train, args.train_steps)["median"]
         p2 = host_pace_ns(dev)
         pd, pt = (p0 + p1) / 2e3, (p1 + p2) / 2e3
         rows.append(dict(probe=(p0 + p1 + p2) / 3e3, cpu=cpu / 1e3, decode=d, train=tr, pd=pd, pt=pt))
