@@ -608,3 +608,33 @@ def test_the_plain_reference_steps_run_with_gc_paused_as_the_offloaded_ones():
     assert seen == [False, False, False] and gc.isenabled()
     assert len(steps) == len(ms) == 3 and all(t > 0 for t in ms)
     assert steps[0][0] != steps[2][0]  # the adapters took their SGD updates between steps
+
+
+def test_a_host_bound_training_recording_times_the_plain_step_too(monkeypatch):
+    """Where the host bounds a training step, the recorder also times the plain module's steps
+    (weights bound, hooks off, as a training step runs without offload), and the header's
+    plain_host_factor takes the host times to them: the simulator's all-resident step is the
+    plain one. Those steps, checkpointed blocks recomputed with the hooks off, compute the
+    true gradients too."""
+    from engine.modules.record import fit_to_pipelined
+
+    monkeypatch.setattr("engine.modules.record.host_bound", lambda kernels_ns, step_ns: True)
+    m = checkpointed_lora_llama()
+    ids = torch.randint(0, 256, (1, 32), generator=torch.Generator().manual_seed(1))
+    loss_fn = lambda out: out.logits.float().pow(2).mean()  # noqa: E731
+    loss_fn(m(input_ids=ids)).backward()
+    grads_ref = {n: p.grad.clone() for n, p in m.named_parameters() if p.requires_grad}
+    m.zero_grad()
+    seen: list[tuple[str, torch.Tensor]] = []
+    for n, p in m.named_parameters():
+        if p.requires_grad:
+            p.register_hook(lambda g, n=n: seen.append((n, g.clone())))
+    trace = engine.record(m, {"input_ids": ids}, backend="cpu", loss_fn=loss_fn)
+    h = trace.header
+    compute = sum(r.compute_ns for r in trace.records) / h["compute_scale"]
+    host = sum(r.host_ns for r in trace.records) / h["host_scale"]
+    assert h["plain_step_ns"] > 0
+    assert h["plain_host_factor"] == pytest.approx(
+        fit_to_pipelined(compute, host, h["plain_step_ns"])[1] / h["host_scale"], rel=1e-3)
+    steps = len(seen) // len(grads_ref)
+    assert steps >= 3 and all(torch.equal(g, grads_ref[n]) for n, g in seen)

@@ -28,9 +28,9 @@ on both, give the module's own slowdown under copies (header
 "compute_slowdown_under_copy", which the simulator takes over the profile's).
 Where the host bounds the step, as many steps of the plain module follow, its
 weights bound once and the hooks off, as offload runs a module whose weights all
-fit (header "plain_step_ns"; "plain_host_factor" takes the host times to that
-step, for the simulator where every weight is resident; where the GPU bounds the
-step, the hooks' host work hides behind it). The plain step bounds the GPU's work too: where
+fit and as a training step runs without offload (header "plain_step_ns";
+"plain_host_factor" takes the host times to that step, for the simulator where every
+weight is resident; where the GPU bounds the step, the hooks' host work hides behind it). The plain step bounds the GPU's work too: where
 it is shorter than the pipelined step, the kernels are scaled to it, not to a step the hooks'
 host work lengthened. A record's host time is spread over
 its block's launches (header "block_records"): the simulator starts its GPU work
@@ -274,7 +274,7 @@ class Pipelined:
     memory: tuple[int, int] | None = None
     syncs: tuple[int, ...] | None = None  # inference on CUDA: host_syncs
     slowdown: float | None = None  # inference on CUDA: its slowdown beside H2D copies
-    plain_ns: int | None = None  # inference: the median step of the plain module, its weights bound
+    plain_ns: int | None = None  # where the host bounds the step: the plain module's median step, weights bound
 
 
 def resident_executor(streamed: StreamedModule, backend: str, training: bool = False) -> WeightExecutor:
@@ -293,7 +293,7 @@ def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss
     back (each at most 10 x PIPELINED_STEPS steps). An inference on CUDA then runs
     PIPELINED_STEPS pairs of a step alone and one beside H2D copies, for their ratio only: a
     step after one beside copies starts at clocks the copies let rise, so the pairs' steps
-    alone run faster than back-to-back steps. An inference whose last warm-up step the host bounded
+    alone run faster than back-to-back steps. A step whose last warm-up the host bounded
     (against `kernels_ns`, its kernels' time) then times as many steps of the plain module,
     its weights bound once."""
     training = loss_fn is not None
@@ -307,11 +307,18 @@ def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss
     cuda = streamed.device.type == "cuda"
 
     def bound_step() -> int:
-        """A forward as offload runs a module whose weights all fit (KernelHooks.bound)."""
+        """A step of the plain module, its weights bound (KernelHooks.bound): an inference as
+        offload runs a module whose weights all fit, a training step as the module runs
+        without offload."""
+        _clear_grads(trainable)
         clock.synchronize()
         start = clock.stamp()
-        with torch.no_grad(), executor.step(bound=True):
-            streamed.run()
+        if training:
+            with executor.step(bound=True):
+                loss_fn(streamed.run()).backward()
+        else:
+            with torch.no_grad(), executor.step(bound=True):
+                streamed.run()
         end = clock.stamp()
         clock.synchronize()
         return clock.ns(start, end)
@@ -343,7 +350,7 @@ def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss
     try:
         times: list[int] = []
         beside: list[int] = []  # inference on CUDA: steps beside copies, each after one alone
-        plain: list[int] = []  # where the host bounds an inference: as many steps of the plain module
+        plain: list[int] = []  # where the host bounds the step: as many steps of the plain module
         copies, copies_bytes = None, 0
         warm, warm_ns, last_warm = 0, 0, 0
         syncs = None
@@ -369,7 +376,7 @@ def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss
             for _ in range(PIPELINED_STEPS):
                 alone.append(one_step())
                 beside.append(one_step(copies))
-        if not training and host_bound(kernels_ns, last_warm):
+        if host_bound(kernels_ns, last_warm):
             # Bound once, as offload binds: binding before every step slows the step after it.
             with streamed.bind(executor):
                 bound_step()  # its warm-up
@@ -382,10 +389,8 @@ def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss
             outside = total - free - torch.cuda.memory_reserved(streamed.device) - executor.backend.reserved_bytes()
             peak = (torch.cuda.max_memory_allocated(streamed.device) - copies_bytes, max(0, outside))
         step = round(statistics.median(times))
-        if training:
-            return Pipelined(step, peak)
         plain_ns = round(statistics.median(plain)) if plain else None
-        if not cuda:
+        if training or not cuda:
             return Pipelined(step, peak, plain_ns=plain_ns)
         return Pipelined(step, peak, syncs, slowdown_under_copy(statistics.median(alone), statistics.median(beside)),
                          plain_ns)

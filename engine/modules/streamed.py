@@ -233,11 +233,14 @@ class StreamedModule:
                     m._buffers[name] = b.to(device)
 
     def bind(self, executor: WeightExecutor) -> ExitStack:
-        """Every weight fetched once by `executor` (one that evicts none) and bound, the hooks
-        off (`KernelHooks.bound`): the plain module's forward, until the returned stack closes."""
+        """Every weight fetched once by `executor` (one that evicts none; over the forward's
+        order or a training order) and bound, the hooks off (`KernelHooks.bound`): the plain
+        module's forward, and its backward, until the returned stack closes."""
         stack = ExitStack()
         with executor.step():
             stack.enter_context(self.hooks.bound(executor))
+            for position in range(len(self.order), len(executor.order)):
+                executor.fetch(position)  # a training order's mirror: the same weights, resident
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # the copies landed before any stream reads them
         return stack
