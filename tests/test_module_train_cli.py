@@ -13,6 +13,7 @@ import torch
 
 from engine.errors import ConfigError
 from engine.modules.checkpoint import module_weights, state_dict_name
+from engine.modes.module import pace_note
 from engine.trace import BACKWARD_SUFFIX, read_trace
 
 pytest.importorskip("peft", reason="needs the models extra: pip install 'offload-engine[models]'")
@@ -95,6 +96,11 @@ def test_execute_without_a_trace_records_one_to_replay(recorded, tmp_path):
     assert f"predicted from the recording this run made first ({tmp_path / 'trace.jsonl'}" in r.stdout
     trace = read_trace(tmp_path / "trace.jsonl")
     assert len(trace.records) == 10
+    # The plain step measured here beside the recording's own all-resident step, in numbers.
+    report = json.loads((tmp_path / "report.json").read_text())
+    recorded = (trace.header.get("plain_step_ns") or trace.header["pipelined_step_ns"]) / 1e6
+    assert pace_note(trace, report["measurement"]["resident_step_ms"]) in r.stdout
+    assert f"at {recorded:.2f} ms" in r.stdout
     sim = cli(*MODEL, BUDGET, f"trace={tmp_path / 'trace.jsonl'}", f"hydra.run.dir={tmp_path / 'sim'}")
     assert sim.returncode == 0, sim.stderr
 
@@ -334,3 +340,4 @@ def test_a_synthesized_training_steps_host_is_priced_at_the_training_costs(tmp_p
     assert "prices no training step's host" in caplog.text
     assert all(r.host_ns == round(r.dispatches * cost.host_ns_per_op + cost.host_ns_per_kernel)
                for r in inference.records if r.phase == "fwd")
+

@@ -638,3 +638,19 @@ def test_a_host_bound_training_recording_times_the_plain_step_too(monkeypatch):
         fit_to_pipelined(compute, host, h["plain_step_ns"])[1] / h["host_scale"], rel=1e-3)
     steps = len(seen) // len(grads_ref)
     assert steps >= 3 and all(torch.equal(g, grads_ref[n]) for n, g in seen)
+
+
+def test_the_pace_note_names_the_recordings_own_resident_step():
+    """execute's training report sets the plain step beside the recording's own: its plain step
+    where the host bounded it, else its step through the hooks; nothing for a synthesized trace
+    or without a plain step measured here."""
+    from engine.modes.module import pace_note
+    from engine.trace import Trace
+
+    rec = Trace({"plain_step_ns": 200_000_000, "pipelined_step_ns": 250_000_000}, {}, ())
+    line = pace_note(rec, 250.0)
+    assert "ran 250.00 ms here" in line and "the plain step at 200.00 ms (+25.0%)" in line
+    hooked = pace_note(Trace({"pipelined_step_ns": 250_000_000}, {}, ()), 200.0)
+    assert "the step through the hooks at 250.00 ms (-20.0%)" in hooked
+    assert pace_note(Trace({"source": "synthesized"}, {}, ()), 200.0) is None
+    assert pace_note(rec, None) is None

@@ -145,6 +145,22 @@ def _predicted_from(job: Job, recorded: int = 1) -> str:
     return f"predicted from the recording this run made first ({path}; replay it with trace=PATH)"
 
 
+def pace_note(trace: Trace, resident_ms: float | None) -> str | None:
+    """The report's line setting the plain step measured here beside the all-resident step
+    the recording measured (header "plain_step_ns" where the host bounded it, else
+    "pipelined_step_ns", through the hooks; none in a synthesized trace): a step the host
+    bounds moves with the host's pace, and a lent host's pace moves between a recording and
+    a run (benchmarks/results/host-pace-h200-2026-11-29.md)."""
+    h = trace.header
+    key = "plain_step_ns" if h.get("plain_step_ns") else "pipelined_step_ns"
+    if resident_ms is None or not h.get(key):
+        return None
+    ms, what = h[key] / 1e6, "the plain step" if key == "plain_step_ns" else "the step through the hooks"
+    return (f"every weight resident, the plain module's step ran {resident_ms:.2f} ms here; the recording "
+            f"measured {what} at {ms:.2f} ms ({resident_ms / ms - 1:+.1%}): where the host bounds the step, "
+            "the prediction from that recording moves with the host's pace as it was then")
+
+
 def _keep_grouping(cfg: Any, grouping: str) -> None:
     """Write the grouping an "auto" came to into the config, so the offloads and the report see it."""
     with open_dict(cfg.model):
@@ -482,6 +498,7 @@ def _execute_training(job: Job, module: Any, inputs: dict, device: torch.device,
     md = (f"## Trained {cfg.model.name} at budget {cfg.budget} MB ({pred['eviction']}, activations "
           f"{cfg.activations.mode})\n\n" + table(["", "predicted", "measured"], table_rows)
           + f"\n\n{_predicted_from(job)}\n\nagainst the same steps of the plain module: {compared}"
+          + (f"\n\n{pace}" if (pace := pace_note(trace, resident_ms)) else "")
           + f"\n\ntelemetry: {job.out_dir / 'telemetry.jsonl'}"
           + (f"\n\n{note}" if (note := relocations_note(measured)) else ""))
     wrong = losses is False or grads is False
