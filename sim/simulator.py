@@ -78,12 +78,9 @@ def simulate(trace: Trace, weights_cfg: Any, activations_cfg: Any, hardware: Any
 def as_run(trace: Trace, placement: Placement) -> Trace:
     """`trace` as the executor runs it: a recorded module whose weights all fit the budget
     is bound once and runs without hooks (engine/policy/placement.py `all_resident`), at its
-    plain step's host times (header "plain_host_factor"). A training step runs so only
-    without a budget: under any budget offload(training=True) streams through its hooks."""
+    plain step's host times (header "plain_host_factor"), an inference's or a training step's."""
     factor = trace.header.get("plain_host_factor")
-    training = any(r.phase == "bwd" for r in trace.records)
-    plain = placement.budget_bytes is None if training else all_resident(placement)
-    if factor is None or not plain:
+    if factor is None or not all_resident(placement):
         return trace
     return Trace(trace.header, trace.weight_sizes,
                  tuple(replace(r, host_ns=round(r.host_ns * factor)) for r in trace.records))

@@ -481,6 +481,20 @@ def test_resident_weights_rebuild_views():
     assert rw.handle(torch.randn(4, 6)) is None
 
 
+def test_resident_weights_packed_in_one_storage_at_several_dtypes():
+    """Weights bound into a packed block (bytes, each weight a view at its own dtype) share one
+    storage: each saved view is rebuilt over a weight of its own dtype there."""
+    block = torch.zeros(96, dtype=torch.uint8)
+    w = {"norm": block[:32].view(torch.float32), "proj": block[32:].view(torch.bfloat16).view(4, 8)}
+    w["norm"].copy_(torch.arange(8.0))
+    w["proj"].copy_(torch.randn(4, 8))
+    rw = ResidentWeights(w)
+    for view in (w["norm"][2:6], w["proj"].t()[1:3]):
+        assert torch.equal(rw.fetch(rw.handle(view)), view)
+    with pytest.raises(ExecutorError, match="views weight .* as torch.float16"):
+        rw.handle(block[32:].view(torch.float16))
+
+
 # ----- misuse fails loudly
 
 

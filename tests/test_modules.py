@@ -313,12 +313,13 @@ def test_every_weight_resident_is_simulated_at_the_plain_forwards_host_times():
     assert run(127, granule=32) is trace and [r.host_ns for r in run(128, granule=32).records] == [750, 0]
     plain = Trace({}, trace.weight_sizes, records)
     assert as_run(plain, place(plain.access_order(), None, 1)) is plain  # a spec trace, or one recorded before
-    # A training step runs without hooks only without a budget: offload(training=True) streams under any.
+    # A training step's backward too: offload(training=True) binds its weights where all fit.
     backward = tuple(KernelRecord(name=r.name + ".bwd", layer=r.layer, phase="bwd", weights=r.weights, compute_ns=200,
                                   flops=0, io_bytes=r.io_bytes, host_ns=2000) for r in reversed(records))
     train = Trace({"plain_host_factor": 0.75}, trace.weight_sizes, records + backward)
-    assert [r.host_ns for r in as_run(train, place(train.access_order(), None, 1)).records] == [750, 0, 1500, 1500]
-    assert as_run(train, place(train.access_order(), 10**6, 1)) is train
+    for budget in (None, 10**6):
+        assert [r.host_ns for r in as_run(train, place(train.access_order(), budget, 1)).records] == [750, 0, 1500, 1500]
+    assert as_run(train, place(train.access_order(), 99, 1)) is train
 
 
 def test_auto_picks_the_fastest_predicted_policy(checkpoint):

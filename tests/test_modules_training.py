@@ -650,3 +650,36 @@ def test_the_pace_note_names_the_recordings_own_resident_step():
     assert "the step through the hooks at 250.00 ms (-20.0%)" in hooked
     assert pace_note(Trace({"source": "synthesized"}, {}, ()), 200.0) is None
     assert pace_note(rec, None) is None
+
+
+@pytest.mark.parametrize("ckpt", [False, True])
+@pytest.mark.parametrize("activations", [None, SYNC], ids=["weights-only", "sync"])
+def test_every_weight_within_the_budget_is_bound_and_each_step_is_the_plain_one(activations, ckpt):
+    """A budget every frozen weight fits: offload(training=True) binds them once and takes the
+    hooks off, as it binds an inference. The steps' losses and gradients are the plain module's,
+    the frozen weights autograd saves are known as weights (the spills are those of the same
+    policy with no budget at all), and remove() gives the module back."""
+    loss_ref, grads_ref = step(make(ckpt=ckpt), X)
+    spilled_ref = None
+    if activations is not None:
+        net = make(ckpt=ckpt)
+        ref = engine.offload(net, budget_mb=None, training=True, backend="cpu", activations=activations)
+        for _ in range(2):
+            with ref.step():
+                step(net, X)
+        spilled_ref = ref.telemetry()[-1]["activations_spilled"]
+        ref.remove()
+    net = make(ckpt=ckpt)
+    h = engine.offload(net, budget_mb=100, training=True, backend="cpu", example_inputs=(X,),
+                       activations=activations, eviction="priority")
+    assert h.bound
+    for _ in range(2):
+        with h.step():
+            loss, grads = step(net, X)
+        assert torch.equal(loss, loss_ref) and all(torch.equal(grads[k], grads_ref[k]) for k in grads_ref)
+    row = h.telemetry()[-1]
+    assert row["weight_h2d_bytes"] == 0 and row["weight_hits"] == len(h.executor.order)
+    if activations is not None:
+        assert row["activations_spilled"] == spilled_ref > 0
+    h.remove()
+    assert torch.equal(step(net, X)[0], loss_ref)

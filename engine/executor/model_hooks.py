@@ -23,23 +23,28 @@ Tensor = torch.Tensor
 
 
 class ResidentWeights:
-    """ManagedWeights for weights that stay on the device (a DictSource): the
-    handle is the weight's name and the view's geometry over it."""
+    """ManagedWeights for weights that stay on the device (a DictSource, or a module's
+    weights bound into packed blocks, several to a storage): the handle is a weight of
+    the viewed storage and dtype, and the view's geometry over it."""
 
     def __init__(self, weights: Mapping[str, Tensor]):
         self.weights = weights
-        self._by_storage = {t.untyped_storage().data_ptr(): name for name, t in weights.items()}
+        self._by_view = {(t.untyped_storage().data_ptr(), t.dtype): name for name, t in weights.items()}
+        self._by_storage = {ptr: name for (ptr, _), name in self._by_view.items()}
 
     def handle(self, tensor: Tensor) -> Hashable | None:
         if tensor.requires_grad:
             return None  # a frozen weight's view never requires grad: an activation (the common case)
-        name = self._by_storage.get(tensor.untyped_storage().data_ptr())
+        ptr = tensor.untyped_storage().data_ptr()
+        name = self._by_view.get((ptr, tensor.dtype))
         if name is None:
-            return None
+            other = self._by_storage.get(ptr)
+            if other is None:
+                return None
+            raise ExecutorError(f"a saved tensor views weight {other} as {tensor.dtype} (the weight is "
+                                f"{self.weights[other].dtype}); ResidentWeights rebuilds views of the weight's own "
+                                "dtype only")
         w = self.weights[name]
-        if tensor.dtype != w.dtype:
-            raise ExecutorError(f"a saved tensor views weight {name} as {tensor.dtype} (the weight is {w.dtype}); "
-                                "ResidentWeights rebuilds views of the weight's own dtype only")
         return name, tuple(tensor.shape), tensor.stride(), tensor.storage_offset() - w.storage_offset()
 
     def fetch(self, handle: Hashable) -> Tensor:

@@ -25,8 +25,9 @@ With a budget the frozen weights stream too (`offload(..., budget_mb=B,
 example_inputs=..., training=True)`): the module is made streamable as for
 inference (trainable parameters stay resident), and each step's weight order is
 the forward's kernels then their mirror; `activations` may then be None (weights
-streamed, activations kept). Relocation is off inside a step (autograd holds
-weight views across fetches).
+streamed, activations kept). Where every weight fits the budget (or with no budget
+and a checkpoint to load from) they are fetched once and bound and the hooks come
+off, as offload binds an inference: each step is the plain module's.
 """
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ from engine.executor.training import RECOMPUTE, StreamedWeights, train_order, we
 from engine.modules.kernels import find_blocks, run_order
 from engine.modules.streamed import StreamedModule
 from engine.policy.activations import build_activation_policy, validate_watermarks
+from engine.policy.placement import all_resident
 from engine.policy.pool_sizing import exact_pool
 from engine.policy.schedule import step_questions
 from engine.policy.saved import validate_pool
@@ -192,16 +194,23 @@ class TrainingHandle:
         self.executor: WeightExecutor | None = None
         self._weights: StreamedWeights | None = None
         self._managed: Any = resident
+        self._binding: ExitStack | None = None
         if streamed is not None:
             order = streamed.order
             train = train_order(order)
             self.executor = WeightExecutor(train, streamed.host, budget_bytes=budget_bytes, eviction=eviction,
                                            lookahead=lookahead, backend=backend)
             self._weights = StreamedWeights(self.executor, len(order))
-            self._managed = _EitherWeights(self._weights, resident)
-            index = {name: i for i, name in enumerate(order.kernels)}
-            streamed.hooks.recompute = lambda name: self._weights.mirror(index[name], f"{RECOMPUTE} {name}")
-            self._wrap_forward()
+            if all_resident(self.executor.placement):  # none would ever be evicted: bound, the hooks off
+                self._binding = streamed.bind(self.executor)
+                self._managed = ResidentWeights({n: p.detach() for n, p in module.named_parameters()
+                                                 if not p.requires_grad})
+            else:
+                self._managed = _EitherWeights(self._weights, resident)
+                index = {name: i for i, name in enumerate(order.kernels)}
+                streamed.hooks.recompute = lambda name: self._weights.mirror(index[name], f"{RECOMPUTE} {name}")
+                self._wrap_forward()
+        self.bound = self._binding is not None  # every weight bound: each step the plain module's
         # What streams the frozen weights (None with every weight resident), as OffloadHandle says it.
         self.eviction = eviction if streamed is not None else None
         self.lookahead = lookahead if streamed is not None else None
@@ -242,18 +251,19 @@ class TrainingHandle:
         if not self._trainable.unchanged():
             raise ExecutorError("the module's trainable parameters changed since it was offloaded (adapters "
                                 "added or unfrozen after wrapping); handle.remove(), then offload it again")
+        streaming = self.executor is not None and not self.bound
         with ExitStack() as stack:
             if self.executor is not None:
-                stack.enter_context(self.executor.step())
+                stack.enter_context(self.executor.step(bound=self.bound))
+            if streaming:
                 self._weights.start_step()
             if self._offloader is not None:
                 stack.enter_context(self._offloader.step())
-            else:
+            elif streaming:
                 stack.enter_context(weight_handles(self._weights))
             yield
-            if self._weights is not None:
+            if streaming:
                 self._weights.finish()  # the backward kernels nobody unpacked, so the step is whole
-            if self.streamed is not None:
                 self.streamed.hooks.release_recomputed()
         row = dict(self._offloader.telemetry()[-1]) if self._offloader is not None else {}
         if self._offloader is not None:
@@ -290,6 +300,9 @@ class TrainingHandle:
             self._offloader = None
         if self.executor is not None:
             self.module.__dict__.pop("forward", None)
+            if self._binding is not None:
+                self._binding.close()  # the parameters at their placeholders again, the hooks back
+                self._binding = None
             self._weights.release()
             self._managed = None  # the resident frozen weights: on the cpu backend, views of the checkpoint
             self.executor.close()
