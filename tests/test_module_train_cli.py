@@ -331,6 +331,10 @@ def test_a_synthesized_training_steps_host_is_priced_at_the_training_costs(tmp_p
         f = forward[r.name.removesuffix(BACKWARD_SUFFIX)]
         assert r.host_ns == round(f.dispatches * cost.backward_host_ns_per_op + cost.host_ns_per_kernel) \
             + round(f.dispatches * cost.train_host_ns_per_op)
+    # Every weight resident the step runs bound: the whole step's host less each record's hooks.
+    total = sum(r.host_ns for r in step.records)
+    assert step.header["plain_host_factor"] == pytest.approx(
+        (total - cost.host_ns_per_kernel * len(step.records)) / total, abs=1e-6)
     data = json.loads((ROOT / "conf" / "hardware" / hw.kernel_table).read_text())
     data["modules"].update(train_host_ns_per_op=0.0, backward_host_ns_per_op=0.0)
     (tmp_path / "inference-only.kernels.json").write_text(json.dumps(data))

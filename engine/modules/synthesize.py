@@ -365,13 +365,20 @@ def priced_trace(seen: SeenForward, hardware: Any, name: str, workload: Mapping[
         # Where the forward reads a value off the device (a nonzero), as a recording's: the host waits there.
         **({"host_syncs": list(seen.host_syncs)} if seen.host_syncs else {}),
         "block_records": True, "resident_bytes": seen.resident_bytes, "buffer_bytes": seen.buffer_bytes,
-        # Every weight resident, offload drops the hooks (engine/modules/offload.py): the host's share then.
-        "plain_host_factor": round(sum(predictor.module_host_ns(c.ops, c.dispatches, hooked=False, phase=phase)
-                                       for c in rec.census) / max(1, sum(r.host_ns for r in forward)), 6),
+        # Every weight resident, offload binds them and drops the hooks (engine/modules/offload.py,
+        # training.py): the whole step's host without each record's hook work, as a recording's factor.
+        "plain_host_factor": round(_plain_host_factor(records, cost.host_ns_per_kernel if cost else 0.0), 6),
     }
     trace = Trace(header=header, weight_sizes=dict(order.sizes), records=records)
     check_trace(trace)
     return trace
+
+
+def _plain_host_factor(records: Sequence[KernelRecord], hook_ns: float) -> float:
+    """The share of `records`' host time left without offload's hooks, `hook_ns` a record
+    (ModuleCost.host_ns_per_kernel: every forward and backward record is priced with it)."""
+    total = sum(r.host_ns for r in records)
+    return max(0.0, total - hook_ns * len(records)) / max(1, total)
 
 
 def _backward(predictor: ExecutionTimePredictor, seen: SeenForward, f: KernelRecord, i: int,
