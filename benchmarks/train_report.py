@@ -9,13 +9,15 @@ wrote without trace= (report.json, and trace.jsonl.gz: the recording the run mad
 gzipped, or one of the same step made elsewhere), or a shipped recording of a LoRA step with
 its measured rows beside it (NAME.measured.json: each row's budget, policy and measured
 steps). Each measured step is a row, and so is the plain module's step every weight resident
-(resident_step_ms) where the run measured it, predicted with no budget. Each row is
-predicted three ways: from the run's recording; from the step synthesized on this CPU
+(resident_step_ms) where the run measured it, predicted with no budget, each beside the steps
+its median is taken over where the run kept them (fastest to slowest: a host-bound step on a
+shared host spreads by tens of percent). Each row is predicted three ways: from the run's recording; from the step synthesized on this CPU
 (engine/modules/synthesize.py, from the model config the recording names, on its workload)
 and priced by --hardware; and with --leave-one-out, synthesized and priced by a kernel table
 whose module costs are fitted without any recording of that model
 (benchmarks/real_models_report.py held_out_hardware). Prints the rows, each way's mean and
-max |error|, and the pool plus torch peak against the synthesized one.
+max |error|, how many rows it puts inside their steps' range, and the pool plus torch peak
+against the synthesized one.
 """
 from __future__ import annotations
 
@@ -49,6 +51,7 @@ class Measured:
     lookahead: int
     step_ms: float
     peak_pool_torch_bytes: int | None = None
+    steps_ms: tuple[float, ...] = ()  # the steps the median is taken over, where the run kept them
 
 
 def runs_of(path: Path) -> tuple[list[Measured], Trace]:
@@ -61,7 +64,11 @@ def runs_of(path: Path) -> tuple[list[Measured], Trace]:
         data = json.loads(report.read_text())
         if data["config"].get("workload") != "train_lora" or "measurement" not in data:
             raise ConfigError(f"{report} is not a measured LoRA step (workload=train_lora mode=execute)")
-        rows = [(data["config"], data["measurement"])]
+        measurement = dict(data["measurement"])
+        telemetry = path / "telemetry.jsonl"
+        if "steps_ms" not in measurement and telemetry.exists():  # runs before the report kept them
+            measurement["steps_ms"] = [json.loads(line)["weight_step_ms"] for line in telemetry.open()]
+        rows = [(data["config"], measurement)]
     else:
         if not path.name.endswith(".jsonl.gz"):
             raise ConfigError(f"{path}: neither a run directory nor a recording (*.jsonl.gz); pass the "
@@ -76,10 +83,13 @@ def runs_of(path: Path) -> tuple[list[Measured], Trace]:
     out = []
     name = path.name.split(".")[0]
     for c, m in rows:
+        steps = m.get("steps_ms") or []
         out.append(Measured(name, c["budget_mb"], c["eviction"], c["lookahead"], m["step_ms"],
-                            m.get("peak_pool_torch_bytes")))
+                            m.get("peak_pool_torch_bytes"), tuple(steps[1:] or steps)))
         if m.get("resident_step_ms"):
-            out.append(Measured(name, None, c["eviction"], c["lookahead"], m["resident_step_ms"]))
+            resident = [t for run in m.get("resident_steps_ms") or [] for t in run[1:] or run]
+            out.append(Measured(name, None, c["eviction"], c["lookahead"], m["resident_step_ms"],
+                                steps_ms=tuple(resident)))
     return out, read_trace(trace)
 
 
@@ -102,10 +112,11 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="train-report-"))
     ways = ["recording", "synthesized"] + (["held out"] if args.leave_one_out else [])
     errors: dict[str, list[float]] = {w: [] for w in ways}
+    inside: dict[str, list[bool]] = {w: [] for w in ways}  # rows with steps: within their fastest and slowest
     peaks = []
     print(f"hardware={args.hardware}{' --leave-one-out' if args.leave_one_out else ''}\n")
-    print("| run | model | budget MB | measured ms | " + " | ".join(f"{w} ms" for w in ways) + " |")
-    print("|---|---|---|---|" + "---|" * len(ways))
+    print("| run | model | budget MB | measured ms | its steps ms | " + " | ".join(f"{w} ms" for w in ways) + " |")
+    print("|---|---|---|---|---|" + "---|" * len(ways))
     for path in args.runs:
         rows, recording = runs_of(path)
         model = recording.header["model"]
@@ -119,16 +130,21 @@ def main() -> None:
                 p = predict(traces[w], hw, round(row.budget_mb * 1e6) if row.budget_mb else None, row.lookahead,
                             row.eviction)
                 errors[w].append(p["step_ms"] / row.step_ms - 1)
+                if row.steps_ms:
+                    inside[w].append(min(row.steps_ms) <= p["step_ms"] <= max(row.steps_ms))
                 cells.append(f"{p['step_ms']:.1f} ({errors[w][-1]:+.1%}, {p['bound_by']})")
                 if w == "synthesized" and row.peak_pool_torch_bytes:
                     peaks.append((row.run, p["peak_pool_torch_bytes"] / row.peak_pool_torch_bytes - 1))
-            print(f"| {row.run} | {model} | {row.budget_mb or 'all resident'} | {row.step_ms:.1f} | "
+            steps = f"{min(row.steps_ms):.1f}-{max(row.steps_ms):.1f}" if row.steps_ms else "-"
+            print(f"| {row.run} | {model} | {row.budget_mb or 'all resident'} | {row.step_ms:.1f} | {steps} | "
                   + " | ".join(cells) + " |")
     print()
     for w in ways:
         e = errors[w]
         print(f"{w}: {len(e)} rows, mean |error| {statistics.mean(map(abs, e)):.1%}, max {max(map(abs, e)):.1%}, "
-              f"mean signed {statistics.mean(e):+.1%}")
+              f"mean signed {statistics.mean(e):+.1%}"
+              + (f"; inside the measured steps' range in {sum(inside[w])} of {len(inside[w])} rows that kept them"
+                 if inside[w] else ""))
     if peaks:
         print("pool + torch peak, synthesized: " + ", ".join(f"{n} {e:+.1%}" for n, e in peaks))
 

@@ -154,11 +154,11 @@ def run_settings(weights: Any) -> dict:
 
 
 def step_times(rows: list[dict]) -> dict:
-    """Steps run, their median step time and the first one's. Times are noisy:
+    """Steps run, their median step time, the first one's and every step's. Times are noisy:
     the median of the steps after the first, which fills the pool and the caches."""
     steady = rows[1:] or rows
     return {"steps": len(rows), "step_ms": statistics.median(r["step_ms"] for r in steady),
-            "first_step_ms": rows[0]["step_ms"]}
+            "first_step_ms": rows[0]["step_ms"], "steps_ms": [r["step_ms"] for r in rows]}
 
 
 def end_of_step(loop: str, device: torch.device, step: int) -> None:

@@ -29,6 +29,7 @@ import torch
 
 from engine.errors import BelowFloorError, ConfigError, ExecutorError
 from engine.executor.offloader import ActivationOffloader
+from engine.measure.spread import spread_text
 from engine.config import profile_mismatch
 from engine.executor.setup import (bitwise_equal, compute_device, device_name, end_of_step, fits_resident, open_weight_file,
                                    run_settings, step_times, streamed_executor, weight_counts)
@@ -186,7 +187,7 @@ def comparison_md(rows: list[dict], meas: dict) -> str:
                   "(a non-deterministic CUDA kernel, e.g. cuDNN's attention backward), so training is "
                   "compared within twice that spread or 2^-7 of each tensor's magnitude, not bitwise")
     md.append(f"- backend {meas['backend']}, {meas['steps']} steps (the first fills the pool; "
-              "the table shows the median of the rest)")
+              f"the table shows the median of the rest: {spread_text(meas['steps_ms'][1:] or meas['steps_ms'])})")
     note = relocations_note(meas)
     if note:
         md.append(note)

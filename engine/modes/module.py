@@ -41,6 +41,7 @@ from engine.executor.setup import bitwise_equal, compute_device, device_name, en
 from engine.executor.training import LEARNING_RATE, match_reference, max_abs_diff, to_host
 from engine.gc_pause import paused_gc
 from engine.measure.clocks import clock_for
+from engine.measure.spread import spread_text
 from engine.models.lora import lora_sgd
 from engine.job import Job, Outcome, config_summary, plan_keys
 from engine.plan import make_plan
@@ -58,6 +59,7 @@ from engine.weightfile import materialize
 
 log = logging.getLogger(__name__)
 
+STEPS_ROW = "measured steps after the first"
 NO_CHECKPOINT = ("model {name} is a real module and weights.file is not set: point it at a .safetensors file "
                  "or a model directory, or write random weights with mode=materialize out=PATH")
 
@@ -290,7 +292,8 @@ def execute_module(job: Job) -> Outcome:
     _timeline(job, trace, budget, pred, timeline)
     steady = rows[1:] or rows
     measured = {"step_ms": statistics.median(r["step_ms"] for r in steady), "h2d_bytes": rows[-1]["h2d_bytes"],
-                "peak_device_bytes": max(r["peak_device_bytes"] for r in rows)}
+                "peak_device_bytes": max(r["peak_device_bytes"] for r in rows),
+                "steps_ms": [r["step_ms"] for r in rows]}
     if cuda:  # the whole device less the context: the weights' held peak plus torch's allocator's
         measured["peak_pool_torch_bytes"] = (max(r["held_device_bytes"] for r in rows)
                                              + torch.cuda.max_memory_allocated(device))
@@ -299,6 +302,7 @@ def execute_module(job: Job) -> Outcome:
     md = (f"## Executed {cfg.model.name} at budget {cfg.budget} MB ({pred['eviction']})\n\n"
           + table(["", "predicted", "measured"], [
               ["step time", f"{pred['step_ms']:.2f} ms", f"{measured['step_ms']:.2f} ms"],
+              [STEPS_ROW, "", spread_text([r["step_ms"] for r in steady])],
               ["H2D bytes / step", fmt_bytes(pred["h2d_bytes"]), fmt_bytes(measured["h2d_bytes"])],
               ["peak pool bytes", fmt_bytes(pred["peak_device_bytes"]), fmt_bytes(measured["peak_device_bytes"])],
               ["peak pool + torch bytes", fmt_bytes(pred["peak_pool_torch_bytes"]),
@@ -444,6 +448,7 @@ def _execute_training(job: Job, module: Any, inputs: dict, device: torch.device,
     saved = sum(s.nbytes for r in trace.records for s in r.saved)
     compare = fits_resident(sum(trace.weight_sizes.values()) + saved, device)
     reference = spread = resident_ms = None
+    resident_runs: list[list[float]] = []  # each plain run's step times, ms
     # The kernels run as a training script runs them (no deterministic mode, whose kernels
     # differ in time and memory from what was recorded): on a GPU the backward's kernels sum
     # in no fixed order, so a second resident run measures the spread the comparison allows.
@@ -451,8 +456,11 @@ def _execute_training(job: Job, module: Any, inputs: dict, device: torch.device,
         plain = _plain(job, device)
         reference, ref_ms = plain_train_run(cfg, plain, device, inputs, initial)
         resident_ms = statistics.median(ref_ms[1:] or ref_ms)
+        resident_runs.append(ref_ms)
         if device.type == "cuda":
-            spread = max_abs_diff(reference, plain_train_run(cfg, plain, device, inputs, initial)[0])
+            again, again_ms = plain_train_run(cfg, plain, device, inputs, initial)
+            spread = max_abs_diff(reference, again)
+            resident_runs.append(again_ms)
         del plain
         if device.type == "cuda":
             torch.cuda.empty_cache()  # its weights go back before the streamed run measures its peak
@@ -464,6 +472,7 @@ def _execute_training(job: Job, module: Any, inputs: dict, device: torch.device,
     steady = rows[1:] or rows
     torch_peak = [r["torch_peak_bytes"] for r in rows]
     measured = {"step_ms": statistics.median(r["weight_step_ms"] for r in steady),
+                "steps_ms": [r["weight_step_ms"] for r in rows],
                 "h2d_bytes": rows[-1]["weight_h2d_bytes"] + rows[-1].get("restore_bytes", 0),
                 "d2h_bytes": rows[-1].get("spill_bytes", 0),
                 "pool_peak_bytes": max(r["weight_held_device_bytes"] for r in rows),
@@ -474,7 +483,8 @@ def _execute_training(job: Job, module: Any, inputs: dict, device: torch.device,
                 "reserve_releases": sum(r.get("weight_reserve_releases", 0) for r in rows),
                 "relocations": sum(r.get("weight_relocations", 0) for r in rows),
                 "warm_relocations": sum(r.get("weight_relocations", 0) for r in steady),
-                "resident_step_ms": resident_ms}  # the same steps of the plain module, every weight resident
+                "resident_step_ms": resident_ms,  # the same steps of the plain module, every weight resident
+                "resident_steps_ms": resident_runs}
     if measured["torch_peak_bytes"] is not None:
         measured["peak_pool_torch_bytes"] = measured["pool_peak_bytes"] + measured["torch_peak_bytes"]
     losses, grads = (None, None) if reference is None else match_reference(steps, reference, spread)
@@ -484,6 +494,7 @@ def _execute_training(job: Job, module: Any, inputs: dict, device: torch.device,
               "loss_match_reference": losses, "grads_match_reference": grads, "device": device_name(device)}
     table_rows = [
         ["step time", f"{pred['step_ms']:.2f} ms", f"{measured['step_ms']:.2f} ms"],
+        [STEPS_ROW, "", spread_text([r["weight_step_ms"] for r in steady])],
         ["H2D bytes / step (weights, restores)", fmt_bytes(pred["h2d_bytes"]), fmt_bytes(measured["h2d_bytes"])],
         ["D2H bytes / step (spills)", fmt_bytes(pred["d2h_bytes"]), fmt_bytes(measured["d2h_bytes"])],
         ["peak pool + torch bytes", fmt_bytes(pred["peak_pool_torch_bytes"]),
@@ -491,6 +502,8 @@ def _execute_training(job: Job, module: Any, inputs: dict, device: torch.device,
          else "not measured (cpu)"]]
     if resident_ms is not None:
         table_rows.append(["step of the plain module, every weight resident", "", f"{resident_ms:.2f} ms"])
+        table_rows.append([f"{STEPS_ROW}, plain module", "", "; ".join(spread_text(run[1:] or run)
+                                                                        for run in resident_runs)])
     compared = ("not compared (the weights and saved tensors do not fit all resident)" if reference is None else
                 f"losses {losses}, gradients {grads}" + (f" (within twice the resident runs' own spread, "
                                                          f"{spread:.3g}, or 2^-7 of each tensor's magnitude)"

@@ -22,11 +22,13 @@ scaled so they sum to it. The first all-resident warm-up step of an inference ru
 under torch's sync debug mode: the kernels before which its host synchronized with
 the device (header "host_syncs"; the simulator's host waits there for every kernel
 launched before, each step). The all-resident steps are timed back to back after a
-second of warm-up, at the clocks a GPU settles to under sustained load; then pairs of a
+second of warm-up, at the clocks a GPU settles to under sustained load, until their median
+is known (a host-bound step on a shared host moves by tens of percent from one step to the
+next; engine/measure/spread.py, up to SETTLE_NS); then pairs of a
 step alone and one beside a stream of H2D copies, in turns so the device's drift falls
 on both, give the module's own slowdown under copies (header
 "compute_slowdown_under_copy", which the simulator takes over the profile's).
-Where the host bounds the step, as many steps of the plain module follow, its
+Where the host bounds the step, steps of the plain module follow, timed alike, its
 weights bound once and the hooks off, as offload runs a module whose weights all
 fit and as a training step runs without offload (header "plain_step_ns";
 "plain_host_factor" takes the host times to that step, for the simulator where every
@@ -72,6 +74,7 @@ from engine.gc_pause import paused_gc
 from engine.measure.clocks import Clock, clock_for
 from engine.measure.launches import Census
 from engine.measure.probes import copy_stream_beside
+from engine.measure.spread import settled
 from engine.measure.timing import (HOLD_FACTOR, KernelStamps, NotedTensors, SavedTensorLog, host_bound,
                                   pipelined_scale)
 from engine.modules.streamed import StreamedModule, stage
@@ -102,6 +105,10 @@ INFERENCE_STEPS = TimedSteps(warmup=1, host=2, held=1)
 TRAINING_STEPS = TimedSteps(warmup=1, host=2, held=2)
 PIPELINED_STEPS = 3  # all-resident steps timed whole, at least: odd, so one slow step does not move the median
 PIPELINED_NS = 500_000_000  # and until their time adds up to this: a host-bound decode step is a few ms
+# Then on until their median is known (engine/measure/spread.py: a host-bound step on a shared
+# host moves by tens of percent from step to step), for at most this long and this many steps.
+SETTLE_NS = 8_000_000_000
+MAX_PIPELINED_STEPS = 10 * PIPELINED_STEPS
 # All-resident warm-up steps: at least one, and until this long. Under sustained load the GPU
 # settles at its power limit within about a second; a step timed sooner runs at higher clocks.
 WARMUP_NS = 1_000_000_000
@@ -284,18 +291,30 @@ def resident_executor(streamed: StreamedModule, backend: str, training: bool = F
     return WeightExecutor(order, streamed.host, budget_bytes=None, eviction="priority", backend=backend)
 
 
+def until_settled(step: Callable[[], int], settle_ns: int = SETTLE_NS) -> list[int]:
+    """Times of `step` (ns), run back to back: at least PIPELINED_STEPS and until
+    PIPELINED_NS, then until their median is known (`settled`) or `settle_ns` or
+    MAX_PIPELINED_STEPS is reached."""
+    times: list[int] = []
+    while len(times) < MAX_PIPELINED_STEPS and (
+            len(times) < PIPELINED_STEPS or sum(times) < PIPELINED_NS
+            or (sum(times) < settle_ns and not settled(times))):
+        times.append(step())
+    return times
+
+
 def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss_fn: LossFn | None = None,
                       executor: WeightExecutor | None = None, kernels_ns: int = 0) -> Pipelined:
     """The median step of the module with every weight resident (`executor`, or one made
     here and closed after: `resident_executor`; `loss_fn`: a training step), and what more
     these steps measure (`Pipelined`). Warm-up steps until WARMUP_NS (an inference's first:
-    the `host_syncs` forward), then at least PIPELINED_STEPS and until PIPELINED_NS, back to
-    back (each at most 10 x PIPELINED_STEPS steps). An inference on CUDA then runs
+    the `host_syncs` forward), then steps back to back until their median is known
+    (`until_settled`). An inference on CUDA then runs
     PIPELINED_STEPS pairs of a step alone and one beside H2D copies, for their ratio only: a
     step after one beside copies starts at clocks the copies let rise, so the pairs' steps
     alone run faster than back-to-back steps. A step whose last warm-up the host bounded
-    (against `kernels_ns`, its kernels' time) then times as many steps of the plain module,
-    its weights bound once."""
+    (against `kernels_ns`, its kernels' time) then times steps of the plain module the same
+    way, its weights bound once."""
     training = loss_fn is not None
     own = executor is None
     executor = resident_executor(streamed, backend, training) if own else executor
@@ -348,9 +367,8 @@ def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss
         return clock.ns(start, end)
 
     try:
-        times: list[int] = []
         beside: list[int] = []  # inference on CUDA: steps beside copies, each after one alone
-        plain: list[int] = []  # where the host bounds the step: as many steps of the plain module
+        plain: list[int] = []  # where the host bounds the step: steps of the plain module
         copies, copies_bytes = None, 0
         warm, warm_ns, last_warm = 0, 0, 0
         syncs = None
@@ -359,18 +377,17 @@ def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss
             syncs = host_syncs(streamed, executor)  # ends synchronized with the device
             warm, warm_ns = 1, time.perf_counter_ns() - t0
             last_warm = warm_ns
-        while len(times) < PIPELINED_STEPS or (sum(times) < PIPELINED_NS and len(times) < 10 * PIPELINED_STEPS):
-            if not times and (warm == 0 or (warm_ns < WARMUP_NS and warm < 10 * PIPELINED_STEPS)):
-                last_warm = one_step()
-                warm, warm_ns = warm + 1, warm_ns + last_warm
-                continue
-            if cuda and not times:
-                if not training:
-                    held = torch.cuda.memory_allocated(streamed.device)
-                    copies = copy_stream_beside(last_warm, streamed.device)
-                    copies_bytes = torch.cuda.memory_allocated(streamed.device) - held
-                torch.cuda.reset_peak_memory_stats(streamed.device)
-            times.append(one_step())
+        while warm == 0 or (warm_ns < WARMUP_NS and warm < MAX_PIPELINED_STEPS):
+            last_warm = one_step()
+            warm, warm_ns = warm + 1, warm_ns + last_warm
+        if cuda:
+            if not training:
+                held = torch.cuda.memory_allocated(streamed.device)
+                copies = copy_stream_beside(last_warm, streamed.device)
+                copies_bytes = torch.cuda.memory_allocated(streamed.device) - held
+            torch.cuda.reset_peak_memory_stats(streamed.device)
+        settle_ns = SETTLE_NS if cuda else 0  # the CPU backend's steps, the tests', are not timed for their pace
+        times = until_settled(one_step, settle_ns)
         alone: list[int] = []
         if copies is not None:  # in turns with steps alone, so drift falls on both
             for _ in range(PIPELINED_STEPS):
@@ -380,7 +397,7 @@ def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss
             # Bound once, as offload binds: binding before every step slows the step after it.
             with streamed.bind(executor):
                 bound_step()  # its warm-up
-                plain = [bound_step() for _ in times]
+                plain = until_settled(bound_step, settle_ns)
         peak = None
         if cuda:
             free, total = torch.cuda.mem_get_info(streamed.device)

@@ -1,0 +1,43 @@
+"""How well timed steps know their median.
+
+A step the GPU bounds repeats within a percent; one the host bounds, on a shared host,
+moves by tens of percent from one step to the next. The recorder times steps until
+their median is known (`settled`), and the reports show the spread they measured
+(`spread_text`), so a prediction is read against it.
+
+The median's standard error is taken from the interquartile range (IQR): a normal
+spread's sigma is IQR / 1.349, and the median of n draws has a standard error of
+1.2533 sigma / sqrt(n). The IQR, unlike the standard deviation, is not moved by the odd
+step a page fault or another tenant stretches.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Sequence
+
+MEDIAN_REL_SE = 0.01  # a step's median known within 1% of itself
+_SE_PER_IQR = 1.2533 / 1.349
+
+
+def median_rel_se(times: Sequence[float]) -> float:
+    """The standard error of the median of `times` over that median (inf under three)."""
+    if len(times) < 3:
+        return math.inf
+    mid = statistics.median(times)
+    q1, _, q3 = statistics.quantiles(times, n=4, method="inclusive")
+    return _SE_PER_IQR * (q3 - q1) / math.sqrt(len(times)) / mid if mid > 0 else math.inf
+
+
+def settled(times: Sequence[float], rel_se: float = MEDIAN_REL_SE) -> bool:
+    """Whether the median of `times` is known within `rel_se` of itself."""
+    return median_rel_se(times) <= rel_se
+
+
+def spread_text(times_ms: Sequence[float]) -> str:
+    """`times_ms` for a report: how many, fastest to slowest, and the median's standard error."""
+    if not times_ms:
+        return "no steps"
+    se = median_rel_se(times_ms)
+    known = f", median +-{100 * se:.1f}%" if math.isfinite(se) else ""
+    return f"{len(times_ms)} steps, {min(times_ms):.1f}-{max(times_ms):.1f} ms{known}"

@@ -1,0 +1,64 @@
+"""How well timed steps know their median (engine/measure/spread.py), and the recorder's
+all-resident steps timed until it is known (engine/modules/record.py until_settled)."""
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+from engine.measure.spread import median_rel_se, settled, spread_text
+from engine.modules.record import MAX_PIPELINED_STEPS, PIPELINED_NS, PIPELINED_STEPS, SETTLE_NS, until_settled
+
+
+def test_the_medians_standard_error_comes_from_the_interquartile_range() -> None:
+    # median 100, quartiles 95 and 105
+    assert median_rel_se([90, 100, 120, 105, 95]) == pytest.approx(1.2533 / 1.349 * 10 / math.sqrt(5) / 100)
+    assert median_rel_se([100.0, 100.0, 100.0]) == 0.0
+    assert median_rel_se([100.0, 101.0]) == math.inf  # under three steps nothing is known
+    # One step a tenant stretched tenfold moves neither the median nor the quartiles.
+    assert median_rel_se([100, 101, 99, 100, 1000]) == median_rel_se([100, 101, 99, 100, 102])
+
+
+def test_settled_is_the_standard_error_within_the_bound() -> None:
+    steps = [90, 100, 120, 105, 95]  # +-4.2%
+    assert settled(steps, 0.05) and not settled(steps, 0.04) and not settled(steps)
+
+
+def test_the_spread_reads_count_range_and_error() -> None:
+    assert spread_text([90, 100, 120, 105, 95]) == "5 steps, 90.0-120.0 ms, median +-4.2%"
+    assert spread_text([100.0, 102.0]) == "2 steps, 100.0-102.0 ms"
+    assert spread_text([]) == "no steps"
+
+
+def _steps(times_ns: list[int]) -> tuple[list[int], list[int]]:
+    """A step function returning `times_ns` in turn, and the list of those it returned."""
+    returned: list[int] = []
+    source = itertools.cycle(times_ns)
+
+    def step() -> int:
+        returned.append(next(source))
+        return returned[-1]
+    return step, returned
+
+
+def test_steps_that_repeat_stop_at_the_minimum_window() -> None:
+    step, returned = _steps([100_000_000])  # 100 ms each: 500 ms is five steps, settled at once
+    assert until_settled(step) == [100_000_000] * 5 == returned
+    step, _ = _steps([400_000_000])  # past 500 ms within the three steps the median needs
+    assert len(until_settled(step)) == PIPELINED_STEPS
+
+
+def test_steps_that_spread_run_on_to_the_cap() -> None:
+    step, _ = _steps([100_000_000, 130_000_000])  # +-15%: never settles
+    assert len(until_settled(step)) == MAX_PIPELINED_STEPS
+    step, _ = _steps([700_000_000, 900_000_000])  # a LoRA step on a noisy host: SETTLE_NS first
+    times = until_settled(step)
+    assert sum(times[:-1]) < SETTLE_NS <= sum(times) and len(times) < MAX_PIPELINED_STEPS
+
+
+def test_a_spread_that_settles_stops_there() -> None:
+    step, _ = _steps([100_000_000, 103_000_000])  # 3% apart: the median's error falls under 1% at eight
+    times = until_settled(step)
+    assert len(times) == 8 and sum(times) >= PIPELINED_NS
+    assert settled(times) and not settled(times[:-1])
