@@ -13,7 +13,8 @@ import torch
 
 from engine.errors import ConfigError
 from engine.modules.checkpoint import module_weights, state_dict_name
-from engine.modes.module import pace_note
+from engine.measure.spread import spread_text
+from engine.modes.module import STEPS_ROW, pace_note
 from engine.trace import BACKWARD_SUFFIX, read_trace
 
 pytest.importorskip("peft", reason="needs the models extra: pip install 'offload-engine[models]'")
@@ -101,6 +102,14 @@ def test_execute_without_a_trace_records_one_to_replay(recorded, tmp_path):
     recorded = (trace.header.get("plain_step_ns") or trace.header["pipelined_step_ns"]) / 1e6
     assert pace_note(trace, report["measurement"]["resident_step_ms"]) in r.stdout
     assert f"at {recorded:.2f} ms" in r.stdout
+    # Each run's steps kept, and their spread in the table: the streamed steps after the first, the
+    # plain module's runs (one on the CPU).
+    meas = report["measurement"]
+    assert len(meas["steps_ms"]) == 2 and [len(run) for run in meas["resident_steps_ms"]] == [2]
+    rows = {line.split("|")[1].strip(): line.split("|")[3].strip() for line in r.stdout.splitlines()
+            if line.startswith(f"| {STEPS_ROW}")}
+    assert rows == {STEPS_ROW: spread_text(meas["steps_ms"][1:]),
+                    f"{STEPS_ROW}, plain module": spread_text(meas["resident_steps_ms"][0][1:])}
     sim = cli(*MODEL, BUDGET, f"trace={tmp_path / 'trace.jsonl'}", f"hydra.run.dir={tmp_path / 'sim'}")
     assert sim.returncode == 0, sim.stderr
 

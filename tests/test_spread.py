@@ -28,6 +28,7 @@ def test_settled_is_the_standard_error_within_the_bound() -> None:
 def test_the_spread_reads_count_range_and_error() -> None:
     assert spread_text([90, 100, 120, 105, 95]) == "5 steps, 90.0-120.0 ms, median +-4.2%"
     assert spread_text([100.0, 102.0]) == "2 steps, 100.0-102.0 ms"
+    assert spread_text([100.0]) == "1 step, 100.0 ms"
     assert spread_text([]) == "no steps"
 
 

@@ -40,4 +40,6 @@ def spread_text(times_ms: Sequence[float]) -> str:
         return "no steps"
     se = median_rel_se(times_ms)
     known = f", median +-{100 * se:.1f}%" if math.isfinite(se) else ""
+    if len(times_ms) == 1:
+        return f"1 step, {times_ms[0]:.1f} ms"
     return f"{len(times_ms)} steps, {min(times_ms):.1f}-{max(times_ms):.1f} ms{known}"
