@@ -17,7 +17,7 @@ for spec in "$@"; do
     flux) M=model=flux_diffusers; W="workload.video_tokens=4096" ;;
     auraflow) M=model=auraflow_diffusers; W="workload.video_tokens=4096" ;;
   esac
-  left=$(( 590 - $(date +%s) + START ))
+  left=$(( ${LIMIT:-590} - $(date +%s) + START ))
   if [ $left -lt 150 ]; then echo "$spec skipped: $left s left"; continue; fi
   CK=/dev/shm/$name.safetensors; T0=$(date +%s)
   if [ "$last" != "$name" ]; then
