@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from engine.files import write_text_atomic
+from engine.measure.spread import settled, spread_text
 
 
 def fmt_bytes(n: int | float | None) -> str:
@@ -106,3 +107,10 @@ def relocations_note(measurement: dict) -> str | None:
             f"simulator does not model this, so {'the measured step includes' if warm else 'only the first step includes'} "
             "stalls it did not predict; weights.backend=vmm never relocates")
     return "\n".join(lines) or None
+
+
+def steps_cell(times_ms: Sequence[float]) -> str:
+    """The measured steps a median is taken over, for a report: their spread, and where it
+    leaves the median uncertain by more than 1%, the knob that runs more of them."""
+    text = spread_text(times_ms)
+    return text if settled(times_ms) else text + " (more steps pin the median down: raise workload.steps)"

@@ -10,7 +10,7 @@ import pytest
 
 from engine.cli import hydra_args
 from engine.config import load_hardware
-from engine.measure.spread import spread_text
+from engine.report import steps_cell
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -121,7 +121,7 @@ def test_execute_on_the_host_backend_matches_its_prediction(run_cli, tmp_path):
     assert meas["outputs_match_reference"] is True and meas["steps"] == 3
     # Every step kept, and the ones the median is taken over summed up beside it.
     assert len(meas["steps_ms"]) == 3 and meas["steps_ms"][0] == meas["first_step_ms"]
-    assert f"the table shows the median of the rest: {spread_text(meas['steps_ms'][1:])})" in r.stdout
+    assert f"the table shows the median of the rest: {steps_cell(meas['steps_ms'][1:])})" in r.stdout
     # One policy, two clocks: the executor copies exactly what the simulator predicted.
     rows = {row["key"]: row for row in report["comparison"]}
     assert rows["step_ms"]["relative_error"] is None and rows["first_step_ms"]["relative_error"] is None

@@ -4,6 +4,7 @@ and executed with activations spilled, against the same steps of the plain modul
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -13,8 +14,8 @@ import torch
 
 from engine.errors import ConfigError
 from engine.modules.checkpoint import module_weights, state_dict_name
-from engine.measure.spread import spread_text
 from engine.modes.module import STEPS_ROW, pace_note
+from engine.report import steps_cell
 from engine.trace import BACKWARD_SUFFIX, read_trace
 
 pytest.importorskip("peft", reason="needs the models extra: pip install 'offload-engine[models]'")
@@ -108,8 +109,9 @@ def test_execute_without_a_trace_records_one_to_replay(recorded, tmp_path):
     assert len(meas["steps_ms"]) == 2 and [len(run) for run in meas["resident_steps_ms"]] == [2]
     rows = {line.split("|")[1].strip(): line.split("|")[3].strip() for line in r.stdout.splitlines()
             if line.startswith(f"| {STEPS_ROW}")}
-    assert rows == {STEPS_ROW: spread_text(meas["steps_ms"][1:]),
-                    f"{STEPS_ROW}, plain module": spread_text(meas["resident_steps_ms"][0][1:])}
+    assert rows == {STEPS_ROW: steps_cell(meas["steps_ms"][1:]),
+                    f"{STEPS_ROW}, plain module": steps_cell(meas["resident_steps_ms"][0][1:])}
+    assert meas["resident_step_ms"] == statistics.median(meas["resident_steps_ms"][0][1:])
     sim = cli(*MODEL, BUDGET, f"trace={tmp_path / 'trace.jsonl'}", f"hydra.run.dir={tmp_path / 'sim'}")
     assert sim.returncode == 0, sim.stderr
 

@@ -16,11 +16,11 @@ from torch import nn
 import engine
 from engine.config import load_hardware
 from engine.errors import BelowFloorError, ConfigError, ExecutorError, WeightFileError
-from engine.measure.spread import spread_text
 from engine.modules.build import build_module, parameters_on_meta
 from engine.modules.offload import predict
 from engine.modules.packing import SUFFIX
 from engine.modules.record import fit_to_pipelined
+from engine.report import steps_cell
 from engine.trace import KernelRecord, Trace, read_trace, write_trace
 from engine.sweep import point_row
 from engine.units import budget_bytes
@@ -518,7 +518,7 @@ def test_the_cli_records_then_simulates_a_transformers_model(tmp_path):
     assert report["bitwise"] == [True] * 3  # workload.steps forwards, each against the resident one
     assert report["measurement"]["h2d_bytes"] == report["prediction"]["h2d_bytes"]
     steps = report["measurement"]["steps_ms"]  # every step kept; the ones after the first summed up
-    assert len(steps) == 3 and spread_text(steps[1:]) in ex.stdout
+    assert len(steps) == 3 and steps_cell(steps[1:]) in ex.stdout
     events = json.loads((tmp_path / "ex" / "timeline.json").read_text())["traceEvents"]
     measured = [e["name"] for e in events if e.get("pid") == 2 and e["ph"] == "X" and e["tid"] == 1]
     assert measured == [r.name for r in by_block.records]  # the last step's kernels, beside the prediction

@@ -1,5 +1,6 @@
-"""How well timed steps know their median (engine/measure/spread.py), and the recorder's
-all-resident steps timed until it is known (engine/modules/record.py until_settled)."""
+"""How well timed steps know their median (engine/measure/spread.py), the reports' cell of
+them (engine/report.py steps_cell), and the recorder's all-resident steps timed until it is
+known (engine/modules/record.py until_settled)."""
 from __future__ import annotations
 
 import itertools
@@ -9,6 +10,7 @@ import pytest
 
 from engine.measure.spread import median_rel_se, settled, spread_text
 from engine.modules.record import MAX_PIPELINED_STEPS, PIPELINED_NS, PIPELINED_STEPS, SETTLE_NS, until_settled
+from engine.report import steps_cell
 
 
 def test_the_medians_standard_error_comes_from_the_interquartile_range() -> None:
@@ -30,6 +32,13 @@ def test_the_spread_reads_count_range_and_error() -> None:
     assert spread_text([100.0, 102.0]) == "2 steps, 100.0-102.0 ms"
     assert spread_text([100.0]) == "1 step, 100.0 ms"
     assert spread_text([]) == "no steps"
+
+
+def test_a_report_asks_for_more_steps_where_the_median_is_uncertain() -> None:
+    assert steps_cell([100.0, 100.2, 99.9, 100.1]) == "4 steps, 99.9-100.2 ms, median +-0.1%"
+    assert steps_cell([90, 100, 120, 105, 95]) == ("5 steps, 90.0-120.0 ms, median +-4.2% (more steps pin the "
+                                                   "median down: raise workload.steps)")
+    assert steps_cell([100.0, 100.0]).endswith("raise workload.steps)")  # two steps know nothing of it
 
 
 def _steps(times_ns: list[int]) -> tuple[list[int], list[int]]:

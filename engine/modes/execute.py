@@ -29,7 +29,6 @@ import torch
 
 from engine.errors import BelowFloorError, ConfigError, ExecutorError
 from engine.executor.offloader import ActivationOffloader
-from engine.measure.spread import spread_text
 from engine.config import profile_mismatch
 from engine.executor.setup import (bitwise_equal, compute_device, device_name, end_of_step, fits_resident, open_weight_file,
                                    run_settings, step_times, streamed_executor, weight_counts)
@@ -44,7 +43,7 @@ from engine.modes.simulate import prediction_md, prediction_report, run_simulati
 from engine.policy import AccessOrder
 from engine.policy.activations import build_activation_policy
 from engine.policy.weights import WeightResidency
-from engine.report import fmt_bytes, plan_md, relocations_note, table
+from engine.report import fmt_bytes, plan_md, relocations_note, steps_cell, table
 from engine.models.spec import ModelSpec
 from engine.units import budget_bytes
 from engine.weightfile import materialize
@@ -187,7 +186,7 @@ def comparison_md(rows: list[dict], meas: dict) -> str:
                   "(a non-deterministic CUDA kernel, e.g. cuDNN's attention backward), so training is "
                   "compared within twice that spread or 2^-7 of each tensor's magnitude, not bitwise")
     md.append(f"- backend {meas['backend']}, {meas['steps']} steps (the first fills the pool; "
-              f"the table shows the median of the rest: {spread_text(meas['steps_ms'][1:] or meas['steps_ms'])})")
+              f"the table shows the median of the rest: {steps_cell(meas['steps_ms'][1:] or meas['steps_ms'])})")
     note = relocations_note(meas)
     if note:
         md.append(note)

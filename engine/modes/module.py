@@ -41,7 +41,6 @@ from engine.executor.setup import bitwise_equal, compute_device, device_name, en
 from engine.executor.training import LEARNING_RATE, match_reference, max_abs_diff, to_host
 from engine.gc_pause import paused_gc
 from engine.measure.clocks import clock_for
-from engine.measure.spread import spread_text
 from engine.models.lora import lora_sgd
 from engine.job import Job, Outcome, config_summary, plan_keys
 from engine.plan import make_plan
@@ -52,7 +51,7 @@ from engine.modules.kernels import GROUPINGS
 from engine.modes.simulate import timeline_files
 from engine.modules.offload import fastest_grouping, offload, predict, record
 from engine.modules.training import sized_for
-from engine.report import fmt_bytes, launches_cell, relocations_note, table
+from engine.report import fmt_bytes, launches_cell, relocations_note, steps_cell, table
 from engine.trace import Trace, write_trace
 from engine.units import budget_bytes
 from engine.weightfile import materialize
@@ -302,7 +301,7 @@ def execute_module(job: Job) -> Outcome:
     md = (f"## Executed {cfg.model.name} at budget {cfg.budget} MB ({pred['eviction']})\n\n"
           + table(["", "predicted", "measured"], [
               ["step time", f"{pred['step_ms']:.2f} ms", f"{measured['step_ms']:.2f} ms"],
-              [STEPS_ROW, "", spread_text([r["step_ms"] for r in steady])],
+              [STEPS_ROW, "", steps_cell([r["step_ms"] for r in steady])],
               ["H2D bytes / step", fmt_bytes(pred["h2d_bytes"]), fmt_bytes(measured["h2d_bytes"])],
               ["peak pool bytes", fmt_bytes(pred["peak_device_bytes"]), fmt_bytes(measured["peak_device_bytes"])],
               ["peak pool + torch bytes", fmt_bytes(pred["peak_pool_torch_bytes"]),
@@ -449,18 +448,20 @@ def _execute_training(job: Job, module: Any, inputs: dict, device: torch.device,
     compare = fits_resident(sum(trace.weight_sizes.values()) + saved, device)
     reference = spread = resident_ms = None
     resident_runs: list[list[float]] = []  # each plain run's step times, ms
+    resident_steady: list[float] = []
     # The kernels run as a training script runs them (no deterministic mode, whose kernels
     # differ in time and memory from what was recorded): on a GPU the backward's kernels sum
     # in no fixed order, so a second resident run measures the spread the comparison allows.
     if compare:  # the plain module, loaded as from_pretrained would: it shares none of offload's set-up
         plain = _plain(job, device)
         reference, ref_ms = plain_train_run(cfg, plain, device, inputs, initial)
-        resident_ms = statistics.median(ref_ms[1:] or ref_ms)
         resident_runs.append(ref_ms)
         if device.type == "cuda":
             again, again_ms = plain_train_run(cfg, plain, device, inputs, initial)
             spread = max_abs_diff(reference, again)
             resident_runs.append(again_ms)
+        resident_steady = [t for run in resident_runs for t in run[1:] or run]  # each run's first warms it
+        resident_ms = statistics.median(resident_steady)
         del plain
         if device.type == "cuda":
             torch.cuda.empty_cache()  # its weights go back before the streamed run measures its peak
@@ -494,7 +495,7 @@ def _execute_training(job: Job, module: Any, inputs: dict, device: torch.device,
               "loss_match_reference": losses, "grads_match_reference": grads, "device": device_name(device)}
     table_rows = [
         ["step time", f"{pred['step_ms']:.2f} ms", f"{measured['step_ms']:.2f} ms"],
-        [STEPS_ROW, "", spread_text([r["weight_step_ms"] for r in steady])],
+        [STEPS_ROW, "", steps_cell([r["weight_step_ms"] for r in steady])],
         ["H2D bytes / step (weights, restores)", fmt_bytes(pred["h2d_bytes"]), fmt_bytes(measured["h2d_bytes"])],
         ["D2H bytes / step (spills)", fmt_bytes(pred["d2h_bytes"]), fmt_bytes(measured["d2h_bytes"])],
         ["peak pool + torch bytes", fmt_bytes(pred["peak_pool_torch_bytes"]),
@@ -502,8 +503,7 @@ def _execute_training(job: Job, module: Any, inputs: dict, device: torch.device,
          else "not measured (cpu)"]]
     if resident_ms is not None:
         table_rows.append(["step of the plain module, every weight resident", "", f"{resident_ms:.2f} ms"])
-        table_rows.append([f"{STEPS_ROW}, plain module", "", "; ".join(spread_text(run[1:] or run)
-                                                                        for run in resident_runs)])
+        table_rows.append([f"{STEPS_ROW}, plain module", "", steps_cell(resident_steady)])
     compared = ("not compared (the weights and saved tensors do not fit all resident)" if reference is None else
                 f"losses {losses}, gradients {grads}" + (f" (within twice the resident runs' own spread, "
                                                          f"{spread:.3g}, or 2^-7 of each tensor's magnitude)"
