@@ -266,21 +266,25 @@ def test_run_execute_on_the_host_backend(tiny, tmp_path):
     assert len(rows) == 3 and {"step_ms", "h2d_bytes", "peak_device_bytes"} <= rows[0].keys()
 
 
+STEPS_MS = [30.0, 10.0, 10.1, 9.9, 10.0]  # a run's steps, the first filling the pool
+
+
 @pytest.mark.parametrize("warm, says", [(0, "only the first step includes"), (2, "the measured step includes")])
 def test_the_report_says_whether_the_measured_step_holds_relocations(warm, says):
     """The median is over the steps after the first: a relocation there is in the measured step."""
-    md = comparison_md([], {"backend": "cuda", "steps": 5, "relocations": 3, "warm_relocations": warm,
-                            "reserve_releases": 3})
+    md = comparison_md([], {"backend": "cuda", "steps": 5, "steps_ms": STEPS_MS, "relocations": 3,
+                            "warm_relocations": warm, "reserve_releases": 3})
     assert f"3 relocations, {warm} of them in the steps the median is taken over" in md and says in md
+    assert "5 steps (the first fills the pool; the table shows the median of the rest: 4 steps, 9.9-10.1 ms" in md
     assert "releasing the pool's unused reserve" not in md  # each release was followed by a relocation
 
 
 def test_the_report_counts_the_refusals_the_released_reserve_answered():
-    md = comparison_md([], {"backend": "cuda", "steps": 5, "relocations": 1, "warm_relocations": 0,
-                            "reserve_releases": 3})
+    md = comparison_md([], {"backend": "cuda", "steps": 5, "steps_ms": STEPS_MS, "relocations": 1,
+                            "warm_relocations": 0, "reserve_releases": 3})
     assert "- 2 pool refusals under the budget answered by releasing the pool's unused reserve" in md
     assert "- 1 relocations" in md
-    assert "reserve" not in comparison_md([], {"backend": "cuda", "steps": 5, "relocations": 0,
+    assert "reserve" not in comparison_md([], {"backend": "cuda", "steps": 5, "steps_ms": STEPS_MS, "relocations": 0,
                                                "reserve_releases": 0})
 
 
@@ -356,9 +360,10 @@ def test_a_step_matches_when_it_equals_any_outcome_of_a_non_deterministic_reside
     runs = iter([b] + [a] * 8)
     assert execute.resident_outcomes(spec, {}, {}, torch.device("cpu"), a, [beyond], 4).match  # 0.25 from b
     md = execute.comparison_md([], {"outputs_match_reference": True, "outputs_bitwise": False, "reference_outcomes": 3,
-                                    "reference_outcomes_spread": 0.0557, "backend": "cuda", "steps": 3})
+                                    "reference_outcomes_spread": 0.0557, "backend": "cuda", "steps": 3,
+                                    "steps_ms": STEPS_MS[:3]})
     assert "outputs within the spread (not bitwise equal to any) of the all-resident forward's 3 different" in md
     assert "they differ by up to 0.0557" in md
     md = execute.comparison_md([], {"outputs_match_reference": True, "reference_outcomes": 2, "backend": "cuda",
-                                    "steps": 3})
+                                    "steps": 3, "steps_ms": STEPS_MS[:3]})
     assert "outputs bitwise equal, step by step, to one of the all-resident forward's 2 different outputs" in md
