@@ -31,6 +31,10 @@ path perf_counter timestamps for the cpu backend and CPU tests):
   and D2H copies by size, both directions at once, pool allocation latency,
   and the recorded step's time while a stream of H2D copies runs beside it.
 
+- **Spread** (spread.py). How well timed steps know their median: the module
+  recorder times its all-resident steps until it is known, and the reports set
+  the steps a median is taken over beside it.
+
 `build_trace` (timing.py) turns a timed step into a trace; the header carries
 the probes and host figures under "probes" (probes.PROBES_DOC), from which
 `engine.calibrate` fits a hardware profile. engine/modes/record.py runs it all.
