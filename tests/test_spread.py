@@ -1,6 +1,7 @@
 """How well timed steps know their median (engine/measure/spread.py), the reports' cell of
 them (engine/report.py steps_cell), and the recorder's all-resident steps timed until it is
-known (engine/modules/record.py until_settled)."""
+known, in turns with the plain module's where the host bounds them (engine/modules/record.py
+until_settled, in_turns)."""
 from __future__ import annotations
 
 import itertools
@@ -9,7 +10,8 @@ import math
 import pytest
 
 from engine.measure.spread import median_rel_se, settled, spread_text
-from engine.modules.record import MAX_PIPELINED_STEPS, PIPELINED_NS, PIPELINED_STEPS, SETTLE_NS, until_settled
+from engine.modules.record import (MAX_PIPELINED_STEPS, PIPELINED_NS, PIPELINED_STEPS, SETTLE_NS, TURN_STEPS, in_turns,
+                                   until_settled)
 from engine.report import steps_cell
 
 
@@ -72,3 +74,23 @@ def test_a_spread_that_settles_stops_there() -> None:
     times = until_settled(step)
     assert len(times) == 8 and sum(times) >= PIPELINED_NS
     assert settled(times) and not settled(times[:-1])
+
+
+def test_host_bound_steps_and_the_plain_modules_run_in_turns_until_both_are_known() -> None:
+    order: list[str] = []
+
+    def step() -> int:
+        order.append("hooked")
+        return 100_000_000
+
+    def plain_turn(n: int) -> list[int]:
+        order.append(f"bound {n}")
+        return [125_000_000] * n
+    times, plain = in_turns(step, plain_turn)
+    # 100 ms and 125 ms steps settle at once: six of each (500 ms of steps), in two turns of three.
+    assert times == [100_000_000] * 6 and plain == [125_000_000] * 6
+    assert order == ["hooked"] * TURN_STEPS + ["bound 3"] + ["hooked"] * TURN_STEPS + ["bound 3"]
+    # Turns go on while either spreads: here the plain steps, to the cap.
+    noisy = itertools.cycle([60_000_000, 100_000_000])
+    times, plain = in_turns(step, lambda n: [next(noisy) for _ in range(n)])
+    assert len(times) == len(plain) == MAX_PIPELINED_STEPS

@@ -28,13 +28,14 @@ next; engine/measure/spread.py, up to SETTLE_NS); then pairs of a
 step alone and one beside a stream of H2D copies, in turns so the device's drift falls
 on both, give the module's own slowdown under copies (header
 "compute_slowdown_under_copy", which the simulator takes over the profile's).
-Where the host bounds the step, steps of the plain module follow, timed alike, its
-weights bound once and the hooks off, as offload runs a module whose weights all
-fit and as a training step runs without offload (header "plain_step_ns";
-"plain_host_factor" takes the host times to that step, for the simulator where every
-weight is resident; where the GPU bounds the step, the hooks' host work hides behind it). The plain step bounds the GPU's work too: where
-it is shorter than the pipelined step, the kernels are scaled to it, not to a step the hooks'
-host work lengthened. A record's host time is spread over
+Where the host bounds the step, steps of the plain module are timed in turns with
+them, so the host's drift falls on both: its weights bound and the hooks off, as offload
+runs a module whose weights all fit and as a training step runs without offload (header
+"plain_step_ns"; "plain_host_factor" takes the host times to that step, for the simulator
+where every weight is resident; where the GPU bounds the step, the hooks' host work hides
+behind it). The plain step bounds the GPU's work too: where it is shorter than the
+pipelined step, the kernels are scaled to it, not to a step the hooks' host work
+lengthened. A record's host time is spread over
 its block's launches (header "block_records"): the simulator starts its GPU work
 with the first launch.
 
@@ -109,6 +110,7 @@ PIPELINED_NS = 500_000_000  # and until their time adds up to this: a host-bound
 # host moves by tens of percent from step to step), for at most this long and this many steps.
 SETTLE_NS = 8_000_000_000
 MAX_PIPELINED_STEPS = 10 * PIPELINED_STEPS
+TURN_STEPS = 3  # where the host bounds the step: steps a turn, through the hooks, then of the plain module
 # All-resident warm-up steps: at least one, and until this long. Under sustained load the GPU
 # settles at its power limit within about a second; a step timed sooner runs at higher clocks.
 WARMUP_NS = 1_000_000_000
@@ -296,11 +298,28 @@ def until_settled(step: Callable[[], int], settle_ns: int = SETTLE_NS) -> list[i
     PIPELINED_NS, then until their median is known (`settled`) or `settle_ns` or
     MAX_PIPELINED_STEPS is reached."""
     times: list[int] = []
-    while len(times) < MAX_PIPELINED_STEPS and (
-            len(times) < PIPELINED_STEPS or sum(times) < PIPELINED_NS
-            or (sum(times) < settle_ns and not settled(times))):
+    while _unsettled(times, settle_ns):
         times.append(step())
     return times
+
+
+def in_turns(step: Callable[[], int], plain_turn: Callable[[int], list[int]],
+             settle_ns: int = SETTLE_NS) -> tuple[list[int], list[int]]:
+    """Times of `step` and of the plain module's steps (`plain_turn(n)`: n of them, bound for
+    the turn), in turns of TURN_STEPS each, so a host whose pace drifts slows both alike (the
+    recording's plain_host_factor is their ratio), until both are known as `until_settled`
+    asks."""
+    times: list[int] = []
+    plain: list[int] = []
+    while _unsettled(times, settle_ns) or _unsettled(plain, settle_ns):
+        times += [step() for _ in range(TURN_STEPS)]
+        plain += plain_turn(TURN_STEPS)
+    return times, plain
+
+
+def _unsettled(times: Sequence[int], settle_ns: int) -> bool:
+    return len(times) < MAX_PIPELINED_STEPS and (
+        len(times) < PIPELINED_STEPS or sum(times) < PIPELINED_NS or (sum(times) < settle_ns and not settled(times)))
 
 
 def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss_fn: LossFn | None = None,
@@ -313,8 +332,8 @@ def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss
     PIPELINED_STEPS pairs of a step alone and one beside H2D copies, for their ratio only: a
     step after one beside copies starts at clocks the copies let rise, so the pairs' steps
     alone run faster than back-to-back steps. A step whose last warm-up the host bounded
-    (against `kernels_ns`, its kernels' time) then times steps of the plain module the same
-    way, its weights bound once."""
+    (against `kernels_ns`, its kernels' time) is timed in turns with the plain module's steps,
+    its weights bound for each turn (`in_turns`)."""
     training = loss_fn is not None
     own = executor is None
     executor = resident_executor(streamed, backend, training) if own else executor
@@ -368,7 +387,7 @@ def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss
 
     try:
         beside: list[int] = []  # inference on CUDA: steps beside copies, each after one alone
-        plain: list[int] = []  # where the host bounds the step: steps of the plain module
+        plain: list[int] = []  # where the host bounds the step: steps of the plain module, in turns
         copies, copies_bytes = None, 0
         warm, warm_ns, last_warm = 0, 0, 0
         syncs = None
@@ -387,17 +406,21 @@ def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss
                 copies_bytes = torch.cuda.memory_allocated(streamed.device) - held
             torch.cuda.reset_peak_memory_stats(streamed.device)
         settle_ns = SETTLE_NS if cuda else 0  # the CPU backend's steps, the tests', are not timed for their pace
-        times = until_settled(one_step, settle_ns)
+
+        def bound_turn(n: int) -> list[int]:
+            # Bound for the turn, as offload binds; its first step untimed: binding slows the step after it.
+            with streamed.bind(executor):
+                bound_step()
+                return [bound_step() for _ in range(n)]
+        if host_bound(kernels_ns, last_warm):
+            times, plain = in_turns(one_step, bound_turn, settle_ns)
+        else:
+            times = until_settled(one_step, settle_ns)
         alone: list[int] = []
         if copies is not None:  # in turns with steps alone, so drift falls on both
             for _ in range(PIPELINED_STEPS):
                 alone.append(one_step())
                 beside.append(one_step(copies))
-        if host_bound(kernels_ns, last_warm):
-            # Bound once, as offload binds: binding before every step slows the step after it.
-            with streamed.bind(executor):
-                bound_step()  # its warm-up
-                plain = until_settled(bound_step, settle_ns)
         peak = None
         if cuda:
             free, total = torch.cuda.mem_get_info(streamed.device)
