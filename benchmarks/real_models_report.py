@@ -12,7 +12,9 @@ measured rows) and each model's recording (KEY.trace.jsonl.gz). Every measured r
 predicted as real_models.py predicts it (engine.modules.offload.predict, the row's budget,
 eviction, lookahead and backend) from the recording, its header edited by each --set
 KEY=JSON (to replay an older recording under a newer simulator, or the other way round).
-Prints measured against predicted (the mean of the measured steps; a run that measured them
+Prints measured against predicted (the mean of the measured steps, beside their fastest and
+slowest where the run kept them, and how many rows the prediction lands inside that range; a run
+that measured them
 in a synced loop, row key predicted_synced_ms, is predicted with loop="synced"), the mean, max and mean
 signed error, and at each run's budget whether the configuration the simulator ranks first
 is the one measured fastest; for rows that measured it, the process peak (pool, torch and the
@@ -170,9 +172,11 @@ def main() -> None:
         if args.leave_one_out else None
     print(f"hardware={args.hardware}{''.join(f' --set {s}' for s in args.set)}"
           f"{' --synthesized' if args.synthesized else ''}{' --leave-one-out' if args.leave_one_out else ''}\n")
-    print("| run | model | budget MB | backend | grouping/eviction/lookahead | measured ms (mean) | predicted ms | error |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| run | model | budget MB | backend | grouping/eviction/lookahead | measured ms (mean) | its steps ms | "
+          "predicted ms | error |")
+    print("|---|---|---|---|---|---|---|---|---|")
     errors, hosts, picks, peaks, host_bound = [], [], [], [], []  # host_bound: (row, error) where the host sets it
+    inside: list[bool] = []  # rows that kept their steps: the prediction within their fastest and slowest
     notes: list[str] = []  # printed after the tables, so a bad input stays one line
     for d, data in runs:
         traces = {(t.header["model"], grouping(t, path), shape(t.header.get("workload"))): t
@@ -212,8 +216,12 @@ def main() -> None:
                                   prediction["peak_process_bytes"] / peak - 1))
                 config = f"{r['backend']} {key[1]}/{r['eviction']}/{r['lookahead']}"
                 at.setdefault(r["budget_mb"], []).append((r["mean_ms"], p, config))
+                steps = r.get("times") or []
+                if steps:
+                    inside.append(min(steps) <= p <= max(steps))
+                span = f"{min(steps):.1f}-{max(steps):.1f}" if steps else "-"
                 print(f"| {d.name} | {result['model']} | {r['budget_mb']:.0f} | {r['backend']} | "
-                      f"{key[1]}/{r['eviction']}/{r['lookahead']} | {r['mean_ms']:.1f} | {p:.1f} | {err:+.1%} |")
+                      f"{key[1]}/{r['eviction']}/{r['lookahead']} | {r['mean_ms']:.1f} | {span} | {p:.1f} | {err:+.1%} |")
             for budget, rows in at.items():
                 if len(rows) > 1 and budget:  # all resident (0), every configuration runs the same
                     best = min(rows)[0]
@@ -226,6 +234,8 @@ def main() -> None:
               f"{', '.join(f'{p:+.1%}' for p in picks)} over the best")
     else:
         print()
+    if inside:
+        print(f"inside the measured steps' range in {sum(inside)} of {len(inside)} rows that kept them")
     rest = [e for e, host in zip(errors, hosts) if not host]
     if host_bound and rest:
         print(f"the {len(rest)} rows the GPU or the link bounds (as predicted): mean |error| "
