@@ -3,6 +3,7 @@ packed kernels, recording -> simulation, and the bad checkpoints a user brings."
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from torch import nn
 import engine
 from engine.config import load_hardware
 from engine.errors import BelowFloorError, ConfigError, ExecutorError, WeightFileError
+from engine.modes.module import pace_note
 from engine.modules.build import build_module, parameters_on_meta
 from engine.modules.offload import predict
 from engine.modules.packing import SUFFIX
@@ -519,6 +521,11 @@ def test_the_cli_records_then_simulates_a_transformers_model(tmp_path):
     assert report["measurement"]["h2d_bytes"] == report["prediction"]["h2d_bytes"]
     steps = report["measurement"]["steps_ms"]  # every step kept; the ones after the first summed up
     assert len(steps) == 3 and steps_cell(steps[1:]) in ex.stdout
+    # The same steps of the plain module, timed beside them, and set against the recording's.
+    plain = report["measurement"]["resident_steps_ms"]
+    assert len(plain) == 3 and report["measurement"]["resident_step_ms"] == statistics.median(plain[1:])
+    assert f"{report['measurement']['resident_step_ms']:.2f} ms" in ex.stdout
+    assert pace_note(read_trace(trace), report["measurement"]["resident_step_ms"]) in ex.stdout
     events = json.loads((tmp_path / "ex" / "timeline.json").read_text())["traceEvents"]
     measured = [e["name"] for e in events if e.get("pid") == 2 and e["ph"] == "X" and e["tid"] == 1]
     assert measured == [r.name for r in by_block.records]  # the last step's kernels, beside the prediction

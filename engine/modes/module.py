@@ -259,11 +259,10 @@ def execute_module(job: Job) -> Outcome:
     cfg.weights.eviction, cfg.weights.lookahead = pred["eviction"], pred["lookahead"]
     if _training(cfg):
         return _execute_training(job, module, inputs, device, trace, pred)
-    reference = None
+    reference, resident_ms = None, []
     if fits_resident(sum(trace.weight_sizes.values()), device):  # the plain module, loaded as from_pretrained would
         plain = load_resident(build_module(cfg.model), path, device)
-        with torch.no_grad():
-            reference = first_output(plain(**inputs)).clone()
+        reference, resident_ms = plain_infer_run(cfg, plain, device, inputs)
         del plain
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -292,7 +291,10 @@ def execute_module(job: Job) -> Outcome:
     steady = rows[1:] or rows
     measured = {"step_ms": statistics.median(r["step_ms"] for r in steady), "h2d_bytes": rows[-1]["h2d_bytes"],
                 "peak_device_bytes": max(r["peak_device_bytes"] for r in rows),
-                "steps_ms": [r["step_ms"] for r in rows]}
+                "steps_ms": [r["step_ms"] for r in rows],
+                # The same steps of the plain module, every weight resident (where it fits).
+                "resident_step_ms": statistics.median(resident_ms[1:] or resident_ms) if resident_ms else None,
+                "resident_steps_ms": resident_ms}
     if cuda:  # the whole device less the context: the weights' held peak plus torch's allocator's
         measured["peak_pool_torch_bytes"] = (max(r["held_device_bytes"] for r in rows)
                                              + torch.cuda.max_memory_allocated(device))
@@ -305,12 +307,16 @@ def execute_module(job: Job) -> Outcome:
               ["H2D bytes / step", fmt_bytes(pred["h2d_bytes"]), fmt_bytes(measured["h2d_bytes"])],
               ["peak pool bytes", fmt_bytes(pred["peak_device_bytes"]), fmt_bytes(measured["peak_device_bytes"])],
               ["peak pool + torch bytes", fmt_bytes(pred["peak_pool_torch_bytes"]),
-               fmt_bytes(measured["peak_pool_torch_bytes"]) if cuda else "not measured (cpu)"]])
+               fmt_bytes(measured["peak_pool_torch_bytes"]) if cuda else "not measured (cpu)"],
+              *([["step of the plain module, every weight resident", "", f"{measured['resident_step_ms']:.2f} ms"],
+                 [f"{STEPS_ROW}, plain module", "", steps_cell(resident_ms[1:] or resident_ms)]]
+                if resident_ms else [])])
           + ("" if "groupings_ms" not in pred else "\n\nmodel.grouping=auto kept " + pred["grouping"] + ", predicted "
              + ", ".join(f"{g} {ms:.2f} ms" for g, ms in pred["groupings_ms"].items()))
           + f"\n\n{_predicted_from(job, len(groupings))}"
           + "\n\noutputs bitwise equal to the plain module's (loaded from weights.file, every weight resident): "
-          + ("not compared (the model does not fit)" if reference is None else str(all(same))))
+          + ("not compared (the model does not fit)" if reference is None else str(all(same)))
+          + (f"\n\n{pace}" if (pace := pace_note(trace, measured["resident_step_ms"])) else ""))
     return Outcome(report, md, exit_code=0 if reference is None or all(same) else 1)
 
 
@@ -409,6 +415,27 @@ def _train_steps(cfg: Any, module: Any, inputs: dict, initial: dict[str, torch.T
     if cuda:
         torch.cuda.synchronize()  # the steps' copies to the host have landed
     return steps, peaks
+
+
+def plain_infer_run(cfg: Any, plain: Any, device: torch.device, inputs: dict) -> tuple[torch.Tensor, list[float]]:
+    """workload.steps forwards of the plain module (loaded as from_pretrained would), looped as
+    the offloaded ones (workload.loop), each with cyclic GC paused as they run: the first's output
+    (the reference the offloaded outputs are compared with) and each step's time (ms; CUDA
+    events, else the host's clock)."""
+    clock = clock_for(device)
+    stamps: list[tuple[Any, Any]] = []
+    reference = None
+    with torch.no_grad():
+        for i in range(cfg.workload.steps):
+            with paused_gc():
+                start = clock.stamp()
+                out = first_output(plain(**inputs))
+                stamps.append((start, clock.stamp()))
+            if reference is None:
+                reference = out.clone()
+            end_of_step(cfg.workload.loop, device, i)
+    clock.synchronize()
+    return reference, [clock.ns(a, b) / 1e6 for a, b in stamps]
 
 
 def plain_train_run(cfg: Any, plain: Any, device: torch.device, inputs: dict,
