@@ -6,11 +6,12 @@ the run directory keeps never disagree.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from engine.files import write_text_atomic
-from engine.measure.spread import settled, spread_text
+from engine.measure.spread import MEDIAN_REL_SE, median_rel_se, settled, spread_text
 
 
 def fmt_bytes(n: int | float | None) -> str:
@@ -110,7 +111,14 @@ def relocations_note(measurement: dict) -> str | None:
 
 
 def steps_cell(times_ms: Sequence[float]) -> str:
-    """The measured steps a median is taken over, for a report: their spread, and where it
-    leaves the median uncertain by more than 1%, the knob that runs more of them."""
+    """The measured steps a median is taken over (a run's steps after its first), for a
+    report: their spread, and where it leaves the median uncertain by more than 1%, how many
+    steps would pin it there (the standard error falls as one over the root of the count)."""
     text = spread_text(times_ms)
-    return text if settled(times_ms) else text + " (more steps pin the median down: raise workload.steps)"
+    if settled(times_ms):
+        return text
+    se = median_rel_se(times_ms)
+    if not math.isfinite(se):
+        return text + " (its spread needs three steps after the first: workload.steps=4 or more)"
+    steps = 1 + math.ceil(len(times_ms) * (se / MEDIAN_REL_SE) ** 2)
+    return text + f" (about workload.steps={steps} would pin the median within {MEDIAN_REL_SE:.0%})"

@@ -38,9 +38,11 @@ def test_the_spread_reads_count_range_and_error() -> None:
 
 def test_a_report_asks_for_more_steps_where_the_median_is_uncertain() -> None:
     assert steps_cell([100.0, 100.2, 99.9, 100.1]) == "4 steps, 99.9-100.2 ms, median +-0.1%"
-    assert steps_cell([90, 100, 120, 105, 95]) == ("5 steps, 90.0-120.0 ms, median +-4.2% (more steps pin the "
-                                                   "median down: raise workload.steps)")
-    assert steps_cell([100.0, 100.0]).endswith("raise workload.steps)")  # two steps know nothing of it
+    # +-4.16% over five steps: 5 x 4.16^2 = 86.4 steps after the first for 1%
+    assert steps_cell([90, 100, 120, 105, 95]) == ("5 steps, 90.0-120.0 ms, median +-4.2% (about "
+                                                   "workload.steps=88 would pin the median within 1%)")
+    assert steps_cell([100.0, 100.0]) == ("2 steps, 100.0-100.0 ms (its spread needs three steps after the "
+                                          "first: workload.steps=4 or more)")
 
 
 def _steps(times_ns: list[int]) -> tuple[list[int], list[int]]:
