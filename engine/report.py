@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from engine.files import write_text_atomic
-from engine.measure.spread import MEDIAN_REL_SE, median_rel_se, settled, spread_text
+from engine.measure.spread import MEDIAN_REL_SE, median_rel_se, spread_text
 
 
 def fmt_bytes(n: int | float | None) -> str:
@@ -115,9 +115,9 @@ def steps_cell(times_ms: Sequence[float]) -> str:
     report: their spread, and where it leaves the median uncertain by more than 1%, how many
     steps would pin it there (the standard error falls as one over the root of the count)."""
     text = spread_text(times_ms)
-    if settled(times_ms):
-        return text
     se = median_rel_se(times_ms)
+    if se <= MEDIAN_REL_SE:
+        return text
     if not math.isfinite(se):
         return text + " (its spread needs three steps after the first: workload.steps=4 or more)"
     steps = 1 + math.ceil(len(times_ms) * (se / MEDIAN_REL_SE) ** 2)

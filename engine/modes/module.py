@@ -259,7 +259,7 @@ def execute_module(job: Job) -> Outcome:
     cfg.weights.eviction, cfg.weights.lookahead = pred["eviction"], pred["lookahead"]
     if _training(cfg):
         return _execute_training(job, module, inputs, device, trace, pred)
-    reference, resident_ms = None, []
+    reference, resident_ms = None, []  # the plain module's steps, where it fits
     if fits_resident(sum(trace.weight_sizes.values()), device):  # the plain module, loaded as from_pretrained would
         plain = load_resident(build_module(cfg.model), path, device)
         reference, resident_ms = plain_infer_run(cfg, plain, device, inputs)
@@ -289,11 +289,12 @@ def execute_module(job: Job) -> Outcome:
         h.remove()
     _timeline(job, trace, budget, pred, timeline)
     steady = rows[1:] or rows
+    resident_steady = resident_ms[1:] or resident_ms
     measured = {"step_ms": statistics.median(r["step_ms"] for r in steady), "h2d_bytes": rows[-1]["h2d_bytes"],
                 "peak_device_bytes": max(r["peak_device_bytes"] for r in rows),
                 "steps_ms": [r["step_ms"] for r in rows],
                 # The same steps of the plain module, every weight resident (where it fits).
-                "resident_step_ms": statistics.median(resident_ms[1:] or resident_ms) if resident_ms else None,
+                "resident_step_ms": statistics.median(resident_steady) if resident_steady else None,
                 "resident_steps_ms": resident_ms}
     if cuda:  # the whole device less the context: the weights' held peak plus torch's allocator's
         measured["peak_pool_torch_bytes"] = (max(r["held_device_bytes"] for r in rows)
@@ -309,7 +310,7 @@ def execute_module(job: Job) -> Outcome:
               ["peak pool + torch bytes", fmt_bytes(pred["peak_pool_torch_bytes"]),
                fmt_bytes(measured["peak_pool_torch_bytes"]) if cuda else "not measured (cpu)"],
               *([["step of the plain module, every weight resident", "", f"{measured['resident_step_ms']:.2f} ms"],
-                 [f"{STEPS_ROW}, plain module", "", steps_cell(resident_ms[1:] or resident_ms)]]
+                 [f"{STEPS_ROW}, plain module", "", steps_cell(resident_steady)]]
                 if resident_ms else [])])
           + ("" if "groupings_ms" not in pred else "\n\nmodel.grouping=auto kept " + pred["grouping"] + ", predicted "
              + ", ".join(f"{g} {ms:.2f} ms" for g, ms in pred["groupings_ms"].items()))
