@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 import engine  # noqa: E402
 from engine.modules.build import build_module, example_inputs, first_output  # noqa: E402
 from engine.modules.checkpoint import load_resident, module_weights  # noqa: E402
+from engine.modules.outcomes import distinct  # noqa: E402
 from engine.weightfile import materialize  # noqa: E402
 from real_models import MODELS, WORKLOADS  # noqa: E402
 
@@ -59,14 +60,6 @@ def steps(fn: Callable[[], Any], n: int) -> tuple[list[torch.Tensor], float, flo
             host.append(t1 - t0)
             step.append(t2 - t0)
     return outs, 1e3 * statistics.median(host), 1e3 * statistics.median(step)
-
-
-def distinct(outs: list[torch.Tensor]) -> list[torch.Tensor]:
-    seen: list[torch.Tensor] = []
-    for o in outs:
-        if not any(torch.equal(o, s) for s in seen):
-            seen.append(o)
-    return seen
 
 
 def misaligned(module: torch.nn.Module, names: set[str] | None) -> list[torch.Tensor]:

@@ -59,6 +59,7 @@ from engine.errors import BelowFloorError  # noqa: E402
 from engine.modules.build import build_module, example_inputs, first_output  # noqa: E402
 from engine.modules.checkpoint import Checkpoint, load_resident, module_weights  # noqa: E402
 from engine.modules.offload import predict  # noqa: E402
+from engine.modules.outcomes import distinct  # noqa: E402
 from engine.policy import KEEP_STEPS  # noqa: E402
 from engine.trace import Trace, write_trace  # noqa: E402
 from engine.weightfile import materialize  # noqa: E402
@@ -101,16 +102,6 @@ def host_rss() -> dict[str, int]:
         key, _, value = line.partition(":")
         if key in ("VmRSS", "RssAnon", "RssFile", "RssShmem"):
             out[key] = int(value.split()[0]) * 1024
-    return out
-
-
-def distinct(outputs: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The different outputs among `outputs`, in order: a forward whose own kernels are not
-    deterministic (Llama decode's logits on some inputs) has more than one."""
-    out: list[torch.Tensor] = []
-    for o in outputs:
-        if not one_of(o, out):
-            out.append(o)
     return out
 
 

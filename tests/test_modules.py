@@ -518,6 +518,9 @@ def test_the_cli_records_then_simulates_a_transformers_model(tmp_path):
     assert ex.returncode == 0, ex.stderr
     report = json.loads((tmp_path / "ex" / "report.json").read_text())
     assert report["bitwise"] == [True] * 3  # workload.steps forwards, each against the resident one
+    assert report["outcomes"] == {"outcomes": 1, "plain_steps": 3, "spread": 0.0, "unmatched_max_diff": 0.0,
+                                  "passed": True}  # the plain module's three steps gave one output
+    assert "outputs bitwise equal to the plain module's (loaded from weights.file, every weight resident): True\n" in ex.stdout
     assert report["measurement"]["h2d_bytes"] == report["prediction"]["h2d_bytes"]
     steps = report["measurement"]["steps_ms"]  # every step kept; the ones after the first summed up
     assert len(steps) == 3 and steps_cell(steps[1:]) in ex.stdout

@@ -37,7 +37,7 @@ from omegaconf import OmegaConf, open_dict
 
 from engine.config import WEIGHT_SOURCES, ActivationsConfig
 from engine.errors import ConfigError
-from engine.executor.setup import bitwise_equal, compute_device, device_name, end_of_step, fits_resident
+from engine.executor.setup import compute_device, device_name, end_of_step, fits_resident
 from engine.executor.training import LEARNING_RATE, match_reference, max_abs_diff, to_host
 from engine.gc_pause import paused_gc
 from engine.measure.clocks import clock_for
@@ -50,6 +50,7 @@ from engine.modules.checkpoint import load_resident, module_weights
 from engine.modules.kernels import GROUPINGS
 from engine.modes.simulate import timeline_files
 from engine.modules.offload import fastest_grouping, offload, predict, record
+from engine.modules.outcomes import Comparison
 from engine.modules.training import sized_for
 from engine.report import fmt_bytes, launches_cell, relocations_note, steps_cell, table
 from engine.trace import Trace, write_trace
@@ -259,11 +260,13 @@ def execute_module(job: Job) -> Outcome:
     cfg.weights.eviction, cfg.weights.lookahead = pred["eviction"], pred["lookahead"]
     if _training(cfg):
         return _execute_training(job, module, inputs, device, trace, pred)
-    reference, resident_ms = None, []  # the plain module's steps, where it fits
+    comparison, resident_ms = None, []  # the plain module's steps, where it fits
     if fits_resident(sum(trace.weight_sizes.values()), device):  # the plain module, loaded as from_pretrained would
         plain = load_resident(build_module(cfg.model), path, device)
-        reference, resident_ms = plain_infer_run(cfg, plain, device, inputs)
+        outputs, resident_ms = plain_infer_run(cfg, plain, device, inputs)
         del plain
+        comparison = Comparison(outputs)
+        del outputs
         if device.type == "cuda":
             torch.cuda.empty_cache()
     with warnings.catch_warnings():
@@ -273,16 +276,17 @@ def execute_module(job: Job) -> Outcome:
                     source=cfg.weights.source, **_kernels(cfg))
     cuda = device.type == "cuda"
     try:
-        outs = []
         if cuda:
             torch.cuda.reset_peak_memory_stats(device)
         with torch.no_grad():
             for i in range(cfg.workload.steps):
                 h.executor.time_steps = i == cfg.workload.steps - 1  # the steady state, on the timeline
-                outs.append(first_output(module(**inputs)))
+                out = first_output(module(**inputs))
+                if comparison is not None:
+                    comparison.add(out)  # on the device: the host reading it would sync a free loop
+                del out
                 end_of_step(cfg.workload.loop, device, i)
-        same = [None if reference is None else bitwise_equal(out, reference) for out in outs]  # after the loop:
-        # comparing reads the output on the host, which would sync a free loop
+        verdict = None if comparison is None else comparison.verdict()
         rows = h.telemetry()
         timeline = h.executor.step_timeline()
     finally:
@@ -296,11 +300,15 @@ def execute_module(job: Job) -> Outcome:
                 # The same steps of the plain module, every weight resident (where it fits).
                 "resident_step_ms": statistics.median(resident_steady) if resident_steady else None,
                 "resident_steps_ms": resident_ms}
-    if cuda:  # the whole device less the context: the weights' held peak plus torch's allocator's
+    if cuda:  # the whole device less the context: the weights' held peak plus torch's allocator's,
+        # less the plain outputs kept to compare with (no part of the run)
         measured["peak_pool_torch_bytes"] = (max(r["held_device_bytes"] for r in rows)
-                                             + torch.cuda.max_memory_allocated(device))
+                                             + torch.cuda.max_memory_allocated(device)
+                                             - (0 if comparison is None else comparison.held_bytes))
     report = {"config": config_summary(job), **_plan(job, trace), "prediction": pred, "measurement": measured,
-              "bitwise": same, "device": device_name(device), "resident_params": h.resident_params}
+              "bitwise": None if verdict is None else verdict.bitwise,
+              "outcomes": None if verdict is None else verdict.summary(),
+              "device": device_name(device), "resident_params": h.resident_params}
     md = (f"## Executed {cfg.model.name} at budget {cfg.budget} MB ({pred['eviction']})\n\n"
           + table(["", "predicted", "measured"], [
               ["step time", f"{pred['step_ms']:.2f} ms", f"{measured['step_ms']:.2f} ms"],
@@ -316,9 +324,9 @@ def execute_module(job: Job) -> Outcome:
              + ", ".join(f"{g} {ms:.2f} ms" for g, ms in pred["groupings_ms"].items()))
           + f"\n\n{_predicted_from(job, len(groupings))}"
           + "\n\noutputs bitwise equal to the plain module's (loaded from weights.file, every weight resident): "
-          + ("not compared (the model does not fit)" if reference is None else str(all(same)))
+          + ("not compared (the model does not fit)" if verdict is None else verdict.text())
           + (f"\n\n{pace}" if (pace := pace_note(trace, measured["resident_step_ms"])) else ""))
-    return Outcome(report, md, exit_code=0 if reference is None or all(same) else 1)
+    return Outcome(report, md, exit_code=0 if verdict is None or verdict.passed else 1)
 
 
 def _predict(cfg: Any, trace: Trace, budget: int | None) -> dict:
@@ -418,25 +426,25 @@ def _train_steps(cfg: Any, module: Any, inputs: dict, initial: dict[str, torch.T
     return steps, peaks
 
 
-def plain_infer_run(cfg: Any, plain: Any, device: torch.device, inputs: dict) -> tuple[torch.Tensor, list[float]]:
+def plain_infer_run(cfg: Any, plain: Any, device: torch.device,
+                    inputs: dict) -> tuple[list[torch.Tensor], list[float]]:
     """workload.steps forwards of the plain module (loaded as from_pretrained would), looped as
-    the offloaded ones (workload.loop), each with cyclic GC paused as they run: the first's output
-    (the reference the offloaded outputs are compared with) and each step's time (ms; CUDA
-    events, else the host's clock)."""
+    the offloaded ones (workload.loop), each with cyclic GC paused as they run: each step's
+    output (what the offloaded outputs are compared with) and time (ms; CUDA events, else the
+    host's clock)."""
     clock = clock_for(device)
     stamps: list[tuple[Any, Any]] = []
-    reference = None
+    outputs = []
     with torch.no_grad():
         for i in range(cfg.workload.steps):
             with paused_gc():
                 start = clock.stamp()
                 out = first_output(plain(**inputs))
                 stamps.append((start, clock.stamp()))
-            if reference is None:
-                reference = out.clone()
+            outputs.append(out.clone())  # a module may hand back a buffer it writes again
             end_of_step(cfg.workload.loop, device, i)
     clock.synchronize()
-    return reference, [clock.ns(a, b) / 1e6 for a, b in stamps]
+    return outputs, [clock.ns(a, b) / 1e6 for a, b in stamps]
 
 
 def plain_train_run(cfg: Any, plain: Any, device: torch.device, inputs: dict,
