@@ -14,7 +14,7 @@ import torch
 
 from engine.errors import ConfigError
 from engine.modules.checkpoint import module_weights, state_dict_name
-from engine.modes.module import STEPS_ROW, pace_note
+from engine.modes.module_setup import STEPS_ROW, pace_note
 from engine.report import steps_cell
 from engine.trace import BACKWARD_SUFFIX, read_trace
 

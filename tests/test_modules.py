@@ -17,7 +17,7 @@ from torch import nn
 import engine
 from engine.config import load_hardware
 from engine.errors import BelowFloorError, ConfigError, ExecutorError, WeightFileError
-from engine.modes.module import pace_note
+from engine.modes.module_setup import pace_note
 from engine.modules.build import build_module, parameters_on_meta
 from engine.modules.offload import predict
 from engine.modules.packing import SUFFIX

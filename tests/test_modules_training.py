@@ -595,7 +595,7 @@ def test_the_plain_reference_steps_run_with_gc_paused_as_the_offloaded_ones():
 
     from omegaconf import OmegaConf
 
-    from engine.modes.module import plain_train_run
+    from engine.modes.module_train import plain_train_run
 
     seen: list[bool] = []
 
@@ -641,7 +641,7 @@ def test_the_pace_note_names_the_recordings_own_resident_step():
     """execute's training report sets the plain step beside the recording's own: its plain step
     where the host bounded it, else its step through the hooks; nothing for a synthesized trace
     or without a plain step measured here."""
-    from engine.modes.module import pace_note
+    from engine.modes.module_setup import pace_note
 
     rec = Trace({"plain_step_ns": 200_000_000, "pipelined_step_ns": 250_000_000}, {}, ())
     line = pace_note(rec, 250.0)

@@ -16,7 +16,7 @@ engine/models/builder.py declares for that pass and its kind (compute.PASSES):
 calibrate fits the pass cost to them, whatever model runs the passes.
 
 The "attention_train" and "attention_masked_train" parts time attention as the CLI's
-LoRA training runs it (engine/modes/module.py turns cuDNN's kernels off): the forward
+LoRA training runs it (engine/modes/module_setup.py turns cuDNN's kernels off): the forward
 with autograd on and its backward, on the layout diffusers and transformers hand SDPA
 ((1, l, heads, d) viewed as (1, heads, l, d)). Unmasked it is the flash kernel; masked, the
 memory-efficient one, which runs well under the cuDNN kernel inference takes.

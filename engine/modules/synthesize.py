@@ -43,7 +43,7 @@ backward itself then runs on the meta device, so the header's peak holds what
 checkpointing's recompute and the gradients hold (less the saved tensors, which
 the simulator counts), as a recording's does. Where the step runs attention
 without cuDNN's kernels, as the CLI's training does unless workload.cudnn_attention
-(engine/modes/module.py), its attention forward and backward take the table's
+(engine/modes/module_setup.py), its attention forward and backward take the table's
 training rates (engine/compute.py TRAINING).
 """
 from __future__ import annotations
