@@ -62,6 +62,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.measure.spread import warm_steps
 from engine.policy.placement import held_bytes, pool_slack_bytes
 from engine.trace import Trace
 from sim.compute import ComputeStream
@@ -190,7 +191,7 @@ def predict(launcher: Launcher, compute: ComputeStream, pool: DevicePool,
     copy_ns = sum(e - s for s, e in copying)
     hidden_ns = _intersection_ns(copying, _union(busy))
     counts = launcher.step_counters(last)
-    first_warm = 2 if steps >= 3 else last
+    first_warm = steps - warm_steps(steps)
     warm = [(ends[i] - (ends[i - 1] if i else 0)) / NS_PER_MS for i in range(first_warm, steps)]
     h2d = [0] * steps
     for step, direction, c in launcher.copies:

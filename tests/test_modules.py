@@ -719,3 +719,4 @@ def test_the_buffers_count_in_the_traced_peak():
         synthesized = engine.synthesize(shapes, (torch.randn(8, 64, device="meta"),))
         peaks[rows] = recorded.header["traced_peak_bytes"], synthesized.header["traced_peak_bytes"]
     assert peaks[4008][0] - peaks[8][0] == peaks[4008][1] - peaks[8][1] == 4000 * 64 * 4
+

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import statistics
 import tempfile
 from contextlib import ExitStack
 from pathlib import Path
@@ -28,6 +27,7 @@ from engine.executor.backend import Backend
 from engine.executor.runtime import WeightExecutor, backend_granule, host_registrar, make_backend
 from engine.policy.placement import held_bytes, round_up
 from engine.executor.sources import host_weights
+from engine.measure.spread import typical_step_ms
 from engine.policy import KEEP_STEPS, AccessOrder, waits_for_step
 from engine.models.spec import ModelSpec
 from engine.weightfile import WeightFile, materialize
@@ -155,10 +155,11 @@ def run_settings(weights: Any) -> dict:
 
 def step_times(rows: list[dict]) -> dict:
     """Steps run, their median step time, the first one's and every step's. Times are noisy:
-    the median of the steps after the first, which fills the pool and the caches."""
-    steady = rows[1:] or rows
-    return {"steps": len(rows), "step_ms": statistics.median(r["step_ms"] for r in steady),
-            "first_step_ms": rows[0]["step_ms"], "steps_ms": [r["step_ms"] for r in rows]}
+    the median of the steps after the first, which fills the pool and the caches (a run whose
+    policy's steps differ by design takes their mean instead: engine.measure.spread)."""
+    times = [r["step_ms"] for r in rows]
+    return {"steps": len(rows), "step_ms": typical_step_ms(times, len(rows), varies=False),
+            "first_step_ms": times[0], "steps_ms": times}
 
 
 def end_of_step(loop: str, device: torch.device, step: int) -> None:

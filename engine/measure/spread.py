@@ -1,4 +1,4 @@
-"""How well timed steps know their median.
+"""How well timed steps know their median, and which statistic a run's steps stand for.
 
 A step the GPU bounds repeats within a percent; one the host bounds, on a shared host,
 moves by tens of percent from one step to the next. The recorder times steps until
@@ -43,3 +43,27 @@ def spread_text(times_ms: Sequence[float]) -> str:
     if len(times_ms) == 1:
         return f"1 step, {times_ms[0]:.1f} ms"
     return f"{len(times_ms)} steps, {min(times_ms):.1f}-{max(times_ms):.1f} ms{known}"
+
+
+def warm_steps(steps: int) -> int:
+    """How many of `steps` are warm, the last ones: all but the cold first and the one after
+    the warm-up barrier, or the last alone when fewer than three ran (the simulator's mean_*)."""
+    return steps - 2 if steps >= 3 else 1
+
+
+def warm_mean(values: Sequence[float], steps: int) -> float:
+    """The mean of the warm ones among the last `values` of `steps` (a run's telemetry may
+    keep fewer than it ran: those kept are its last)."""
+    warm = list(values)[-warm_steps(steps):]
+    return sum(warm) / len(warm)
+
+
+def typical_step_ms(times: Sequence[float], steps: int, varies: bool) -> float:
+    """The step a run's measured `times` (ms, the last of `steps`) stand for: the median of
+    those after the first, which the odd slow step does not move; or, where the policy's
+    steps differ by design (belady's copies cycle: the prediction's steps vary), the warm
+    steps' mean, as the prediction's mean_step_ms: a cycle's median is its commonest step,
+    not its long run."""
+    if varies:
+        return warm_mean(times, steps)
+    return statistics.median(list(times)[1:] or times)

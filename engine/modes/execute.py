@@ -35,6 +35,7 @@ from engine.executor.setup import (bitwise_equal, compute_device, device_name, e
 from engine.executor.training import (HOOK_FIELDS, AsManaged, StreamedWeights, check_train_order, match_reference,
                                       max_abs_diff, reference_steps, telemetry_row, to_host, train_step)
 from engine.job import Job, Outcome, plan_report
+from engine.measure.spread import typical_step_ms
 from engine.node import node_failures
 from engine.models import forward, make_inputs
 from engine.models.lora import init_lora
@@ -78,7 +79,7 @@ _TRAIN_ROWS = (
 
 
 # The prediction's name for a measured quantity where they differ: the measured step is
-# the median of the warm steps, so it meets the warm steps' mean (belady's steps differ);
+# the one the warm steps stand for (typical_step_ms), as the prediction's is their mean;
 # what spills is what the simulator copies device to host.
 # All-resident forwards run again at most, to find the outcome a streamed step's outputs
 # match when the first differs (resident_outcomes).
@@ -225,6 +226,9 @@ def _execute(job: Job) -> Outcome:
                           "or raise the node's limit")
     run = run_train_execute if training else run_execute
     meas = run(cfg, job.spec, job.trace, job.out_dir)
+    from sim.prediction import steps_vary
+
+    meas["step_ms"] = typical_step_ms(meas["steps_ms"], cfg.workload.steps, steps_vary(pred))
     measured = meas.pop("timeline", None)
     timeline_files(job, result, measured=measured)
     sizes = job.trace.weight_sizes

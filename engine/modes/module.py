@@ -38,6 +38,7 @@ from engine.executor.setup import device_name, end_of_step, fits_resident
 from engine.gc_pause import paused_gc
 from engine.job import Job, Outcome, config_summary
 from engine.measure.clocks import clock_for
+from engine.measure.spread import typical_step_ms, warm_mean
 from engine.modes.module_setup import (STEPS_ROW, checkpoint_path, groupings_to_record, is_training, keep_grouping,
                                        kernel_options, pace_note, predict_run, predicted_from, record_trace,
                                        report_plan, setup_module, trace_file, write_timeline)
@@ -155,7 +156,8 @@ def execute_module(job: Job) -> Outcome:
     write_timeline(job, trace, budget, pred, timeline)
     steady = rows[1:] or rows
     resident_steady = resident_ms[1:] or resident_ms
-    measured = {"step_ms": statistics.median(r["step_ms"] for r in steady), "h2d_bytes": rows[-1]["h2d_bytes"],
+    measured = {"step_ms": typical_step_ms([r["step_ms"] for r in rows], cfg.workload.steps, pred["steps_vary"]),
+                "h2d_bytes": warm_mean([r["h2d_bytes"] for r in rows], cfg.workload.steps),
                 "peak_device_bytes": max(r["peak_device_bytes"] for r in rows),
                 "steps_ms": [r["step_ms"] for r in rows],
                 # The same steps of the plain module, every weight resident (where it fits).

@@ -175,3 +175,4 @@ def report_plan(job: Job, trace: Trace) -> dict:
         order=trace.access_order(), budget_mb=cfg.budget, lookahead=cfg.weights.lookahead,
         granule=backend_granule(cfg.weights, cfg.hardware))
     return plan_keys(plan.as_dict())
+

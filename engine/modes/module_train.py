@@ -19,6 +19,7 @@ from engine.executor.training import LEARNING_RATE, match_reference, max_abs_dif
 from engine.gc_pause import paused_gc
 from engine.job import Job, Outcome, config_summary
 from engine.measure.clocks import clock_for
+from engine.measure.spread import typical_step_ms, warm_mean
 from engine.models.lora import lora_sgd
 from engine.modes.module_setup import (STEPS_ROW, activations_config, built_module, checkpoint_path, kernel_options,
                                        pace_note, predicted_from, report_plan, training_loss, write_timeline)
@@ -67,9 +68,11 @@ def execute_training(job: Job, module: Any, inputs: dict, device: torch.device, 
     write_timeline(job, trace, budget_bytes(cfg.budget), pred, timeline)
     steady = rows[1:] or rows
     torch_peak = [r["torch_peak_bytes"] for r in rows]
-    measured = {"step_ms": statistics.median(r["weight_step_ms"] for r in steady),
+    measured = {"step_ms": typical_step_ms([r["weight_step_ms"] for r in rows], cfg.workload.steps,
+                                           pred["steps_vary"]),
                 "steps_ms": [r["weight_step_ms"] for r in rows],
-                "h2d_bytes": rows[-1]["weight_h2d_bytes"] + rows[-1].get("restore_bytes", 0),
+                "h2d_bytes": warm_mean([r["weight_h2d_bytes"] + r.get("restore_bytes", 0) for r in rows],
+                                       cfg.workload.steps),
                 "d2h_bytes": rows[-1].get("spill_bytes", 0),
                 "pool_peak_bytes": max(r["weight_held_device_bytes"] for r in rows),
                 "torch_peak_bytes": None if None in torch_peak else max(torch_peak),

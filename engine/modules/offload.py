@@ -336,13 +336,15 @@ def predict(trace: Trace, hardware: Any, budget: int | None, lookahead: int | st
     the fastest one's prediction, as engine.choice.choose picks it (eviction and lookahead
     each a value or "auto"), the steps run as `loop` runs them (engine.policy.LOOPS).
     `activations` (an ActivationsConfig; default off) spills a training trace's saved tensors."""
+    from sim.prediction import steps_vary
+
     act = activations if activations is not None else OmegaConf.structured(ActivationsConfig)
     weights = OmegaConf.merge(OmegaConf.structured(WeightsConfig), {
         "eviction": eviction, "lookahead": lookahead, "source": source, "backend": backend})
     choice = choose(trace, weights, act, hardware, budget, loop=loop)
     p = choice.result.prediction
     return {"eviction": choice.eviction, "lookahead": choice.lookahead, "step_ms": p["mean_step_ms"],
-            "step_ms_range": p["step_ms_range"], "h2d_bytes": p["mean_h2d_bytes"],
+            "step_ms_range": p["step_ms_range"], "steps_vary": steps_vary(p), "h2d_bytes": p["mean_h2d_bytes"],
             "d2h_bytes": p["d2h_bytes"], "stall_ms": p["stall_ms"], "overlap": p["overlap"],
             "host_ms": p["host_ms"], "bound_by": p["bound_by"],
             "peak_device_bytes": p["peak_device_bytes"], "peak_process_bytes": p["peak_process_bytes"],

@@ -375,7 +375,11 @@ def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss
                 with weight_handles(weights):
                     with streamed.hooks.forward(weights):
                         out = streamed.run()
-                    loss_fn(out).backward()
+                    loss = loss_fn(out)
+                    # The output goes once the loss's backward has used it, as in a training loop
+                    # (an LM's logits are a large share of the step's peak).
+                    del out
+                    loss.backward()
                 weights.finish()
                 streamed.hooks.release_recomputed()
         else:
