@@ -17,7 +17,7 @@ def t(*values: float) -> torch.Tensor:
 
 
 def run(plain: list[torch.Tensor], offloaded: list[torch.Tensor]) -> outcomes.Verdict:
-    c = Comparison(plain)
+    c = Comparison(plain, len(plain))
     for out in offloaded:
         c.add(out)
     return c.verdict()
@@ -77,5 +77,31 @@ def test_a_wrong_shape_or_dtype_or_a_nan_is_infinitely_far() -> None:
 
 def test_it_holds_only_the_distinct_plain_outputs() -> None:
     a = torch.zeros(256, dtype=BF16)
-    c = Comparison([a, a.clone(), a.clone()])
+    c = Comparison([a, a.clone(), a.clone()], 3)
     assert c.held_bytes == 512 and c.outcomes == [a]
+
+
+def test_the_plain_run_keeps_large_outputs_distinct_as_it_goes(monkeypatch) -> None:
+    """plain_infer_run hands back one output a step, or, past PLAIN_OUTPUT_BYTES together (an LM
+    prefill's logits), only the distinct ones: a module alternating two outputs keeps two."""
+    from types import SimpleNamespace
+
+    from engine.modes import module as module_mode
+
+    class Alternating(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls = 0
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.calls += 1
+            return x + (self.calls % 2)
+
+    cfg = SimpleNamespace(workload=SimpleNamespace(steps=5, loop="free"))
+    inputs = {"x": torch.zeros(4, dtype=BF16)}
+    outputs, times = module_mode.plain_infer_run(cfg, Alternating(), torch.device("cpu"), inputs)
+    assert len(outputs) == 5 and len(times) == 5
+    monkeypatch.setattr(module_mode, "PLAIN_OUTPUT_BYTES", 0)
+    outputs, times = module_mode.plain_infer_run(cfg, Alternating(), torch.device("cpu"), inputs)
+    assert len(outputs) == 2 and len(times) == 5
+    assert Comparison(outputs, 5).verdict().plain_steps == 5

@@ -47,7 +47,7 @@ from engine.modules.build import build_module, first_output
 from engine.modules.checkpoint import load_resident, module_weights
 from engine.modules.kernels import GROUPINGS
 from engine.modules.offload import fastest_grouping, offload
-from engine.modules.outcomes import Comparison
+from engine.modules.outcomes import Comparison, distinct
 from engine.report import fmt_bytes, launches_cell, steps_cell, table
 from engine.trace import Trace, write_trace
 from engine.units import budget_bytes
@@ -127,7 +127,7 @@ def execute_module(job: Job) -> Outcome:
         plain = load_resident(build_module(cfg.model), path, device)
         outputs, resident_ms = plain_infer_run(cfg, plain, device, inputs)
         del plain
-        comparison = Comparison(outputs)
+        comparison = Comparison(outputs, cfg.workload.steps)
         del outputs
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -211,15 +211,21 @@ def _choose_recording(job: Job, module: Any, inputs: dict, groupings: tuple[str,
     return tried[best]
 
 
+# The plain module's outputs kept on the device before they are made distinct: beyond it, a
+# step's output is compared with those kept as it ends, the host waiting for it.
+PLAIN_OUTPUT_BYTES = 1 << 30
+
+
 def plain_infer_run(cfg: Any, plain: Any, device: torch.device,
                     inputs: dict) -> tuple[list[torch.Tensor], list[float]]:
     """workload.steps forwards of the plain module (loaded as from_pretrained would), looped as
-    the offloaded ones (workload.loop), each with cyclic GC paused as they run: each step's
-    output (what the offloaded outputs are compared with) and time (ms; CUDA events, else the
-    host's clock)."""
+    the offloaded ones (workload.loop), each with cyclic GC paused as they run: the distinct
+    outputs of its steps (what the offloaded outputs are compared with) and each step's time
+    (ms; CUDA events, else the host's clock). Outputs past PLAIN_OUTPUT_BYTES together (an LM
+    prefill's logits) are made distinct after each step, which waits for it."""
     clock = clock_for(device)
     stamps: list[tuple[Any, Any]] = []
-    outputs = []
+    outputs: list[torch.Tensor] = []
     with torch.no_grad():
         for i in range(cfg.workload.steps):
             with paused_gc():
@@ -227,6 +233,9 @@ def plain_infer_run(cfg: Any, plain: Any, device: torch.device,
                 out = first_output(plain(**inputs))
                 stamps.append((start, clock.stamp()))
             outputs.append(out.clone())  # a module may hand back a buffer it writes again
+            del out
+            if sum(o.numel() * o.element_size() for o in outputs) > PLAIN_OUTPUT_BYTES:
+                outputs = distinct(outputs)
             end_of_step(cfg.workload.loop, device, i)
     clock.synchronize()
     return outputs, [clock.ns(a, b) / 1e6 for a, b in stamps]

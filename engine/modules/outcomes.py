@@ -88,11 +88,12 @@ class Verdict:
 
 
 class Comparison:
-    """The plain module's `outputs` (one a step), kept distinct on their device, and each
-    offloaded step's output compared with them as it comes (`add`); `verdict` waits once."""
+    """The outputs of the plain module's `steps` steps (`outputs`: one a step, or already
+    distinct), kept distinct on their device, and each offloaded step's output compared with
+    them as it comes (`add`); `verdict` waits once."""
 
-    def __init__(self, outputs: list[torch.Tensor]) -> None:
-        self.plain_steps = len(outputs)
+    def __init__(self, outputs: list[torch.Tensor], steps: int) -> None:
+        self.plain_steps = steps
         self.outcomes = distinct(outputs)
         pairs = [_compare(x, y) for i, x in enumerate(self.outcomes) for y in self.outcomes[:i]]
         self.spread = max((math.inf if p is None else _distance(p[1].item()) for p in pairs), default=0.0)
