@@ -152,7 +152,8 @@ def test_a_module_without_a_checkpoint_is_packed_into_one_host_buffer(checkpoint
 
 def test_record_writes_a_trace_the_simulator_replays(checkpoint, tmp_path, monkeypatch):
     path, x, _ = checkpoint
-    monkeypatch.setattr("engine.modules.record.host_bound", lambda kernels_ns, step_ns: True)  # as a decode step
+    for where in ("record", "resident_steps"):  # as a decode step: the fit, and the all-resident steps in turns
+        monkeypatch.setattr(f"engine.modules.{where}.host_bound", lambda kernels_ns, step_ns: True)
     trace = engine.record(meta_net(), (x,), checkpoint=path, backend="cpu", name="net")
     assert [r.name for r in trace.records] == ["embed", "blocks.0", "blocks.1", "blocks.2", "head"]
     assert [r.layer for r in trace.records] == [-1, 0, 1, 2, -1]

@@ -626,7 +626,8 @@ def test_a_host_bound_training_recording_times_the_plain_step_too(monkeypatch):
     true gradients too."""
     from engine.modules.record import fit_to_pipelined
 
-    monkeypatch.setattr("engine.modules.record.host_bound", lambda kernels_ns, step_ns: True)
+    for where in ("record", "resident_steps"):  # the fit, and the all-resident steps in turns
+        monkeypatch.setattr(f"engine.modules.{where}.host_bound", lambda kernels_ns, step_ns: True)
     trace, steps, true = recorded_seeing_gradients(checkpointed_lora_llama(), 32)
     h = trace.header
     compute = sum(r.compute_ns for r in trace.records) / h["compute_scale"]

@@ -1,6 +1,6 @@
 """How well timed steps know their median (engine/measure/spread.py), the reports' cell of
 them (engine/report.py steps_cell), and the recorder's all-resident steps timed until it is
-known, in turns with the plain module's where the host bounds them (engine/modules/record.py
+known, in turns with the plain module's where the host bounds them (engine/modules/resident_steps.py
 until_settled, in_turns)."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import math
 import pytest
 
 from engine.measure.spread import median_rel_se, settled, spread_text, typical_step_ms, warm_mean, warm_steps
-from engine.modules.record import (MAX_PIPELINED_STEPS, PIPELINED_NS, PIPELINED_STEPS, SETTLE_NS, TURN_STEPS, in_turns,
-                                   until_settled)
+from engine.modules.resident_steps import (MAX_PIPELINED_STEPS, PIPELINED_NS, PIPELINED_STEPS, SETTLE_NS, TURN_STEPS,
+                                           in_turns, until_settled)
 from engine.report import steps_cell
 
 

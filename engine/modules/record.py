@@ -12,30 +12,22 @@ larger than the device records the same way.
 
 Kernels timed one at a time run a few percent faster than in a pipelined step
 (the GPU's clocks sag under sustained load). When the module fits on the device,
-a pipelined all-resident step is timed too. Where the kernels' times, sagged by
-up to HOST_BOUND_STEP (engine/measure/timing.py host_bound), reach it, the GPU
-bounds the step: every kernel's compute is scaled so the kernels sum to it
-(header "compute_scale"), and host times that sum past it are scaled down to it
-(header "host_scale"), as a host cannot take longer than the step it ran in.
-Otherwise the host bounds it (a decode step of small kernels): the host times are
-scaled so they sum to it. The first all-resident warm-up step of an inference runs
-under torch's sync debug mode: the kernels before which its host synchronized with
-the device (header "host_syncs"; the simulator's host waits there for every kernel
-launched before, each step). The all-resident steps are timed back to back after a
-second of warm-up, at the clocks a GPU settles to under sustained load, until their median
-is known (a host-bound step on a shared host moves by tens of percent from one step to the
-next; engine/measure/spread.py, up to SETTLE_NS); then pairs of a
-step alone and one beside a stream of H2D copies, in turns so the device's drift falls
-on both, give the module's own slowdown under copies (header
-"compute_slowdown_under_copy", which the simulator takes over the profile's).
-Where the host bounds the step, steps of the plain module are timed in turns with
-them, so the host's drift falls on both: its weights bound and the hooks off, as offload
-runs a module whose weights all fit and as a training step runs without offload (header
-"plain_step_ns"; "plain_host_factor" takes the host times to that step, for the simulator
-where every weight is resident; where the GPU bounds the step, the hooks' host work hides
-behind it). The plain step bounds the GPU's work too: where it is shorter than the
-pipelined step, the kernels are scaled to it, not to a step the hooks' host work
-lengthened. A record's host time is spread over
+its all-resident steps are timed whole too (engine/modules/resident_steps.py). Where
+the kernels' times, sagged by up to HOST_BOUND_STEP (engine/measure/timing.py
+host_bound), reach that step, the GPU bounds it: every kernel's compute is scaled so
+the kernels sum to it (header "compute_scale"), and host times that sum past it are
+scaled down to it (header "host_scale"), as a host cannot take longer than the step it
+ran in. Otherwise the host bounds it (a decode step of small kernels): the host times
+are scaled so they sum to it. Those steps also give the header "host_syncs" (the
+kernels before which an inference's host synchronized with the device; the
+simulator's host waits there for every kernel launched before, each step) and
+"compute_slowdown_under_copy" (the module's own, which the simulator takes over the
+profile's); where the host bounds the step, the plain module's steps timed in turns
+with them give "plain_step_ns", and "plain_host_factor" takes the host times to that
+step, for the simulator where every weight is resident (where the GPU bounds the step,
+the hooks' host work hides behind it). The plain step bounds the GPU's work too: where
+it is shorter than the pipelined step, the kernels are scaled to it, not to a step the
+hooks' host work lengthened. A record's host time is spread over
 its block's launches (header "block_records"): the simulator starts its GPU work
 with the first launch.
 
@@ -51,33 +43,31 @@ census from the order forward (engine/modules/census.py), which mode=calibrate -
 fits a real module's memory-bound work and host time to.
 
     record_module      timed steps of a StreamedModule -> Trace (source "recorded")
-    pipelined_step_ns  an all-resident step, timed whole, alone and beside H2D copies
-    host_syncs         where a forward's host waits for the device
+    time_kernels       each kernel's host and GPU time
 """
 from __future__ import annotations
 
 import logging
 import statistics
 import time
-import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Callable, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Mapping, NamedTuple
 
 import torch
 
 from engine.executor.runtime import WeightExecutor
 from engine.executor.setup import device_memory_mb, device_name, fits_resident
 from engine.executor.training import RECOMPUTE, StreamedWeights, train_order, weight_handles
-from engine.compute import BACKWARD_FLOPS_FACTOR, slowdown_under_copy
+from engine.compute import BACKWARD_FLOPS_FACTOR
 from engine.gc_pause import paused_gc
 from engine.measure.clocks import Clock, clock_for
 from engine.measure.launches import Census
-from engine.measure.probes import copy_stream_beside
-from engine.measure.spread import settled
 from engine.measure.timing import (HOLD_FACTOR, KernelStamps, NotedTensors, SavedTensorLog, host_bound,
                                   pipelined_scale)
+from engine.modules.resident_steps import (LossFn, Pipelined, clear_grads, pipelined_step_ns, resident_executor,
+                                           trainable_params)
 from engine.modules.streamed import StreamedModule, stage
 from engine.modules.synthesize import seen_forward
 from engine.policy import AccessOrder
@@ -85,9 +75,6 @@ from engine.trace import (BACKWARD_SUFFIX, FORMAT, VERSION, KernelRecord, Trace,
                           saved_tensors)
 
 log = logging.getLogger(__name__)
-
-LossFn = Callable[[Any], torch.Tensor]  # a forward's output -> the scalar loss backward starts from
-
 
 class TimedSteps(NamedTuple):
     """How many steps `time_kernels` runs: untimed, then with the stream free (each position's
@@ -104,18 +91,7 @@ class TimedSteps(NamedTuple):
 # all-resident steps the kernels are scaled to them.
 INFERENCE_STEPS = TimedSteps(warmup=1, host=2, held=1)
 TRAINING_STEPS = TimedSteps(warmup=1, host=2, held=2)
-PIPELINED_STEPS = 3  # all-resident steps timed whole, at least: odd, so one slow step does not move the median
-PIPELINED_NS = 500_000_000  # and until their time adds up to this: a host-bound decode step is a few ms
-# Then on until their median is known (engine/measure/spread.py: a host-bound step on a shared
-# host moves by tens of percent from step to step), for at most this long and this many steps.
-SETTLE_NS = 8_000_000_000
-MAX_PIPELINED_STEPS = 10 * PIPELINED_STEPS
-TURN_STEPS = 3  # where the host bounds the step: steps a turn, through the hooks, then of the plain module
-# All-resident warm-up steps: at least one, and until this long. Under sustained load the GPU
-# settles at its power limit within about a second; a step timed sooner runs at higher clocks.
-WARMUP_NS = 1_000_000_000
 HOLD_MARGIN_NS = 50_000
-SYNC_WARNING = "called a synchronizing CUDA operation"  # torch's sync debug mode, per synchronizing call
 
 
 class _Bring:
@@ -160,18 +136,6 @@ def _median(rows: list[list[int]]) -> list[int]:
     return [round(statistics.median(col)) for col in zip(*rows)]
 
 
-def _trainable(module: torch.nn.Module) -> list[torch.nn.Parameter]:
-    return [p for p in module.parameters() if p.requires_grad]
-
-
-def _clear_grads(params: Sequence[torch.nn.Parameter]) -> None:
-    """Drop the last step's gradients. Called before a timed step's first stamp, on a list
-    taken once: walking a peft model's parameters (thousands of submodules) takes the host
-    tens of ms, which the GPU would idle through inside the first kernel's time."""
-    for p in params:
-        p.grad = None
-
-
 @dataclass
 class KernelTimes:
     """Per position of the recorded order: median compute ns and host ns; training adds
@@ -208,7 +172,7 @@ def time_kernels(streamed: StreamedModule, clock: Clock, loss_fn: LossFn | None 
     # Storages autograd may save that are not activations: resident parameters and the adapters.
     weight_ptrs = {p.untyped_storage().data_ptr() for p in streamed.module.parameters()
                    if id(p) not in streamed.placeholders}
-    trainable = _trainable(streamed.module) if training else []
+    trainable = trainable_params(streamed.module) if training else []
     free = [0] * len(order)
     hold = free
     compute_rows, host_rows = [], []
@@ -221,7 +185,7 @@ def time_kernels(streamed: StreamedModule, clock: Clock, loss_fn: LossFn | None 
         stamps = _Stamped(bring, clock)
         stamps.census = census
         log = None
-        _clear_grads(trainable)
+        clear_grads(trainable)
         clock.synchronize()
         with paused_gc():  # a collection inside a timed step would land in one kernel's time
             start = clock.stamp()
@@ -270,213 +234,6 @@ def time_kernels(streamed: StreamedModule, clock: Clock, loss_fn: LossFn | None 
     if log is not None:
         times.saved, times.last_saver, times.packs = log.saved, log.last_saver, log.packs
     return times
-
-
-@dataclass
-class Pipelined:
-    """What the all-resident steps of `pipelined_step_ns` measured."""
-
-    step_ns: int  # the median step
-    # On CUDA: the peak of torch's allocations in a step (activations, inputs, resident
-    # parameters and buffers; the streamed weights live in the executor's pool) and the
-    # device bytes the process holds outside both.
-    memory: tuple[int, int] | None = None
-    syncs: tuple[int, ...] | None = None  # inference on CUDA: host_syncs
-    slowdown: float | None = None  # inference on CUDA: its slowdown beside H2D copies
-    plain_ns: int | None = None  # where the host bounds the step: the plain module's median step, weights bound
-
-
-def resident_executor(streamed: StreamedModule, backend: str, training: bool = False) -> WeightExecutor:
-    """An executor with no budget over the module's order (training: the training order):
-    each weight is copied in on first use and stays."""
-    order = train_order(streamed.order) if training else streamed.order
-    return WeightExecutor(order, streamed.host, budget_bytes=None, eviction="priority", backend=backend)
-
-
-def until_settled(step: Callable[[], int], settle_ns: int = SETTLE_NS) -> list[int]:
-    """Times of `step` (ns), run back to back: at least PIPELINED_STEPS and until
-    PIPELINED_NS, then until their median is known (`settled`) or `settle_ns` or
-    MAX_PIPELINED_STEPS is reached."""
-    times: list[int] = []
-    while _unsettled(times, settle_ns):
-        times.append(step())
-    return times
-
-
-def in_turns(step: Callable[[], int], plain_turn: Callable[[int], list[int]],
-             settle_ns: int = SETTLE_NS) -> tuple[list[int], list[int]]:
-    """Times of `step` and of the plain module's steps (`plain_turn(n)`: n of them, bound for
-    the turn), in turns of TURN_STEPS each, so a host whose pace drifts slows both alike (the
-    recording's plain_host_factor is their ratio), until both are known as `until_settled`
-    asks."""
-    times: list[int] = []
-    plain: list[int] = []
-    while _unsettled(times, settle_ns) or _unsettled(plain, settle_ns):
-        times += [step() for _ in range(TURN_STEPS)]
-        plain += plain_turn(TURN_STEPS)
-    return times, plain
-
-
-def _unsettled(times: Sequence[int], settle_ns: int) -> bool:
-    return len(times) < MAX_PIPELINED_STEPS and (
-        len(times) < PIPELINED_STEPS or sum(times) < PIPELINED_NS or (sum(times) < settle_ns and not settled(times)))
-
-
-def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss_fn: LossFn | None = None,
-                      executor: WeightExecutor | None = None, kernels_ns: int = 0) -> Pipelined:
-    """The median step of the module with every weight resident (`executor`, or one made
-    here and closed after: `resident_executor`; `loss_fn`: a training step), and what more
-    these steps measure (`Pipelined`). Warm-up steps until WARMUP_NS (an inference's first:
-    the `host_syncs` forward), then steps back to back until their median is known
-    (`until_settled`). An inference on CUDA then runs
-    PIPELINED_STEPS pairs of a step alone and one beside H2D copies, for their ratio only: a
-    step after one beside copies starts at clocks the copies let rise, so the pairs' steps
-    alone run faster than back-to-back steps. A step whose last warm-up the host bounded
-    (against `kernels_ns`, its kernels' time) is timed in turns with the plain module's steps,
-    its weights bound for each turn (`in_turns`)."""
-    training = loss_fn is not None
-    own = executor is None
-    executor = resident_executor(streamed, backend, training) if own else executor
-    weights = StreamedWeights(executor, len(streamed.order))
-    trainable = _trainable(streamed.module) if training else []
-    if training:
-        index = {name: i for i, name in enumerate(streamed.order.kernels)}
-        streamed.hooks.recompute = lambda name: weights.mirror(index[name], f"{RECOMPUTE} {name}")
-    cuda = streamed.device.type == "cuda"
-
-    def bound_step() -> int:
-        """A step of the plain module, its weights bound (KernelHooks.bound): an inference as
-        offload runs a module whose weights all fit, a training step as the module runs
-        without offload."""
-        _clear_grads(trainable)
-        clock.synchronize()
-        start = clock.stamp()
-        if training:
-            with executor.step(bound=True):
-                loss_fn(streamed.run()).backward()
-        else:
-            with torch.no_grad(), executor.step(bound=True):
-                streamed.run()
-        end = clock.stamp()
-        clock.synchronize()
-        return clock.ns(start, end)
-
-    def one_step(copies: Callable[[], None] | None = None) -> int:
-        _clear_grads(trainable)
-        clock.synchronize()  # the device's: a step beside copies ends with its copies
-        if copies is not None:
-            copies()
-        start = clock.stamp()
-        if training:
-            with executor.step():  # nothing is evicted
-                weights.start_step()
-                # As the user's step (TrainingHandle.step): saved weights are handles fetched
-                # again at their mirror, not the placeholders the hooks leave behind.
-                with weight_handles(weights):
-                    with streamed.hooks.forward(weights):
-                        out = streamed.run()
-                    loss = loss_fn(out)
-                    # The output goes once the loss's backward has used it, as in a training loop
-                    # (an LM's logits are a large share of the step's peak).
-                    del out
-                    loss.backward()
-                weights.finish()
-                streamed.hooks.release_recomputed()
-        else:
-            with torch.no_grad(), executor.step(), streamed.hooks.forward(executor):
-                streamed.run()
-        end = clock.stamp()
-        clock.synchronize()
-        return clock.ns(start, end)
-
-    try:
-        beside: list[int] = []  # inference on CUDA: steps beside copies, each after one alone
-        plain: list[int] = []  # where the host bounds the step: steps of the plain module, in turns
-        copies, copies_bytes = None, 0
-        warm, warm_ns, last_warm = 0, 0, 0
-        syncs = None
-        if cuda and not training:  # the first warm-up step: its forward under sync debug mode
-            t0 = time.perf_counter_ns()
-            syncs = host_syncs(streamed, executor)  # ends synchronized with the device
-            warm, warm_ns = 1, time.perf_counter_ns() - t0
-            last_warm = warm_ns
-        while warm == 0 or (warm_ns < WARMUP_NS and warm < MAX_PIPELINED_STEPS):
-            last_warm = one_step()
-            warm, warm_ns = warm + 1, warm_ns + last_warm
-        if cuda:
-            if not training:
-                held = torch.cuda.memory_allocated(streamed.device)
-                copies = copy_stream_beside(last_warm, streamed.device)
-                copies_bytes = torch.cuda.memory_allocated(streamed.device) - held
-            torch.cuda.reset_peak_memory_stats(streamed.device)
-        settle_ns = SETTLE_NS if cuda else 0  # the CPU backend's steps, the tests', are not timed for their pace
-
-        def bound_turn(n: int) -> list[int]:
-            # Bound for the turn, as offload binds; its first step untimed: binding slows the step after it.
-            with streamed.bind(executor):
-                bound_step()
-                return [bound_step() for _ in range(n)]
-        if host_bound(kernels_ns, last_warm):
-            times, plain = in_turns(one_step, bound_turn, settle_ns)
-        else:
-            times = until_settled(one_step, settle_ns)
-        alone: list[int] = []
-        if copies is not None:  # in turns with steps alone, so drift falls on both
-            for _ in range(PIPELINED_STEPS):
-                alone.append(one_step())
-                beside.append(one_step(copies))
-        peak = None
-        if cuda:
-            free, total = torch.cuda.mem_get_info(streamed.device)
-            # What this process holds outside torch's allocator and the pool: the context, library
-            # workspaces, the registration's bookkeeping (hardware.context_mb's measured stand-in).
-            outside = total - free - torch.cuda.memory_reserved(streamed.device) - executor.backend.reserved_bytes()
-            peak = (torch.cuda.max_memory_allocated(streamed.device) - copies_bytes, max(0, outside))
-        step = round(statistics.median(times))
-        plain_ns = round(statistics.median(plain)) if plain else None
-        if training or not cuda:
-            return Pipelined(step, peak, plain_ns=plain_ns)
-        return Pipelined(step, peak, syncs, slowdown_under_copy(statistics.median(alone), statistics.median(beside)),
-                         plain_ns)
-    finally:
-        streamed.hooks.recompute = None
-        streamed.hooks.release_recomputed()  # after a step that failed: nothing left viewing the executor's blocks
-        if own:
-            executor.close()
-
-
-class _Counted:
-    """A kernel source that counts the kernels fetched through it."""
-
-    def __init__(self, source: WeightExecutor):
-        self.source, self.fetched = source, 0
-
-    def fetch(self, position: int) -> Any:
-        self.fetched = position + 1
-        return self.source.fetch(position)
-
-
-def host_syncs(streamed: StreamedModule, executor: WeightExecutor) -> tuple[int, ...]:
-    """The positions before which one forward of `streamed` through `executor` (every weight
-    resident) synchronized the host with the device (torch's sync debug mode: a `.item()`, a
-    tensor made on the device from a Python list): the host gets there only once every kernel
-    launched before has run. A sync after the last kernel counts at position 0 (the next step's
-    start)."""
-    counted = _Counted(executor)
-    found: list[int] = []
-    mode = torch.cuda.get_sync_debug_mode()
-    with warnings.catch_warnings():
-        warnings.simplefilter("always")
-        warnings.showwarning = lambda message, *rest, **kw: (
-            found.append(counted.fetched % len(streamed.order)) if SYNC_WARNING in str(message) else None)
-        with torch.no_grad(), executor.step(), streamed.hooks.forward(counted):
-            torch.cuda.set_sync_debug_mode("warn")  # the module's forward only: not the step's own work
-            try:
-                streamed.run()
-            finally:
-                torch.cuda.set_sync_debug_mode(mode)
-    torch.cuda.synchronize(streamed.device)
-    return tuple(sorted(set(found)))
 
 
 def fit_to_pipelined(compute_ns: int, host_ns: int, pipelined_ns: int,
