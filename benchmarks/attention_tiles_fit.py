@@ -13,7 +13,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.calibrate import attention_tiling, read_probe_file, trace_paths  # noqa: E402
+from engine.calibrate import trace_paths  # noqa: E402
+from engine.calibrate_kernels import attention_tiling, read_probe_file  # noqa: E402
 from engine.compute import (BACKWARD, BACKWARD_FLOPS_FACTOR, TRAINING, KernelTable, Point, core_flops,  # noqa: E402
                             features, work)
 from engine.trace import read_trace  # noqa: E402

@@ -42,7 +42,7 @@ PROBES = sorted((ROOT / "data" / "traces" / "full").glob("probes-*.json"))
 
 def held_out_table(model: str, tmp: Path) -> str:
     """A kernel table fitted from every TABLE_TRACES recording but `model`'s, and PROBES: its path."""
-    from engine.calibrate import fit_kernel_table, read_probe_file
+    from engine.calibrate_kernels import fit_kernel_table, read_probe_file
     from engine.trace import read_trace
 
     traces = [read_trace(ROOT / "data" / "traces" / "full" / f"{name}.jsonl.gz")

@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from engine.calibrate import fit_kernel_table, read_probe_file  # noqa: E402
+from engine.calibrate_kernels import fit_kernel_table, read_probe_file  # noqa: E402
 from engine.config import load_hardware  # noqa: E402
 from engine.modules.offload import predict  # noqa: E402
 from engine.errors import ConfigError, TraceError  # noqa: E402

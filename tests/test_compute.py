@@ -10,7 +10,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from engine.calibrate import fit_kernel_table, fit_pass_cost, write_kernel_table
+from engine.calibrate_kernels import fit_kernel_table, fit_pass_cost, write_kernel_table
 from engine.compute import (BACKWARD, PASSES, TILE, TRAINING, AttentionTiling, ExecutionTimePredictor, KernelTable,
                             PassCost, Point, core_flops, features, load_table, rate_keys, table_from_measurements, work)
 from engine.config import load_hardware
@@ -480,7 +480,7 @@ def test_attention_with_a_mask_along_the_queries_falls_back_to_masked_attentions
 def test_an_op_probed_on_the_gpu_alone_replaces_its_points_timed_at_the_hosts_pace():
     """A probe grid lists the ops it timed on the GPU alone (GPU_ALONE); their points replace the
     same op's at the same shape from other grids, not other ops', and add where none was."""
-    from engine.calibrate import probe_rows
+    from engine.calibrate_kernels import probe_rows
     from engine.compute import GPU_ALONE
 
     old = {"attention_masked": [[32, 1, 4096, 128, 78_000], [8, 64, 4096, 128, 100_000]],

@@ -74,7 +74,7 @@ def test_record_on_host_clock_writes_a_readable_training_trace(tmp_path: Path) -
 def test_the_kernel_table_keeps_host_time_by_phase_and_synthesized_training_takes_it(tmp_path: Path) -> None:
     """A training recording's forward and backward host times go under their own keys: an
     inference forward's are not a training forward's (adapters, autograd), nor a backward's."""
-    from engine.calibrate import fit_kernel_table
+    from engine.calibrate_kernels import fit_kernel_table
     from engine.compute import BACKWARD, TRAINING, ExecutionTimePredictor
     from engine.trace import synthesize
 
@@ -518,7 +518,7 @@ def test_execute_and_validate_name_a_profile_of_another_gpu(run_cli) -> None:
 def test_a_training_recordings_forward_kernels_give_no_rates_its_backward_does() -> None:
     """A training forward's kernels also run their adapters: an inference of the same shape
     must not be priced from them. Its backward records are the table's backward rates."""
-    from engine.calibrate import fit_kernel_table
+    from engine.calibrate_kernels import fit_kernel_table
     from engine.compute import BACKWARD
 
     wl, spec, timing = _tiny_training_step()

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from engine.calibrate import fit_module_cost, fit_training_host
+from engine.calibrate_kernels import fit_module_cost, fit_training_host
 from engine.compute import (PASSES, ExecutionTimePredictor, KernelTable, ModuleCost, PassCost, Point, core_flops, features,
                             load_table)
 from engine.errors import ConfigError, TraceError

@@ -37,7 +37,8 @@ def _recorded_in(directory: Path) -> tuple[list[Path], list[Trace]]:
 
 
 def calibrate_mode(job: Job) -> Outcome:
-    from engine.calibrate import FITTED, fit_profile, profile_yaml, write_kernel_table
+    from engine.calibrate import FITTED, fit_profile, profile_yaml
+    from engine.calibrate_kernels import write_kernel_table
 
     target = Path(job.cfg.out) if job.cfg.out else job.out_dir / "h100_calibrated.yaml"
     if target.suffix != ".yaml":
