@@ -91,6 +91,14 @@ def launches_cell(launches: Sequence[int]) -> str:
     return f"{total:,} ({total / len(launches):.1f} a record)"
 
 
+def varying_steps_note(step_ms_range: Sequence[float]) -> str:
+    """The report's line where the policy's steps differ by design (belady's copies cycle):
+    which step the step time is, predicted and measured (engine.measure.spread.typical_step_ms)."""
+    lo, hi = step_ms_range
+    return (f"the policy's steps differ by design (predicted {lo:.2f} to {hi:.2f} ms): the step time, predicted "
+            "and measured, is the mean of the warm steps (all but the first two), not the median")
+
+
 def relocations_note(measurement: dict) -> str | None:
     """The report's lines on the pool's refusals under the budget in a measured run, if it had any:
     those the released reserve answered, and the relocations."""

@@ -279,6 +279,15 @@ def test_the_report_says_whether_the_measured_step_holds_relocations(warm, says)
     assert "releasing the pool's unused reserve" not in md  # each release was followed by a relocation
 
 
+def test_the_report_names_the_warm_mean_where_the_policys_steps_vary():
+    """belady's copies cycle: the table's step is the warm steps' mean, and a line says so."""
+    md = comparison_md([], {"backend": "cuda", "steps": 5, "steps_ms": STEPS_MS, "steps_vary": True},
+                       (84.56, 103.2))
+    assert "the table shows the mean of the warm ones: 4 steps, 9.9-10.1 ms" in md
+    assert ("- the policy's steps differ by design (predicted 84.56 to 103.20 ms): the step time, predicted and "
+            "measured, is the mean of the warm steps (all but the first two), not the median") in md
+
+
 def test_the_report_counts_the_refusals_the_released_reserve_answered():
     md = comparison_md([], {"backend": "cuda", "steps": 5, "steps_ms": STEPS_MS, "relocations": 1,
                             "warm_relocations": 0, "reserve_releases": 3})

@@ -23,7 +23,7 @@ import statistics
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 
@@ -44,7 +44,7 @@ from engine.modes.simulate import prediction_md, prediction_report, run_simulati
 from engine.policy import AccessOrder
 from engine.policy.activations import build_activation_policy
 from engine.policy.weights import WeightResidency
-from engine.report import fmt_bytes, plan_md, relocations_note, steps_cell, table
+from engine.report import fmt_bytes, plan_md, relocations_note, steps_cell, table, varying_steps_note
 from engine.models.spec import ModelSpec
 from engine.units import budget_bytes
 from engine.weightfile import materialize
@@ -156,8 +156,9 @@ def comparison(pred: dict, meas: dict, training: bool) -> list[dict]:
     return rows
 
 
-def comparison_md(rows: list[dict], meas: dict) -> str:
-    """The comparison table and what the run's notes say about it."""
+def comparison_md(rows: list[dict], meas: dict, step_ms_range: Sequence[float] = (0.0, 0.0)) -> str:
+    """The comparison table and what the run's notes say about it (`step_ms_range`: the
+    predicted warm steps', named where the measurement says they vary)."""
     gpu = meas["backend"] != "cpu"
     body = [[r["what"], _cell(r["predicted"], r["unit"]), _cell(r["measured"], r["unit"]),
              "not a GPU's time" if r["unit"] in ("ms", "GB/s") and not gpu
@@ -186,8 +187,11 @@ def comparison_md(rows: list[dict], meas: dict) -> str:
         md.append(f"- the all-resident run itself differs between two runs by up to {meas['reference_spread']:.3g} "
                   "(a non-deterministic CUDA kernel, e.g. cuDNN's attention backward), so training is "
                   "compared within twice that spread or 2^-7 of each tensor's magnitude, not bitwise")
-    md.append(f"- backend {meas['backend']}, {meas['steps']} steps (the first fills the pool; "
-              f"the table shows the median of the rest: {steps_cell(meas['steps_ms'][1:] or meas['steps_ms'])})")
+    md.append(f"- backend {meas['backend']}, {meas['steps']} steps (the first fills the pool; the table shows "
+              + ("the mean of the warm ones" if meas.get("steps_vary") else "the median of the rest")
+              + f": {steps_cell(meas['steps_ms'][1:] or meas['steps_ms'])})")
+    if meas.get("steps_vary"):
+        md.append(f"- {varying_steps_note(step_ms_range)}")
     note = relocations_note(meas)
     if note:
         md.append(note)
@@ -228,7 +232,8 @@ def _execute(job: Job) -> Outcome:
     meas = run(cfg, job.spec, job.trace, job.out_dir)
     from sim.prediction import steps_vary
 
-    meas["step_ms"] = typical_step_ms(meas["steps_ms"], cfg.workload.steps, steps_vary(pred))
+    meas["steps_vary"] = steps_vary(pred)
+    meas["step_ms"] = typical_step_ms(meas["steps_ms"], cfg.workload.steps, meas["steps_vary"])
     measured = meas.pop("timeline", None)
     timeline_files(job, result, measured=measured)
     sizes = job.trace.weight_sizes
@@ -237,7 +242,7 @@ def _execute(job: Job) -> Outcome:
                        "h2d_copy_gbps": copy_gbps(simulated_copies(result), sizes)}, meas, training)
     report.update(measurement=meas, comparison=rows)
     md = (plan_md(job.plan.as_dict()) + "\n\n" + prediction_md(pred, job) + "\n\n"
-          + comparison_md(rows, meas) + f"\n\ntelemetry: {job.out_dir / 'telemetry.jsonl'}")
+          + comparison_md(rows, meas, pred["step_ms_range"]) + f"\n\ntelemetry: {job.out_dir / 'telemetry.jsonl'}")
     wrong = [k for k in ("outputs_match_reference", "loss_match_reference", "grads_match_reference")
              if meas.get(k) is False]
     notes = ((CPU_BACKEND_NOTE,) if cfg.weights.backend == "cpu" else ()) + tuple(

@@ -48,7 +48,7 @@ from engine.modules.checkpoint import load_resident, module_weights
 from engine.modules.kernels import GROUPINGS
 from engine.modules.offload import fastest_grouping, offload
 from engine.modules.outcomes import Comparison, distinct
-from engine.report import fmt_bytes, launches_cell, steps_cell, table
+from engine.report import fmt_bytes, launches_cell, steps_cell, table, varying_steps_note
 from engine.trace import Trace, write_trace
 from engine.units import budget_bytes
 from engine.weightfile import materialize
@@ -188,7 +188,8 @@ def execute_module(job: Job) -> Outcome:
           + f"\n\n{predicted_from(job, len(groupings))}"
           + "\n\noutputs bitwise equal to the plain module's (loaded from weights.file, every weight resident): "
           + ("not compared (the model does not fit)" if verdict is None else verdict.text())
-          + (f"\n\n{pace}" if (pace := pace_note(trace, measured["resident_step_ms"])) else ""))
+          + (f"\n\n{pace}" if (pace := pace_note(trace, measured["resident_step_ms"])) else "")
+          + (f"\n\n{varying_steps_note(pred['step_ms_range'])}" if pred["steps_vary"] else ""))
     return Outcome(report, md, exit_code=0 if verdict is None or verdict.passed else 1)
 
 

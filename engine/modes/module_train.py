@@ -25,7 +25,7 @@ from engine.modes.module_setup import (STEPS_ROW, activations_config, built_modu
                                        pace_note, predicted_from, report_plan, training_loss, write_timeline)
 from engine.modules.checkpoint import load_resident
 from engine.modules.offload import offload
-from engine.report import fmt_bytes, relocations_note, steps_cell, table
+from engine.report import fmt_bytes, relocations_note, steps_cell, table, varying_steps_note
 from engine.trace import Trace
 from engine.units import budget_bytes
 
@@ -110,6 +110,7 @@ def execute_training(job: Job, module: Any, inputs: dict, device: torch.device, 
           f"{cfg.activations.mode})\n\n" + table(["", "predicted", "measured"], table_rows)
           + f"\n\n{predicted_from(job)}\n\nagainst the same steps of the plain module: {compared}"
           + (f"\n\n{pace}" if (pace := pace_note(trace, resident_ms)) else "")
+          + (f"\n\n{varying_steps_note(pred['step_ms_range'])}" if pred["steps_vary"] else "")
           + f"\n\ntelemetry: {job.out_dir / 'telemetry.jsonl'}"
           + (f"\n\n{note}" if (note := relocations_note(measured)) else ""))
     wrong = losses is False or grads is False
