@@ -156,7 +156,7 @@ def comparison(pred: dict, meas: dict, training: bool) -> list[dict]:
     return rows
 
 
-def comparison_md(rows: list[dict], meas: dict, step_ms_range: Sequence[float] = (0.0, 0.0)) -> str:
+def comparison_md(rows: list[dict], meas: dict, step_ms_range: Sequence[float] | None = None) -> str:
     """The comparison table and what the run's notes say about it (`step_ms_range`: the
     predicted warm steps', named where the measurement says they vary)."""
     gpu = meas["backend"] != "cpu"
@@ -190,7 +190,7 @@ def comparison_md(rows: list[dict], meas: dict, step_ms_range: Sequence[float] =
     md.append(f"- backend {meas['backend']}, {meas['steps']} steps (the first fills the pool; the table shows "
               + ("the mean of the warm ones" if meas.get("steps_vary") else "the median of the rest")
               + f": {steps_cell(meas['steps_ms'][1:] or meas['steps_ms'])})")
-    if meas.get("steps_vary"):
+    if meas.get("steps_vary") and step_ms_range is not None:
         md.append(f"- {varying_steps_note(step_ms_range)}")
     note = relocations_note(meas)
     if note:

@@ -154,12 +154,12 @@ def execute_module(job: Job) -> Outcome:
     finally:
         h.remove()
     write_timeline(job, trace, budget, pred, timeline)
-    steady = rows[1:] or rows
+    times = [r["step_ms"] for r in rows]
     resident_steady = resident_ms[1:] or resident_ms
-    measured = {"step_ms": typical_step_ms([r["step_ms"] for r in rows], cfg.workload.steps, pred["steps_vary"]),
+    measured = {"step_ms": typical_step_ms(times, cfg.workload.steps, pred["steps_vary"]),
                 "h2d_bytes": warm_mean([r["h2d_bytes"] for r in rows], cfg.workload.steps),
                 "peak_device_bytes": max(r["peak_device_bytes"] for r in rows),
-                "steps_ms": [r["step_ms"] for r in rows],
+                "steps_ms": times,
                 # The same steps of the plain module, every weight resident (where it fits).
                 "resident_step_ms": statistics.median(resident_steady) if resident_steady else None,
                 "resident_steps_ms": resident_ms}
@@ -175,7 +175,7 @@ def execute_module(job: Job) -> Outcome:
     md = (f"## Executed {cfg.model.name} at budget {cfg.budget} MB ({pred['eviction']})\n\n"
           + table(["", "predicted", "measured"], [
               ["step time", f"{pred['step_ms']:.2f} ms", f"{measured['step_ms']:.2f} ms"],
-              [STEPS_ROW, "", steps_cell([r["step_ms"] for r in steady])],
+              [STEPS_ROW, "", steps_cell(times[1:] or times)],
               ["H2D bytes / step", fmt_bytes(pred["h2d_bytes"]), fmt_bytes(measured["h2d_bytes"])],
               ["peak pool bytes", fmt_bytes(pred["peak_device_bytes"]), fmt_bytes(measured["peak_device_bytes"])],
               ["peak pool + torch bytes", fmt_bytes(pred["peak_pool_torch_bytes"]),
