@@ -108,8 +108,8 @@ def test_warm_steps_are_the_simulators() -> None:
 
 
 def test_a_cycling_policys_step_is_its_mean_not_its_commonest() -> None:
-    """belady's copies cycle (Llama-3.1-8B decode at 12000 on an H200: six steps of 84.8 ms, four
-    of 103.3): the median is the short step, the long run is the mean, as the prediction's."""
+    """belady's copies cycle (here ten short steps and four long ones): the median is the short
+    step, the long run is the mean, as the prediction's."""
     times = [292.4, 97.3] + [84.8] * 6 + [103.3] * 4 + [84.8] * 4
     assert typical_step_ms(times, len(times), varies=False) == 84.8
     assert typical_step_ms(times, len(times), varies=True) == pytest.approx((84.8 * 10 + 103.3 * 4) / 14)
