@@ -189,6 +189,26 @@ def test_run_execute_on_the_gpu(tiny, tmp_path):
     assert (tmp_path / "telemetry.jsonl").is_file()
 
 
+def test_run_execute_leaves_the_outputs_it_keeps_out_of_the_peak(tiny, tmp_path):
+    """execute keeps each step's outputs to compare them with the reference, which a deployment
+    does not: the measured pool + torch peak is the same over one step and over six."""
+    from omegaconf import OmegaConf
+
+    class Trace:
+        def access_order(self):
+            return tiny.order
+
+    peaks = []
+    for steps in (1, 6):
+        cfg = OmegaConf.create({"weights": {"eviction": "belady", "lookahead": 2, "source": "mmap_registered",
+                                            "file": str(tiny.path), "backend": "cuda"},
+                                "workload": {**WORKLOAD, "steps": steps}, "budget": 1.0, "seed": 0})
+        result = run_execute(cfg, tiny.spec, Trace(), tmp_path / str(steps))
+        assert result["outputs_match_reference"] is True
+        peaks.append(result["peak_pool_torch_bytes"])
+    assert peaks[0] == peaks[1]
+
+
 def _offload_matches(module, inputs, budget_mb, call=lambda m, i: m(**i) if isinstance(i, dict) else m(*i),
                      backend="cuda"):
     import engine

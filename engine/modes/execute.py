@@ -78,12 +78,12 @@ _TRAIN_ROWS = (
 )
 
 
-# The prediction's name for a measured quantity where they differ: the measured step is
-# the one the warm steps stand for (typical_step_ms), as the prediction's is their mean;
-# what spills is what the simulator copies device to host.
 # All-resident forwards run again at most, to find the outcome a streamed step's outputs
 # match when the first differs (resident_outcomes).
 REFERENCE_RETRIES = 32
+# The prediction's name for a measured quantity where they differ: the measured step is
+# the one the warm steps stand for (typical_step_ms), as the prediction's is their mean;
+# what spills is what the simulator copies device to host.
 _PREDICTED_AS = {"step_ms": "mean_step_ms", "spill_bytes": "d2h_bytes"}
 
 
@@ -345,6 +345,11 @@ class ResidentOutcomes:
     spread: float
 
 
+def outputs_bytes(outputs: Iterable[dict]) -> int:
+    """The bytes a list of forwards' outputs holds."""
+    return sum(t.numel() * t.element_size() for out in outputs for t in out.values())
+
+
 def outputs_max_diff(a: dict, b: dict) -> float:
     """The largest elementwise |a - b| over two forwards' outputs (inf where a shape differs)."""
     diffs = [(a[k].float() - b[k].float()).abs().max().item() if a[k].shape == b[k].shape else math.inf for k in b]
@@ -394,17 +399,23 @@ def run_execute(cfg: Any, spec: ModelSpec, trace: Any, out_dir: str | Path) -> d
         with ExitStack() as run:  # the executor and its pool, given back before any rerun of the reference
             executor = streamed_executor(run, wf, order, backend=w.backend, source=w.source, budget_bytes=budget,
                                          eviction=w.eviction, lookahead=w.lookahead, keep_steps=None)
-            outputs = []
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
+            outputs: list[dict] = []
+            cuda = device.type == "cuda"
+            torch_peak = 0 if cuda else None
             with torch.no_grad():
                 for i in range(cfg.workload.steps):
                     wf.check_intact()
+                    # Torch's peak within each step, less what the run keeps to compare (the
+                    # reference's outputs, the earlier steps'): a deployment keeps neither.
+                    kept = outputs_bytes([reference or {}, *outputs])
+                    if cuda:
+                        torch.cuda.reset_peak_memory_stats(device)
                     with executor.step(timed=i == cfg.workload.steps - 1):  # the steady state, on the timeline
                         outputs.append(forward(spec, executor, inputs))
+                    if cuda:
+                        torch_peak = max(torch_peak, torch.cuda.max_memory_allocated(device) - kept)
                     end_of_step(cfg.workload.loop, device, i)
             telemetry = executor.telemetry()  # waits for the last step
-            torch_peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
             timeline = executor.step_timeline()
             pool_cap = executor.backend.cap_bytes
             reserved_peak = executor.backend.reserved_peak_bytes()
