@@ -1,8 +1,9 @@
 """mode=validate: the simulator's prediction against the GPU's measurement, config by config.
 
 The configurations come from the trace (`grid`): inference traces get
-budgets (BUDGET_FRACTIONS of the model's bytes) x evictions x lookaheads,
-weights streamed through the executor; training traces get the LoRA step with
+budgets (BUDGET_FRACTIONS of the model's bytes, up to where compute bounds the
+step) x evictions x lookaheads, weights streamed through the executor, and every
+weight resident; training traces get the LoRA step with
 its weights resident under each activation policy (off, watermark at two
 levels, sync dict with two layer counts), spilled by the ActivationOffloader.
 Half of them, in a checkerboard over the grid, are held out of the fit
@@ -13,8 +14,14 @@ MEASUREMENTS, one file per trace, beside it: `measurements_path`); the report
 (`report`) needs only that JSON, the trace and a hardware profile, so it is
 rebuilt on any CPU from the shipped measurements.
 
-Measured, per configuration (median of TIMED_STEPS steps after one warm-up):
-    step_ms            CUDA events around the step on the compute stream
+Measured, per configuration (steps after one warm-up: at least TIMED_STEPS, then
+until their median is known within 1% or SETTLE_MS or MAX_TIMED_STEPS is reached;
+a step the host bounds moves by tens of percent from one to the next):
+    step_ms            CUDA events around the step on the compute stream: the median of
+                       the timed steps, or where the simulator's steps vary by design
+                       (belady's copies cycle) their mean, as the prediction's
+                       (engine.measure.spread.typical_step_ms; `report` takes it from
+                       steps_ms, every step's time)
     stall_ms           inference: the compute stream waiting on weight copies,
                        timed by events around each fetch's waits (KernelStamps);
                        training: the offloader's timed waits on restores/offloads
@@ -35,17 +42,23 @@ from typing import Any, Sequence
 
 from engine.config import ActivationsConfig, HardwareConfig, PoolConfig, WeightsConfig
 from engine.errors import ConfigError, TraceError
+from engine.measure.spread import settled, typical_step_ms
 from engine.policy.pool_sizing import exact_pool
 from engine.policy.schedule import step_questions
 from engine.trace import Trace
 from engine.units import MB
 
 MEASUREMENTS = "offload-engine-measurements"
-BUDGET_FRACTIONS = (0.35, 0.6)
+BUDGET_FRACTIONS = (0.35, 0.6, 0.85)
 EVICTIONS = ("lru", "belady", "priority")
 LOOKAHEADS = (1, 4)
+ALL_RESIDENT = "all resident"
 TIMED_STEPS = 5
-SIM_STEPS = 3  # the first warms the pool; the last is the steady state
+MAX_TIMED_STEPS = 64
+SETTLE_MS = 10_000.0
+# The first warms the pool; the rest show a policy whose copies cycle (belady's), whose
+# prediction is then the warm steps' mean.
+SIM_STEPS = 1 + TIMED_STEPS
 NO_CUDA = ("mode=validate needs a CUDA GPU to measure and none is visible; put the measurements beside "
            "the trace (X.measurements.json) to validate without one")
 # Training: (name, activations settings); watermarks are fractions of the step's saved bytes.
@@ -93,6 +106,8 @@ def grid(trace: Trace) -> list[dict]:
         rows.append({"id": f"{ev} budget={budget} lookahead={la}", "kind": "infer", "budget_mb": budget,
                      "eviction": ev, "lookahead": la, "activations": {"mode": "off"},
                      "held_out": (ib + ie + il) % 2 == 1})
+    rows.append({"id": ALL_RESIDENT, "kind": "infer", "budget_mb": None, "eviction": "priority", "lookahead": 1,
+                 "activations": {"mode": "off"}, "held_out": True})
     return rows
 
 
@@ -116,7 +131,10 @@ def activations_config(act: dict, trace: Trace) -> ActivationsConfig | None:
 
 
 def predict(trace: Trace, row: dict, hardware: Any, source: str) -> dict:
+    """The simulator's figures for a grid row; step_ms is the warm steps' mean where its
+    steps vary (`steps_vary`), else the last step's."""
     from sim import simulate
+    from sim.prediction import steps_vary
 
     budget = None if row["budget_mb"] is None else int(row["budget_mb"] * MB)
     weights = WeightsConfig(eviction=row["eviction"], lookahead=row["lookahead"], source=source)
@@ -125,7 +143,9 @@ def predict(trace: Trace, row: dict, hardware: Any, source: str) -> dict:
     # step's own), an inference row's steps run free.
     loop = "synced" if row["kind"] == "train_lora" else "free"
     pred = simulate(trace, weights, act, hardware, budget, SIM_STEPS, allow_below_floor=False, loop=loop).prediction
-    return {k: pred[k] for k in ("step_ms", "stall_ms", "peak_device_bytes", "compute_ms", "h2d_bytes")}
+    varies = steps_vary(pred)
+    return {**{k: pred[k] for k in ("stall_ms", "peak_device_bytes", "compute_ms", "h2d_bytes")},
+            "step_ms": pred["mean_step_ms"] if varies else pred["step_ms"], "steps_vary": varies}
 
 
 def hardware_of(profile: Any) -> HardwareConfig:
@@ -147,7 +167,7 @@ def _ranking(rows: list[dict]) -> list[dict]:
     """Per group of rows that differ only in the eviction policy: is the order by step time kept?"""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
-        if r["kind"] == "infer":
+        if r["kind"] == "infer" and r["budget_mb"] is not None:
             groups.setdefault((r["budget_mb"], r["lookahead"]), []).append(r)
     out = []
     for (budget, la), rs in sorted(groups.items()):
@@ -178,7 +198,9 @@ def report(trace: Trace, measurements: dict, hardware: Any) -> dict:
     rows = []
     for m in measurements["rows"]:
         pred = predict(trace, m, hw, source)
-        meas = m["measured"]
+        meas = dict(m["measured"])
+        if "steps_ms" in meas:  # the step the prediction's stands for
+            meas["step_ms"] = typical_step_ms(meas["steps_ms"], len(meas["steps_ms"]), pred["steps_vary"])
         rows.append({**{k: m[k] for k in ("id", "kind", "budget_mb", "eviction", "lookahead", "activations",
                                            "held_out")},
                      "predicted": pred, "measured": meas,
@@ -200,7 +222,7 @@ def report_md(rep: dict) -> str:
     def pct(v: float | None) -> str:
         return "-" if v is None else f"{v:+.1%}"
 
-    body = [[r["id"] + (" (held out)" if r["held_out"] else ""),
+    body = [[r["id"] + (" (held out)" if r["held_out"] else "") + (" *" if r["predicted"].get("steps_vary") else ""),
              f"{r['predicted']['step_ms']:.2f}", f"{r['measured']['step_ms']:.2f}", pct(r["error"]["step_ms"]),
              f"{r['predicted']['stall_ms']:.2f}", f"{r['measured']['stall_ms']:.2f}",
              f"{r['predicted']['peak_device_bytes'] / 1e9:.3f}", f"{r['measured']['peak_device_bytes'] / 1e9:.3f}",
@@ -209,6 +231,9 @@ def report_md(rep: dict) -> str:
           f"(measured on {rep['measured_on']}, {rep['measured_date']})", "",
           table(["config", "pred ms", "meas ms", "step err", "pred stall", "meas stall", "pred peak GB",
                  "meas peak GB", "peak err"], body), ""]
+    if any(r["predicted"].get("steps_vary") for r in rep["rows"]):
+        md += ["\\* the policy's steps vary by design (its copies cycle): predicted and measured are the warm "
+               "steps' mean; elsewhere the last simulated step and the median measured", ""]
     for name in ("fit", "held_out"):
         s = rep[name]
         if not s["configs"]:
@@ -266,8 +291,14 @@ def measure(cfg: Any, spec: Any, trace: Trace, rows: Sequence[dict]) -> dict:
     return {"format": MEASUREMENTS, "version": 1, "model": spec.name, "num_layers": spec.num_layers,
             "workload": trace.header.get("workload"), "device": device_name(device), "torch": torch.__version__,
             "cuda": torch.version.cuda if device.type == "cuda" else None, "source": cfg.weights.source,
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "timed_steps": TIMED_STEPS,
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "min_timed_steps": TIMED_STEPS,
             "rows": out}
+
+
+def timed_enough(times_ms: Sequence[float]) -> bool:
+    """Whether the timed steps (after the warm-up) are enough: the module docstring's rule."""
+    return len(times_ms) >= TIMED_STEPS and (settled(times_ms) or len(times_ms) >= MAX_TIMED_STEPS
+                                             or sum(times_ms) >= SETTLE_MS)
 
 
 def _measure_streamed(spec: Any, trace: Trace, wf: Any, inputs: dict, row: dict, weights_cfg: Any,
@@ -278,21 +309,28 @@ def _measure_streamed(spec: Any, trace: Trace, wf: Any, inputs: dict, row: dict,
     from engine.models import forward
     from engine.measure.timing import KernelStamps
 
-    budget = int(row["budget_mb"] * MB)
+    budget = None if row["budget_mb"] is None else int(row["budget_mb"] * MB)
     with ExitStack() as stack:
         executor = streamed_executor(stack, wf, trace.access_order(), backend=weights_cfg.backend,
                                      source=weights_cfg.source, budget_bytes=budget, eviction=row["eviction"],
                                      lookahead=row["lookahead"], keep_steps=None)
         stalls = []
-        with torch.no_grad():
-            for i in range(1 + TIMED_STEPS):
-                stamps = KernelStamps(executor, clock)
-                with executor.step():
-                    forward(spec, stamps, inputs)
-                stamps.close()
-                stalls.append(stamps)
-                end_of_step("free", clock.device, i)
-        tele = executor.telemetry()
+
+        def run(steps: int) -> list[dict]:
+            """`steps` more steps, free-running; every step's telemetry so far (which waits)."""
+            with torch.no_grad():
+                for _ in range(steps):
+                    stamps = KernelStamps(executor, clock)
+                    with executor.step():
+                        forward(spec, stamps, inputs)
+                    stamps.close()
+                    stalls.append(stamps)
+                    end_of_step("free", clock.device, len(stalls) - 1)
+            return executor.telemetry()
+
+        tele = run(1 + TIMED_STEPS)
+        while not timed_enough([t["step_ms"] for t in tele[1:]]):
+            tele = run(TIMED_STEPS)
         stall_ms = [sum(s.stall_ns()) / 1e6 for s in stalls[1:]]
     return {"step_ms": statistics.median(t["step_ms"] for t in tele[1:]), "first_step_ms": tele[0]["step_ms"],
             "stall_ms": statistics.median(stall_ms), "peak_device_bytes": max(t["peak_device_bytes"] for t in tele),
@@ -319,7 +357,7 @@ def _measure_training(spec: Any, trace: Trace, wf: Any, inputs: dict, row: dict,
                                         weights=ResidentWeights(weights), keep_steps=None)
     times, peaks = [], []
     try:
-        for _ in range(1 + TIMED_STEPS):
+        while len(times) < 1 + TIMED_STEPS or not timed_enough(times[1:]):
             for t in lora.values():
                 t.grad = None
             clock.synchronize()
