@@ -117,19 +117,23 @@ def forward_order(spec: ModelSpec) -> AccessOrder:
 def streamed_executor(stack: ExitStack, wf: WeightFile, order: AccessOrder, *, backend: str, source: str,
                       budget_bytes: int | None, eviction: str, lookahead: int,
                       keep_steps: int | None = KEEP_STEPS,
-                      wrap: Callable[[Backend], Backend] | None = None) -> WeightExecutor:
+                      wrap: Callable[[Backend], Backend] | None = None,
+                      shared: Mapping[str, torch.Tensor] | None = None) -> WeightExecutor:
     """A WeightExecutor streaming `wf`'s weights in `order`: a `backend` pool that
     holds the budget (every weight of the file when there is none), the host side
-    of the weights as `source` says, closed by `stack`. `wrap`, if given, wraps
+    of the weights as `source` says (or `shared`, from shared_host_weights: a file
+    registered once for many executors), closed by `stack`. `wrap`, if given, wraps
     the backend the executor sees (the recorder times its copies so)."""
     granule = backend_granule(backend)
     placed = [round_up(n, granule) for n in order.sizes.values()]
     capacity = held_bytes(budget_bytes if budget_bytes is not None else sum(placed), placed)
     pool = make_backend(backend, capacity, max(order.sizes.values(), default=0))
     stack.callback(pool.close)
-    host = host_weights(wf, source, pool)
-    stack.callback(host.close)
-    executor = WeightExecutor(order, host.tensors, budget_bytes=budget_bytes, eviction=eviction,
+    if shared is None:
+        host = host_weights(wf, source, pool)
+        stack.callback(host.close)
+        shared = host.tensors
+    executor = WeightExecutor(order, shared, budget_bytes=budget_bytes, eviction=eviction,
                               lookahead=lookahead, backend=pool if wrap is None else wrap(pool),
                               keep_steps=keep_steps)
     stack.callback(executor.close)
