@@ -23,7 +23,8 @@ a step the host bounds moves by tens of percent from one to the next):
                        (engine.measure.spread.typical_step_ms; `report` takes it from
                        steps_ms, every step's time)
     stall_ms           inference: the compute stream waiting on weight copies,
-                       timed by events around each fetch's waits (KernelStamps);
+                       timed by events around each fetch's waits (KernelStamps) in
+                       STALL_STEPS steps after the timed ones (median);
                        training: the offloader's timed waits on restores/offloads
     peak_device_bytes  inference: the weight pool's used high-water; training: the
                        model's bytes plus the allocator's high-water above what was
@@ -54,6 +55,9 @@ EVICTIONS = ("lru", "belady", "priority")
 LOOKAHEADS = (1, 4)
 ALL_RESIDENT = "all resident"
 TIMED_STEPS = 5
+# Steps after the timed ones whose kernels are stamped for the stall: two events a kernel cost
+# the host time a host-bound step would show.
+STALL_STEPS = 3
 MAX_TIMED_STEPS = 64
 SETTLE_MS = 10_000.0
 # The first warms the pool; the rest show a policy whose copies cycle (belady's), whose
@@ -317,24 +321,27 @@ def _measure_streamed(spec: Any, trace: Trace, wf: Any, host: Any, inputs: dict,
         executor = streamed_executor(stack, wf, trace.access_order(), backend=weights_cfg.backend,
                                      source=weights_cfg.source, budget_bytes=budget, eviction=row["eviction"],
                                      lookahead=row["lookahead"], keep_steps=None, shared=host)
-        stalls = []
+        stalls: list[KernelStamps] = []
+        done = itertools.count()
 
-        def run(steps: int) -> list[dict]:
+        def run(steps: int, stamped: bool = False) -> list[dict]:
             """`steps` more steps, free-running; every step's telemetry so far (which waits)."""
             with torch.no_grad():
                 for _ in range(steps):
-                    stamps = KernelStamps(executor, clock)
+                    source = KernelStamps(executor, clock) if stamped else executor
                     with executor.step():
-                        forward(spec, stamps, inputs)
-                    stamps.close()
-                    stalls.append(stamps)
-                    end_of_step("free", clock.device, len(stalls) - 1)
+                        forward(spec, source, inputs)
+                    if stamped:
+                        source.close()
+                        stalls.append(source)
+                    end_of_step("free", clock.device, next(done))
             return executor.telemetry()
 
         tele = run(1 + TIMED_STEPS)
         while not timed_enough([t["step_ms"] for t in tele[1:]]):
             tele = run(TIMED_STEPS)
-        stall_ms = [sum(s.stall_ns()) / 1e6 for s in stalls[1:]]
+        run(STALL_STEPS, stamped=True)
+        stall_ms = [sum(s.stall_ns()) / 1e6 for s in stalls]
     return {"step_ms": statistics.median(t["step_ms"] for t in tele[1:]), "first_step_ms": tele[0]["step_ms"],
             "stall_ms": statistics.median(stall_ms), "peak_device_bytes": max(t["peak_device_bytes"] for t in tele),
             "h2d_bytes": tele[-1]["h2d_bytes"], "steps_ms": [t["step_ms"] for t in tele]}

@@ -345,9 +345,9 @@ class ResidentOutcomes:
     spread: float
 
 
-def outputs_bytes(outputs: Iterable[dict]) -> int:
-    """The bytes a list of forwards' outputs holds."""
-    return sum(t.numel() * t.element_size() for out in outputs for t in out.values())
+def allocated(device: torch.device) -> int:
+    """The bytes torch's allocator holds for tensors on `device` (0 off CUDA)."""
+    return torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
 
 
 def outputs_max_diff(a: dict, b: dict) -> float:
@@ -395,25 +395,29 @@ def run_execute(cfg: Any, spec: ModelSpec, trace: Any, out_dir: str | Path) -> d
     with ExitStack() as stack:
         wf = open_weight_file(cfg, spec, stack)
         inputs = make_inputs(spec, cfg.workload, device, seed=cfg.seed)
+        cuda = device.type == "cuda"
+        # Torch's peak within each step, less what the run keeps to compare (the reference's
+        # outputs, the earlier steps'), which a deployment does not: the bytes each holds are
+        # what torch's allocator counts for it (its blocks, rounded).
+        kept = -allocated(device)
         reference = _reference(spec, wf.tensors(), inputs, device)
+        kept += allocated(device)
         with ExitStack() as run:  # the executor and its pool, given back before any rerun of the reference
             executor = streamed_executor(run, wf, order, backend=w.backend, source=w.source, budget_bytes=budget,
                                          eviction=w.eviction, lookahead=w.lookahead, keep_steps=None)
             outputs: list[dict] = []
-            cuda = device.type == "cuda"
             torch_peak = 0 if cuda else None
             with torch.no_grad():
                 for i in range(cfg.workload.steps):
                     wf.check_intact()
-                    # Torch's peak within each step, less what the run keeps to compare (the
-                    # reference's outputs, the earlier steps'): a deployment keeps neither.
-                    kept = outputs_bytes([reference or {}, *outputs])
+                    before = allocated(device)
                     if cuda:
                         torch.cuda.reset_peak_memory_stats(device)
                     with executor.step(timed=i == cfg.workload.steps - 1):  # the steady state, on the timeline
                         outputs.append(forward(spec, executor, inputs))
                     if cuda:
                         torch_peak = max(torch_peak, torch.cuda.max_memory_allocated(device) - kept)
+                    kept += allocated(device) - before
                     end_of_step(cfg.workload.loop, device, i)
             telemetry = executor.telemetry()  # waits for the last step
             timeline = executor.step_timeline()
