@@ -18,7 +18,8 @@ Measured, per configuration (steps after one warm-up: at least TIMED_STEPS, then
 until their median is known within 1% or SETTLE_MS or MAX_TIMED_STEPS is reached;
 a step the host bounds moves by tens of percent from one to the next):
     step_ms            CUDA events around the step on the compute stream: the median of
-                       the timed steps, or where the simulator's steps vary by design
+                       the timed steps (of each batch after the first, the step after the
+                       host's wait to read the times is left out, a warm-up again), or where the simulator's steps vary by design
                        (belady's copies cycle) their mean, as the prediction's
                        (engine.measure.spread.typical_step_ms; `report` takes it from
                        steps_ms, every step's time)
@@ -325,7 +326,8 @@ def _measure_streamed(spec: Any, trace: Trace, wf: Any, host: Any, inputs: dict,
         done = itertools.count()
 
         def run(steps: int, stamped: bool = False) -> list[dict]:
-            """`steps` more steps, free-running; every step's telemetry so far (which waits)."""
+            """`steps` more steps, free-running; their telemetry (which waits for them)."""
+            first = len(executor.steps)
             with torch.no_grad():
                 for _ in range(steps):
                     source = KernelStamps(executor, clock) if stamped else executor
@@ -335,16 +337,18 @@ def _measure_streamed(spec: Any, trace: Trace, wf: Any, host: Any, inputs: dict,
                         source.close()
                         stalls.append(source)
                     end_of_step("free", clock.device, next(done))
-            return executor.telemetry()
+            return executor.telemetry()[first:]
 
-        tele = run(1 + TIMED_STEPS)
-        while not timed_enough([t["step_ms"] for t in tele[1:]]):
-            tele = run(TIMED_STEPS)
+        cold, *timed = run(1 + TIMED_STEPS)
+        while not timed_enough([t["step_ms"] for t in timed]):
+            # The host waited to read the times: the next step starts on an idle GPU, a warm-up again.
+            timed += run(1 + TIMED_STEPS)[1:]
         run(STALL_STEPS, stamped=True)
         stall_ms = [sum(s.stall_ns()) / 1e6 for s in stalls]
-    return {"step_ms": statistics.median(t["step_ms"] for t in tele[1:]), "first_step_ms": tele[0]["step_ms"],
-            "stall_ms": statistics.median(stall_ms), "peak_device_bytes": max(t["peak_device_bytes"] for t in tele),
-            "h2d_bytes": tele[-1]["h2d_bytes"], "steps_ms": [t["step_ms"] for t in tele]}
+    rows = [cold, *timed]
+    return {"step_ms": statistics.median(t["step_ms"] for t in timed), "first_step_ms": cold["step_ms"],
+            "stall_ms": statistics.median(stall_ms), "peak_device_bytes": max(t["peak_device_bytes"] for t in rows),
+            "h2d_bytes": timed[-1]["h2d_bytes"], "steps_ms": [t["step_ms"] for t in rows]}
 
 
 def _measure_training(spec: Any, trace: Trace, wf: Any, inputs: dict, row: dict, cfg: Any, device: Any,

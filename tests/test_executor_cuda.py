@@ -191,7 +191,7 @@ def test_run_execute_on_the_gpu(tiny, tmp_path):
 
 def test_run_execute_leaves_the_outputs_it_keeps_out_of_the_peak(tiny, tmp_path):
     """execute keeps each step's outputs to compare them with the reference, which a deployment
-    does not: the measured pool + torch peak is the same over one step and over six."""
+    does not: torch's measured peak is the same over two steps and over six."""
     from omegaconf import OmegaConf
 
     class Trace:
@@ -199,14 +199,14 @@ def test_run_execute_leaves_the_outputs_it_keeps_out_of_the_peak(tiny, tmp_path)
             return tiny.order
 
     peaks = []
-    for steps in (1, 6):
+    for steps in (2, 6):
         cfg = OmegaConf.create({"weights": {"eviction": "belady", "lookahead": 2, "source": "mmap_registered",
                                             "file": str(tiny.path), "backend": "cuda"},
                                 "workload": {**WORKLOAD, "steps": steps}, "budget": 1.0, "seed": 0})
         result = run_execute(cfg, tiny.spec, Trace(), tmp_path / str(steps))
         assert result["outputs_match_reference"] is True
-        peaks.append(result["peak_pool_torch_bytes"])
-    assert peaks[0] == peaks[1]
+        peaks.append(result["peak_torch_bytes"])
+    assert peaks[0] == peaks[1] > 0
 
 
 def _offload_matches(module, inputs, budget_mb, call=lambda m, i: m(**i) if isinstance(i, dict) else m(*i),

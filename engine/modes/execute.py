@@ -446,6 +446,7 @@ def run_execute(cfg: Any, spec: ModelSpec, trace: Any, out_dir: str | Path) -> d
         "peak_device_bytes": max(row["peak_device_bytes"] for row in telemetry),
         "peak_pool_torch_bytes": None if torch_peak is None else
         max(row["held_device_bytes"] for row in telemetry) + torch_peak,
+        "peak_torch_bytes": torch_peak,  # torch's allocator's part: activations, outputs, inputs
         "peak_resident_bytes": max(row["peak_resident_bytes"] for row in telemetry),
         "outputs_match_reference": None if compared is None else compared.match,
         "outputs_bitwise": None if compared is None else compared.bitwise,
