@@ -53,3 +53,17 @@ def test_the_report_holds_a_cycling_policy_to_its_warm_mean_and_the_rest_to_thei
     assert belady["measured"]["step_ms"] == warm_mean(steps, len(steps))
     assert priority["measured"]["step_ms"] == statistics.median(measured[priority["id"]]["steps_ms"][1:])
     assert abs(belady["error"]["step_ms"]) < 0.01
+
+
+def test_the_whole_ltx2_validation_on_the_h200_rebuilds_on_the_cpu() -> None:
+    """LTX-2's 48 blocks recorded and validated on the lent H200 (data/traces/h200/validate/):
+    from its own recording, every configuration up to all resident within 2%, bytes held as
+    measured, and the policies ranked as measured at every budget."""
+    path = DATA / "h200" / "validate" / "ltx2-full.jsonl.gz"
+    rep = report(read_trace(path), read_measurements(measurements_path(path)), base_profile("h200"))
+    assert len(rep["rows"]) == 19 and rep["held_out"]["configs"] == 10
+    assert rep["rows"][-1]["id"] == ALL_RESIDENT
+    for part in ("fit", "held_out"):
+        assert rep[part]["step_ms"]["mean"] < 0.01 and rep[part]["step_ms"]["max"] < 0.025
+        assert rep[part]["peak_device_bytes"]["max"] < 0.001
+    assert rep["ranking_preserved"] and len(rep["ranking"]) == 6
