@@ -18,11 +18,13 @@ Measured, per configuration (steps after one warm-up: at least TIMED_STEPS, then
 until their median is known within 1% or SETTLE_MS or MAX_TIMED_STEPS is reached;
 a step the host bounds moves by tens of percent from one to the next):
     step_ms            CUDA events around the step on the compute stream: the median of
-                       the timed steps (of each batch after the first, the step after the
-                       host's wait to read the times is left out, a warm-up again), or where the simulator's steps vary by design
+                       the timed steps, or where the simulator's steps vary by design
                        (belady's copies cycle) their mean, as the prediction's
                        (engine.measure.spread.typical_step_ms; `report` takes it from
-                       steps_ms, every step's time)
+                       steps_ms: the cold first step, then the timed ones). The steps run
+                       in batches; the host waits to read a batch's times, so the next
+                       batch's first step starts on an idle GPU and is left out, a
+                       warm-up again.
     stall_ms           inference: the compute stream waiting on weight copies,
                        timed by events around each fetch's waits (KernelStamps) in
                        STALL_STEPS steps after the timed ones (median);
@@ -56,8 +58,8 @@ EVICTIONS = ("lru", "belady", "priority")
 LOOKAHEADS = (1, 4)
 ALL_RESIDENT = "all resident"
 TIMED_STEPS = 5
-# Steps after the timed ones whose kernels are stamped for the stall: two events a kernel cost
-# the host time a host-bound step would show.
+# Steps after the timed ones, their kernels stamped for the stall: the stamps (two CUDA events
+# a kernel) cost host time, which a host-bound step's time would show.
 STALL_STEPS = 3
 MAX_TIMED_STEPS = 64
 SETTLE_MS = 10_000.0
