@@ -15,7 +15,8 @@ from engine.errors import BelowFloorError, ExecutorError
 from engine.executor import WeightExecutor, host_weights, make_backend
 from engine.executor.cpu import CpuBackend
 from engine.models import forward, load_spec
-from engine.modes.execute import comparison_md, run_execute
+from engine.modes.execute import comparison_md
+from engine.modes.spec_run import run_execute
 from engine.policy import AccessOrder
 from engine.policy.weights import WeightResidency, floor
 
@@ -346,28 +347,29 @@ def test_a_step_matches_when_it_equals_any_outcome_of_a_non_deterministic_reside
     """The all-resident forward is run again only while a step's outputs match no outcome seen:
     a model whose own kernels have two outcomes is not called different, a wrong output is."""
     import engine.modes.execute as execute
+    import engine.modes.spec_run as spec_run
 
     a, b = {"y": torch.tensor([1.0, 2.0])}, {"y": torch.tensor([1.0, 2.5])}
     runs = iter([a, a, b, a, a, a, a, a])
-    monkeypatch.setattr(execute, "forward", lambda *args: next(runs))
+    monkeypatch.setattr(spec_run, "forward", lambda *args: next(runs))
     spec = SimpleNamespace(weights={})
-    got = execute.resident_outcomes(spec, {}, {}, torch.device("cpu"), a, [a, a], 4)  # no rerun
+    got = spec_run.resident_outcomes(spec, {}, {}, torch.device("cpu"), a, [a, a], 4)  # no rerun
     assert (got.match, got.bitwise, got.count, got.spread) == (True, True, 1, 0.0)
-    got = execute.resident_outcomes(spec, {}, {}, torch.device("cpu"), a, [a, b, a], 4)
+    got = spec_run.resident_outcomes(spec, {}, {}, torch.device("cpu"), a, [a, b, a], 4)
     assert (got.match, got.bitwise, got.count, got.spread) == (True, True, 2, 0.5)
     wrong = {"y": torch.tensor([9.0, 2.0])}
-    got = execute.resident_outcomes(spec, {}, {}, torch.device("cpu"), a, [wrong], 4)
+    got = spec_run.resident_outcomes(spec, {}, {}, torch.device("cpu"), a, [wrong], 4)
     assert (got.match, got.bitwise, got.count) == (False, False, 1)
     # a third outcome the reruns never gave: within the two seen outcomes' spread it passes, beyond it not
     between, beyond = {"y": torch.tensor([1.0, 2.25])}, {"y": torch.tensor([1.0, 2.75])}
     runs = iter([b] + [a] * 8)
-    got = execute.resident_outcomes(spec, {}, {}, torch.device("cpu"), a, [between], 4)
+    got = spec_run.resident_outcomes(spec, {}, {}, torch.device("cpu"), a, [between], 4)
     assert (got.match, got.bitwise, got.count, got.spread) == (True, False, 2, 0.5)
     runs = iter([b] + [a] * 8)
-    got = execute.resident_outcomes(spec, {}, {}, torch.device("cpu"), a, [{"y": torch.tensor([1.0, 3.5])}], 4)
+    got = spec_run.resident_outcomes(spec, {}, {}, torch.device("cpu"), a, [{"y": torch.tensor([1.0, 3.5])}], 4)
     assert not got.match and got.count == 2
     runs = iter([b] + [a] * 8)
-    assert execute.resident_outcomes(spec, {}, {}, torch.device("cpu"), a, [beyond], 4).match  # 0.25 from b
+    assert spec_run.resident_outcomes(spec, {}, {}, torch.device("cpu"), a, [beyond], 4).match  # 0.25 from b
     md = execute.comparison_md([], {"outputs_match_reference": True, "outputs_bitwise": False, "reference_outcomes": 3,
                                     "reference_outcomes_spread": 0.0557, "backend": "cuda", "steps": 3,
                                     "steps_ms": STEPS_MS[:3]})

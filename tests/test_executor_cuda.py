@@ -19,7 +19,7 @@ from engine.executor.cuda import CudaBackend  # noqa: E402
 from engine.policy.placement import POOL_CHUNK, pool_slack_bytes  # noqa: E402
 from engine.models import forward, load_spec, make_inputs  # noqa: E402
 from engine.models.run import DictSource  # noqa: E402
-from engine.modes.execute import run_execute  # noqa: E402
+from engine.modes.spec_run import run_execute  # noqa: E402
 from engine.policy import AccessOrder  # noqa: E402
 from engine.policy.weights import WeightResidency, floor  # noqa: E402
 from engine.weightfile import WeightFile, materialize  # noqa: E402

@@ -34,7 +34,7 @@ from engine.models import forward, load_spec, make_inputs  # noqa: E402
 from engine.models.lora import init_lora  # noqa: E402
 from engine.models.run import DictSource  # noqa: E402
 from engine.models.seeded import random_weights  # noqa: E402
-from engine.modes.execute import run_execute  # noqa: E402
+from engine.modes.spec_run import run_execute  # noqa: E402
 from engine.policy import AccessOrder  # noqa: E402
 from engine.policy.activations import build_activation_policy  # noqa: E402
 from engine.policy.weights import WeightResidency, floor  # noqa: E402

@@ -19,7 +19,7 @@ from engine.executor.cpu import CpuBackend
 from engine.executor.training import ACTIVATION_FIELDS, StreamedWeights, weight_handles
 from engine.models import forward, load_spec, make_inputs
 from engine.models.lora import init_lora, lora_loss
-from engine.modes.execute import run_train_execute
+from engine.modes.spec_run import run_train_execute
 from engine.trace import synthesize
 from engine.weightfile import WeightFile, materialize
 from split_pool import SplitPool

@@ -1,5 +1,5 @@
 """LoRA training steps over streamed weights: the library under mode=execute's
-workload=train_lora (engine/modes/execute.py) and the training benchmarks.
+workload=train_lora (engine/modes/spec_run.py) and the training benchmarks.
 
 One step, inside `executor.step()` (the weight order of a train_lora trace is
 the forward's kernels, then the backward's in reverse, reading the same weights):

@@ -5,7 +5,7 @@ more than one output for the same inputs: an offloaded step is right when it is 
 them. The offloaded steps are compared on the device as they come, so the loop neither waits for
 the host nor keeps its outputs past their step; a step that matches none still passes when it
 lies within the plain outputs' own spread (a finite sample of such a forward need not hold every
-outcome), the rule engine/modes/execute.py applies to the spec models.
+outcome), the rule engine/modes/spec_run.py applies to the spec models.
 """
 from __future__ import annotations
 
