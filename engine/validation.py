@@ -48,13 +48,13 @@ from engine.config import ActivationsConfig, HardwareConfig, PoolConfig, Weights
 from engine.errors import ConfigError, TraceError
 from engine.measure.spread import settled, typical_step_ms
 from engine.policy.pool_sizing import exact_pool
+from engine.policy.weights import EVICTIONS, floor
 from engine.policy.schedule import step_questions
 from engine.trace import Trace
 from engine.units import MB
 
 MEASUREMENTS = "offload-engine-measurements"
 BUDGET_FRACTIONS = (0.35, 0.6, 0.85)
-EVICTIONS = ("lru", "belady", "priority")
 LOOKAHEADS = (1, 4)
 ALL_RESIDENT = "all resident"
 TIMED_STEPS = 5
@@ -101,8 +101,6 @@ def grid(trace: Trace) -> list[dict]:
             rows.append({"id": f"train {name}", "kind": "train_lora", "budget_mb": None, "eviction": "belady",
                          "lookahead": 1, "activations": act, "held_out": i % 2 == 1})
         return rows
-    from engine.policy.weights import floor
-
     model_mb = sum(trace.weight_sizes.values()) / MB
     order = trace.access_order()
     floor_mb = max(floor(order, la).bytes for la in LOOKAHEADS) / MB
