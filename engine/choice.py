@@ -18,7 +18,8 @@ from omegaconf import OmegaConf
 from engine.config import WeightsConfig
 from engine.policy import AccessOrder
 from engine.policy.placement import place
-from engine.policy.weights import EVICTIONS, floor
+from engine.policy.eviction import EVICTIONS
+from engine.policy.floor import floor
 from engine.trace import Trace
 
 if TYPE_CHECKING:

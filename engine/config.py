@@ -22,7 +22,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from engine.errors import ConfigError
 from engine.modes import MODES
 from engine.policy import LOOPS
-from engine.policy.weights import EVICTIONS
+from engine.policy.eviction import EVICTIONS
 
 log = logging.getLogger(__name__)
 

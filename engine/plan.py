@@ -10,7 +10,9 @@ from dataclasses import dataclass
 
 from engine.policy import AccessOrder
 from engine.policy.placement import place
-from engine.policy.weights import EVICTIONS, Floor, ResidencySummary, floor, residency_summary
+from engine.policy.eviction import EVICTIONS
+from engine.policy.floor import Floor, floor
+from engine.policy.weights import ResidencySummary, residency_summary
 from engine.units import budget_bytes
 
 

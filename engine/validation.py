@@ -48,7 +48,8 @@ from engine.config import ActivationsConfig, HardwareConfig, PoolConfig, Weights
 from engine.errors import ConfigError, TraceError
 from engine.measure.spread import settled, typical_step_ms
 from engine.policy.pool_sizing import exact_pool
-from engine.policy.weights import EVICTIONS, floor
+from engine.policy.eviction import EVICTIONS
+from engine.policy.floor import floor
 from engine.policy.schedule import step_questions
 from engine.trace import Trace
 from engine.units import MB

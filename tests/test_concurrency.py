@@ -22,7 +22,7 @@ from engine.models import forward, load_spec, make_inputs
 from engine.models.run import DictSource
 from engine.models.seeded import random_weights
 from engine.policy import AccessOrder
-from engine.policy.weights import floor
+from engine.policy.floor import floor
 
 GPU = pytest.param("cuda", marks=[pytest.mark.cuda,
                                   pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")])

@@ -18,7 +18,8 @@ from engine.models import forward, load_spec
 from engine.modes.execute import comparison_md
 from engine.modes.spec_run import run_execute
 from engine.policy import AccessOrder
-from engine.policy.weights import WeightResidency, floor
+from engine.policy.floor import floor
+from engine.policy.weights import WeightResidency
 
 STEPS = 3
 

@@ -21,7 +21,8 @@ from engine.models import forward, load_spec, make_inputs  # noqa: E402
 from engine.models.run import DictSource  # noqa: E402
 from engine.modes.spec_run import run_execute  # noqa: E402
 from engine.policy import AccessOrder  # noqa: E402
-from engine.policy.weights import WeightResidency, floor  # noqa: E402
+from engine.policy.floor import floor  # noqa: E402
+from engine.policy.weights import WeightResidency  # noqa: E402
 from engine.weightfile import WeightFile, materialize  # noqa: E402
 
 MiB = 1 << 20

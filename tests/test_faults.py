@@ -37,7 +37,8 @@ from engine.models.seeded import random_weights  # noqa: E402
 from engine.modes.spec_run import run_execute  # noqa: E402
 from engine.policy import AccessOrder  # noqa: E402
 from engine.policy.activations import build_activation_policy  # noqa: E402
-from engine.policy.weights import WeightResidency, floor  # noqa: E402
+from engine.policy.floor import floor  # noqa: E402
+from engine.policy.weights import WeightResidency  # noqa: E402
 from engine.weightfile import WeightFile, materialize  # noqa: E402
 
 GPU = pytest.param("cuda", marks=[pytest.mark.cuda,

@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 
 from engine.errors import BelowFloorError, ConfigError
 from engine.policy import AccessOrder, Decision
-from engine.policy.weights import (
-    EVICTIONS, BeladyEviction, Floor, WeightResidency, anchors, floor, residency_summary)
+from engine.policy.eviction import EVICTIONS, BeladyEviction, anchors
+from engine.policy.floor import Floor, floor
+from engine.policy.weights import WeightResidency, residency_summary
 
 MB = 1_000_000
 

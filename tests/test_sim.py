@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from engine.config import ActivationsConfig, HardwareConfig, PoolConfig, WeightsConfig
 from engine.errors import BelowFloorError
-from engine.policy.weights import WeightResidency, floor
+from engine.policy.floor import floor
+from engine.policy.weights import WeightResidency
 from engine.models.spec import SavedTensor
 from engine.trace import KernelRecord, Trace
 from sim import simulate

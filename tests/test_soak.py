@@ -37,7 +37,7 @@ from engine.models.run import DictSource
 from engine.models.seeded import random_weights
 from engine.policy import KEEP_STEPS, AccessOrder
 from engine.policy.activations import build_activation_policy
-from engine.policy.weights import floor
+from engine.policy.floor import floor
 from engine.weightfile import WeightFile, materialize
 
 RSS_BOUND = 4 << 20  # bytes (module docstring)

@@ -19,7 +19,7 @@ from engine.models import forward
 from engine.policy import AccessOrder
 from engine.policy.chunks import ChunkBooks, conversion_slack, layout
 from engine.policy.placement import RESIDENT_ALIGN, place, pool_slack_bytes, residency
-from engine.policy.weights import floor
+from engine.policy.floor import floor
 from sim.simulator import simulate
 
 GRANULE = 4096  # the tiny model's weights are 32 B to 192 KiB: some under, most over a granule

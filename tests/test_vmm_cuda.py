@@ -18,7 +18,7 @@ from engine.executor.vmm import VmmBackend, vmm_granule  # noqa: E402
 from engine.policy import AccessOrder  # noqa: E402
 from engine.policy.chunks import conversion_slack  # noqa: E402
 from engine.policy.placement import place  # noqa: E402
-from engine.policy.weights import floor  # noqa: E402
+from engine.policy.floor import floor  # noqa: E402
 
 MiB = 1 << 20
 

@@ -41,7 +41,8 @@ from engine.modules.training import TrainingHandle, activations_config, sized_fo
 from engine.modules.untouched import untouched
 from engine.policy import LOOPS
 from engine.policy.placement import all_resident
-from engine.policy.weights import EVICTIONS, WeightResidency
+from engine.policy.eviction import EVICTIONS
+from engine.policy.weights import WeightResidency
 from engine.trace import Trace
 from engine.units import MB, budget_bytes
 
