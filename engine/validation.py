@@ -216,7 +216,7 @@ def report(trace: Trace, measurements: dict, hardware: Any) -> dict:
     fit = [r for r in rows if not r["held_out"]]
     held = [r for r in rows if r["held_out"]]
     ranking = _ranking(rows)
-    return {"hardware": hw.name, "trace_model": trace.header.get("model"),
+    return {"hardware": hw.name, "trace_model": trace.header.get("model"), "skipped": measurements.get("skipped", []),
             "measured_on": measurements.get("device"), "measured_date": measurements.get("date"),
             "rows": rows, "fit": _summary(fit), "held_out": _summary(held), "ranking": ranking,
             "ranking_preserved": all(g["preserved"] for g in ranking) if ranking else None}
@@ -237,6 +237,8 @@ def report_md(rep: dict) -> str:
           f"(measured on {rep['measured_on']}, {rep['measured_date']})", "",
           table(["config", "pred ms", "meas ms", "step err", "pred stall", "meas stall", "pred peak GB",
                  "meas peak GB", "peak err"], body), ""]
+    if rep["skipped"]:
+        md += [f"- not measured (they would not fit the device beside a run): {', '.join(rep['skipped'])}", ""]
     if any(r["predicted"].get("steps_vary") for r in rep["rows"]):
         md += ["\\* the policy's steps vary by design (its copies cycle): predicted and measured are the warm "
                "steps' mean; elsewhere the last simulated step and the median measured", ""]
@@ -276,12 +278,23 @@ def measure(cfg: Any, spec: Any, trace: Trace, rows: Sequence[dict]) -> dict:
     """Run every configuration on the GPU; the measurements JSON (module docstring)."""
     import torch
 
-    from engine.executor.setup import compute_device, device_name, open_weight_file, shared_host_weights
+    from engine.executor.setup import (compute_device, device_name, fits_resident, open_weight_file,
+                                       shared_host_weights)
     from engine.models import make_inputs
     from engine.measure.clocks import clock_for
 
     device = compute_device(cfg.weights.backend, no_cuda=NO_CUDA, replica=True)
     clock = clock_for(device)
+    model_bytes = sum(trace.weight_sizes.values())
+    held = {row["id"]: row_bytes(row, model_bytes, saved_bytes(trace)) for row in rows}
+    skipped = [row["id"] for row in rows if not fits_resident(held[row["id"]], device)]
+    if len(skipped) == len(rows):
+        raise ConfigError(f"mode=validate: no configuration of the grid fits this device (the smallest holds "
+                          f"{min(held.values()) / 1e9:.2f} GB); validate on a device with more memory")
+    rows = [row for row in rows if row["id"] not in skipped]
+    for row_id in skipped:
+        print(f"  skipped {row_id}: {held[row_id] / 1e9:.2f} GB on the device would leave no room for a run",
+              flush=True)
     out = []
     with ExitStack() as stack:
         wf = open_weight_file(cfg, spec, stack)
@@ -301,7 +314,15 @@ def measure(cfg: Any, spec: Any, trace: Trace, rows: Sequence[dict]) -> dict:
             "workload": trace.header.get("workload"), "device": device_name(device), "torch": torch.__version__,
             "cuda": torch.version.cuda if device.type == "cuda" else None, "source": cfg.weights.source,
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "min_timed_steps": TIMED_STEPS,
-            "rows": out}
+            "rows": out, "skipped": skipped}
+
+
+def row_bytes(row: dict, model_bytes: int, saved: int) -> int:
+    """The device bytes a grid row holds before its step's own: its budget (streamed), the
+    model (every weight resident), the model and its saved activations (training)."""
+    if row["kind"] == "train_lora":
+        return model_bytes + saved
+    return model_bytes if row["budget_mb"] is None else int(row["budget_mb"] * MB)
 
 
 def timed_enough(times_ms: Sequence[float]) -> bool:

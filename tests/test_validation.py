@@ -9,7 +9,7 @@ from engine.calibrate import base_profile
 from engine.measure.spread import warm_mean
 from engine.trace import read_trace
 from engine.validation import (ALL_RESIDENT, BUDGET_FRACTIONS, EVICTIONS, LOOKAHEADS, MAX_TIMED_STEPS, TIMED_STEPS,
-                               grid, measurements_path, read_measurements, report, timed_enough)
+                               grid, measurements_path, read_measurements, report, report_md, row_bytes, timed_enough)
 from engine.units import MB
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
@@ -67,3 +67,21 @@ def test_the_whole_ltx2_validation_on_the_h200_rebuilds_on_the_cpu() -> None:
         assert rep[part]["step_ms"]["mean"] < 0.01 and rep[part]["step_ms"]["max"] < 0.025
         assert rep[part]["peak_device_bytes"]["max"] < 0.001
     assert rep["ranking_preserved"] and len(rep["ranking"]) == 6
+
+
+def test_a_row_holds_its_budget_the_model_or_the_model_and_its_saved_activations() -> None:
+    gb = 10**9
+    streamed = {"kind": "infer", "budget_mb": 2403}
+    assert row_bytes(streamed, 6 * gb, gb) == 2403 * MB
+    assert row_bytes({"kind": "infer", "budget_mb": None}, 6 * gb, gb) == 6 * gb
+    assert row_bytes({"kind": "train_lora", "budget_mb": None}, 6 * gb, gb) == 7 * gb
+
+
+def test_the_report_names_the_rows_that_did_not_fit_the_device() -> None:
+    path = DATA / "ltx2_infer.jsonl.gz"
+    measurements = read_measurements(measurements_path(path))
+    measurements["skipped"] = ["priority budget=9999 lookahead=1", ALL_RESIDENT]
+    rep = report(read_trace(path), measurements, base_profile("h100_pcie5"))
+    assert rep["skipped"] == measurements["skipped"]
+    assert ("not measured (they would not fit the device beside a run): priority budget=9999 lookahead=1, "
+            "all resident") in report_md(rep)
