@@ -275,7 +275,8 @@ def read_measurements(path: str | Path) -> dict:
 
 
 def measure(cfg: Any, spec: Any, trace: Trace, rows: Sequence[dict]) -> dict:
-    """Run every configuration on the GPU; the measurements JSON (module docstring)."""
+    """Run every configuration that fits the device (`row_bytes`) on the GPU; the
+    measurements JSON (module docstring), the others listed under "skipped"."""
     import torch
 
     from engine.executor.setup import (compute_device, device_name, fits_resident, open_weight_file,

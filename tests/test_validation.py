@@ -8,7 +8,8 @@ from pathlib import Path
 from engine.calibrate import base_profile
 from engine.measure.spread import warm_mean
 from engine.trace import read_trace
-from engine.validation import (ALL_RESIDENT, BUDGET_FRACTIONS, EVICTIONS, LOOKAHEADS, MAX_TIMED_STEPS, TIMED_STEPS,
+from engine.policy.eviction import EVICTIONS
+from engine.validation import (ALL_RESIDENT, BUDGET_FRACTIONS, LOOKAHEADS, MAX_TIMED_STEPS, TIMED_STEPS,
                                grid, measurements_path, read_measurements, report, report_md, row_bytes, timed_enough)
 from engine.units import MB
 
