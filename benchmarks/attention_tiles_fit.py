@@ -15,8 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.calibrate import trace_paths  # noqa: E402
 from engine.calibrate_kernels import attention_tiling, read_probe_file  # noqa: E402
-from engine.compute import (BACKWARD, BACKWARD_FLOPS_FACTOR, TRAINING, KernelTable, Point, core_flops,  # noqa: E402
-                            features, work)
+from engine.compute import BACKWARD, BACKWARD_FLOPS_FACTOR, TRAINING, core_flops, features, work  # noqa: E402
+from engine.kernel_time import KernelTable, Point  # noqa: E402
 from engine.trace import read_trace  # noqa: E402
 
 OPS = {"attention": ("attention", 0), "attention_masked": ("attention_masked", 0),

@@ -205,7 +205,7 @@ def timed_cores(case: dict) -> list[tuple[str, tuple[int, ...], int]]:
 def report(path: Path, hardware: str) -> None:
     from engine.compute import PASSES
     from engine.config import load_hardware
-    from engine.compute import ExecutionTimePredictor
+    from engine.kernel_time import ExecutionTimePredictor
 
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt") as f:

@@ -1,5 +1,5 @@
 """mode=calibrate's kernel table: kernel time by op and shape, fitted to recorded traces and
-compute probes (engine/compute.py reads it; engine/calibrate.py writes it beside the profile
+compute probes (engine/kernel_time.py reads it; engine/calibrate.py writes it beside the profile
 as NAME.kernels.json).
 
 Every recorded spec kernel with its op and shape, and the probe grids of bare ops (the traces'
@@ -19,9 +19,10 @@ import statistics
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from engine.compute import (ATTENTION_OPS, BACKWARD, BACKWARD_FLOPS_FACTOR, CORE_FLOOR, GPU_ALONE, MATMUL_OPS, PASSES,
-                            TRAINING, AttentionTiling, KernelTable, ModuleCost, PassCost, core_flops, features, host_key,
-                            pass_bytes, pflops, table_from_measurements, tables_dir, work)
+from engine.compute import (ATTENTION_OPS, BACKWARD, BACKWARD_FLOPS_FACTOR, CORE_FLOOR, GPU_ALONE, MATMUL_OPS,
+                            PASSES, TRAINING, AttentionTiling, ModuleCost, PassCost, core_flops, features, host_key,
+                            pass_bytes, pflops, work)
+from engine.kernel_time import KernelTable, table_from_measurements, tables_dir
 from engine.errors import TraceError
 from engine.trace import BACKWARD_SUFFIX, KernelRecord, Trace
 

@@ -54,7 +54,7 @@ class HardwareConfig:
     small_copy_gbps: List[float] = field(default_factory=list)
     matmul_tflops: float = MISSING  # achieved dense bf16
     hbm_gbps: float = MISSING  # achieved device-memory bandwidth, read + write
-    # Kernel times measured by op and shape (engine/compute.py), written by mode=calibrate:
+    # Kernel times measured by op and shape (engine/kernel_time.py), written by mode=calibrate:
     # a file name in conf/hardware/ or a path; null: the roofline of the two above.
     kernel_table: Optional[str] = None
     kernel_launch_us: float = 5.0  # host cost to issue one kernel

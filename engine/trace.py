@@ -2,7 +2,7 @@
 
 A trace is what the simulator replays and what the executor records. It is
 either *synthesized* from a model spec and a hardware profile (compute times
-predicted by `engine.compute.ExecutionTimePredictor`) or *recorded* from a real run.
+predicted by `engine.kernel_time.ExecutionTimePredictor`) or *recorded* from a real run.
 
 File format ("offload-engine-trace", version 1)
 ------------------------------------------------
@@ -94,7 +94,8 @@ from typing import IO, Any, Iterator, Mapping, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from engine.compute import BACKWARD_FLOPS_FACTOR, CORE_DIMS, PASSES, ExecutionTimePredictor
+from engine.compute import BACKWARD_FLOPS_FACTOR, CORE_DIMS, PASSES
+from engine.kernel_time import ExecutionTimePredictor
 from engine.errors import TraceError
 from engine.policy import AccessOrder
 from engine.models.spec import Kernel, ModelSpec, SavedTensor

@@ -11,8 +11,9 @@ import torch
 from omegaconf import OmegaConf
 
 from engine.calibrate_kernels import fit_kernel_table, fit_pass_cost, write_kernel_table
-from engine.compute import (BACKWARD, PASSES, TILE, TRAINING, AttentionTiling, ExecutionTimePredictor, KernelTable,
-                            PassCost, Point, core_flops, features, load_table, rate_keys, table_from_measurements, work)
+from engine.compute import (BACKWARD, PASSES, TILE, TRAINING, AttentionTiling, PassCost, core_flops, features,
+                            rate_keys, work)
+from engine.kernel_time import ExecutionTimePredictor, KernelTable, Point, load_table, table_from_measurements
 from engine.config import load_hardware
 from engine.errors import ConfigError, TraceError
 from engine.models import load_spec
@@ -293,7 +294,7 @@ def test_the_training_attention_probe_times_each_point_forward_and_backward(monk
 def test_a_table_without_module_costs_prices_a_modules_host_by_its_launches(tmp_path) -> None:
     """A calibrated profile's kernel_launch_us is a whole spec kernel's host time (several launches
     and the model's Python): a real module's ops fall back to the table's host time per launch."""
-    from engine.compute import tables_dir
+    from engine.kernel_time import tables_dir
 
     table = json.loads((tables_dir() / "h200.kernels.json").read_text())
     bare = tmp_path / "h200-without-modules.kernels.json"  # as fitted from its spec recording alone

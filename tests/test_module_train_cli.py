@@ -323,7 +323,7 @@ def test_a_synthesized_training_steps_host_is_priced_at_the_training_costs(tmp_p
     from omegaconf import OmegaConf
 
     import engine
-    from engine.compute import load_table
+    from engine.kernel_time import load_table
     from engine.config import load_hardware
 
     model, inputs = _peft_llama_on_meta()

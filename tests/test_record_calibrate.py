@@ -75,7 +75,8 @@ def test_the_kernel_table_keeps_host_time_by_phase_and_synthesized_training_take
     """A training recording's forward and backward host times go under their own keys: an
     inference forward's are not a training forward's (adapters, autograd), nor a backward's."""
     from engine.calibrate_kernels import fit_kernel_table
-    from engine.compute import BACKWARD, TRAINING, ExecutionTimePredictor
+    from engine.compute import BACKWARD, TRAINING
+    from engine.kernel_time import ExecutionTimePredictor
     from engine.trace import synthesize
 
     wl, spec, timing = _tiny_training_step()

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 from engine.calibrate_kernels import fit_module_cost, fit_training_host
-from engine.compute import (PASSES, ExecutionTimePredictor, KernelTable, ModuleCost, PassCost, Point, core_flops, features,
-                            load_table)
+from engine.compute import PASSES, ModuleCost, PassCost, core_flops, features
+from engine.kernel_time import ExecutionTimePredictor, KernelTable, Point, load_table
 from engine.errors import ConfigError, TraceError
 from engine.modules.census import OpCensus, touched_elements
 from engine.trace import BACKWARD_SUFFIX, KernelRecord, Trace, read_trace, write_trace

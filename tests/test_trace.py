@@ -11,7 +11,7 @@ import pytest
 from engine.config import HardwareConfig, WorkloadConfig
 from engine.errors import TraceError
 from engine.models.spec import Kernel, ModelSpec, SavedTensor, WeightSpec
-from engine.compute import ExecutionTimePredictor
+from engine.kernel_time import ExecutionTimePredictor
 from engine.trace import KernelRecord, Trace, read_trace, synthesize, write_trace
 
 HW = HardwareConfig(

@@ -16,7 +16,8 @@ from engine.models import forward
 from engine.measure.clocks import Clock
 from engine.measure.launches import Census
 from engine.models.spec import ModelSpec, SavedTensor
-from engine.compute import BACKWARD_FLOPS_FACTOR, ExecutionTimePredictor, medians_by_op, unblocked_sum
+from engine.compute import BACKWARD_FLOPS_FACTOR, unblocked_sum
+from engine.kernel_time import ExecutionTimePredictor, medians_by_op
 from engine.trace import (BACKWARD_SUFFIX, FORMAT, VERSION,
                           KernelRecord, Trace, check_trace)
 

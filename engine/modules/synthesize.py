@@ -58,7 +58,8 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from engine.compute import BACKWARD_FLOPS_FACTOR, BACKWARD_OPS, ExecutionTimePredictor, core_flops
+from engine.compute import BACKWARD_FLOPS_FACTOR, BACKWARD_OPS, core_flops
+from engine.kernel_time import ExecutionTimePredictor
 from engine.errors import ConfigError, EngineError
 from engine.measure.timing import NotedTensors, SavedStorages
 from engine.modules.adapters import ALL_LINEAR, TrainingLoss, add_lora, enable_checkpointing
