@@ -46,7 +46,7 @@ from typing import Any, Sequence
 
 from engine.config import ActivationsConfig, HardwareConfig, PoolConfig, WeightsConfig
 from engine.errors import ConfigError, TraceError
-from engine.measure.spread import settled, typical_step_ms
+from engine.measure.spread import enough, typical_step_ms
 from engine.policy.pool_sizing import exact_pool
 from engine.policy.eviction import EVICTIONS
 from engine.policy.floor import floor
@@ -64,8 +64,7 @@ TIMED_STEPS = 5
 STALL_STEPS = 3
 MAX_TIMED_STEPS = 64
 SETTLE_MS = 10_000.0
-# The first warms the pool; the rest show a policy whose copies cycle (belady's), whose
-# prediction is then the warm steps' mean.
+# The first warms the pool; the warm ones after it show a policy whose copies cycle (belady's).
 SIM_STEPS = 1 + TIMED_STEPS
 NO_CUDA = ("mode=validate needs a CUDA GPU to measure and none is visible; put the measurements beside "
            "the trace (X.measurements.json) to validate without one")
@@ -137,8 +136,9 @@ def activations_config(act: dict, trace: Trace) -> ActivationsConfig | None:
 
 
 def predict(trace: Trace, row: dict, hardware: Any, source: str) -> dict:
-    """The simulator's figures for a grid row; step_ms is the warm steps' mean where its
-    steps vary (`steps_vary`), else the last step's."""
+    """The simulator's figures for a grid row; step_ms is its warm steps' mean, as `execute`
+    holds a measurement to (`steps_vary`: whether they differ by design, which decides the
+    measured step it is held against)."""
     from sim import simulate
     from sim.prediction import steps_vary
 
@@ -149,9 +149,8 @@ def predict(trace: Trace, row: dict, hardware: Any, source: str) -> dict:
     # step's own), an inference row's steps run free.
     loop = "synced" if row["kind"] == "train_lora" else "free"
     pred = simulate(trace, weights, act, hardware, budget, SIM_STEPS, allow_below_floor=False, loop=loop).prediction
-    varies = steps_vary(pred)
     return {**{k: pred[k] for k in ("stall_ms", "peak_device_bytes", "compute_ms", "h2d_bytes")},
-            "step_ms": pred["mean_step_ms"] if varies else pred["step_ms"], "steps_vary": varies}
+            "step_ms": pred["mean_step_ms"], "steps_vary": steps_vary(pred)}
 
 
 def hardware_of(profile: Any) -> HardwareConfig:
@@ -240,8 +239,8 @@ def report_md(rep: dict) -> str:
     if rep["skipped"]:
         md += [f"- not measured (they would not fit the device beside a run): {', '.join(rep['skipped'])}", ""]
     if any(r["predicted"].get("steps_vary") for r in rep["rows"]):
-        md += ["\\* the policy's steps vary by design (its copies cycle): predicted and measured are the warm "
-               "steps' mean; elsewhere the last simulated step and the median measured", ""]
+        md += ["\\* the policy's steps vary by design (its copies cycle): measured is the warm steps' mean, as "
+               "predicted; elsewhere the median of the timed steps", ""]
     for name in ("fit", "held_out"):
         s = rep[name]
         if not s["configs"]:
@@ -287,7 +286,8 @@ def measure(cfg: Any, spec: Any, trace: Trace, rows: Sequence[dict]) -> dict:
     device = compute_device(cfg.weights.backend, no_cuda=NO_CUDA, replica=True)
     clock = clock_for(device)
     model_bytes = sum(trace.weight_sizes.values())
-    held = {row["id"]: row_bytes(row, model_bytes, saved_bytes(trace)) for row in rows}
+    saved = saved_bytes(trace)
+    held = {row["id"]: row_bytes(row, model_bytes, saved) for row in rows}
     skipped = [row["id"] for row in rows if not fits_resident(held[row["id"]], device)]
     if len(skipped) == len(rows):
         raise ConfigError(f"mode=validate: no configuration of the grid fits this device (the smallest holds "
@@ -328,8 +328,7 @@ def row_bytes(row: dict, model_bytes: int, saved: int) -> int:
 
 def timed_enough(times_ms: Sequence[float]) -> bool:
     """Whether the timed steps (after the warm-up) are enough: the module docstring's rule."""
-    return len(times_ms) >= TIMED_STEPS and (settled(times_ms) or len(times_ms) >= MAX_TIMED_STEPS
-                                             or sum(times_ms) >= SETTLE_MS)
+    return enough(times_ms, min_steps=TIMED_STEPS, max_steps=MAX_TIMED_STEPS, max_total=SETTLE_MS)
 
 
 def _measure_streamed(spec: Any, trace: Trace, wf: Any, host: Any, inputs: dict, row: dict, weights_cfg: Any,

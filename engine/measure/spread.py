@@ -45,6 +45,19 @@ def spread_text(times_ms: Sequence[float]) -> str:
     return f"{len(times_ms)} steps, {min(times_ms):.1f}-{max(times_ms):.1f} ms{known}"
 
 
+def enough(times: Sequence[float], *, min_steps: int, max_steps: int, max_total: float,
+           min_total: float = 0.0) -> bool:
+    """Whether steps timed back to back (`times`, one unit throughout) are enough to stop:
+    at least `min_steps` adding up to `min_total`, then once their median is known
+    (`settled`) or their sum reaches `max_total`; at `max_steps` in any case."""
+    total = sum(times)
+    if len(times) >= max_steps:
+        return True
+    if len(times) < min_steps or total < min_total:
+        return False
+    return settled(times) or total >= max_total
+
+
 def warm_steps(steps: int) -> int:
     """How many of `steps` are warm, the last ones: all but the cold first and the one after
     the warm-up barrier, or the last alone when fewer than three ran (the simulator's mean_*)."""

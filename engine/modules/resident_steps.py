@@ -29,7 +29,7 @@ from engine.executor.runtime import WeightExecutor
 from engine.executor.training import RECOMPUTE, StreamedWeights, train_order, weight_handles
 from engine.measure.clocks import Clock
 from engine.measure.probes import copy_stream_beside
-from engine.measure.spread import settled
+from engine.measure.spread import enough
 from engine.measure.timing import host_bound
 from engine.modules.streamed import StreamedModule
 
@@ -106,8 +106,8 @@ def in_turns(step: Callable[[], int], plain_turn: Callable[[int], list[int]],
 
 
 def _unsettled(times: Sequence[int], settle_ns: int) -> bool:
-    return len(times) < MAX_PIPELINED_STEPS and (
-        len(times) < PIPELINED_STEPS or sum(times) < PIPELINED_NS or (sum(times) < settle_ns and not settled(times)))
+    return not enough(times, min_steps=PIPELINED_STEPS, max_steps=MAX_PIPELINED_STEPS, max_total=settle_ns,
+                      min_total=PIPELINED_NS)
 
 
 def pipelined_step_ns(streamed: StreamedModule, clock: Clock, backend: str, loss_fn: LossFn | None = None,
