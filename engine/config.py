@@ -184,6 +184,7 @@ class Config:
     trace: Optional[str] = None
     seed: int = 0
     out: Optional[str] = None  # mode=materialize: the weight file to write
+    measurements: Optional[str] = None  # mode=validate: measurements to report instead of measuring
 
 
 def register() -> None:
@@ -322,9 +323,9 @@ def check_config(cfg: Any) -> None:
     if cfg.workload.kind == "train_lora" and cfg.workload.lora_rank < 1:
         raise ConfigError(f"workload.lora_rank={cfg.workload.lora_rank}: LoRA training needs a rank of 1 or more")
     if "module" in cfg.model:
-        if cfg.mode in ("calibrate", "validate"):
-            raise ConfigError(f"mode={cfg.mode} runs spec models; for model {cfg.model.name} use mode=record, "
-                              "then simulate or execute with trace=PATH")
+        if cfg.mode == "calibrate":
+            raise ConfigError(f"mode=calibrate fits recordings of spec models; for model {cfg.model.name} use "
+                              "mode=record, then simulate, execute or validate with trace=PATH")
     elif cfg.workload.kind == "decode" and cfg.model.family != "llama":
         raise ConfigError(f"workload=decode runs one token of a language model; model {cfg.model.name} is a "
                           f"{cfg.model.family} model: use workload=infer or train_lora")
@@ -337,8 +338,6 @@ def check_config(cfg: Any) -> None:
         if cfg.slo[key] is not None and cfg.slo[key] < 0:
             raise ConfigError(f"slo.{key}={cfg.slo[key]} is negative; give a threshold >= 0 or null")
     if cfg.trace is not None:
-        from pathlib import Path
-
         trace = Path(cfg.trace)
         if trace.is_dir():
             if cfg.mode != "calibrate":
@@ -346,6 +345,13 @@ def check_config(cfg: Any) -> None:
                                   "(a directory of traces is for mode=calibrate)")
         elif not trace.is_file():
             raise ConfigError(f"trace={cfg.trace} does not exist; record one with mode=record or drop trace=")
+    if cfg.measurements is not None:
+        if cfg.mode != "validate":
+            raise ConfigError(f"measurements={cfg.measurements} is read by mode=validate; add mode=validate or "
+                              "drop measurements=")
+        if not Path(cfg.measurements).is_file():
+            raise ConfigError(f"measurements={cfg.measurements} does not exist; give a measurements file "
+                              "mode=validate wrote, or drop measurements= to measure on the GPU")
     act = cfg.activations
     if act.mode != "off" and cfg.workload.kind != "train_lora":
         raise ConfigError(

@@ -55,6 +55,10 @@ from engine.trace import Trace
 from engine.units import MB
 
 MEASUREMENTS = "offload-engine-measurements"
+# What a measurements file's peak device bytes count (its "peak"; "pool" where it says none),
+# and the prediction's figure for it: the weight pool and the saved activations (a spec
+# model's run), or the weight pool and torch's allocator (a real module's, on a GPU).
+PEAKS = {"pool": "peak_device_bytes", "pool_torch": "peak_pool_torch_bytes"}
 BUDGET_FRACTIONS = (0.35, 0.6, 0.85)
 LOOKAHEADS = (1, 4)
 ALL_RESIDENT = "all resident"
@@ -93,21 +97,25 @@ def saved_bytes(trace: Trace) -> int:
     return sum(s.nbytes for r in trace.records for s in r.saved)
 
 
-def grid(trace: Trace) -> list[dict]:
-    """The configurations validated for this trace, each marked held out or not."""
+def grid(trace: Trace, min_tensor_bytes: int | None = None) -> list[dict]:
+    """The configurations validated for this trace, each marked held out or not; a training
+    trace's spill the saved tensors of `min_tensor_bytes` or more (None: the default's)."""
     rows = []
     if training(trace):
+        smallest = {} if min_tensor_bytes is None else {"min_tensor_bytes": min_tensor_bytes}
         for i, (name, act) in enumerate(TRAIN_POLICIES):
             rows.append({"id": f"train {name}", "kind": "train_lora", "budget_mb": None, "eviction": "belady",
-                         "lookahead": 1, "activations": act, "held_out": i % 2 == 1})
+                         "lookahead": 1, "activations": {**act, **({} if act["mode"] == "off" else smallest)},
+                         "held_out": i % 2 == 1})
         return rows
     model_mb = sum(trace.weight_sizes.values()) / MB
     order = trace.access_order()
     floor_mb = max(floor(order, la).bytes for la in LOOKAHEADS) / MB
+    unit = _unit(model_mb)
     for (ib, frac), (ie, ev), (il, la) in itertools.product(
             enumerate(BUDGET_FRACTIONS), enumerate(EVICTIONS), enumerate(LOOKAHEADS)):
         # A fraction of the model, but never under the floor (a decode step's lm_head + embedding).
-        budget = max(round(frac * model_mb), int(floor_mb) + 1 + ib * round(0.25 * model_mb))
+        budget = _in(unit, max(frac * model_mb, floor_mb - floor_mb % unit + unit + ib * _in(unit, 0.25 * model_mb)))
         rows.append({"id": f"{ev} budget={budget} lookahead={la}", "kind": "infer", "budget_mb": budget,
                      "eviction": ev, "lookahead": la, "activations": {"mode": "off"},
                      "held_out": (ib + ie + il) % 2 == 1})
@@ -116,16 +124,27 @@ def grid(trace: Trace) -> list[dict]:
     return rows
 
 
+def _unit(total_mb: float) -> float:
+    """The grid's MB are whole MB, a small model's kB (a test's model is under a MB)."""
+    return 1.0 if total_mb >= 100 else 0.001
+
+
+def _in(unit: float, mb: float) -> float:
+    return round(mb) if unit == 1.0 else round(round(mb / unit) * unit, 3)
+
+
 def activations_config(act: dict, trace: Trace) -> ActivationsConfig | None:
     """The activation policy's config for a grid row (None: no offload)."""
     if act["mode"] == "off":
         return None
+    smallest = {"min_tensor_bytes": act["min_tensor_bytes"]} if "min_tensor_bytes" in act else {}
     if act["mode"] == "watermark":
         total = saved_bytes(trace) / MB
-        cfg = ActivationsConfig(mode="watermark", high_watermark_mb=round(act["high"] * total),
-                                low_watermark_mb=round(act["low"] * total))
+        unit = _unit(total)
+        cfg = ActivationsConfig(mode="watermark", high_watermark_mb=_in(unit, act["high"] * total),
+                                low_watermark_mb=_in(unit, act["low"] * total), **smallest)
     elif act["mode"] == "sync":
-        cfg = ActivationsConfig(mode="sync", num_offload_layers=act["layers"])
+        cfg = ActivationsConfig(mode="sync", num_offload_layers=act["layers"], **smallest)
     else:
         raise ConfigError(f"validation row with activations mode {act['mode']!r}; use off, watermark or sync")
     # The pool the CLI's default (activations/pool=exact) gives: every spill pinned.
@@ -149,7 +168,7 @@ def predict(trace: Trace, row: dict, hardware: Any, source: str) -> dict:
     # step's own), an inference row's steps run free.
     loop = "synced" if row["kind"] == "train_lora" else "free"
     pred = simulate(trace, weights, act, hardware, budget, SIM_STEPS, allow_below_floor=False, loop=loop).prediction
-    return {**{k: pred[k] for k in ("stall_ms", "peak_device_bytes", "compute_ms", "h2d_bytes")},
+    return {**{k: pred[k] for k in ("stall_ms", "compute_ms", "h2d_bytes", *PEAKS.values())},
             "step_ms": pred["mean_step_ms"], "steps_vary": steps_vary(pred)}
 
 
@@ -200,9 +219,11 @@ def report(trace: Trace, measurements: dict, hardware: Any) -> dict:
         raise TraceError(f'measurements: not an offload-engine measurements file (format must be "{MEASUREMENTS}")')
     hw = hardware_of(hardware)
     source = measurements.get("source", "mmap_registered")
+    peak = PEAKS[measurements.get("peak", "pool")]
     rows = []
     for m in measurements["rows"]:
         pred = predict(trace, m, hw, source)
+        pred["peak_device_bytes"] = pred[peak]
         meas = dict(m["measured"])
         if "steps_ms" in meas:  # the step the prediction's stands for
             meas["step_ms"] = typical_step_ms(meas["steps_ms"], len(meas["steps_ms"]), pred["steps_vary"])
@@ -215,7 +236,8 @@ def report(trace: Trace, measurements: dict, hardware: Any) -> dict:
     fit = [r for r in rows if not r["held_out"]]
     held = [r for r in rows if r["held_out"]]
     ranking = _ranking(rows)
-    return {"hardware": hw.name, "trace_model": trace.header.get("model"), "skipped": measurements.get("skipped", []),
+    return {"hardware": hw.name, "trace_model": trace.header.get("model"), "trace_source": trace.header.get("source"),
+            "peak": measurements.get("peak", "pool"), "skipped": measurements.get("skipped", []),
             "measured_on": measurements.get("device"), "measured_date": measurements.get("date"),
             "rows": rows, "fit": _summary(fit), "held_out": _summary(held), "ranking": ranking,
             "ranking_preserved": all(g["preserved"] for g in ranking) if ranking else None}
@@ -236,6 +258,12 @@ def report_md(rep: dict) -> str:
           f"(measured on {rep['measured_on']}, {rep['measured_date']})", "",
           table(["config", "pred ms", "meas ms", "step err", "pred stall", "meas stall", "pred peak GB",
                  "meas peak GB", "peak err"], body), ""]
+    if rep["trace_source"] != "recorded":
+        md += ["- predicted from the config alone (a synthesized trace), as the main command predicts: no recording "
+               "of this model", ""]
+    if rep["peak"] == "pool_torch":
+        md += ["- peak: the weight pool's and torch's allocator's high-water beside each other (the process less "
+               "the CUDA context)", ""]
     if rep["skipped"]:
         md += [f"- not measured (they would not fit the device beside a run): {', '.join(rep['skipped'])}", ""]
     if any(r["predicted"].get("steps_vary") for r in rep["rows"]):
@@ -267,6 +295,9 @@ def read_measurements(path: str | Path) -> dict:
         raise TraceError(f"{path}: not JSON ({e.msg}); re-measure with mode=validate on a GPU") from None
     if not isinstance(data, dict) or data.get("format") != MEASUREMENTS or not isinstance(data.get("rows"), list):
         raise TraceError(f'{path}: not an offload-engine measurements file (format "{MEASUREMENTS}" with rows)')
+    if data.get("peak", "pool") not in PEAKS:
+        raise TraceError(f"{path}: peak {str(data.get('peak'))[:40]!r} is not one of {', '.join(PEAKS)}; "
+                         "re-measure with mode=validate on a GPU")
     return data
 
 
@@ -278,24 +309,13 @@ def measure(cfg: Any, spec: Any, trace: Trace, rows: Sequence[dict]) -> dict:
     measurements JSON (module docstring), the others listed under "skipped"."""
     import torch
 
-    from engine.executor.setup import (compute_device, device_name, fits_resident, open_weight_file,
-                                       shared_host_weights)
+    from engine.executor.setup import compute_device, open_weight_file, shared_host_weights
     from engine.models import make_inputs
     from engine.measure.clocks import clock_for
 
     device = compute_device(cfg.weights.backend, no_cuda=NO_CUDA, replica=True)
     clock = clock_for(device)
-    model_bytes = sum(trace.weight_sizes.values())
-    saved = saved_bytes(trace)
-    held = {row["id"]: row_bytes(row, model_bytes, saved) for row in rows}
-    skipped = [row["id"] for row in rows if not fits_resident(held[row["id"]], device)]
-    if len(skipped) == len(rows):
-        raise ConfigError(f"mode=validate: no configuration of the grid fits this device (the smallest holds "
-                          f"{min(held.values()) / 1e9:.2f} GB); validate on a device with more memory")
-    rows = [row for row in rows if row["id"] not in skipped]
-    for row_id in skipped:
-        print(f"  skipped {row_id}: {held[row_id] / 1e9:.2f} GB on the device would leave no room for a run",
-              flush=True)
+    rows, skipped = fitting(rows, trace, device)
     out = []
     with ExitStack() as stack:
         wf = open_weight_file(cfg, spec, stack)
@@ -308,14 +328,47 @@ def measure(cfg: Any, spec: Any, trace: Trace, rows: Sequence[dict]) -> dict:
                 meas = _measure_streamed(spec, trace, wf, host, inputs, row, cfg.weights, clock)
             else:
                 meas = _measure_training(spec, trace, wf, inputs, row, cfg, device, clock)
-            out.append({**row, "measured": meas})
-            print(f"  measured {row['id']}: step {meas['step_ms']:.2f} ms, stall {meas['stall_ms']:.2f} ms, "
-                  f"peak {meas['peak_device_bytes'] / 1e9:.3f} GB", flush=True)
-    return {"format": MEASUREMENTS, "version": 1, "model": spec.name, "num_layers": spec.num_layers,
-            "workload": trace.header.get("workload"), "device": device_name(device), "torch": torch.__version__,
-            "cuda": torch.version.cuda if device.type == "cuda" else None, "source": cfg.weights.source,
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "min_timed_steps": TIMED_STEPS,
+            out.append(measured_row(row, meas))
+    return {**measurements_header(spec.name, spec.num_layers, trace, device, cfg.weights.source, "pool"),
             "rows": out, "skipped": skipped}
+
+
+def fitting(rows: Sequence[dict], trace: Trace, device: Any) -> tuple[list[dict], list[str]]:
+    """The grid's rows that fit the device beside a run (`row_bytes`), and the ids of those
+    that do not (each said on stdout); none fitting is a ConfigError."""
+    from engine.executor.setup import fits_resident
+
+    model_bytes = sum(trace.weight_sizes.values())
+    saved = saved_bytes(trace)
+    held = {row["id"]: row_bytes(row, model_bytes, saved) for row in rows}
+    skipped = [row["id"] for row in rows if not fits_resident(held[row["id"]], device)]
+    if len(skipped) == len(rows):
+        raise ConfigError(f"mode=validate: no configuration of the grid fits this device (the smallest holds "
+                          f"{min(held.values()) / 1e9:.2f} GB); validate on a device with more memory")
+    for row_id in skipped:
+        print(f"  skipped {row_id}: {held[row_id] / 1e9:.2f} GB on the device would leave no room for a run",
+              flush=True)
+    return [row for row in rows if row["id"] not in skipped], skipped
+
+
+def measured_row(row: dict, meas: dict) -> dict:
+    """A grid row with its measurement, said on stdout as it lands."""
+    print(f"  measured {row['id']}: step {meas['step_ms']:.2f} ms, stall {meas['stall_ms']:.2f} ms, "
+          f"peak {meas['peak_device_bytes'] / 1e9:.3f} GB", flush=True)
+    return {**row, "measured": meas}
+
+
+def measurements_header(model: str, num_layers: int | None, trace: Trace, device: Any, source: str,
+                        peak: str) -> dict:
+    """A measurements file's keys but its rows: what was measured, where and how."""
+    import torch
+
+    from engine.executor.setup import device_name
+
+    return {"format": MEASUREMENTS, "version": 1, "model": model, "num_layers": num_layers,
+            "workload": trace.header.get("workload"), "device": device_name(device), "torch": torch.__version__,
+            "cuda": torch.version.cuda if device.type == "cuda" else None, "source": source, "peak": peak,
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "min_timed_steps": TIMED_STEPS}
 
 
 def row_bytes(row: dict, model_bytes: int, saved: int) -> int:

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import engine
-from engine.errors import BelowFloorError, ExecutorError
+from engine.errors import BelowFloorError, ConfigError, ExecutorError
 from engine.policy.weights import WeightResidency
 
 
@@ -94,6 +94,60 @@ def test_offload_matches_bitwise_and_restores(eviction, grouping, budget_mb):
     assert "forward" not in net.__dict__
     with torch.no_grad():
         assert torch.equal(net(x), ref)
+
+
+def test_reconfigure_runs_each_policy_on_one_set_up():
+    """One set-up, then budgets streamed, bound and streamed again: each forward bitwise the
+    plain module's, each executor's telemetry its own, the bytes by the policy's copies; a
+    bad policy or a budget under the floor leaves the handle running as it was."""
+    net, x, ref = make()
+    h = engine.offload(net, budget_mb=0.11, example_inputs=(x,), eviction="lru", lookahead=1, backend="cpu")
+    model = sum(h.order.sizes.values())
+    for budget, eviction, lookahead in [(0.2, "belady", 4), (None, "priority", 1), (0.11, "priority", 2)]:
+        h.reconfigure(budget_mb=budget, eviction=eviction, lookahead=lookahead)
+        fits = budget is None or budget * 1e6 >= model
+        assert (h.eviction, h.lookahead, h.bound) == (eviction, lookahead, fits)
+        with torch.no_grad():
+            assert all(torch.equal(net(x), ref) for _ in range(2))
+        rows = h.telemetry()
+        assert len(rows) == (3 if fits else 2)  # bound: the set-up's step that fetched every weight first
+        assert (rows[-1]["h2d_bytes"] == 0) == fits
+    executor = h.executor
+    floor = WeightResidency(h.order, None, "priority", 2).floor.bytes
+    with pytest.raises(BelowFloorError):
+        h.reconfigure(budget_mb=floor / 2e6, eviction="lru", lookahead=2)
+    with pytest.raises(ConfigError, match="eviction='fifo'"):
+        h.reconfigure(budget_mb=0.2, eviction="fifo", lookahead=2)
+    with pytest.raises(ConfigError, match="lookahead=-1"):
+        h.reconfigure(budget_mb=0.2, eviction="lru", lookahead=-1)
+    assert h.executor is executor
+    with torch.no_grad():
+        assert torch.equal(net(x), ref)
+    h.remove()
+    with torch.no_grad():
+        assert torch.equal(net(x), ref)
+
+
+def test_fetches_through_a_timer():
+    """Forwards inside fetches_through fetch each kernel through the wrapper, once a kernel."""
+    net, x, ref = make()
+    h = engine.offload(net, budget_mb=0.11, example_inputs=(x,), eviction="priority", backend="cpu")
+
+    class Counting:
+        def __init__(self, inner):
+            self.inner, self.fetched = inner, []
+
+        def fetch(self, i):
+            self.fetched.append(i)
+            return self.inner.fetch(i)
+
+    counting = Counting(h.executor)
+    with torch.no_grad():
+        with h.fetches_through(counting):
+            assert torch.equal(net(x), ref)
+        assert torch.equal(net(x), ref)
+    assert counting.fetched == list(range(len(h.order)))
+    h.remove()
 
 
 def test_decision_parity_with_a_bare_policy():

@@ -2,15 +2,18 @@
 measured step a row's prediction is held against (the shipped measurements)."""
 from __future__ import annotations
 
+import json
 import statistics
 from pathlib import Path
+
+import pytest
 
 from engine.calibrate import base_profile
 from engine.measure.spread import warm_mean
 from engine.trace import read_trace
 from engine.policy.eviction import EVICTIONS
 from engine.validation import (ALL_RESIDENT, BUDGET_FRACTIONS, LOOKAHEADS, MAX_TIMED_STEPS, TIMED_STEPS,
-                               grid, measurements_path, read_measurements, report, report_md, row_bytes, timed_enough)
+                               TRAIN_POLICIES, grid, measurements_path, read_measurements, report, report_md, row_bytes, timed_enough)
 from engine.units import MB
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
@@ -86,3 +89,101 @@ def test_the_report_names_the_rows_that_did_not_fit_the_device() -> None:
     assert rep["skipped"] == measurements["skipped"]
     assert ("not measured (they would not fit the device beside a run): priority budget=9999 lookahead=1, "
             "all resident") in report_md(rep)
+
+
+def _validate(run_cli, *args: str) -> tuple[dict, str]:
+    r = run_cli(*args)
+    assert r.returncode == 0, r.stderr[-2000:]
+    report = next(Path(line.split(": ", 1)[1]) for line in r.stdout.splitlines() if line.startswith("report: "))
+    return json.loads(report.read_text())["validation"], r.stdout
+
+
+def test_the_main_commands_prediction_of_whole_ltx2_holds_against_its_h200_measurements(run_cli) -> None:
+    """No trace=: the prediction synthesized from the config, as `python -m engine +model=ltx`
+    makes it, beside the whole model's measurements on the lent H200 (measurements=): every
+    configuration up to all resident within 4%, bytes as measured, the policies ranked as measured."""
+    rep, out = _validate(run_cli, "+model=ltx", "hardware=h200", "mode=validate",
+                         f"measurements={DATA / 'h200' / 'validate' / 'ltx2-full.measurements.json'}")
+    assert rep["trace_source"] == "synthesized" and len(rep["rows"]) == 19
+    assert "predicted from the config alone" in out
+    for part in ("fit", "held_out"):
+        assert rep[part]["step_ms"]["mean"] < 0.02 and rep[part]["step_ms"]["max"] < 0.04
+        assert rep[part]["peak_device_bytes"]["max"] < 0.001
+    assert rep["ranking_preserved"]
+
+
+WAN = ("model=wan14b_diffusers", "hardware=h200", "mode=validate", "workload.video_tokens=6144",
+       "workload.text_tokens=512", "workload.audio_tokens=0")
+WAN_TRACE = DATA / "h200" / "modules" / "wan14b.trace.jsonl.gz"
+
+
+def _holds(rep: dict, within: float) -> None:
+    assert len(rep["rows"]) == 19 and rep["peak"] == "pool_torch"
+    for part in ("fit", "held_out"):
+        assert rep[part]["step_ms"]["max"] < within and rep[part]["peak_device_bytes"]["max"] < 0.025
+
+
+def test_a_real_modules_recording_predicts_its_h200_measurements(run_cli) -> None:
+    """Wan 14B (diffusers) measured whole on the H200 by mode=validate, the measurements
+    beside its recording: every row within 5%, the process's bytes (the pool and torch's)
+    within 2.5%, the policies ranked as measured; the measurements' audio_tokens, which Wan
+    does not read, said in a note."""
+    rep, out = _validate(run_cli, *WAN, f"trace={WAN_TRACE}")
+    assert f"measurements: {measurements_path(WAN_TRACE)}" in out and rep["trace_source"] == "recorded"
+    assert "workload.audio_tokens=128" in rep["notes"][0]
+    _holds(rep, 0.05)
+    assert rep["ranking_preserved"]
+
+
+def test_a_real_modules_config_alone_predicts_its_h200_measurements(run_cli) -> None:
+    """The same measurements against the prediction from Wan 14B's config alone (built on the
+    meta device, priced from the kernel table)."""
+    pytest.importorskip("diffusers", reason="needs the models extra: pip install 'offload-engine[models]'")
+    rep, _ = _validate(run_cli, *WAN, f"measurements={measurements_path(WAN_TRACE)}")
+    assert rep["trace_source"] == "synthesized"
+    _holds(rep, 0.05)
+
+
+@pytest.mark.parametrize("args,says", [
+    (("+model=llama8b", "workload=decode"), "made of model ltx2 (48 layers), not llama3.1-8b (32 layers)"),
+    (("+model=ltx", "workload=train_lora"), "made of infer steps and this job runs train_lora steps"),
+    (("+model=ltx", "mode=simulate"), "is read by mode=validate"),
+])
+def test_measurements_of_another_job_are_refused_in_one_line(run_cli, args, says) -> None:
+    mode = () if any(a.startswith("mode=") for a in args) else ("mode=validate",)
+    r = run_cli(*args, *mode, f"measurements={DATA / 'h200' / 'validate' / 'ltx2-full.measurements.json'}")
+    assert r.returncode == 2 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_a_missing_measurements_file_is_refused(run_cli, tmp_path) -> None:
+    r = run_cli("+model=ltx", "mode=validate", f"measurements={tmp_path / 'none.json'}")
+    assert r.returncode == 2 and "does not exist" in r.stderr
+
+
+@pytest.mark.parametrize("workload", ["infer", "train_lora"])
+def test_validate_measures_a_real_module_on_the_cpu_backend(run_cli, tmp_path, workload) -> None:
+    """The real-module path end to end on the CPU backend (its times are not a GPU's): an
+    inference's grid on one set-up (budgets streamed, then all resident), a LoRA step's
+    under each activation policy; written, then reported again from the file alone."""
+    pytest.importorskip("transformers", reason="needs the models extra: pip install 'offload-engine[models]'")
+    model = ("model=tiny_llama_hf", "model.module.config.num_hidden_layers=8", "workload.text_tokens=16",
+             f"workload={workload}", "weights.backend=cpu", "sim.timeline=false")
+    if workload == "train_lora":
+        model += ("workload.lora_rank=4", "activations.min_tensor_bytes=0")
+    ckpt = tmp_path / "tiny.safetensors"
+    assert run_cli("model=tiny_llama_hf", "model.module.config.num_hidden_layers=8", "mode=materialize",
+                   f"out={ckpt}").returncode == 0
+    rep, out = _validate(run_cli, *model, "mode=validate", f"weights.file={ckpt}")
+    measured = tmp_path / "run" / "measurements.json"
+    data = read_measurements(measured)
+    assert f"measured now; wrote {measured}" in out and data["peak"] == "pool" and not data["skipped"]
+    assert [r["id"] for r in data["rows"]] == [r["id"] for r in rep["rows"]]
+    if workload == "infer":
+        assert len(rep["rows"]) == 19 and len({r["budget_mb"] for r in rep["rows"]}) == 4
+        streamed = [r for r in data["rows"] if r["measured"]["h2d_bytes"] > 0]
+        assert streamed and all(r["measured"]["stall_ms"] >= 0 for r in streamed)
+    else:
+        assert [r["id"] for r in rep["rows"]] == [f"train {name}" for name, _ in TRAIN_POLICIES]
+        assert all(r["activations"].get("min_tensor_bytes", 0) == 0 for r in data["rows"])
+    again, _ = _validate(run_cli, *model, "mode=validate", f"measurements={measured}")
+    assert [r["predicted"] for r in again["rows"]] == [r["predicted"] for r in rep["rows"]]

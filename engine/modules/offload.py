@@ -20,9 +20,9 @@ from __future__ import annotations
 import math
 import traceback
 import warnings
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from omegaconf import OmegaConf
@@ -54,46 +54,109 @@ CHOOSE_BY = ("recording", "census")  # what eviction="auto" simulates: a timed r
 
 class OffloadHandle:
     """What `offload` returns: the executor, the recorded order and trace, the
-    prediction, the set-up's seconds by stage, telemetry, and `remove()`. `bound`: every
-    weight resident and bound, the forward the plain module's (module docstring)."""
+    prediction, the set-up's seconds by stage, telemetry, `reconfigure()` and `remove()`.
+    `bound`: every weight resident and bound, the forward the plain module's (module docstring)."""
 
     def __init__(self, streamed: StreamedModule, executor: WeightExecutor, trace: Trace | None,
-                 prediction: dict | None, binding: ExitStack | None = None):
+                 prediction: dict | None, binding: ExitStack | None = None, backend: str = "cuda"):
         self.module = streamed.module
+        self.backend = backend
         self.streamed = streamed
-        self.executor = executor
         self.order = streamed.order
         self.resident_params = streamed.resident_params
         self.grouping = streamed.grouping
-        self.eviction = executor.policy.eviction
-        self.lookahead = executor.policy.lookahead
         self.trace = trace  # the recorded trace (eviction="auto" or hardware given), else None
         # eviction="auto": {"eviction", "step_ms", "candidates": {policy: step_ms}, ...} the simulator's
         self.prediction = prediction
         self.setup_s = streamed.setup_s  # seconds per set-up stage (StreamedModule.setup_s)
+        self._through: Any = None  # what forwards fetch through instead of the executor (fetches_through)
+        self._attach(executor, binding)
+
+    def _attach(self, executor: WeightExecutor, binding: ExitStack | None) -> None:
+        self.executor = executor
+        self.eviction = executor.policy.eviction
+        self.lookahead = executor.policy.lookahead
         self.bound = binding is not None
         self._binding = binding
 
     def telemetry(self) -> list[dict]:
         return self.executor.telemetry()
 
+    def reconfigure(self, *, budget_mb: float | None, eviction: str, lookahead: int) -> None:
+        """Run later forwards under another budget, eviction policy and lookahead on the same
+        set-up (the kernels, the checkpoint's registered mapping, the recording): the executor
+        is replaced and its telemetry starts afresh; `prediction` is dropped (it was the old
+        configuration's). A bad value or a budget under the floor raises and leaves the
+        handle as it was."""
+        _check_budget(budget_mb)
+        _check_policy(eviction, lookahead)
+        budget = budget_bytes(budget_mb)
+        WeightResidency(self.order, budget, "priority", lookahead)  # under the floor: BelowFloorError now
+        self._detach()
+        executor, binding = _executor(self.streamed, budget, eviction, lookahead, self.backend)
+        self._attach(executor, binding)
+        self.prediction = None
+
+    @contextmanager
+    def fetches_through(self, source: Any) -> Iterator[None]:
+        """Forwards inside fetch each kernel through `source`, a wrapper of `executor` (a
+        timer such as engine.measure.timing.KernelStamps); a bound forward fetches nothing."""
+        self._through = source
+        try:
+            yield
+        finally:
+            self._through = None
+
+    def forward_source(self) -> Any:
+        """What a streamed forward fetches its kernels from now."""
+        return self._through if self._through is not None else self.executor
+
+    def _detach(self) -> None:
+        if self._binding is not None:
+            self._binding.close()
+            self._binding = None
+        self.executor.close()
+
     def remove(self) -> None:
         """Close the executor and put every parameter back where it was."""
         self.module.__dict__.pop("forward", None)
         self.module.__dict__.pop(_OFFLOADED, None)
-        if self._binding is not None:
-            self._binding.close()
-        self.executor.close()
+        self._detach()
         self.streamed.remove()
+
+
+def _check_budget(budget_mb: float | None) -> None:
+    if budget_mb is not None and (isinstance(budget_mb, bool) or not isinstance(budget_mb, (int, float))
+                                  or not math.isfinite(budget_mb) or budget_mb < 0):
+        raise ConfigError(f"budget_mb={budget_mb!r}: give MB of GPU memory as a finite number >= 0, or None")
+
+
+def _check_policy(eviction: str, lookahead: int) -> None:
+    """A policy given outright: one of EVICTIONS, a lookahead of kernels."""
+    if eviction not in EVICTIONS:
+        raise ConfigError(f"eviction={eviction!r} is not one of {', '.join(EVICTIONS)}; pick one of those")
+    if isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 0:
+        raise ConfigError(f"lookahead={lookahead!r}: give kernels to prefetch ahead (an integer >= 0)")
+
+
+def _executor(streamed: StreamedModule, budget: int | None, eviction: str, lookahead: int,
+              backend: str) -> tuple[WeightExecutor, ExitStack | None]:
+    """The executor over `streamed`'s order, and where every weight fits as it places them,
+    the weights bound for good (the binding to close before the executor)."""
+    executor = WeightExecutor(streamed.order, streamed.host, budget_bytes=budget, eviction=eviction,
+                              lookahead=lookahead, backend=backend)
+    try:
+        return executor, streamed.bind(executor) if all_resident(executor.placement) else None
+    except BaseException:
+        executor.close()
+        raise
 
 
 def _check_common(module: nn.Module, budget_mb: float | None, backend: str) -> torch.device:
     if _OFFLOADED in module.__dict__:
         raise ExecutorError(f"this {type(module).__name__} is already offloaded; call remove() on its handle "
                             "before offloading or recording it again")
-    if budget_mb is not None and (isinstance(budget_mb, bool) or not isinstance(budget_mb, (int, float))
-                                  or not math.isfinite(budget_mb) or budget_mb < 0):
-        raise ConfigError(f"budget_mb={budget_mb!r}: give MB of GPU memory as a finite number >= 0, or None")
+    _check_budget(budget_mb)
     return compute_device(backend, no_cuda=NO_CUDA)
 
 
@@ -170,12 +233,8 @@ def offload(module: nn.Module, *, budget_mb: float | None, example_inputs: Any =
         try:
             if prediction is not None:
                 eviction, lookahead = prediction["eviction"], prediction["lookahead"]
-            binding = None
             with stage(streamed.setup_s, "executor"):
-                executor = WeightExecutor(streamed.order, streamed.host, budget_bytes=setup.budget,
-                                          eviction=eviction, lookahead=lookahead, backend=backend)
-                if all_resident(executor.placement):
-                    binding = streamed.bind(executor)
+                executor, binding = _executor(streamed, setup.budget, eviction, lookahead, backend)
         except BaseException as err:
             traceback.clear_frames(err.__traceback__)  # its frames hold views of the checkpoint's mapping
             streamed.remove()
@@ -185,8 +244,9 @@ def offload(module: nn.Module, *, budget_mb: float | None, example_inputs: Any =
                       f"({streamed.resident_bytes / MB:.1f} MB) resident outside the budget: read by modules "
                       "with children or outside their own kernel (handle.resident_params lists them)",
                       stacklevel=2)
-    _wrap_forward(module, streamed, executor, binding is not None)
-    return OffloadHandle(streamed, executor, trace, prediction, binding)
+    handle = OffloadHandle(streamed, executor, trace, prediction, binding, backend)
+    _wrap_forward(handle)
+    return handle
 
 
 
@@ -354,18 +414,19 @@ def predict(trace: Trace, hardware: Any, budget: int | None, lookahead: int | st
             "hardware": hardware.name, "loop": loop, "candidates": choice.candidates_ms}
 
 
-def _wrap_forward(module: nn.Module, streamed: StreamedModule, executor: WeightExecutor, bound: bool) -> None:
+def _wrap_forward(handle: OffloadHandle) -> None:
+    module = handle.module
     inner = module.forward
-    hooks = streamed.hooks
+    hooks = handle.streamed.hooks
 
     def forward(*args: Any, **kwargs: Any) -> Any:
         if torch.is_grad_enabled():
             raise ExecutorError("an offloaded module runs inference only (its weights are freed after each "
                                 "kernel, autograd would keep them); call it under torch.no_grad()")
-        if bound:
-            with executor.step(bound=True):
+        if handle.bound:
+            with handle.executor.step(bound=True):
                 return inner(*args, **kwargs)
-        with executor.step(), hooks.forward(executor):
+        with handle.executor.step(), hooks.forward(handle.forward_source()):
             return inner(*args, **kwargs)
 
     module.forward = forward

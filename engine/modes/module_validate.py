@@ -1,0 +1,131 @@
+"""mode=validate's measured side for a real module (a model config with `module._target_`):
+each grid row (engine/validation.py `grid`) run on the device from weights.file.
+
+Inference rows run on one engine.offload set-up (the checkpoint mapped and registered
+once, the order recorded once), `OffloadHandle.reconfigure` moving it from row to row;
+their steps are timed as a spec model's rows are (validation's batches until settled, each
+later batch's first step left out, STALL_STEPS steps with their fetches stamped for the
+stall). Training rows (a LoRA step, every frozen weight resident, under each activation
+policy) run through engine.offload(training=True), one set-up a row, their steps synced
+(as the grid predicts them). Peak device bytes are the weight pool's and torch's
+allocator's high-water beside each other on a GPU ("pool_torch"), the pool's on the CPU
+backend ("pool").
+"""
+from __future__ import annotations
+
+import statistics
+import warnings
+from contextlib import nullcontext
+from dataclasses import asdict
+from typing import Any, Sequence
+
+import torch
+from omegaconf import open_dict
+
+from engine.errors import ConfigError
+from engine.executor.setup import end_of_step
+from engine.job import Job
+from engine.measure.clocks import clock_for
+from engine.measure.timing import KernelStamps
+from engine.modes.module_setup import checkpoint_path, is_training, kernel_options, setup_module
+from engine.modes.module_train import train_run
+from engine.modules.build import first_output
+from engine.modules.offload import OffloadHandle, offload
+from engine.trace import Trace
+from engine import validation as v
+
+
+def measure_module(job: Job, trace: Trace, rows: Sequence[dict]) -> dict:
+    """Every grid row that fits the device, measured (the module docstring); the
+    measurements file's content (engine/validation.py)."""
+    cfg = job.cfg
+    if is_training(cfg) != v.training(trace):
+        raise ConfigError(f"trace={cfg.trace} is {'a training step' if v.training(trace) else 'an inference'} "
+                            f"and workload={cfg.workload.name} {'trains' if is_training(cfg) else 'infers'}: "
+                            "give the workload the trace was recorded with")
+    module, inputs, device = setup_module(job)
+    rows, skipped = v.fitting(rows, trace, device)
+    cuda = device.type == "cuda"
+    out = []
+    infer = [row for row in rows if row["kind"] == "infer"]
+    if infer:
+        first = infer[0]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # parameters kept resident: the prediction's trace has them too
+            h = offload(module, budget_mb=first["budget_mb"], example_inputs=inputs, eviction=first["eviction"],
+                        lookahead=first["lookahead"], checkpoint=checkpoint_path(job), backend=cfg.weights.backend,
+                        source=cfg.weights.source, **kernel_options(cfg))
+        try:
+            for row in infer:
+                h.reconfigure(budget_mb=row["budget_mb"], eviction=row["eviction"], lookahead=row["lookahead"])
+                out.append(v.measured_row(row, _measure_inference(h, inputs, device)))
+        finally:
+            h.remove()
+    train = [row for row in rows if row["kind"] == "train_lora"]
+    if train:
+        # Each row's adapters start where the module's do; the steps wait for each other, as predicted.
+        initial = {n: p.detach().to("cpu", copy=True) for n, p in module.named_parameters() if p.requires_grad}
+        with open_dict(cfg):
+            cfg.workload.loop = "synced"
+        for row in train:
+            act = v.activations_config(row["activations"], trace)
+            out.append(v.measured_row(row, _measure_training(job, module, inputs, initial, row,
+                                                             None if act is None else asdict(act), cuda)))
+    return {**v.measurements_header(cfg.model.name, trace.header.get("num_layers"), trace, device,
+                                    cfg.weights.source, "pool_torch" if cuda else "pool"),
+            "rows": out, "skipped": skipped}
+
+
+def _measure_inference(h: OffloadHandle, inputs: dict, device: torch.device) -> dict:
+    """The handle's configuration timed: free-running steps in batches until settled, then
+    STALL_STEPS with each fetch stamped."""
+    clock = clock_for(device)
+    module = h.module
+    stalls: list[KernelStamps] = []
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+    def run(steps: int, stamped: bool = False) -> list[dict]:
+        """`steps` more steps, free-running; their telemetry (the executor keeps the last KEEP_STEPS)."""
+        with torch.no_grad():
+            for i in range(steps):
+                stamps = KernelStamps(h.executor, clock)
+                with h.fetches_through(stamps) if stamped else nullcontext():
+                    out = first_output(module(**inputs))
+                del out
+                if stamped:
+                    stamps.close()
+                    stalls.append(stamps)
+                end_of_step("free", device, i)
+        return h.telemetry()[-steps:]
+
+    cold, *timed = run(1 + v.TIMED_STEPS)
+    while not v.timed_enough([t["step_ms"] for t in timed]):
+        timed += run(1 + v.TIMED_STEPS)[1:]  # the host waited for the times: a warm-up again
+    run(v.STALL_STEPS, stamped=True)
+    stall_ms = [sum(s.stall_ns()) / 1e6 for s in stalls]
+    steps = [cold, *timed]
+    pool = max(t["held_device_bytes"] if device.type == "cuda" else t["peak_device_bytes"] for t in steps)
+    peak = pool + torch.cuda.max_memory_allocated(device) if device.type == "cuda" else pool
+    return {"step_ms": statistics.median(t["step_ms"] for t in timed), "first_step_ms": cold["step_ms"],
+            "stall_ms": statistics.median(stall_ms), "peak_device_bytes": peak,
+            "h2d_bytes": timed[-1]["h2d_bytes"], "steps_ms": [t["step_ms"] for t in steps],
+            # the pool's blocks the driver moved (the simulator does not predict them)
+            "relocations": sum(t["relocations"] for t in timed)}
+
+
+def _measure_training(job: Job, module: Any, inputs: dict, initial: dict[str, torch.Tensor], row: dict,
+                      activations: dict | None, cuda: bool) -> dict:
+    """A training row: 1 + 2 x TIMED_STEPS LoRA steps on one set-up, the first a warm-up."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _, rows, _ = train_run(job, module, inputs, initial, row["budget_mb"], activations, row["eviction"],
+                               timed=False, lookahead=row["lookahead"], steps=1 + 2 * v.TIMED_STEPS)
+    if cuda:
+        torch.cuda.empty_cache()
+    times = [r["weight_step_ms"] for r in rows]
+    pool = max(r.get("weight_held_device_bytes", 0) for r in rows)
+    torch_peak = [r["torch_peak_bytes"] for r in rows[1:]]
+    return {"step_ms": statistics.median(times[1:]), "first_step_ms": times[0],
+            "stall_ms": statistics.median(r.get("stall_time_ms", 0.0) for r in rows[1:]),
+            "peak_device_bytes": pool + max(torch_peak) if cuda else pool, "steps_ms": times}
