@@ -238,6 +238,33 @@ def test_offload_a_plain_module_on_the_gpu():
     assert rows[-1]["h2d_bytes"] > 0
 
 
+@pytest.mark.parametrize("backend", ["cuda", "vmm"])
+def test_reconfigure_gives_each_pool_back_on_the_gpu(backend):
+    """Budgets streamed, bound and streamed again on one set-up: outputs bitwise the plain
+    module's each time, and each executor's pool given back (the device's free memory after
+    the last is what it was after the first)."""
+    import engine
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(8)]).cuda().eval()
+    x = torch.randn(4, 1024, device="cuda")
+    with torch.no_grad():
+        ref = net(x)
+    h = engine.offload(net, budget_mb=12.0, example_inputs=(x,), eviction="lru", lookahead=1, backend=backend)
+    free = []
+    for budget, eviction, lookahead in [(12.0, "lru", 1), (20.0, "belady", 4), (None, "priority", 1),
+                                        (12.0, "priority", 2)] * 2:
+        h.reconfigure(budget_mb=budget, eviction=eviction, lookahead=lookahead)
+        with torch.no_grad():
+            assert all(torch.equal(net(x), ref) for _ in range(2))
+        torch.cuda.synchronize()
+        free.append(torch.cuda.mem_get_info()[0])
+    assert abs(free[-1] - free[3]) < 4 * 2**20 and abs(free[4] - free[0]) < 4 * 2**20
+    h.remove()
+    with torch.no_grad():
+        assert torch.equal(net(x), ref)
+
+
 @pytest.mark.parametrize("backend, budget_mb", [("cuda", 8.0), ("vmm", 16.0)])
 def test_offload_a_transformers_llama(backend, budget_mb):
     transformers = pytest.importorskip("transformers", reason="needs the models extra: pip install 'offload-engine[models]'")
