@@ -1,0 +1,29 @@
+#!/bin/bash
+# The validate reports of the shipped H200 measurements, rebuilt on a CPU into data/calibration/
+# (NAME_default_h200.md: the config's own prediction; NAME_h200.md: the model's recording's).
+set -eu
+cd "$(dirname "$0")/../../.."
+T=data/traces/h200
+one() {  # NAME ARGS...: the report, from its "## Calibration report" heading on
+  local name=$1; shift
+  local dir; dir=$(mktemp -d)
+  .venv/bin/python -m engine hardware=h200 mode=validate "$@" hydra.run.dir=$dir > $dir/out 2>/dev/null
+  sed -n '/^## Calibration report/,$p' $dir/out | grep -v '^report: ' > data/calibration/$name.md
+  cp $dir/report.json /tmp/validate-$name.json
+  rm -rf $dir
+}
+one ltx2_full_default_h200 +model=ltx measurements=$T/validate/ltx2-full.measurements.json
+one llama8b_decode_full_default_h200 +model=llama8b workload=decode measurements=$T/validate/llama8b-decode.measurements.json
+one flux_diffusers_default_h200 model=flux_diffusers workload.video_tokens=4096 workload.text_tokens=512 \
+    measurements=$T/modules/flux.trace.measurements.json
+one flux_diffusers_h200 model=flux_diffusers workload.video_tokens=4096 workload.text_tokens=512 \
+    workload.audio_tokens=0 trace=$T/modules/flux.trace.jsonl.gz
+one wan14b_diffusers_default_h200 model=wan14b_diffusers workload.video_tokens=6144 workload.text_tokens=512 \
+    measurements=$T/modules/wan14b.trace.measurements.json
+one wan14b_diffusers_h200 model=wan14b_diffusers workload.video_tokens=6144 workload.text_tokens=512 \
+    workload.audio_tokens=0 trace=$T/modules/wan14b.trace.jsonl.gz
+one llama8b_hf_prefill_default_h200 model=llama8b_hf workload.text_tokens=2048 \
+    measurements=$T/validate/llama8b-hf-prefill.measurements.json
+one llama8b_hf_decode_default_h200 model=llama8b_hf workload=decode \
+    measurements=$T/modules/llama8b.trace.measurements.json
+one llama8b_hf_decode_h200 model=llama8b_hf workload=decode trace=$T/modules/llama8b.trace.jsonl.gz
