@@ -63,8 +63,8 @@ def execute_training(job: Job, module: Any, inputs: dict, device: torch.device, 
             torch.cuda.empty_cache()  # its weights go back before the streamed run measures its peak
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # resident parameters are listed by the handle instead
-        steps, rows, timeline = train_run(job, module, inputs, initial, cfg.budget, act, pred["eviction"],
-                                          timed=True)
+        steps, rows, timeline = _train_run(job, module, inputs, initial, cfg.budget, act, pred["eviction"],
+                                           timed=True)
     write_timeline(job, trace, budget_bytes(cfg.budget), pred, timeline)
     steady = rows[1:] or rows
     times = [r["weight_step_ms"] for r in rows]
@@ -142,34 +142,31 @@ def plain_train_run(cfg: Any, plain: Any, device: torch.device, inputs: dict,
     return steps, [clock.ns(a, b) / 1e6 for a, b in stamps]
 
 
-def train_run(job: Job, module: Any, inputs: dict, initial: dict[str, torch.Tensor], budget_mb: float | None,
-              activations: Any, eviction: str, timed: bool, lookahead: int | None = None,
-              steps: int | None = None) -> tuple[Steps, list[dict], list | None]:
-    """`steps` (default workload.steps) training steps through engine.offload(training=True)
-    at `lookahead` (default weights.lookahead), the adapters starting from `initial` and
-    taking a plain SGD update after each step: the steps, the telemetry rows (with torch's
-    peak of each step), and (`timed`) the last step's measured timeline."""
+def _train_run(job: Job, module: Any, inputs: dict, initial: dict[str, torch.Tensor], budget_mb: float | None,
+               activations: Any, eviction: str, timed: bool) -> tuple[Steps, list[dict], list | None]:
+    """workload.steps training steps through engine.offload(training=True), the adapters
+    starting from `initial` and taking a plain SGD update after each step: the steps,
+    the telemetry rows (with torch's peak of each step), and (`timed`) the last step's
+    measured timeline."""
     cfg = job.cfg
-    count = cfg.workload.steps if steps is None else steps
     h = offload(module, budget_mb=budget_mb, example_inputs=inputs, training=True, activations=activations,
-                eviction=eviction, lookahead=cfg.weights.lookahead if lookahead is None else lookahead,
-                checkpoint=checkpoint_path(job), backend=cfg.weights.backend, source=cfg.weights.source,
-                **kernel_options(cfg))
+                eviction=eviction, lookahead=cfg.weights.lookahead, checkpoint=checkpoint_path(job),
+                backend=cfg.weights.backend, source=cfg.weights.source, **kernel_options(cfg))
     try:
         def step(i: int) -> Any:
-            h.executor.time_steps = timed and i == count - 1
+            h.executor.time_steps = timed and i == cfg.workload.steps - 1
             return h.step()
-        steps_run, peaks = _train_steps(cfg, module, inputs, initial, step, count)
+        steps, peaks = _train_steps(cfg, module, inputs, initial, step)
         rows = [{**row, "torch_peak_bytes": peak} for row, peak in zip(h.telemetry(), peaks)]
         timeline = h.executor.step_timeline() if timed else None
     finally:
         h.remove()
-    return steps_run, rows, timeline
+    return steps, rows, timeline
 
 
 def _train_steps(cfg: Any, module: Any, inputs: dict, initial: dict[str, torch.Tensor],
-                 step: Callable[[int], Any], count: int | None = None) -> tuple[Steps, list[int | None]]:
-    """`count` (default workload.steps) training steps of `module`, each's forward and backward inside `step(i)`
+                 step: Callable[[int], Any]) -> tuple[Steps, list[int | None]]:
+    """workload.steps training steps of `module`, each's forward and backward inside `step(i)`
     (a context manager), the adapters starting from `initial` and taking a plain SGD update
     after each: the steps, and torch's peak of each."""
     adapters = {n: p for n, p in module.named_parameters() if p.requires_grad}
@@ -180,7 +177,7 @@ def _train_steps(cfg: Any, module: Any, inputs: dict, initial: dict[str, torch.T
     cuda = next(iter(adapters.values())).device.type == "cuda"
     steps: Steps = []
     peaks: list[int | None] = []
-    for i in range(cfg.workload.steps if count is None else count):
+    for i in range(cfg.workload.steps):
         for p in adapters.values():
             p.grad = None
         if cuda:

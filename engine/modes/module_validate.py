@@ -7,7 +7,7 @@ their steps are timed as a spec model's rows are (validation's batches until set
 later batch's first step left out, STALL_STEPS steps with their fetches stamped for the
 stall). Training rows (a LoRA step, every frozen weight resident, under each activation
 policy) run through engine.offload(training=True), one set-up a row, their steps synced
-(as the grid predicts them). Peak device bytes are the weight pool's and torch's
+(as the grid predicts them) and timed until settled, as an inference row's. Peak device bytes are the weight pool's and torch's
 allocator's high-water beside each other on a GPU ("pool_torch"), the pool's on the CPU
 backend ("pool").
 """
@@ -20,15 +20,13 @@ from dataclasses import asdict
 from typing import Any, Sequence
 
 import torch
-from omegaconf import open_dict
 
 from engine.errors import ConfigError
 from engine.executor.setup import end_of_step
 from engine.job import Job
 from engine.measure.clocks import clock_for
 from engine.measure.timing import KernelStamps
-from engine.modes.module_setup import checkpoint_path, is_training, kernel_options, setup_module
-from engine.modes.module_train import train_run
+from engine.modes.module_setup import checkpoint_path, is_training, kernel_options, setup_module, training_loss
 from engine.modules.build import first_output
 from engine.modules.offload import OffloadHandle, offload
 from engine.trace import Trace
@@ -61,16 +59,10 @@ def measure_module(job: Job, trace: Trace, rows: Sequence[dict]) -> dict:
                 out.append(v.measured_row(row, _measure_inference(h, inputs, device)))
         finally:
             h.remove()
-    train = [row for row in rows if row["kind"] == "train_lora"]
-    if train:
-        # Each row's adapters start where the module's do; the steps wait for each other, as predicted.
-        initial = {n: p.detach().to("cpu", copy=True) for n, p in module.named_parameters() if p.requires_grad}
-        with open_dict(cfg):
-            cfg.workload.loop = "synced"
-        for row in train:
-            act = v.activations_config(row["activations"], trace)
-            out.append(v.measured_row(row, _measure_training(job, module, inputs, initial, row,
-                                                             None if act is None else asdict(act), cuda)))
+    for row in (row for row in rows if row["kind"] == "train_lora"):
+        act = v.activations_config(row["activations"], trace)
+        out.append(v.measured_row(row, _measure_training(job, module, inputs, row,
+                                                         None if act is None else asdict(act), device)))
     return {**v.measurements_header(cfg.model.name, trace.header.get("num_layers"), trace, device,
                                     cfg.weights.source, "pool_torch" if cuda else "pool"),
             "rows": out, "skipped": skipped}
@@ -114,18 +106,41 @@ def _measure_inference(h: OffloadHandle, inputs: dict, device: torch.device) -> 
             "relocations": sum(t["relocations"] for t in timed)}
 
 
-def _measure_training(job: Job, module: Any, inputs: dict, initial: dict[str, torch.Tensor], row: dict,
-                      activations: dict | None, cuda: bool) -> dict:
-    """A training row: 1 + 2 x TIMED_STEPS LoRA steps on one set-up, the first a warm-up."""
+def _measure_training(job: Job, module: Any, inputs: dict, row: dict, activations: dict | None,
+                      device: torch.device) -> dict:
+    """A training row on its own set-up: LoRA steps (the forward, the loss, the backward; the
+    adapters not updated), each waited for, until timed enough after one warm-up."""
+    cfg = job.cfg
+    cuda = device.type == "cuda"
+    loss_fn = training_loss(cfg)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        _, rows, _ = train_run(job, module, inputs, initial, row["budget_mb"], activations, row["eviction"],
-                               timed=False, lookahead=row["lookahead"], steps=1 + 2 * v.TIMED_STEPS)
+        h = offload(module, budget_mb=row["budget_mb"], example_inputs=inputs, training=True,
+                    activations=activations, eviction=row["eviction"], lookahead=row["lookahead"],
+                    checkpoint=checkpoint_path(job), backend=cfg.weights.backend, source=cfg.weights.source,
+                    **kernel_options(cfg))
+    adapters = [p for p in module.parameters() if p.requires_grad]
+    times: list[float] = []
+    torch_peak: list[int] = []
+    try:
+        while len(times) < 1 + v.TIMED_STEPS or not v.timed_enough(times[1:]):
+            for p in adapters:
+                p.grad = None
+            if cuda:
+                torch.cuda.reset_peak_memory_stats(device)
+            with h.step():
+                loss_fn(module(**inputs)).backward()
+            # reading the step's row waits for its end: the steps run synced, as the grid predicts them
+            times.append(h.telemetry()[-1]["weight_step_ms"])
+            torch_peak.append(torch.cuda.max_memory_allocated(device) if cuda else 0)
+        rows = h.telemetry()
+    finally:
+        h.remove()
+        for p in adapters:
+            p.grad = None
     if cuda:
         torch.cuda.empty_cache()
-    times = [r["weight_step_ms"] for r in rows]
     pool = max(r.get("weight_held_device_bytes", 0) for r in rows)
-    torch_peak = [r["torch_peak_bytes"] for r in rows[1:]]
     return {"step_ms": statistics.median(times[1:]), "first_step_ms": times[0],
             "stall_ms": statistics.median(r.get("stall_time_ms", 0.0) for r in rows[1:]),
-            "peak_device_bytes": pool + max(torch_peak) if cuda else pool, "steps_ms": times}
+            "peak_device_bytes": pool + max(torch_peak[1:]), "steps_ms": times}
