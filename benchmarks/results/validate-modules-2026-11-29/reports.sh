@@ -27,3 +27,5 @@ one llama8b_hf_prefill_default_h200 model=llama8b_hf workload.text_tokens=2048 \
 one llama8b_hf_decode_default_h200 model=llama8b_hf workload=decode \
     measurements=$T/modules/llama8b.trace.measurements.json
 one llama8b_hf_decode_h200 model=llama8b_hf workload=decode trace=$T/modules/llama8b.trace.jsonl.gz
+one llama8b_hf_train_default_h200 model=llama8b_hf workload=train_lora workload.text_tokens=2048 \
+    workload.checkpointing=true measurements=$T/validate/llama8b-hf-train.measurements.json
