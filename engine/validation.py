@@ -307,8 +307,6 @@ def read_measurements(path: str | Path) -> dict:
 def measure(cfg: Any, spec: Any, trace: Trace, rows: Sequence[dict]) -> dict:
     """Run every configuration that fits the device (`row_bytes`) on the GPU; the
     measurements JSON (module docstring), the others listed under "skipped"."""
-    import torch
-
     from engine.executor.setup import compute_device, open_weight_file, shared_host_weights
     from engine.models import make_inputs
     from engine.measure.clocks import clock_for
