@@ -9,10 +9,11 @@ levels, sync dict with two layer counts), spilled by the ActivationOffloader.
 Half of them, in a checkerboard over the grid, are held out of the fit
 (`held_out`): calibration may tune on the others only.
 
-The measured side needs the GPU (`measure`) and is written as JSON (format
-MEASUREMENTS, one file per trace, beside it: `measurements_path`); the report
-(`report`) needs only that JSON, the trace and a hardware profile, so it is
-rebuilt on any CPU from the shipped measurements.
+The measured side needs the GPU (`measure` for a spec model; a real module's is
+engine/modes/module_validate.py) and is written as JSON (format MEASUREMENTS, one
+file per trace, beside it: `measurements_path`); the report (`report`) needs only
+that JSON, a trace of the model (recorded or synthesized) and a hardware profile,
+so it is rebuilt on any CPU from the shipped measurements.
 
 Measured, per configuration (steps after one warm-up: at least TIMED_STEPS, then
 until their median is known within 1% or SETTLE_MS or MAX_TIMED_STEPS is reached;
@@ -31,7 +32,9 @@ a step the host bounds moves by tens of percent from one to the next):
                        training: the offloader's timed waits on restores/offloads
     peak_device_bytes  inference: the weight pool's used high-water; training: the
                        model's bytes plus the allocator's high-water above what was
-                       allocated before the step (saved activations and temporaries)
+                       allocated before the step (saved activations and temporaries);
+                       a real module's on a GPU: the pool's and torch's allocator's
+                       high-water together (the file's "peak": PEAKS)
 """
 from __future__ import annotations
 
