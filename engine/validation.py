@@ -241,6 +241,7 @@ def report(trace: Trace, measurements: dict, hardware: Any) -> dict:
     ranking = _ranking(rows)
     return {"hardware": hw.name, "trace_model": trace.header.get("model"), "trace_source": trace.header.get("source"),
             "peak": measurements.get("peak", "pool"), "skipped": measurements.get("skipped", []),
+            "link": measurements.get("link"), "profile_link": {"h2d_gbps": hw.h2d_gbps, "d2h_gbps": hw.d2h_gbps},
             "measured_on": measurements.get("device"), "measured_date": measurements.get("date"),
             "rows": rows, "fit": _summary(fit), "held_out": _summary(held), "ranking": ranking,
             "ranking_preserved": all(g["preserved"] for g in ranking) if ranking else None}
@@ -267,6 +268,10 @@ def report_md(rep: dict) -> str:
     if rep["peak"] == "pool_torch":
         md += ["- peak: the weight pool's and torch's allocator's high-water beside each other (the process less "
                "the CUDA context)", ""]
+    if rep.get("link"):
+        here, profile = rep["link"]["h2d_gbps"], rep["profile_link"]["h2d_gbps"]
+        md += [f"- the link: H2D {here:.2f} GB/s where measured, {profile:.2f} in the profile "
+               f"({_rel(profile, here):+.1%}); a row the link bounds is off by about as much", ""]
     if rep["skipped"]:
         md += [f"- not measured (they would not fit the device beside a run): {', '.join(rep['skipped'])}", ""]
     if any(r["predicted"].get("steps_vary") for r in rep["rows"]):
@@ -361,7 +366,8 @@ def measured_row(row: dict, meas: dict) -> dict:
 
 def measurements_header(model: str, num_layers: int | None, trace: Trace, device: Any, source: str,
                         peak: str) -> dict:
-    """A measurements file's keys but its rows: what was measured, where and how."""
+    """A measurements file's keys but its rows: what was measured, where and how, and the
+    link's rates there (`link_rates`)."""
     import torch
 
     from engine.executor.setup import device_name
@@ -369,7 +375,22 @@ def measurements_header(model: str, num_layers: int | None, trace: Trace, device
     return {"format": MEASUREMENTS, "version": 1, "model": model, "num_layers": num_layers,
             "workload": trace.header.get("workload"), "device": device_name(device), "torch": torch.__version__,
             "cuda": torch.version.cuda if device.type == "cuda" else None, "source": source, "peak": peak,
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "min_timed_steps": TIMED_STEPS}
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "min_timed_steps": TIMED_STEPS,
+            "link": link_rates(device)}
+
+
+def link_rates(device: Any) -> dict | None:
+    """The link's pinned copy rates on `device` now, GB/s each way (the largest probe copy's,
+    as calibrate fits h2d_gbps): a profile's rates come from another lease, and link-bound
+    rows move with the difference. None off a GPU."""
+    if device.type != "cuda":
+        return None
+    from engine.calibrate import copy_rates
+    from engine.measure.probes import probe_copies
+
+    copies, _ = probe_copies(device)
+    rates = {d: copy_rates([copies], d) for d in ("h2d", "d2h")}
+    return {f"{d}_gbps": round(r[max(r)], 3) for d, r in rates.items()}
 
 
 def row_bytes(row: dict, model_bytes: int, saved: int) -> int:

@@ -73,6 +73,14 @@ def test_the_whole_ltx2_validation_on_the_h200_rebuilds_on_the_cpu() -> None:
     assert rep["ranking_preserved"] and len(rep["ranking"]) == 6
 
 
+def test_the_report_sets_the_link_where_measured_beside_the_profiles() -> None:
+    path = DATA / "ltx2_infer.jsonl.gz"
+    measurements = read_measurements(measurements_path(path))
+    measurements["link"] = {"h2d_gbps": 52.0, "d2h_gbps": 51.0}
+    md = report_md(report(read_trace(path), measurements, base_profile("h100_pcie5")))
+    assert "- the link: H2D 52.00 GB/s where measured, 54.40 in the profile (+4.6%)" in md
+
+
 def test_a_row_holds_its_budget_the_model_or_the_model_and_its_saved_activations() -> None:
     gb = 10**9
     streamed = {"kind": "infer", "budget_mb": 2403}
