@@ -7,9 +7,9 @@ their steps are timed as a spec model's rows are (validation's batches until set
 later batch's first step left out, STALL_STEPS steps with their fetches stamped for the
 stall). Training rows (a LoRA step, every frozen weight resident, under each activation
 policy) run through engine.offload(training=True), one set-up a row, their steps synced
-(as the grid predicts them) and timed until settled, as an inference row's. Peak device bytes are the weight pool's and torch's
-allocator's high-water beside each other on a GPU ("pool_torch"), the pool's on the CPU
-backend ("pool").
+(as the grid predicts them) and timed until settled, as an inference row's. Peak device
+bytes are the weight pool's and torch's allocator's high-water beside each other on a GPU
+("pool_torch"), the pool's on the CPU backend ("pool").
 """
 from __future__ import annotations
 
@@ -39,8 +39,8 @@ def measure_module(job: Job, trace: Trace, rows: Sequence[dict]) -> dict:
     cfg = job.cfg
     if is_training(cfg) != v.training(trace):
         raise ConfigError(f"trace={cfg.trace} is {'a training step' if v.training(trace) else 'an inference'} "
-                            f"and workload={cfg.workload.name} {'trains' if is_training(cfg) else 'infers'}: "
-                            "give the workload the trace was recorded with")
+                          f"and workload={cfg.workload.name} {'trains' if is_training(cfg) else 'infers'}: "
+                          "give the workload the trace was recorded with")
     module, inputs, device = setup_module(job)
     rows, skipped = v.fitting(rows, trace, device)
     cuda = device.type == "cuda"

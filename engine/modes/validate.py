@@ -11,7 +11,7 @@ from engine.errors import ConfigError
 from engine.job import Job, Outcome, config_summary, is_module_model
 from engine.modes.calibrate import recorded_trace
 
-# The workload's keys that shape a step: measurements of another shape are not this job's.
+# The workload's keys that size a step: measurements made at other values are said in a note.
 SHAPE = ("kind", "batch", "video_tokens", "audio_tokens", "text_tokens", "context_tokens", "lora_rank",
          "checkpointing")
 
