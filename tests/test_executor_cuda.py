@@ -13,7 +13,7 @@ pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")]
 pytest.importorskip("cuda.bindings.runtime", reason="needs cuda-python (pip install cuda-python)")
 
-from engine.errors import ExecutorError  # noqa: E402
+from engine.errors import BelowFloorError, ExecutorError  # noqa: E402
 from engine.executor import WeightExecutor, host_weights  # noqa: E402
 from engine.executor.cuda import CudaBackend  # noqa: E402
 from engine.policy.placement import POOL_CHUNK, pool_slack_bytes  # noqa: E402
@@ -261,6 +261,11 @@ def test_reconfigure_gives_each_pool_back_on_the_gpu(backend):
         torch.cuda.synchronize()
         free.append(torch.cuda.mem_get_info()[0])
     assert abs(free[-1] - free[3]) < 4 * 2**20 and abs(free[4] - free[0]) < 4 * 2**20
+    if backend == "vmm":  # 27 MB clears lookahead 4's floor by the weights' bytes (25.2), not by the granules (31.5)
+        with pytest.raises(BelowFloorError):
+            h.reconfigure(budget_mb=27.0, eviction="belady", lookahead=4)
+        with torch.no_grad():
+            assert torch.equal(net(x), ref) and h.lookahead == 2
     h.remove()
     with torch.no_grad():
         assert torch.equal(net(x), ref)

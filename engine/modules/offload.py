@@ -31,7 +31,7 @@ from torch import nn
 from engine.choice import DEFAULT_LOOKAHEAD, LOOKAHEADS, choose
 from engine.config import ActivationsConfig, WeightsConfig, load_hardware
 from engine.errors import BelowFloorError, ConfigError, ExecutorError, WeightFileError
-from engine.executor.runtime import WeightExecutor
+from engine.executor.runtime import WeightExecutor, backend_granule
 from engine.executor.setup import compute_device
 from engine.modules.kernels import GROUPINGS
 from engine.modules.record import record_module
@@ -40,7 +40,7 @@ from engine.modules.synthesize import priced_trace, seen_forward
 from engine.modules.training import TrainingHandle, activations_config, sized_for
 from engine.modules.untouched import untouched
 from engine.policy import LOOPS
-from engine.policy.placement import all_resident
+from engine.policy.placement import all_resident, place, residency
 from engine.policy.eviction import EVICTIONS
 from engine.policy.weights import WeightResidency
 from engine.trace import Trace
@@ -91,7 +91,8 @@ class OffloadHandle:
         _check_budget(budget_mb)
         _check_policy(eviction, lookahead)
         budget = budget_bytes(budget_mb)
-        WeightResidency(self.order, budget, "priority", lookahead)  # under the floor: BelowFloorError now
+        # Under the floor as this backend places the weights: BelowFloorError now, nothing closed.
+        residency(place(self.order, budget, backend_granule(self.backend)), eviction, lookahead)
         self._detach()
         executor, binding = _executor(self.streamed, budget, eviction, lookahead, self.backend)
         self._attach(executor, binding)
