@@ -45,7 +45,7 @@ from contextlib import ExitStack, nullcontext
 from dataclasses import asdict, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from engine.config import ActivationsConfig, HardwareConfig, PoolConfig, WeightsConfig
 from engine.errors import ConfigError, TraceError
@@ -118,7 +118,8 @@ def grid(trace: Trace, min_tensor_bytes: int | None = None) -> list[dict]:
     for (ib, frac), (ie, ev), (il, la) in itertools.product(
             enumerate(BUDGET_FRACTIONS), enumerate(EVICTIONS), enumerate(LOOKAHEADS)):
         # A fraction of the model, but never under the floor (a decode step's lm_head + embedding).
-        budget = _in(unit, max(frac * model_mb, floor_mb - floor_mb % unit + unit + ib * _in(unit, 0.25 * model_mb)))
+        above_floor = floor_mb - floor_mb % unit + unit + ib * _in(unit, 0.25 * model_mb)
+        budget = _in(unit, max(frac * model_mb, above_floor))
         rows.append({"id": f"{ev} budget={budget} lookahead={la}", "kind": "infer", "budget_mb": budget,
                      "eviction": ev, "lookahead": la, "activations": {"mode": "off"},
                      "held_out": (ib + ie + il) % 2 == 1})
@@ -151,7 +152,8 @@ def activations_config(act: dict, trace: Trace) -> ActivationsConfig | None:
     else:
         raise ConfigError(f"validation row with activations mode {act['mode']!r}; use off, watermark or sync")
     # The pool the CLI's default (activations/pool=exact) gives: every spill pinned.
-    return replace(cfg, pool=PoolConfig(**exact_pool(cfg, step_questions(trace.records, cfg.min_tensor_bytes), trace.num_layers)))
+    questions = step_questions(trace.records, cfg.min_tensor_bytes)
+    return replace(cfg, pool=PoolConfig(**exact_pool(cfg, questions, trace.num_layers)))
 
 
 # ------------------------------------------------------------------ predicted
@@ -408,44 +410,61 @@ def timed_enough(times_ms: Sequence[float]) -> bool:
 
 def _measure_streamed(spec: Any, trace: Trace, wf: Any, host: Any, inputs: dict, row: dict, weights_cfg: Any,
                       clock: Any) -> dict:
-    import torch
-
-    from engine.executor.setup import end_of_step, streamed_executor
+    from engine.executor.setup import streamed_executor
     from engine.models import forward
-    from engine.measure.timing import KernelStamps
 
     budget = None if row["budget_mb"] is None else int(row["budget_mb"] * MB)
     with ExitStack() as stack:
         executor = streamed_executor(stack, wf, trace.access_order(), backend=weights_cfg.backend,
                                      source=weights_cfg.source, budget_bytes=budget, eviction=row["eviction"],
                                      lookahead=row["lookahead"], keep_steps=None, shared=host)
-        stalls: list[KernelStamps] = []
-        done = itertools.count()
 
-        def run(steps: int, stamped: bool = False) -> list[dict]:
-            """`steps` more steps, free-running; their telemetry (which waits for them)."""
-            first = len(executor.steps)
-            with torch.no_grad():
-                for _ in range(steps):
-                    source = KernelStamps(executor, clock) if stamped else executor
-                    with executor.step():
-                        forward(spec, source, inputs)
-                    if stamped:
-                        source.close()
-                        stalls.append(source)
-                    end_of_step("free", clock.device, next(done))
-            return executor.telemetry()[first:]
+        def step(source: Any) -> None:
+            with executor.step():
+                forward(spec, source, inputs)
+        steps, stalls = time_inference_row(step, executor, clock)
+    return inference_measurement(steps, stalls, max(t["peak_device_bytes"] for t in steps))
 
-        cold, *timed = run(1 + TIMED_STEPS)
-        while not timed_enough([t["step_ms"] for t in timed]):
-            # The host waited to read the times: the next step starts on an idle GPU, a warm-up again.
-            timed += run(1 + TIMED_STEPS)[1:]
-        run(STALL_STEPS, stamped=True)
-        stall_ms = [sum(s.stall_ns()) / 1e6 for s in stalls]
-    rows = [cold, *timed]
+
+def time_inference_row(step: Callable[[Any], None], executor: Any, clock: Any) -> tuple[list[dict], list[float]]:
+    """An inference row's steps by the module docstring's rule, `step(source)` running one
+    forward whose kernels fetch from `source` (`executor`, or KernelStamps around it in the
+    STALL_STEPS stamped steps after the timed ones): the telemetry of the cold first step and
+    of the timed ones, and the stamped steps' stalls (ms)."""
+    import torch
+
+    from engine.executor.setup import end_of_step
+    from engine.measure.timing import KernelStamps
+
+    stalls: list[float] = []
+    done = itertools.count()
+
+    def run(steps: int, stamped: bool = False) -> list[dict]:
+        """`steps` more steps, free-running; their telemetry (which waits for them)."""
+        with torch.no_grad():
+            for _ in range(steps):
+                source = KernelStamps(executor, clock) if stamped else executor
+                step(source)
+                if stamped:
+                    source.close()
+                    stalls.append(sum(source.stall_ns()) / 1e6)
+                end_of_step("free", clock.device, next(done))
+        return executor.telemetry()[-steps:]
+
+    cold, *timed = run(1 + TIMED_STEPS)
+    while not timed_enough([t["step_ms"] for t in timed]):
+        # The host waited to read the times: the next step starts on an idle GPU, a warm-up again.
+        timed += run(1 + TIMED_STEPS)[1:]
+    run(STALL_STEPS, stamped=True)
+    return [cold, *timed], stalls
+
+
+def inference_measurement(steps: Sequence[dict], stalls: Sequence[float], peak_bytes: int) -> dict:
+    """A measured inference row from `time_inference_row`'s steps and stalls, and its peak."""
+    cold, *timed = steps
     return {"step_ms": statistics.median(t["step_ms"] for t in timed), "first_step_ms": cold["step_ms"],
-            "stall_ms": statistics.median(stall_ms), "peak_device_bytes": max(t["peak_device_bytes"] for t in rows),
-            "h2d_bytes": timed[-1]["h2d_bytes"], "steps_ms": [t["step_ms"] for t in rows]}
+            "stall_ms": statistics.median(stalls), "peak_device_bytes": peak_bytes,
+            "h2d_bytes": timed[-1]["h2d_bytes"], "steps_ms": [t["step_ms"] for t in steps]}
 
 
 def _measure_training(spec: Any, trace: Trace, wf: Any, inputs: dict, row: dict, cfg: Any, device: Any,

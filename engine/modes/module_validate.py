@@ -15,17 +15,14 @@ from __future__ import annotations
 
 import statistics
 import warnings
-from contextlib import nullcontext
 from dataclasses import asdict
 from typing import Any, Sequence
 
 import torch
 
 from engine.errors import ConfigError
-from engine.executor.setup import end_of_step
 from engine.job import Job
 from engine.measure.clocks import clock_for
-from engine.measure.timing import KernelStamps
 from engine.modes.module_setup import checkpoint_path, is_training, kernel_options, setup_module, training_loss
 from engine.modules.build import first_output
 from engine.modules.offload import OffloadHandle, offload
@@ -69,41 +66,19 @@ def measure_module(job: Job, trace: Trace, rows: Sequence[dict]) -> dict:
 
 
 def _measure_inference(h: OffloadHandle, inputs: dict, device: torch.device) -> dict:
-    """The handle's configuration timed: free-running steps in batches until settled, then
-    STALL_STEPS with each fetch stamped."""
-    clock = clock_for(device)
-    module = h.module
-    stalls: list[KernelStamps] = []
-    if device.type == "cuda":
+    """The handle's configuration timed by validation's rule (`time_inference_row`)."""
+    cuda = device.type == "cuda"
+    if cuda:
         torch.cuda.reset_peak_memory_stats(device)
 
-    def run(steps: int, stamped: bool = False) -> list[dict]:
-        """`steps` more steps, free-running; their telemetry (the executor keeps the last KEEP_STEPS)."""
-        with torch.no_grad():
-            for i in range(steps):
-                stamps = KernelStamps(h.executor, clock)
-                with h.fetches_through(stamps) if stamped else nullcontext():
-                    out = first_output(module(**inputs))
-                del out
-                if stamped:
-                    stamps.close()
-                    stalls.append(stamps)
-                end_of_step("free", device, i)
-        return h.telemetry()[-steps:]
-
-    cold, *timed = run(1 + v.TIMED_STEPS)
-    while not v.timed_enough([t["step_ms"] for t in timed]):
-        timed += run(1 + v.TIMED_STEPS)[1:]  # the host waited for the times: a warm-up again
-    run(v.STALL_STEPS, stamped=True)
-    stall_ms = [sum(s.stall_ns()) / 1e6 for s in stalls]
-    steps = [cold, *timed]
-    pool = max(t["held_device_bytes"] if device.type == "cuda" else t["peak_device_bytes"] for t in steps)
-    peak = pool + torch.cuda.max_memory_allocated(device) if device.type == "cuda" else pool
-    return {"step_ms": statistics.median(t["step_ms"] for t in timed), "first_step_ms": cold["step_ms"],
-            "stall_ms": statistics.median(stall_ms), "peak_device_bytes": peak,
-            "h2d_bytes": timed[-1]["h2d_bytes"], "steps_ms": [t["step_ms"] for t in steps],
+    def step(source: Any) -> None:
+        with h.fetches_through(source):
+            first_output(h.module(**inputs))
+    steps, stalls = v.time_inference_row(step, h.executor, clock_for(device))
+    pool = max(t["held_device_bytes"] if cuda else t["peak_device_bytes"] for t in steps)
+    return {**v.inference_measurement(steps, stalls, pool + torch.cuda.max_memory_allocated(device) if cuda else pool),
             # the pool's blocks the driver moved (the simulator does not predict them)
-            "relocations": sum(t["relocations"] for t in timed)}
+            "relocations": sum(t["relocations"] for t in steps[1:])}
 
 
 def _measure_training(job: Job, module: Any, inputs: dict, row: dict, activations: dict | None,
