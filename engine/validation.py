@@ -35,6 +35,11 @@ a step the host bounds moves by tens of percent from one to the next):
                        allocated before the step (saved activations and temporaries);
                        a real module's on a GPU: the pool's and torch's allocator's
                        high-water together (the file's "peak": PEAKS)
+    reserve_releases,  inference: the CUDA pool's refusals of a block under the budget in the
+    relocations        timed steps (POOL_EVENTS), answered by releasing its reserve or by
+                       relocating; the driver places the pool's blocks, so the simulator does
+                       not predict them and the report marks the rows
+The file also says the backend the rows ran on ("backend"), which the prediction takes.
 """
 from __future__ import annotations
 
@@ -62,6 +67,10 @@ MEASUREMENTS = "offload-engine-measurements"
 # and the prediction's figure for it: the weight pool and the saved activations (a spec
 # model's run), or the weight pool and torch's allocator (a real module's, on a GPU).
 PEAKS = {"pool": "peak_device_bytes", "pool_torch": "peak_pool_torch_bytes"}
+# What the CUDA pool did in a row's timed steps that the simulator does not predict (the driver
+# places its blocks): refusals under the budget answered by releasing its unused reserve (the host
+# waits for the copy stream, then the driver maps memory again: the link idles), and relocations.
+POOL_EVENTS = ("reserve_releases", "relocations")
 BUDGET_FRACTIONS = (0.35, 0.6, 0.85)
 LOOKAHEADS = (1, 4)
 ALL_RESIDENT = "all resident"
@@ -159,7 +168,7 @@ def activations_config(act: dict, trace: Trace) -> ActivationsConfig | None:
 # ------------------------------------------------------------------ predicted
 
 
-def predict(trace: Trace, row: dict, hardware: Any, source: str) -> dict:
+def predict(trace: Trace, row: dict, hardware: Any, source: str, backend: str = "cuda") -> dict:
     """The simulator's figures for a grid row; step_ms is its warm steps' mean, as `execute`
     holds a measurement to (`steps_vary`: whether they differ by design, which decides the
     measured step it is held against)."""
@@ -167,7 +176,7 @@ def predict(trace: Trace, row: dict, hardware: Any, source: str) -> dict:
     from sim.prediction import steps_vary
 
     budget = None if row["budget_mb"] is None else int(row["budget_mb"] * MB)
-    weights = WeightsConfig(eviction=row["eviction"], lookahead=row["lookahead"], source=source)
+    weights = WeightsConfig(eviction=row["eviction"], lookahead=row["lookahead"], source=source, backend=backend)
     act = activations_config(row["activations"], trace)
     # The loop `measure` runs: a training row synchronizes before each step (its peak is the
     # step's own), an inference row's steps run free.
@@ -210,10 +219,11 @@ def _ranking(rows: list[dict]) -> list[dict]:
 
 
 def _summary(rows: list[dict]) -> dict:
-    def stats(key: str) -> dict:
-        errs = [abs(r["error"][key]) for r in rows if r["error"][key] is not None]
+    def stats(key: str, over: list[dict] = rows) -> dict:
+        errs = [abs(r["error"][key]) for r in over if r["error"][key] is not None]
         return {"mean": statistics.fmean(errs) if errs else None, "max": max(errs) if errs else None, "n": len(errs)}
     return {"configs": len(rows), "step_ms": stats("step_ms"), "peak_device_bytes": stats("peak_device_bytes"),
+            "step_ms_without_pool_events": stats("step_ms", [r for r in rows if not r["pool_events"]]),
             "stall_abs_ms": {"mean": statistics.fmean(abs(r["predicted"]["stall_ms"] - r["measured"]["stall_ms"])
                                                       for r in rows) if rows else None}}
 
@@ -224,10 +234,11 @@ def report(trace: Trace, measurements: dict, hardware: Any) -> dict:
         raise TraceError(f'measurements: not an offload-engine measurements file (format must be "{MEASUREMENTS}")')
     hw = hardware_of(hardware)
     source = measurements.get("source", "mmap_registered")
+    backend = measurements.get("backend", "cuda")
     peak = PEAKS[measurements.get("peak", "pool")]
     rows = []
     for m in measurements["rows"]:
-        pred = predict(trace, m, hw, source)
+        pred = predict(trace, m, hw, source, backend)
         pred["peak_device_bytes"] = pred[peak]
         meas = dict(m["measured"])
         if "steps_ms" in meas:  # the step the prediction's stands for
@@ -235,6 +246,7 @@ def report(trace: Trace, measurements: dict, hardware: Any) -> dict:
         rows.append({**{k: m[k] for k in ("id", "kind", "budget_mb", "eviction", "lookahead", "activations",
                                            "held_out")},
                      "predicted": pred, "measured": meas,
+                     "pool_events": {k: meas[k] for k in POOL_EVENTS if meas.get(k)},
                      "error": {"step_ms": _rel(pred["step_ms"], meas["step_ms"]),
                                "stall_ms": _rel(pred["stall_ms"], meas["stall_ms"]) if meas["stall_ms"] >= 1 else None,
                                "peak_device_bytes": _rel(pred["peak_device_bytes"], meas["peak_device_bytes"])}})
@@ -242,7 +254,7 @@ def report(trace: Trace, measurements: dict, hardware: Any) -> dict:
     held = [r for r in rows if r["held_out"]]
     ranking = _ranking(rows)
     return {"hardware": hw.name, "trace_model": trace.header.get("model"), "trace_source": trace.header.get("source"),
-            "peak": measurements.get("peak", "pool"), "skipped": measurements.get("skipped", []),
+            "peak": measurements.get("peak", "pool"), "backend": backend, "skipped": measurements.get("skipped", []),
             "link": measurements.get("link"), "profile_link": {"h2d_gbps": hw.h2d_gbps, "d2h_gbps": hw.d2h_gbps},
             "measured_on": measurements.get("device"), "measured_date": measurements.get("date"),
             "rows": rows, "fit": _summary(fit), "held_out": _summary(held), "ranking": ranking,
@@ -255,7 +267,8 @@ def report_md(rep: dict) -> str:
     def pct(v: float | None) -> str:
         return "-" if v is None else f"{v:+.1%}"
 
-    body = [[r["id"] + (" (held out)" if r["held_out"] else "") + (" *" if r["predicted"].get("steps_vary") else ""),
+    body = [[r["id"] + (" (held out)" if r["held_out"] else "") + (" *" if r["predicted"].get("steps_vary") else "")
+             + (" †" if r["pool_events"] else ""),
              f"{r['predicted']['step_ms']:.2f}", f"{r['measured']['step_ms']:.2f}", pct(r["error"]["step_ms"]),
              f"{r['predicted']['stall_ms']:.2f}", f"{r['measured']['stall_ms']:.2f}",
              f"{r['predicted']['peak_device_bytes'] / 1e9:.3f}", f"{r['measured']['peak_device_bytes'] / 1e9:.3f}",
@@ -267,6 +280,8 @@ def report_md(rep: dict) -> str:
     if rep["trace_source"] != "recorded":
         md += ["- predicted from the config alone (a synthesized trace), as the main command predicts: no recording "
                "of this model", ""]
+    if rep["backend"] != "cuda":
+        md += [f"- measured and predicted on the {rep['backend']} backend (weights.backend={rep['backend']})", ""]
     if rep["peak"] == "pool_torch":
         md += ["- peak: the weight pool's and torch's allocator's high-water beside each other (the process less "
                "the CUDA context)", ""]
@@ -279,13 +294,25 @@ def report_md(rep: dict) -> str:
     if any(r["predicted"].get("steps_vary") for r in rep["rows"]):
         md += ["\\* the policy's steps vary by design (its copies cycle): measured is the warm steps' mean, as "
                "predicted; elsewhere the median of the timed steps", ""]
+    marked = [r for r in rep["rows"] if r["pool_events"]]
+    if marked:
+        counts = ", ".join(f"{r['id']}: " + ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in r["pool_events"].items())
+                           for r in marked)
+        md += ["† the CUDA pool refused a block under the budget in the timed steps (its free space split: the "
+               "driver places the blocks, which the simulator does not predict) and released its reserve, the host "
+               "waiting for the copy stream to drain and the driver mapping memory again while the link idled, or "
+               f"relocated ({counts}); weights.backend=vmm never does either", ""]
     for name in ("fit", "held_out"):
         s = rep[name]
         if not s["configs"]:
             continue
         st, pk = s["step_ms"], s["peak_device_bytes"]
+        clean = s["step_ms_without_pool_events"]
         md.append(f"- {name.replace('_', '-')} ({s['configs']} configs): step time error mean {st['mean']:.1%}, "
-                  f"max {st['max']:.1%}; peak device bytes error max {pk['max']:.1%}; "
+                  f"max {st['max']:.1%}"
+                  + (f" (without the † rows: mean {clean['mean']:.1%}, max {clean['max']:.1%})"
+                     if clean["n"] < st["n"] and clean["n"] else "")
+                  + f"; peak device bytes error max {pk['max']:.1%}; "
                   f"stall |pred - meas| mean {s['stall_abs_ms']['mean']:.2f} ms")
     for g in rep["ranking"]:
         md.append(f"- ranking at budget {g['budget_mb']} MB, lookahead {g['lookahead']}: measured "
@@ -337,7 +364,7 @@ def measure(cfg: Any, spec: Any, trace: Trace, rows: Sequence[dict]) -> dict:
             else:
                 meas = _measure_training(spec, trace, wf, inputs, row, cfg, device, clock)
             out.append(measured_row(row, meas))
-    return {**measurements_header(spec.name, spec.num_layers, trace, device, cfg.weights.source, "pool"),
+    return {**measurements_header(spec.name, spec.num_layers, trace, device, cfg.weights, "pool"),
             "rows": out, "skipped": skipped}
 
 
@@ -366,7 +393,7 @@ def measured_row(row: dict, meas: dict) -> dict:
     return {**row, "measured": meas}
 
 
-def measurements_header(model: str, num_layers: int | None, trace: Trace, device: Any, source: str,
+def measurements_header(model: str, num_layers: int | None, trace: Trace, device: Any, weights: Any,
                         peak: str) -> dict:
     """A measurements file's keys but its rows: what was measured, where and how, and the
     link's rates there (`link_rates`)."""
@@ -376,7 +403,8 @@ def measurements_header(model: str, num_layers: int | None, trace: Trace, device
 
     return {"format": MEASUREMENTS, "version": 1, "model": model, "num_layers": num_layers,
             "workload": trace.header.get("workload"), "device": device_name(device), "torch": torch.__version__,
-            "cuda": torch.version.cuda if device.type == "cuda" else None, "source": source, "peak": peak,
+            "cuda": torch.version.cuda if device.type == "cuda" else None, "source": weights.source,
+            "backend": weights.backend, "peak": peak,
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "min_timed_steps": TIMED_STEPS,
             "link": link_rates(device)}
 
@@ -441,15 +469,18 @@ def time_inference_row(step: Callable[[Any], None], executor: Any, clock: Any) -
 
     def run(steps: int, stamped: bool = False) -> list[dict]:
         """`steps` more steps, free-running; their telemetry (which waits for them)."""
+        stamps = []
         with torch.no_grad():
             for _ in range(steps):
                 source = KernelStamps(executor, clock) if stamped else executor
                 step(source)
                 if stamped:
                     source.close()
-                    stalls.append(sum(source.stall_ns()) / 1e6)
+                    stamps.append(source)
                 end_of_step("free", clock.device, next(done))
-        return executor.telemetry()[-steps:]
+        rows = executor.telemetry()[-steps:]
+        stalls.extend(sum(s.stall_ns()) / 1e6 for s in stamps)  # read once the steps ended
+        return rows
 
     cold, *timed = run(1 + TIMED_STEPS)
     while not timed_enough([t["step_ms"] for t in timed]):
@@ -464,7 +495,8 @@ def inference_measurement(steps: Sequence[dict], stalls: Sequence[float], peak_b
     cold, *timed = steps
     return {"step_ms": statistics.median(t["step_ms"] for t in timed), "first_step_ms": cold["step_ms"],
             "stall_ms": statistics.median(stalls), "peak_device_bytes": peak_bytes,
-            "h2d_bytes": timed[-1]["h2d_bytes"], "steps_ms": [t["step_ms"] for t in steps]}
+            "h2d_bytes": timed[-1]["h2d_bytes"], "steps_ms": [t["step_ms"] for t in steps],
+            **{k: sum(t[k] for t in timed) for k in POOL_EVENTS}}
 
 
 def _measure_training(spec: Any, trace: Trace, wf: Any, inputs: dict, row: dict, cfg: Any, device: Any,

@@ -81,6 +81,41 @@ def test_the_report_sets_the_link_where_measured_beside_the_profiles() -> None:
     assert "- the link: H2D 52.00 GB/s where measured, 54.40 in the profile (+4.6%)" in md
 
 
+def test_the_report_marks_the_rows_the_cuda_pool_stalled_and_sums_up_the_others_apart() -> None:
+    """A row whose pool released its reserve (the driver's placement: not predicted) is marked,
+    the footnote says how often, and each summary also gives the error over the unmarked rows."""
+    path = DATA / "ltx2_infer.jsonl.gz"
+    measurements = read_measurements(measurements_path(path))
+    plain = report(read_trace(path), measurements, base_profile("h100_pcie5"))
+    marked = next(m for m in measurements["rows"] if not m["held_out"] and m["budget_mb"] is not None)
+    marked["measured"] = {**marked["measured"], "reserve_releases": 2, "relocations": 0}
+    rep = report(read_trace(path), measurements, base_profile("h100_pcie5"))
+    row = next(r for r in rep["rows"] if r["id"] == marked["id"])
+    assert row["pool_events"] == {"reserve_releases": 2}
+    assert sum(bool(r["pool_events"]) for r in rep["rows"]) == 1
+    assert rep["fit"]["step_ms"] == plain["fit"]["step_ms"]  # the figures themselves are unchanged
+    others = [abs(r["error"]["step_ms"]) for r in rep["rows"] if not r["held_out"] and r["id"] != marked["id"]]
+    assert rep["fit"]["step_ms_without_pool_events"]["max"] == max(others)
+    md = report_md(rep)
+    assert f"| {marked['id']} †" in md and f"({marked['id']}: 2 reserve releases)" in md
+    assert f"(without the † rows: mean {statistics.fmean(others):.1%}, max {max(others):.1%})" in md
+    assert "without the † rows" not in report_md(plain) and "†" not in report_md(plain)
+
+
+def test_the_report_predicts_the_backend_the_rows_ran_on() -> None:
+    """Measurements on the vmm backend are predicted with its granules (the floor and the
+    pool's bytes move with them); a file that names no backend ran on the CUDA pool."""
+    path = DATA / "ltx2_infer.jsonl.gz"
+    measurements = read_measurements(measurements_path(path))
+    assert "backend" not in measurements
+    pool = report(read_trace(path), measurements, base_profile("h100_pcie5"))
+    assert pool["backend"] == "cuda"
+    measurements["backend"] = "vmm"
+    vmm = report(read_trace(path), measurements, base_profile("h100_pcie5"))
+    assert vmm["backend"] == "vmm" and "measured and predicted on the vmm backend" in report_md(vmm)
+    assert [r["predicted"]["step_ms"] for r in vmm["rows"]] != [r["predicted"]["step_ms"] for r in pool["rows"]]
+
+
 def test_a_row_holds_its_budget_the_model_or_the_model_and_its_saved_activations() -> None:
     gb = 10**9
     streamed = {"kind": "infer", "budget_mb": 2403}

@@ -61,7 +61,7 @@ def measure_module(job: Job, trace: Trace, rows: Sequence[dict]) -> dict:
         out.append(v.measured_row(row, _measure_training(job, module, inputs, row,
                                                          None if act is None else asdict(act), device)))
     return {**v.measurements_header(cfg.model.name, trace.header.get("num_layers"), trace, device,
-                                    cfg.weights.source, "pool_torch" if cuda else "pool"),
+                                    cfg.weights, "pool_torch" if cuda else "pool"),
             "rows": out, "skipped": skipped}
 
 
@@ -76,9 +76,7 @@ def _measure_inference(h: OffloadHandle, inputs: dict, device: torch.device) -> 
             first_output(h.module(**inputs))
     steps, stalls = v.time_inference_row(step, h.executor, clock_for(device))
     pool = max(t["held_device_bytes"] if cuda else t["peak_device_bytes"] for t in steps)
-    return {**v.inference_measurement(steps, stalls, pool + torch.cuda.max_memory_allocated(device) if cuda else pool),
-            # the pool's blocks the driver moved (the simulator does not predict them)
-            "relocations": sum(t["relocations"] for t in steps[1:])}
+    return v.inference_measurement(steps, stalls, pool + torch.cuda.max_memory_allocated(device) if cuda else pool)
 
 
 def _measure_training(job: Job, module: Any, inputs: dict, row: dict, activations: dict | None,

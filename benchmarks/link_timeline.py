@@ -1,0 +1,136 @@
+"""Where a link-bound row's time goes on a real module: each weight copy's measured span, the
+link's idle gaps, and the host bytes' page offsets, row by row on one engine.offload set-up (as
+mode=validate runs a real module's rows).
+
+    python benchmarks/link_timeline.py --rows 8331:lru:4,14282:lru:4,14282:priority:1 --out DIR \
+        model=flux_diffusers weights.file=/dev/shm/flux_diffusers.safetensors \
+        workload.video_tokens=4096 workload.text_tokens=512          # on a CUDA machine
+
+Per row: reconfigure, WARM steps, then TIMED steps with their kernels and copies marked
+(`executor.step_timeline`). Pinned copy rates (the recorder's probe) before the first row and
+after the last. Prints per row: the step, the copies' bytes, the sum of their spans (the link
+busy), the union of their spans, the rate over each, the link's idle time inside the step, and
+the copies' rates by host page offset (0 against not page-aligned). Writes DIR/timelines.json
+(per row and step: step ms and the timeline; each weight's bytes and host page offset).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+WARM = 3
+TIMED = 3
+
+
+def union_ms(spans: list[tuple[float, float]]) -> float:
+    """Total length covered by the spans."""
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(spans):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
+
+
+def pinned_h2d_gbps(device) -> float:
+    """The recorder's probe's H2D rate at its largest copy (0 off a GPU)."""
+    from engine.measure.probes import probe_copies
+
+    if device.type != "cuda":
+        return 0.0
+
+    copies, _ = probe_copies(device)
+    big = max(c["nbytes"] for c in copies if c["dir"] == "h2d")
+    return next(c["nbytes"] / c["ns"] for c in copies if c["dir"] == "h2d" and c["nbytes"] == big)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", required=True, help="BUDGET_MB:EVICTION:LOOKAHEAD,...")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("overrides", nargs="+", help="the engine's config overrides (model=..., weights.file=...)")
+    args = ap.parse_args()
+
+    import torch
+    from hydra import compose, initialize_config_dir
+
+    from engine.config import register
+    from engine.job import prepare
+    from engine.modes.module_setup import checkpoint_path, kernel_options, setup_module
+    from engine.modules.build import first_output
+    from engine.modules.offload import offload
+
+    register()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=[*args.overrides, "mode=execute"])
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    job = prepare(cfg, out)
+    module, inputs, device = setup_module(job)
+    rows = [(float(b), e, int(la)) for b, e, la in (r.split(":") for r in args.rows.split(","))]
+    probes = {"before": pinned_h2d_gbps(device)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        h = offload(module, budget_mb=rows[0][0], example_inputs=inputs, eviction=rows[0][1],
+                    lookahead=rows[0][2], checkpoint=checkpoint_path(job), backend=cfg.weights.backend,
+                    source=cfg.weights.source, **kernel_options(cfg))
+    sizes = dict(h.executor.order.sizes)
+    offsets = {w: t.data_ptr() % 4096 for w, t in h.executor.host.items()}
+    result = {"overrides": args.overrides, "sizes": sizes, "page_offsets": offsets, "rows": []}
+    print("| row | step ms | copies GB | busy ms | union ms | GB/s busy | GB/s union | idle in step ms "
+          "| GB/s page-aligned | GB/s not | releases | relocations | reserved peak GB | held GB |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    try:
+        for budget, eviction, lookahead in rows:
+            h.reconfigure(budget_mb=budget, eviction=eviction, lookahead=lookahead)
+            steps = []
+            ran = len(h.telemetry())
+            with torch.no_grad():
+                for i in range(WARM + TIMED):
+                    h.executor.time_steps = i >= WARM
+                    first_output(module(**inputs))
+                for s in range(-TIMED, 0):
+                    steps.append({"step_ms": h.telemetry()[s]["step_ms"],
+                                  "timeline": h.executor.step_timeline(s)})
+            result["rows"].append({"budget_mb": budget, "eviction": eviction, "lookahead": lookahead,
+                                   "steps": steps})
+            figures = []
+            for s in steps:
+                copies = [(n, a, b) for track, n, a, b in s["timeline"] if track == "h2d"]
+                nbytes = sum(sizes[n] for n, _, _ in copies)
+                busy = sum(b - a for _, a, b in copies)
+                union = union_ms([(a, b) for _, a, b in copies])
+                by_align = [[sizes[n] for n, a, b in copies if (offsets[n] == 0) == aligned] for aligned in (1, 0)]
+                ms_align = [sum(b - a for n, a, b in copies if (offsets[n] == 0) == aligned) for aligned in (1, 0)]
+                figures.append((s["step_ms"], nbytes / 1e9, busy, union, nbytes / busy / 1e6 if busy else 0,
+                                nbytes / union / 1e6 if union else 0, s["step_ms"] - union,
+                                *(sum(x) / m / 1e6 if m else 0 for x, m in zip(by_align, ms_align))))
+            med = [statistics.median(c) for c in zip(*figures)]
+            rows_run = h.telemetry()[ran:]
+            pool = {"reserve_releases": sum(r["reserve_releases"] for r in rows_run[WARM:]),
+                    "relocations": sum(r["relocations"] for r in rows_run[WARM:]),
+                    "reserved_peak_bytes": h.executor.backend.reserved_peak_bytes(),
+                    "held_device_bytes": max(r["held_device_bytes"] for r in rows_run)}
+            result["rows"][-1].update(pool)
+            print(f"| {eviction} {budget:g} la {lookahead} | " + " | ".join(f"{x:.2f}" for x in med)
+                  + f" | {pool['reserve_releases']} | {pool['relocations']} | {pool['reserved_peak_bytes'] / 1e9:.2f} "
+                  f"| {pool['held_device_bytes'] / 1e9:.2f} |", flush=True)
+    finally:
+        h.remove()
+    probes["after"] = pinned_h2d_gbps(device)
+    result["pinned_h2d_gbps"] = probes
+    print(f"pinned H2D (probe_copies, largest size): before {probes['before']:.2f} GB/s, "
+          f"after {probes['after']:.2f} GB/s")
+    (out / "timelines.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
