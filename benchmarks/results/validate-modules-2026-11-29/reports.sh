@@ -1,6 +1,8 @@
 #!/bin/bash
 # The validate reports of the shipped H200 measurements, rebuilt on a CPU into data/calibration/
 # (NAME_default_h200.md: the config's own prediction; NAME_h200.md: the model's recording's).
+# FLUX.1-dev's measurements (both backends) and the spec Llama decode's for the config's prediction
+# are link-gap-2026-11-29's calls 5 and 6, which record the pool's events and the link.
 set -eu
 cd "$(dirname "$0")/../../.."
 T=data/traces/h200
@@ -13,9 +15,12 @@ one() {  # NAME ARGS...: the report, from its "## Calibration report" heading on
   rm -rf $dir
 }
 one ltx2_full_default_h200 +model=ltx measurements=$T/validate/ltx2-full.measurements.json
-one llama8b_decode_full_default_h200 +model=llama8b workload=decode measurements=$T/validate/llama8b-decode.measurements.json
+one llama8b_decode_full_default_h200 +model=llama8b workload=decode \
+    measurements=$T/validate/llama8b-decode-default.measurements.json
 one flux_diffusers_default_h200 model=flux_diffusers workload.video_tokens=4096 workload.text_tokens=512 \
     measurements=$T/modules/flux.trace.measurements.json
+one flux_diffusers_vmm_default_h200 model=flux_diffusers workload.video_tokens=4096 workload.text_tokens=512 \
+    measurements=$T/validate/flux-vmm.measurements.json
 one flux_diffusers_h200 model=flux_diffusers workload.video_tokens=4096 workload.text_tokens=512 \
     workload.audio_tokens=0 trace=$T/modules/flux.trace.jsonl.gz
 one wan14b_diffusers_default_h200 model=wan14b_diffusers workload.video_tokens=6144 workload.text_tokens=512 \
