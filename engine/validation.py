@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import statistics
 from contextlib import ExitStack, nullcontext
 from dataclasses import asdict, replace
@@ -54,7 +55,7 @@ from typing import Any, Callable, Sequence
 
 from engine.config import ActivationsConfig, HardwareConfig, PoolConfig, WeightsConfig
 from engine.errors import ConfigError, TraceError
-from engine.measure.spread import enough, typical_step_ms
+from engine.measure.spread import enough, typical_step_ms, typical_step_rel_se
 from engine.policy.pool_sizing import exact_pool
 from engine.policy.eviction import EVICTIONS
 from engine.policy.floor import floor
@@ -74,6 +75,9 @@ POOL_EVENTS = ("reserve_releases", "relocations")
 BUDGET_FRACTIONS = (0.35, 0.6, 0.85)
 LOOKAHEADS = (1, 4)
 ALL_RESIDENT = "all resident"
+# Standard errors of two measured steps their gap must exceed for the measurement to order them
+# (the ranking's ties).
+TIE_Z = 2.0
 TIMED_STEPS = 5
 # Steps after the timed ones, their kernels stamped for the stall: the stamps (two CUDA events
 # a kernel) cost host time, which a host-bound step's time would show.
@@ -202,19 +206,38 @@ def _rel(pred: float, meas: float) -> float | None:
 
 
 def _ranking(rows: list[dict]) -> list[dict]:
-    """Per group of rows that differ only in the eviction policy: is the order by step time kept?"""
+    """Per group of rows that differ only in the eviction policy: is the order by step time kept?
+    A pair the prediction orders one way and the measurement the other is a tie, not a miss,
+    where the measured gap is within TIE_Z standard errors of the two measured steps (the
+    measurement does not order them); `ties` names those pairs. A pair predicted alike (the
+    same step: every weight fits either way) is not ordered by the prediction."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         if r["kind"] == "infer" and r["budget_mb"] is not None:
             groups.setdefault((r["budget_mb"], r["lookahead"]), []).append(r)
     out = []
     for (budget, la), rs in sorted(groups.items()):
+        by_prediction = sorted(rs, key=lambda r: r["predicted"]["step_ms"])
         measured = [r["eviction"] for r in sorted(rs, key=lambda r: r["measured"]["step_ms"])]
-        predicted = [r["eviction"] for r in sorted(rs, key=lambda r: r["predicted"]["step_ms"])]
         times = sorted(r["measured"]["step_ms"] for r in rs)
         closest = min((b - a) / a for a, b in zip(times, times[1:])) if len(times) > 1 else None
-        out.append({"budget_mb": budget, "lookahead": la, "measured": measured, "predicted": predicted,
-                    "preserved": measured == predicted, "closest_measured_gap": closest})
+        ties, missed = [], False
+        for i, faster in enumerate(by_prediction):
+            for slower in by_prediction[i + 1:]:
+                a, b = faster["measured"], slower["measured"]
+                gap = (a["step_ms"] - b["step_ms"]) / b["step_ms"]
+                if gap <= 0 or faster["predicted"]["step_ms"] == slower["predicted"]["step_ms"]:
+                    continue
+                resolvable = TIE_Z * math.hypot(a["step_rel_se"], b["step_rel_se"])
+                if gap <= resolvable:
+                    ties.append({"pair": [faster["eviction"], slower["eviction"]], "gap": gap,
+                                 "resolvable": resolvable})
+                else:
+                    missed = True
+        out.append({"budget_mb": budget, "lookahead": la, "measured": measured,
+                    "predicted": [r["eviction"] for r in by_prediction],
+                    "predicted_ms": [r["predicted"]["step_ms"] for r in by_prediction], "preserved": not missed,
+                    "ties": ties, "closest_measured_gap": closest})
     return out
 
 
@@ -241,8 +264,10 @@ def report(trace: Trace, measurements: dict, hardware: Any) -> dict:
         pred = predict(trace, m, hw, source, backend)
         pred["peak_device_bytes"] = pred[peak]
         meas = dict(m["measured"])
-        if "steps_ms" in meas:  # the step the prediction's stands for
-            meas["step_ms"] = typical_step_ms(meas["steps_ms"], len(meas["steps_ms"]), pred["steps_vary"])
+        meas["step_rel_se"] = 0.0  # a file without its steps: every gap counts
+        if "steps_ms" in meas:  # the step the prediction's stands for, and its standard error
+            args = (meas["steps_ms"], len(meas["steps_ms"]), pred["steps_vary"])
+            meas["step_ms"], meas["step_rel_se"] = typical_step_ms(*args), typical_step_rel_se(*args)
         rows.append({**{k: m[k] for k in ("id", "kind", "budget_mb", "eviction", "lookahead", "activations",
                                            "held_out")},
                      "predicted": pred, "measured": meas,
@@ -315,9 +340,15 @@ def report_md(rep: dict) -> str:
                   + f"; peak device bytes error max {pk['max']:.1%}; "
                   f"stall |pred - meas| mean {s['stall_abs_ms']['mean']:.2f} ms")
     for g in rep["ranking"]:
+        ties = "; ".join(f"{' and '.join(t['pair'])} tie within the measurements' spread ({t['gap']:.1%} apart, "
+                         f"{t['resolvable']:.1%} would order them)" for t in g.get("ties", ()))
+        predicted = g["predicted"][0] + "".join(
+            f" {'=' if ms == before else '<'} {name}"
+            for name, ms, before in zip(g["predicted"][1:], g["predicted_ms"][1:], g["predicted_ms"]))
         md.append(f"- ranking at budget {g['budget_mb']} MB, lookahead {g['lookahead']}: measured "
-                  f"{' < '.join(g['measured'])}, predicted {' < '.join(g['predicted'])}: "
+                  f"{' < '.join(g['measured'])}, predicted {predicted}: "
                   f"{'preserved' if g['preserved'] else 'NOT preserved'}"
+                  + (f": {ties}" if ties else "")
                   + (f" (closest measured gap {g['closest_measured_gap']:.1%})"
                      if g["closest_measured_gap"] is not None else ""))
     return "\n".join(md)

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import itertools
 import math
+import statistics
 
 import pytest
 
-from engine.measure.spread import median_rel_se, settled, spread_text, typical_step_ms, warm_mean, warm_steps
+from engine.measure.spread import (median_rel_se, settled, spread_text, typical_step_ms, typical_step_rel_se, warm_mean,
+                                   warm_steps)
 from engine.modules.resident_steps import (MAX_PIPELINED_STEPS, PIPELINED_NS, PIPELINED_STEPS, SETTLE_NS, TURN_STEPS,
                                            in_turns, until_settled)
 from engine.report import steps_cell
@@ -115,3 +117,12 @@ def test_a_cycling_policys_step_is_its_mean_not_its_commonest() -> None:
     assert typical_step_ms(times, len(times), varies=True) == pytest.approx((84.8 * 10 + 103.3 * 4) / 14)
     # A step the odd slow one does not move, where the policy repeats.
     assert typical_step_ms([300.0, 10.0, 10.0, 50.0, 10.0], 5, varies=False) == 10.0
+
+
+def test_a_typical_steps_standard_error_is_its_medians_or_its_warm_means() -> None:
+    steps = [500.0, 100.0, 104.0, 96.0, 100.0, 102.0, 98.0]  # the cold first, then the timed
+    assert typical_step_rel_se(steps, len(steps), varies=False) == median_rel_se(steps[1:])
+    warm = steps[2:]  # a cycling policy's mean: all but the first two
+    expected = statistics.stdev(warm) / math.sqrt(len(warm)) / statistics.fmean(warm)
+    assert typical_step_rel_se(steps, len(steps), varies=True) == pytest.approx(expected)
+    assert math.isinf(typical_step_rel_se(steps[:4], 4, varies=True))  # two warm steps say nothing

@@ -102,6 +102,34 @@ def test_the_report_marks_the_rows_the_cuda_pool_stalled_and_sums_up_the_others_
     assert "without the † rows" not in report_md(plain) and "†" not in report_md(plain)
 
 
+def _inverted(spread: float) -> tuple[dict, dict]:
+    """The 8-block LTX-2 report with one group's two fastest-predicted rows measured the
+    other way round, 1% apart, their steps spread by +-`spread` around their medians."""
+    path = DATA / "ltx2_infer.jsonl.gz"
+    measurements = read_measurements(measurements_path(path))
+    rep = report(read_trace(path), measurements, base_profile("h100_pcie5"))
+    group = next(g for g in rep["ranking"] if g["lookahead"] == 1 and g["preserved"] and not g["ties"])
+    first, second = group["predicted"][:2]
+    ids = {f"{ev} budget={group['budget_mb']} lookahead=1": ms for ev, ms in ((first, 101.0), (second, 100.0))}
+    for m in measurements["rows"]:
+        if m["id"] in ids:
+            mid = ids[m["id"]]
+            m["measured"] = {**m["measured"], "steps_ms": [500.0] + [mid * (1 + spread * k) for k in (-1, 0, 1) * 4]}
+    again = report(read_trace(path), measurements, base_profile("h100_pcie5"))
+    return next(g for g in again["ranking"] if g["budget_mb"] == group["budget_mb"] and g["lookahead"] == 1), again
+
+
+def test_a_ranking_the_measurement_cannot_order_is_a_tie_and_one_it_can_is_missed() -> None:
+    """Two rows measured 1% apart the other way round from the prediction: with steps spread
+    by +-4% the measurement does not order them (a tie, named), with +-0.1% it does (missed)."""
+    tied, rep = _inverted(0.04)
+    assert tied["preserved"] and [t["pair"] for t in tied["ties"]] == [tied["predicted"][:2]]
+    assert tied["ties"][0]["gap"] == pytest.approx(0.01) and tied["ties"][0]["resolvable"] > 0.01
+    assert f"{' and '.join(tied['predicted'][:2])} tie within the measurements' spread (1.0% apart" in report_md(rep)
+    missed, rep = _inverted(0.001)
+    assert not missed["preserved"] and not missed["ties"] and not rep["ranking_preserved"]
+
+
 def test_the_report_predicts_the_backend_the_rows_ran_on() -> None:
     """Measurements on the vmm backend are predicted with its granules (the floor and the
     pool's bytes move with them); a file that names no backend ran on the CUDA pool."""

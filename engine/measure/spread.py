@@ -80,3 +80,16 @@ def typical_step_ms(times: Sequence[float], steps: int, varies: bool) -> float:
     if varies:
         return warm_mean(times, steps)
     return statistics.median(list(times)[1:] or times)
+
+
+def typical_step_rel_se(times: Sequence[float], steps: int, varies: bool) -> float:
+    """The standard error of `typical_step_ms(times, steps, varies)` over it: the median's
+    (`median_rel_se` of the steps after the first), or the warm steps' mean's (their standard
+    deviation over the root of their count); inf where too few steps ran to say."""
+    if not varies:
+        return median_rel_se(list(times)[1:])
+    warm = list(times)[-warm_steps(steps):]
+    if len(warm) < 3:
+        return math.inf
+    mean = statistics.fmean(warm)
+    return statistics.stdev(warm) / math.sqrt(len(warm)) / mean if mean > 0 else math.inf
