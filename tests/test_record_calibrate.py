@@ -1,4 +1,4 @@
-"""engine/measure/, engine/calibrate.py, engine/validation.py on the CPU (perf_counter clocks, shipped data)."""
+"""engine/measure/, engine/calibrate.py, engine/validation/ on the CPU (perf_counter clocks, shipped data)."""
 from __future__ import annotations
 
 import dataclasses

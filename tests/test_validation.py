@@ -1,4 +1,4 @@
-"""engine/validation.py on the CPU: the grid, when a row has timed enough steps, and which
+"""engine/validation/ on the CPU: the grid, when a row has timed enough steps, and which
 measured step a row's prediction is held against (the shipped measurements)."""
 from __future__ import annotations
 

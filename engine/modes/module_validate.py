@@ -1,5 +1,5 @@
 """mode=validate's measured side for a real module (a model config with `module._target_`):
-each grid row (engine/validation.py `grid`) run on the device from weights.file.
+each grid row (engine/validation/grid.py `grid`) run on the device from weights.file.
 
 Inference rows run on one engine.offload set-up (the checkpoint mapped and registered
 once, the order recorded once), `OffloadHandle.reconfigure` moving it from row to row;
@@ -32,7 +32,7 @@ from engine import validation as v
 
 def measure_module(job: Job, trace: Trace, rows: Sequence[dict]) -> dict:
     """Every grid row that fits the device, measured (the module docstring); the
-    measurements file's content (engine/validation.py)."""
+    measurements file's content (engine/validation/)."""
     cfg = job.cfg
     if is_training(cfg) != v.training(trace):
         raise ConfigError(f"trace={cfg.trace} is {'a training step' if v.training(trace) else 'an inference'} "

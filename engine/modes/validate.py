@@ -1,5 +1,5 @@
 """mode=validate: the simulator's prediction beside the GPU's measurement for a grid of
-configurations (engine/validation.py), for a spec model or a real module
+configurations (engine/validation/), for a spec model or a real module
 (engine/modes/module_validate.py). The prediction is the trace's: trace=PATH, a
 recording, else the one synthesized from the config (the main command's). The
 measurements are measurements=PATH, else those beside trace=PATH
