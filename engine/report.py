@@ -107,7 +107,9 @@ def relocations_note(measurement: dict) -> str | None:
     lines = []
     if released > 0:
         lines.append(f"- {released} pool refusals under the budget answered by releasing the pool's unused reserve "
-                     "(no weight moved; the host waited for the copy stream once each)")
+                     "(no weight moved; the host waited for the copy stream to drain once each, and the link idled "
+                     "while the driver mapped memory again: a stall the simulator does not predict; "
+                     "weights.backend=vmm never does this)")
     if total:
         warm = measurement.get("warm_relocations", 0)
         lines.append(
