@@ -18,7 +18,7 @@ from engine.units import MB
 BUDGET_FRACTIONS = (0.35, 0.6, 0.85)
 LOOKAHEADS = (1, 4)
 ALL_RESIDENT = "all resident"
-TIMED_STEPS = 5
+TIMED_STEPS = 5  # a row times its steps in batches of this many, each after a warm-up step
 # Steps after the timed ones, their kernels stamped for the stall: the stamps (two CUDA events
 # a kernel) cost host time, which a host-bound step's time would show.
 STALL_STEPS = 3
