@@ -143,6 +143,12 @@ def distinct_names(paths: Sequence[Path]) -> list[str]:
             depth[i] += 1
 
 
+def add_module_costs_source(profile: dict, names: Sequence[str]) -> None:
+    """Say in the profile's source which real modules' recordings its module costs come from."""
+    if names:
+        profile["source"] += f"; module costs from {', '.join(names)}"
+
+
 def one_device(devices: Iterable[tuple[str, Any]]) -> str | None:
     """The one GPU that recorded every source ((name, its header's "device"), the device None
     where it does not say); TraceError when they name more than one: a profile describes one GPU."""
@@ -296,8 +302,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(2)
     if args.probes:
         profile["source"] += f"; kernel table also from {', '.join(q.name for q in args.probes)}"
-    if module_paths:
-        profile["source"] += f"; module costs from {', '.join(q.name for q in module_paths)}"
+    add_module_costs_source(profile, [q.name for q in module_paths])
     try:
         write_kernel_table(profile, traces, args.out, probes, modules)
     except TraceError as err:

@@ -323,9 +323,10 @@ def check_config(cfg: Any) -> None:
     if cfg.workload.kind == "train_lora" and cfg.workload.lora_rank < 1:
         raise ConfigError(f"workload.lora_rank={cfg.workload.lora_rank}: LoRA training needs a rank of 1 or more")
     if "module" in cfg.model:
-        if cfg.mode == "calibrate":
-            raise ConfigError(f"mode=calibrate fits recordings of spec models; for model {cfg.model.name} use "
-                              "mode=record, then simulate, execute or validate with trace=PATH")
+        if cfg.mode == "calibrate" and (cfg.trace is None or not Path(cfg.trace).is_dir()):
+            raise ConfigError(f"mode=calibrate for model {cfg.model.name} reads a directory (trace=DIR) of its "
+                              "recordings beside a spec model's recorded on the same GPU: the spec recording gives "
+                              "the link, host and kernel rates, the module's their op census prices its blocks")
     elif cfg.workload.kind == "decode" and cfg.model.family != "llama":
         raise ConfigError(f"workload=decode runs one token of a language model; model {cfg.model.name} is a "
                           f"{cfg.model.family} model: use workload=infer or train_lora")

@@ -126,6 +126,8 @@ def is_module_model(model_cfg: DictConfig) -> bool:
 def _prepare_module(cfg: DictConfig, out_dir: Path) -> Job:
     """A real module's job: the trace trace= names, else (plan, simulate, check) one
     synthesized from the module built on the meta device (engine/modules/synthesize.py)."""
+    if cfg.mode == "calibrate":  # reads the directory trace= names itself
+        return Job(cfg, out_dir, None, None, None)
     if cfg.trace is None:
         if cfg.mode in ("record", "execute", "materialize"):
             return Job(cfg, out_dir, None, None, None)

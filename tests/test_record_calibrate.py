@@ -269,6 +269,37 @@ def test_calibrate_cli_fits_a_directory_of_recorded_traces(run_cli, tmp_path: Pa
     assert r.returncode == 2 and "holds no trace" in r.stderr
 
 
+def test_calibrate_takes_a_real_modules_recordings_from_the_directory(run_cli, tmp_path: Path) -> None:
+    """A directory with a spec recording and real modules' (header "block_records"): the profile
+    is fitted from the spec one, the modules' op census prices their blocks in the kernel
+    table, exactly as `python -m engine.calibrate SPEC --modules MODULES` fits them; with a
+    real module's config too. A module's recording alone, or as one file, is refused in a line."""
+    import shutil
+
+    mix, spec, mods = (tmp_path / d for d in ("mix", "spec", "mods"))
+    for d in (mix, spec, mods):
+        d.mkdir()
+    for src, dst in ((DATA / "h200" / "flux-full.jsonl.gz", (mix, spec)),
+                     (DATA / "h200" / "modules" / "flux.trace.jsonl.gz", (mix, mods)),
+                     (DATA / "h200" / "modules" / "wan14b.trace.jsonl.gz", (mix, mods))):
+        for d in dst:
+            shutil.copy(src, d / src.name)
+    for model in ("+model=tiny", "model=flux_diffusers"):
+        out = tmp_path / f"{model.split('=')[1]}.yaml"
+        r = run_cli(model, "mode=calibrate", f"trace={mix}", f"out={out}")
+        assert r.returncode == 0, r.stderr
+        assert "priced by the op census of flux.trace.jsonl.gz, wan14b.trace.jsonl.gz" in r.stdout
+    r = _calibrate_cli(str(spec), "--modules", str(mods), "--out", str(tmp_path / "cli.yaml"))
+    assert r.returncode == 0, r.stderr
+    for model in ("tiny", "flux_diffusers"):
+        assert (tmp_path / f"{model}.kernels.json").read_bytes() == (tmp_path / "cli.kernels.json").read_bytes()
+    r = run_cli("model=flux_diffusers", "mode=calibrate", f"trace={mods}", f"out={tmp_path / 'x.yaml'}")
+    assert r.returncode == 2 and "holds only real modules' recordings" in r.stderr and len(r.stderr.splitlines()) == 1
+    r = run_cli("model=flux_diffusers", "mode=calibrate", f"trace={mods / 'flux.trace.jsonl.gz'}",
+                f"out={tmp_path / 'x.yaml'}")
+    assert r.returncode == 2 and "reads a directory (trace=DIR)" in r.stderr and not (tmp_path / "x.yaml").exists()
+
+
 def test_training_report_from_shipped_measurements_on_cpu() -> None:
     """The 16384-token LoRA recording with h100_pcie5 (README, data/README.md), predicted as
     it was measured, each step between synchronizes: the held-out steps within 3% and peaks
