@@ -40,6 +40,36 @@ def union_ms(spans: list[tuple[float, float]]) -> float:
     return total
 
 
+def parse_rows(text: str) -> list[tuple[float, str, int]]:
+    """--rows: BUDGET_MB:EVICTION:LOOKAHEAD,... (ValueError names the bad one)."""
+    out = []
+    for row in text.split(","):
+        parts = row.split(":")
+        try:
+            budget, eviction, lookahead = parts
+            out.append((float(budget), eviction, int(lookahead)))
+        except ValueError:
+            raise ValueError(f"--rows: {row!r} is not BUDGET_MB:EVICTION:LOOKAHEAD (e.g. 8331:lru:1)") from None
+    return out
+
+
+def step_figures(step: dict, sizes: dict, offsets: dict) -> tuple[float, ...]:
+    """One timed step's row of the table: step ms, copies GB, their spans' sum and union (ms),
+    the rate over each, the step's time outside the copies, and the rate of the copies from
+    page-aligned host bytes and from the others."""
+    copies = [(n, a, b) for track, n, a, b in step["timeline"] if track == "h2d"]
+    nbytes = sum(sizes[n] for n, _, _ in copies)
+    busy = sum(b - a for _, a, b in copies)
+    union = union_ms([(a, b) for _, a, b in copies])
+    by_page = []
+    for aligned in (True, False):
+        part = [(sizes[n], b - a) for n, a, b in copies if (offsets[n] == 0) == aligned]
+        ms = sum(t for _, t in part)
+        by_page.append(sum(n for n, _ in part) / ms / 1e6 if ms else 0.0)
+    return (step["step_ms"], nbytes / 1e9, busy, union, nbytes / busy / 1e6 if busy else 0.0,
+            nbytes / union / 1e6 if union else 0.0, step["step_ms"] - union, *by_page)
+
+
 def pinned_h2d_gbps(device) -> float:
     """The recorder's probe's H2D rate at its largest copy (0 off a GPU)."""
     from engine.measure.probes import probe_copies
@@ -58,6 +88,10 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("overrides", nargs="+", help="the engine's config overrides (model=..., weights.file=...)")
     args = ap.parse_args()
+    try:
+        rows = parse_rows(args.rows)
+    except ValueError as err:
+        ap.error(str(err))
 
     import torch
     from hydra import compose, initialize_config_dir
@@ -75,7 +109,6 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     job = prepare(cfg, out)
     module, inputs, device = setup_module(job)
-    rows = [(float(b), e, int(la)) for b, e, la in (r.split(":") for r in args.rows.split(","))]
     probes = {"before": pinned_h2d_gbps(device)}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -102,18 +135,7 @@ def main() -> None:
                                   "timeline": h.executor.step_timeline(s)})
             result["rows"].append({"budget_mb": budget, "eviction": eviction, "lookahead": lookahead,
                                    "steps": steps})
-            figures = []
-            for s in steps:
-                copies = [(n, a, b) for track, n, a, b in s["timeline"] if track == "h2d"]
-                nbytes = sum(sizes[n] for n, _, _ in copies)
-                busy = sum(b - a for _, a, b in copies)
-                union = union_ms([(a, b) for _, a, b in copies])
-                by_align = [[sizes[n] for n, a, b in copies if (offsets[n] == 0) == aligned] for aligned in (1, 0)]
-                ms_align = [sum(b - a for n, a, b in copies if (offsets[n] == 0) == aligned) for aligned in (1, 0)]
-                figures.append((s["step_ms"], nbytes / 1e9, busy, union, nbytes / busy / 1e6 if busy else 0,
-                                nbytes / union / 1e6 if union else 0, s["step_ms"] - union,
-                                *(sum(x) / m / 1e6 if m else 0 for x, m in zip(by_align, ms_align))))
-            med = [statistics.median(c) for c in zip(*figures)]
+            med = [statistics.median(c) for c in zip(*(step_figures(s, sizes, offsets) for s in steps))]
             rows_run = h.telemetry()[ran:]
             pool = {"reserve_releases": sum(r["reserve_releases"] for r in rows_run[WARM:]),
                     "relocations": sum(r["relocations"] for r in rows_run[WARM:]),
