@@ -30,6 +30,8 @@ one wan14b_diffusers_h200 model=wan14b_diffusers workload.video_tokens=6144 work
     workload.audio_tokens=0 trace=$T/modules/wan14b.trace.jsonl.gz
 one llama8b_hf_prefill_default_h200 model=llama8b_hf workload.text_tokens=2048 \
     measurements=$T/validate/llama8b-hf-prefill.measurements.json
+one llama8b_hf_prefill_vmm_default_h200 model=llama8b_hf workload.text_tokens=2048 \
+    measurements=$T/validate/llama8b-hf-prefill-vmm.measurements.json
 one llama8b_hf_decode_default_h200 model=llama8b_hf workload=decode \
     measurements=$T/modules/llama8b.trace.measurements.json
 one llama8b_hf_decode_h200 model=llama8b_hf workload=decode trace=$T/modules/llama8b.trace.jsonl.gz
