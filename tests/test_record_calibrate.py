@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -433,7 +434,6 @@ def test_host_times_scale_to_the_pipelined_step_where_the_host_bounds_it_and_nev
 
 def _calibrate_cli(*args: str) -> "subprocess.CompletedProcess[str]":
     import os
-    import subprocess
     import sys
 
     return subprocess.run([sys.executable, "-m", "engine.calibrate", *args], cwd=DATA.parent.parent,
