@@ -45,7 +45,9 @@ def run_cli(tmp_path):
     """Run `python -m engine ...` in a subprocess with its outputs under tmp_path."""
 
     def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-        env = dict(os.environ, PYTHONPATH=str(ROOT), HYDRA_FULL_ERROR="")
+        # The repository first; what the caller's path adds (a device's wheels) after it.
+        path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+        env = dict(os.environ, PYTHONPATH=path, HYDRA_FULL_ERROR="")
         env.pop("HYDRA_FULL_ERROR")
         # Hydra's flags (-m, --cfg) must precede the overrides.
         flags = [a for a in args if a.startswith("-")]
