@@ -10,10 +10,7 @@ from engine.config import profile_mismatch
 from engine.errors import ConfigError
 from engine.job import Job, Outcome, config_summary, is_module_model
 from engine.modes.calibrate import recorded_trace
-
-# The workload's keys that size a step: measurements made at other values are said in a note.
-SHAPE = ("kind", "batch", "video_tokens", "audio_tokens", "text_tokens", "context_tokens", "lora_rank",
-         "checkpointing")
+from engine.trace import WORKLOAD_SHAPE
 
 
 def validate_mode(job: Job) -> Outcome:
@@ -69,6 +66,6 @@ def _check_measured(job: Job, measurements: dict) -> tuple[str, ...]:
         raise ConfigError(f"the measurements were made of {made_of['kind']} steps and this job runs "
                           f"{ours.get('kind')} steps: give the workload they were made of, or measure this one "
                           "(drop measurements=)")
-    differ = [k for k in SHAPE if k in made_of and k in ours and made_of[k] != ours[k]]
+    differ = [k for k in WORKLOAD_SHAPE if k in made_of and k in ours and made_of[k] != ours[k]]
     return tuple(f"validate: the measurements were made with workload.{k}={made_of[k]} and this job has {ours[k]}; "
                  "where the model reads it, the rows compare different steps (set it as measured)" for k in differ)

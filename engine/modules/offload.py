@@ -89,7 +89,8 @@ class OffloadHandle:
         configuration's). A bad value or a budget under the floor raises and leaves the
         handle as it was."""
         _check_budget(budget_mb)
-        _check_policy(eviction, lookahead)
+        _check_eviction(eviction, auto=False)
+        _check_lookahead(lookahead, auto=False)
         budget = budget_bytes(budget_mb)
         # Under the floor as this backend places the weights: BelowFloorError now, nothing closed.
         residency(place(self.order, budget, backend_granule(self.backend)), eviction, lookahead)
@@ -132,12 +133,20 @@ def _check_budget(budget_mb: float | None) -> None:
         raise ConfigError(f"budget_mb={budget_mb!r}: give MB of GPU memory as a finite number >= 0, or None")
 
 
-def _check_policy(eviction: str, lookahead: int) -> None:
-    """A policy given outright: one of EVICTIONS, a lookahead of kernels."""
-    if eviction not in EVICTIONS:
-        raise ConfigError(f"eviction={eviction!r} is not one of {', '.join(EVICTIONS)}; pick one of those")
+def _check_eviction(eviction: str, auto: bool) -> None:
+    """One of EVICTIONS, or "auto" where the caller lets the simulator choose."""
+    choices = (*EVICTIONS, "auto") if auto else EVICTIONS
+    if eviction not in choices:
+        raise ConfigError(f"eviction={eviction!r} is not one of {', '.join(choices)}; pick one of those")
+
+
+def _check_lookahead(lookahead: int | str, auto: bool) -> None:
+    """Kernels to prefetch ahead (an integer >= 0), or "auto" where the caller allows it."""
+    if auto and lookahead == "auto":
+        return
     if isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 0:
-        raise ConfigError(f"lookahead={lookahead!r}: give kernels to prefetch ahead (an integer >= 0)")
+        raise ConfigError(f"lookahead={lookahead!r}: give kernels to prefetch ahead (an integer >= 0)"
+                          + (" or 'auto'" if auto else ""))
 
 
 def _executor(streamed: StreamedModule, budget: int | None, eviction: str, lookahead: int,
@@ -216,14 +225,12 @@ def offload(module: nn.Module, *, budget_mb: float | None, example_inputs: Any =
     if example_inputs is None:
         raise ConfigError("example_inputs is required: the arguments of one forward, to record its order")
     device = _check_common(module, budget_mb, backend)
-    if eviction not in (*EVICTIONS, "auto"):
-        raise ConfigError(f"eviction={eviction!r} is not one of {', '.join(EVICTIONS)}, auto; pick one of those")
+    _check_eviction(eviction, auto=True)
     if lookahead is None:
         lookahead = "auto" if eviction == "auto" or hardware is not None else DEFAULT_LOOKAHEAD
     if lookahead == "auto" and eviction != "auto" and hardware is None:
         raise ConfigError("lookahead='auto' is chosen by simulation: give eviction='auto' or a hardware profile")
-    if lookahead != "auto" and (isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 0):
-        raise ConfigError(f"lookahead={lookahead!r}: give kernels to prefetch ahead (an integer >= 0) or 'auto'")
+    _check_lookahead(lookahead, auto=True)
     hw = load_hardware(hardware or DEFAULT_HARDWARE) if (eviction == "auto" or hardware is not None) else None
     if grouping == "auto" and hw is None:
         raise ConfigError("grouping='auto' is chosen by simulation: give eviction='auto' or a hardware profile")
@@ -358,8 +365,7 @@ def _offload_training(module: nn.Module, budget_mb: float | None, example_inputs
     if example_inputs is None:
         raise ConfigError("training=True with a budget or a checkpoint streams the weights: give "
                           "example_inputs (one forward's arguments) to record the order")
-    if eviction not in (*EVICTIONS, "auto"):
-        raise ConfigError(f"eviction={eviction!r} is not one of {', '.join(EVICTIONS)}, auto; pick one of those")
+    _check_eviction(eviction, auto=True)
     choose = eviction == "auto" and loss_fn is not None and budget_mb is not None
     if lookahead is None:
         lookahead = "auto" if choose else DEFAULT_LOOKAHEAD
