@@ -25,19 +25,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from sim.prediction import union  # noqa: E402
+
 WARM = 3
 TIMED = 3
 
 
 def union_ms(spans: list[tuple[float, float]]) -> float:
     """Total length covered by the spans."""
-    total, end = 0.0, float("-inf")
-    for a, b in sorted(spans):
-        if b <= end:
-            continue
-        total += b - max(a, end)
-        end = b
-    return total
+    return sum(b - a for a, b in union(spans))
 
 
 def parse_rows(text: str) -> list[tuple[float, str, int]]:

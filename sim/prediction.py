@@ -75,7 +75,8 @@ NS_PER_MS = 1e6
 Intervals = list[tuple[int, int]]
 
 
-def _union(intervals: Intervals) -> Intervals:
+def union(intervals: Intervals) -> Intervals:
+    """The intervals merged where they overlap, in order (sorted, disjoint)."""
     out: Intervals = []
     for s, e in sorted(intervals):
         if out and s <= out[-1][1]:
@@ -190,10 +191,10 @@ def predict(launcher: Launcher, compute: ComputeStream, pool: DevicePool,
             stall_ns += on_copies
             host_wait_ns += launched - prev_end - on_copies
         busy.append((s, e))
-    copying = _union([(max(c.start_ns, t0), min(c.end_ns, t1)) for _, _, c in launcher.copies
+    copying = union([(max(c.start_ns, t0), min(c.end_ns, t1)) for _, _, c in launcher.copies
                       if c.start_ns < t1 and c.end_ns > t0])
     copy_ns = sum(e - s for s, e in copying)
-    hidden_ns = _intersection_ns(copying, _union(busy))
+    hidden_ns = _intersection_ns(copying, union(busy))
     counts = launcher.step_counters(last)
     first_warm = steps - warm_steps(steps)
     warm = [(ends[i] - (ends[i - 1] if i else 0)) / NS_PER_MS for i in range(first_warm, steps)]
