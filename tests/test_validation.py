@@ -12,8 +12,10 @@ from engine.calibrate import base_profile
 from engine.measure.spread import warm_mean
 from engine.trace import read_trace
 from engine.policy.eviction import EVICTIONS
+from engine.policy.floor import floor
 from engine.validation import (ALL_RESIDENT, BUDGET_FRACTIONS, LOOKAHEADS, MAX_TIMED_STEPS, TIMED_STEPS,
-                               TRAIN_POLICIES, grid, measurements_path, read_measurements, report, report_md, row_bytes, timed_enough)
+                               TRAIN_LOOKAHEAD, TRAIN_POLICIES, grid, measurements_path, read_measurements, report,
+                               report_md, row_bytes, timed_enough)
 from engine.units import MB
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
@@ -32,6 +34,27 @@ def test_the_inference_grid_runs_up_to_every_weight_resident() -> None:
     assert sum(r["held_out"] for r in streamed) == len(streamed) // 2
     first = {(r["budget_mb"], r["eviction"], r["lookahead"]): r["held_out"] for r in streamed}
     assert first[(budgets[0], "lru", 1)] != first[(budgets[0], "lru", 4)] != first[(budgets[1], "lru", 4)]
+
+
+def test_the_training_grid_streams_the_frozen_weights_above_the_steps_floor() -> None:
+    """A LoRA step's grid: each activation policy with every frozen weight resident, then
+    budgets x evictions streamed, each budget above the floor of the step's order (its forward
+    and backward), and the streamed rows a checkerboard of held-out ones."""
+    trace = read_trace(DATA / "h200" / "modules" / "llama8b-train-b.jsonl.gz")
+    rows = grid(trace)
+    resident, streamed = rows[:len(TRAIN_POLICIES)], rows[len(TRAIN_POLICIES):]
+    assert [r["id"] for r in resident] == [f"train {name}" for name, _ in TRAIN_POLICIES]
+    assert all(r["kind"] == "train_lora" and r["budget_mb"] is None for r in resident)
+    assert len(streamed) == len(BUDGET_FRACTIONS) * len(EVICTIONS)
+    assert all(r["kind"] == "train_lora" and r["activations"] == {"mode": "off"} for r in streamed)
+    assert {r["lookahead"] for r in streamed} == {TRAIN_LOOKAHEAD}
+    floor_mb = floor(trace.access_order(), TRAIN_LOOKAHEAD).bytes / MB
+    model_mb = sum(trace.weight_sizes.values()) / MB
+    budgets = sorted({r["budget_mb"] for r in streamed})
+    assert len(budgets) == len(BUDGET_FRACTIONS) and floor_mb < budgets[0] and budgets[-1] < model_mb
+    held = {(r["budget_mb"], r["eviction"]): r["held_out"] for r in streamed}
+    assert held[(budgets[0], "lru")] != held[(budgets[1], "lru")] != held[(budgets[1], "belady")]
+    assert sum(r["held_out"] for r in streamed) == len(streamed) // 2
 
 
 def test_a_row_times_steps_until_their_median_is_known_or_a_cap() -> None:
@@ -150,6 +173,7 @@ def test_a_row_holds_its_budget_the_model_or_the_model_and_its_saved_activations
     assert row_bytes(streamed, 6 * gb, gb) == 2403 * MB
     assert row_bytes({"kind": "infer", "budget_mb": None}, 6 * gb, gb) == 6 * gb
     assert row_bytes({"kind": "train_lora", "budget_mb": None}, 6 * gb, gb) == 7 * gb
+    assert row_bytes({"kind": "train_lora", "budget_mb": 2403}, 6 * gb, gb) == 2403 * MB + gb
 
 
 def test_the_report_names_the_rows_that_did_not_fit_the_device() -> None:
@@ -254,7 +278,14 @@ def test_validate_measures_a_real_module_on_the_cpu_backend(run_cli, tmp_path, w
         streamed = [r for r in data["rows"] if r["measured"]["h2d_bytes"] > 0]
         assert streamed and all(r["measured"]["stall_ms"] >= 0 for r in streamed)
     else:
-        assert [r["id"] for r in rep["rows"]] == [f"train {name}" for name, _ in TRAIN_POLICIES]
-        assert all(r["activations"].get("min_tensor_bytes", 0) == 0 for r in data["rows"])
+        resident, streamed = data["rows"][:len(TRAIN_POLICIES)], data["rows"][len(TRAIN_POLICIES):]
+        assert [r["id"] for r in resident] == [f"train {name}" for name, _ in TRAIN_POLICIES]
+        assert all(r["activations"].get("min_tensor_bytes", 0) == 0 for r in resident)
+        assert len(streamed) == len(BUDGET_FRACTIONS) * len(EVICTIONS)
+        # streamed: the frozen weights copied in every step, their waits untimed
+        assert all(r["measured"]["h2d_bytes"] > 0 and r["measured"]["stall_ms"] is None for r in streamed)
+        assert all(r["measured"]["stall_ms"] >= 0 for r in resident)
+        assert [g["kind"] for g in rep["ranking"]] == ["train_lora"] * len(BUDGET_FRACTIONS)
+        assert "ranking of training steps at budget" in out and "meas stall -: a training step's waits" in out
     again, _ = _validate(run_cli, *model, "mode=validate", f"measurements={measured}")
     assert [r["predicted"] for r in again["rows"]] == [r["predicted"] for r in rep["rows"]]

@@ -64,3 +64,33 @@ def test_a_real_modules_rows_are_measured_on_the_gpu(tmp_path) -> None:
     data = measure_module(job, job.trace, rows)
     _check(data, rows)
     assert data["peak"] == "pool_torch"
+
+
+@pytest.mark.parametrize("module", [False, True], ids=["spec", "real module"])
+def test_a_training_steps_rows_are_measured_streamed_and_resident(tmp_path, module) -> None:
+    """A LoRA step with every frozen weight resident and one with them streamed at the grid's
+    first budget: the streamed one copies weights in its steps and leaves its stall untimed."""
+    if module:
+        pytest.importorskip("transformers", reason="needs the models extra: pip install 'offload-engine[models]'")
+        from engine.modes.module import materialize_module
+        from engine.modes.module_validate import measure_module
+
+        model = ("model=tiny_llama_hf", "model.module.config.num_hidden_layers=8", "workload.text_tokens=16")
+        ckpt = tmp_path / "tiny.safetensors"
+        materialize_module(_job(tmp_path / "mat", *model, f"out={ckpt}", mode="materialize"))
+        job = _job(tmp_path, *model, "workload=train_lora", "workload.lora_rank=4", f"weights.file={ckpt}")
+    else:
+        from engine.models import build_spec
+
+        job = _job(tmp_path, "model=tiny", "workload=train_lora", "workload.video_tokens=64",
+                   "workload.audio_tokens=16", "workload.text_tokens=8")
+    rows = v.grid(job.trace)
+    rows = [rows[0], next(r for r in rows if r["budget_mb"] is not None)]
+    data = (measure_module(job, job.trace, rows) if module
+            else v.measure(job.cfg, build_spec(job.cfg.model, job.cfg.workload), job.trace, rows))
+    assert [r["id"] for r in data["rows"]] == [r["id"] for r in rows] and not data["skipped"]
+    resident, streamed = (r["measured"] for r in data["rows"])
+    assert resident["stall_ms"] >= 0 and streamed["stall_ms"] is None and streamed["h2d_bytes"] > 0
+    assert len(streamed["steps_ms"]) > v.TIMED_STEPS and streamed["reserve_releases"] == 0
+    rep = v.report(job.trace, data, job.cfg.hardware)
+    assert [g["kind"] for g in rep["ranking"]] == ["train_lora"]

@@ -5,9 +5,10 @@ Inference rows run on one engine.offload set-up (the checkpoint mapped and regis
 once, the order recorded once), `OffloadHandle.reconfigure` moving it from row to row;
 their steps are timed as a spec model's rows are (validation's batches until settled, each
 later batch's first step left out, STALL_STEPS steps with their fetches stamped for the
-stall). Training rows (a LoRA step, every frozen weight resident, under each activation
-policy) run through engine.offload(training=True), one set-up a row, their steps synced
-(as the grid predicts them) and timed until settled, as an inference row's. Peak device
+stall). Training rows (a LoRA step, every frozen weight resident under each activation
+policy, or its frozen weights streamed at a budget) run through engine.offload(training=True),
+one set-up a row, their steps synced (as the grid predicts them) and timed until settled, as
+an inference row's; a streamed one's waits on weights are not timed (no stall). Peak device
 bytes are the weight pool's and torch's allocator's high-water beside each other on a GPU
 ("pool_torch"), the pool's on the CPU backend ("pool").
 """
@@ -114,6 +115,9 @@ def _measure_training(job: Job, module: Any, inputs: dict, row: dict, activation
     if cuda:
         torch.cuda.empty_cache()
     pool = max(r.get("weight_held_device_bytes", 0) for r in rows)
+    streamed = row["budget_mb"] is not None
     return {"step_ms": statistics.median(times[1:]), "first_step_ms": times[0],
-            "stall_ms": statistics.median(r.get("stall_time_ms", 0.0) for r in rows[1:]),
-            "peak_device_bytes": pool + max(torch_peak[1:]), "steps_ms": times}
+            "stall_ms": None if streamed else statistics.median(r.get("stall_time_ms", 0.0) for r in rows[1:]),
+            "peak_device_bytes": pool + max(torch_peak[1:]), "steps_ms": times,
+            **({"h2d_bytes": rows[-1]["weight_h2d_bytes"], **{k: sum(r[f"weight_{k}"] for r in rows[1:])
+                                                              for k in v.POOL_EVENTS}} if streamed else {})}

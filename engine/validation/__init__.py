@@ -5,7 +5,8 @@ budgets (BUDGET_FRACTIONS of the model's bytes, up to where compute bounds the
 step) x evictions x lookaheads, weights streamed through the executor, and every
 weight resident; training traces get the LoRA step with
 its weights resident under each activation policy (off, watermark at two
-levels, sync dict with two layer counts), spilled by the ActivationOffloader.
+levels, sync dict with two layer counts), spilled by the ActivationOffloader,
+and with its frozen weights streamed at the budgets x evictions (activations kept).
 Half of them, in a checkerboard over the grid, are held out of the fit
 (`held_out`): calibration may tune on the others only.
 
@@ -30,10 +31,13 @@ a step the host bounds moves by tens of percent from one to the next):
     stall_ms           inference: the compute stream waiting on weight copies,
                        timed by events around each fetch's waits (KernelStamps) in
                        STALL_STEPS steps after the timed ones (median);
-                       training: the offloader's timed waits on restores/offloads
+                       training: the offloader's timed waits on restores/offloads;
+                       None where a training step streams its weights (their waits
+                       are not timed there)
     peak_device_bytes  inference: the weight pool's used high-water; training: the
-                       model's bytes plus the allocator's high-water above what was
-                       allocated before the step (saved activations and temporaries);
+                       model's bytes (streamed: the pool's used high-water) plus the
+                       allocator's high-water above what was allocated before the step
+                       (saved activations and temporaries);
                        a real module's on a GPU: the pool's and torch's allocator's
                        high-water together (the file's "peak": PEAKS)
     reserve_releases,  inference: the CUDA pool's refusals of a block under the budget in the
@@ -43,16 +47,17 @@ a step the host bounds moves by tens of percent from one to the next):
 The file also says the backend the rows ran on ("backend"), which the prediction takes.
 """
 from engine.validation.grid import (ALL_RESIDENT, BUDGET_FRACTIONS, LOOKAHEADS, MAX_TIMED_STEPS, SETTLE_MS, SIM_STEPS,
-                                    STALL_STEPS, TIMED_STEPS, TRAIN_POLICIES, activations_config, grid, row_bytes,
-                                    saved_bytes, training)
+                                    STALL_STEPS, TIMED_STEPS, TRAIN_LOOKAHEAD, TRAIN_POLICIES, activations_config,
+                                    budgets, grid, row_bytes, saved_bytes, training)
 from engine.validation.measure import (NO_CUDA, fitting, inference_measurement, link_rates, measure, measured_row,
                                        measurements_header, time_inference_row, timed_enough)
 from engine.validation.report import (MEASUREMENTS, PEAKS, POOL_EVENTS, TIE_Z, hardware_of, measurements_path, predict,
                                       read_measurements, report, report_md, write_measurements)
 
 __all__ = ["ALL_RESIDENT", "BUDGET_FRACTIONS", "LOOKAHEADS", "MAX_TIMED_STEPS", "MEASUREMENTS", "NO_CUDA", "PEAKS",
-           "POOL_EVENTS", "SETTLE_MS", "SIM_STEPS", "STALL_STEPS", "TIE_Z", "TIMED_STEPS", "TRAIN_POLICIES",
-           "activations_config", "fitting", "grid", "hardware_of", "inference_measurement", "link_rates", "measure",
-           "measured_row", "measurements_header", "measurements_path", "predict", "read_measurements", "report",
+           "POOL_EVENTS", "SETTLE_MS", "SIM_STEPS", "STALL_STEPS", "TIE_Z", "TIMED_STEPS",
+           "TRAIN_LOOKAHEAD", "TRAIN_POLICIES", "activations_config", "budgets", "fitting", "grid",
+           "hardware_of", "inference_measurement", "link_rates", "measure", "measured_row",
+           "measurements_header", "measurements_path", "predict", "read_measurements", "report",
            "report_md", "row_bytes", "saved_bytes", "time_inference_row", "timed_enough", "training",
            "write_measurements"]

@@ -1,12 +1,14 @@
 """What mode=validate runs: the grid of configurations for a trace (inference: budgets x
 evictions x lookaheads and every weight resident; training: the LoRA step under each activation
-policy), which are held out, the device bytes each holds, and how many steps each times."""
+policy with every frozen weight resident, and its frozen weights streamed at budgets x evictions),
+which are held out, the device bytes each holds, and how many steps each times."""
 from __future__ import annotations
 
 import itertools
 from dataclasses import replace
+from typing import Sequence
 
-from engine.config import ActivationsConfig, PoolConfig
+from engine.config import ActivationsConfig, PoolConfig, WeightsConfig
 from engine.errors import ConfigError
 from engine.policy.pool_sizing import exact_pool
 from engine.policy.eviction import EVICTIONS
@@ -34,6 +36,8 @@ TRAIN_POLICIES = (
     ("sync-2", {"mode": "sync", "layers": 2}),
     ("sync-3", {"mode": "sync", "layers": 3}),
 )
+# A streamed training row's lookahead: the weights config's default, as a training run takes it.
+TRAIN_LOOKAHEAD = WeightsConfig.lookahead
 
 
 def training(trace: Trace) -> bool:
@@ -54,22 +58,36 @@ def grid(trace: Trace, min_tensor_bytes: int | None = None) -> list[dict]:
             rows.append({"id": f"train {name}", "kind": "train_lora", "budget_mb": None, "eviction": "belady",
                          "lookahead": 1, "activations": {**act, **({} if act["mode"] == "off" else smallest)},
                          "held_out": i % 2 == 1})
+        for (ib, budget), (ie, ev) in itertools.product(enumerate(budgets(trace, (TRAIN_LOOKAHEAD,))),
+                                                         enumerate(EVICTIONS)):
+            rows.append({"id": f"train {ev} budget={budget} lookahead={TRAIN_LOOKAHEAD}", "kind": "train_lora",
+                         "budget_mb": budget, "eviction": ev, "lookahead": TRAIN_LOOKAHEAD,
+                         "activations": {"mode": "off"}, "held_out": (ib + ie) % 2 == 1})
         return rows
-    model_mb = sum(trace.weight_sizes.values()) / MB
-    order = trace.access_order()
-    floor_mb = max(floor(order, la).bytes for la in LOOKAHEADS) / MB
-    unit = _unit(model_mb)
-    for (ib, frac), (ie, ev), (il, la) in itertools.product(
-            enumerate(BUDGET_FRACTIONS), enumerate(EVICTIONS), enumerate(LOOKAHEADS)):
-        # A fraction of the model, but never under the floor (a decode step's lm_head + embedding).
-        above_floor = floor_mb - floor_mb % unit + unit + ib * _in(unit, 0.25 * model_mb)
-        budget = _in(unit, max(frac * model_mb, above_floor))
+    for (ib, budget), (ie, ev), (il, la) in itertools.product(
+            enumerate(budgets(trace, LOOKAHEADS)), enumerate(EVICTIONS), enumerate(LOOKAHEADS)):
         rows.append({"id": f"{ev} budget={budget} lookahead={la}", "kind": "infer", "budget_mb": budget,
                      "eviction": ev, "lookahead": la, "activations": {"mode": "off"},
                      "held_out": (ib + ie + il) % 2 == 1})
     rows.append({"id": ALL_RESIDENT, "kind": "infer", "budget_mb": None, "eviction": "priority", "lookahead": 1,
                  "activations": {"mode": "off"}, "held_out": True})
     return rows
+
+
+def budgets(trace: Trace, lookaheads: Sequence[int]) -> list[float]:
+    """The streamed rows' budgets (MB): BUDGET_FRACTIONS of the weights' bytes, each above the
+    floor of the trace's order (a training trace's: its forward and backward) at every one of
+    `lookaheads`, and each at least a quarter of the model above the one before."""
+    model_mb = sum(trace.weight_sizes.values()) / MB
+    order = trace.access_order()
+    floor_mb = max(floor(order, la).bytes for la in lookaheads) / MB
+    unit = _unit(model_mb)
+    out = []
+    for ib, frac in enumerate(BUDGET_FRACTIONS):
+        # A fraction of the model, but never under the floor (a decode step's lm_head + embedding).
+        above_floor = floor_mb - floor_mb % unit + unit + ib * _in(unit, 0.25 * model_mb)
+        out.append(_in(unit, max(frac * model_mb, above_floor)))
+    return out
 
 
 def _unit(total_mb: float) -> float:
@@ -101,8 +119,7 @@ def activations_config(act: dict, trace: Trace) -> ActivationsConfig | None:
 
 
 def row_bytes(row: dict, model_bytes: int, saved: int) -> int:
-    """The device bytes a grid row holds before its step's own: its budget (streamed), the
-    model (every weight resident), the model and its saved activations (training)."""
-    if row["kind"] == "train_lora":
-        return model_bytes + saved
-    return model_bytes if row["budget_mb"] is None else int(row["budget_mb"] * MB)
+    """The device bytes a grid row holds before its step's own: its budget (streamed) or the
+    model (every weight resident), and a training step's saved activations."""
+    weights = model_bytes if row["budget_mb"] is None else int(row["budget_mb"] * MB)
+    return weights + (saved if row["kind"] == "train_lora" else 0)

@@ -36,16 +36,21 @@ def measure(cfg: Any, spec: Any, trace: Trace, rows: Sequence[dict]) -> dict:
         wf = open_weight_file(cfg, spec, stack)
         inputs = make_inputs(spec, cfg.workload, device, seed=cfg.seed)
         host = None  # registered for DMA once, not once a row (seconds for a whole model)
-        if any(row["kind"] == "infer" for row in rows):
+        if any(_streams(row) for row in rows):
             host = shared_host_weights(stack, wf, cfg.weights.source, cfg.weights.backend)
         for row in rows:
             if row["kind"] == "infer":
                 meas = _measure_streamed(spec, trace, wf, host, inputs, row, cfg.weights, clock)
             else:
-                meas = _measure_training(spec, trace, wf, inputs, row, cfg, device, clock)
+                meas = _measure_training(spec, trace, wf, host, inputs, row, cfg, device, clock)
             out.append(measured_row(row, meas))
     return {**measurements_header(spec.name, spec.num_layers, trace, device, cfg.weights, "pool"),
             "rows": out, "skipped": skipped}
+
+
+def _streams(row: dict) -> bool:
+    """Whether a row's weights go through a WeightExecutor (else a training step holds them all)."""
+    return row["kind"] == "infer" or row["budget_mb"] is not None
 
 
 def fitting(rows: Sequence[dict], trace: Trace, device: Any) -> tuple[list[dict], list[str]]:
@@ -68,7 +73,8 @@ def fitting(rows: Sequence[dict], trace: Trace, device: Any) -> tuple[list[dict]
 
 def measured_row(row: dict, meas: dict) -> dict:
     """A grid row with its measurement, said on stdout as it lands."""
-    print(f"  measured {row['id']}: step {meas['step_ms']:.2f} ms, stall {meas['stall_ms']:.2f} ms, "
+    stall = "" if meas["stall_ms"] is None else f", stall {meas['stall_ms']:.2f} ms"
+    print(f"  measured {row['id']}: step {meas['step_ms']:.2f} ms{stall}, "
           f"peak {meas['peak_device_bytes'] / 1e9:.3f} GB", flush=True)
     return {**row, "measured": meas}
 
@@ -171,20 +177,30 @@ def inference_measurement(steps: Sequence[dict], stalls: Sequence[float], peak_b
             **{k: sum(t[k] for t in timed) for k in POOL_EVENTS}}
 
 
-def _measure_training(spec: Any, trace: Trace, wf: Any, inputs: dict, row: dict, cfg: Any, device: Any,
-                      clock: Any) -> dict:
+def _measure_training(spec: Any, trace: Trace, wf: Any, host: Any, inputs: dict, row: dict, cfg: Any,
+                      device: Any, clock: Any) -> dict:
+    """A LoRA step, synced, until timed enough after one warm-up: every weight resident
+    (`_resident_training`) or its frozen weights streamed at the row's budget
+    (`_streamed_training`)."""
+    from engine.models.lora import init_lora
+
+    lora = init_lora(spec, cfg.workload.lora_rank, device=device, seed=cfg.seed + 1)
+    act = activations_config(row["activations"], trace)
+    if row["budget_mb"] is None:
+        return _resident_training(spec, wf, inputs, lora, act, device, clock)
+    return _streamed_training(spec, trace, wf, host, inputs, lora, act, row, cfg.weights, device)
+
+
+def _resident_training(spec: Any, wf: Any, inputs: dict, lora: dict, act: Any, device: Any, clock: Any) -> dict:
     import torch
 
     from engine.executor.model_hooks import ResidentWeights
     from engine.executor.offloader import ActivationOffloader
     from engine.executor.training import HOOK_FIELDS, lora_step
-    from engine.models.lora import init_lora
     from engine.models.run import DictSource
     from engine.policy.activations import build_activation_policy
 
     weights = {n: t.to(device, copy=True) for n, t in wf.tensors().items()}
-    lora = init_lora(spec, cfg.workload.lora_rank, device=device, seed=cfg.seed + 1)
-    act = activations_config(row["activations"], trace)
     offloader = None
     if act is not None:
         offloader = ActivationOffloader(build_activation_policy(act, spec.num_layers), act, device,
@@ -216,3 +232,46 @@ def _measure_training(spec: Any, trace: Trace, wf: Any, inputs: dict, row: dict,
         torch.cuda.empty_cache()
     return {"step_ms": statistics.median(times[1:]), "first_step_ms": times[0],
             "stall_ms": statistics.median(stall), "peak_device_bytes": max(peaks[1:]), "steps_ms": times, **hooks}
+
+
+def _streamed_training(spec: Any, trace: Trace, wf: Any, host: Any, inputs: dict, lora: dict, act: Any, row: dict,
+                       weights_cfg: Any, device: Any) -> dict:
+    """The frozen weights through a WeightExecutor at the row's budget, as `execute` trains:
+    each step's time the executor's (its events around the step), its peak the pool's and
+    torch's allocator's above what was allocated before the step. The weights' waits are not
+    timed in a training step: no stall."""
+    import torch
+
+    from engine.executor.offloader import ActivationOffloader
+    from engine.executor.setup import streamed_executor
+    from engine.executor.training import AsManaged, StreamedWeights, train_step
+    from engine.policy.activations import build_activation_policy
+
+    with ExitStack() as stack:
+        executor = streamed_executor(stack, wf, trace.access_order(), backend=weights_cfg.backend,
+                                     source=weights_cfg.source, budget_bytes=int(row["budget_mb"] * MB),
+                                     eviction=row["eviction"], lookahead=row["lookahead"], keep_steps=None,
+                                     shared=host)
+        streamed = StreamedWeights(executor, len(spec.kernels))
+        offloader = None
+        if act is not None:
+            offloader = ActivationOffloader(build_activation_policy(act, spec.num_layers), act, device,
+                                            weights=AsManaged(streamed), keep_steps=None)
+            stack.callback(offloader.close)
+        times: list[float] = []
+        peaks: list[int] = []
+        while len(times) < 1 + TIMED_STEPS or not timed_enough(times[1:]):
+            for t in lora.values():
+                t.grad = None
+            cuda = device.type == "cuda"
+            before = torch.cuda.memory_allocated(device) if cuda else 0
+            train_step(spec, executor, streamed, offloader, inputs, lora, device)
+            step = executor.telemetry()[-1]  # waits for the step's end: the steps run synced
+            times.append(step["step_ms"])
+            peaks.append(step["peak_device_bytes"] + (torch.cuda.max_memory_allocated(device) - before if cuda else 0))
+        timed = executor.telemetry()[1:]
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return {"step_ms": statistics.median(times[1:]), "first_step_ms": times[0], "stall_ms": None,
+            "peak_device_bytes": max(peaks[1:]), "h2d_bytes": timed[-1]["h2d_bytes"], "steps_ms": times,
+            **{k: sum(t[k] for t in timed) for k in POOL_EVENTS}}

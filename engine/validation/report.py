@@ -80,10 +80,10 @@ def _ranking(rows: list[dict]) -> list[dict]:
     same step: every weight fits either way) is not ordered by the prediction."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
-        if r["kind"] == "infer" and r["budget_mb"] is not None:
-            groups.setdefault((r["budget_mb"], r["lookahead"]), []).append(r)
+        if r["budget_mb"] is not None:
+            groups.setdefault((r["kind"], r["budget_mb"], r["lookahead"]), []).append(r)
     out = []
-    for (budget, la), rs in sorted(groups.items()):
+    for (kind, budget, la), rs in sorted(groups.items()):
         by_prediction = sorted(rs, key=lambda r: r["predicted"]["step_ms"])
         measured = [r["eviction"] for r in sorted(rs, key=lambda r: r["measured"]["step_ms"])]
         times = sorted(r["measured"]["step_ms"] for r in rs)
@@ -101,7 +101,7 @@ def _ranking(rows: list[dict]) -> list[dict]:
                                  "resolvable": resolvable})
                 else:
                     missed = True
-        out.append({"budget_mb": budget, "lookahead": la, "measured": measured,
+        out.append({"kind": kind, "budget_mb": budget, "lookahead": la, "measured": measured,
                     "predicted": [r["eviction"] for r in by_prediction],
                     "predicted_ms": [r["predicted"]["step_ms"] for r in by_prediction], "preserved": not missed,
                     "ties": ties, "closest_measured_gap": closest})
@@ -109,13 +109,15 @@ def _ranking(rows: list[dict]) -> list[dict]:
 
 
 def _summary(rows: list[dict]) -> dict:
+    stalls = [abs(r["predicted"]["stall_ms"] - r["measured"]["stall_ms"]) for r in rows
+              if r["measured"]["stall_ms"] is not None]
+
     def stats(key: str, over: list[dict] = rows) -> dict:
         errs = [abs(r["error"][key]) for r in over if r["error"][key] is not None]
         return {"mean": statistics.fmean(errs) if errs else None, "max": max(errs) if errs else None, "n": len(errs)}
     return {"configs": len(rows), "step_ms": stats("step_ms"), "peak_device_bytes": stats("peak_device_bytes"),
             "step_ms_without_pool_events": stats("step_ms", [r for r in rows if not r["pool_events"]]),
-            "stall_abs_ms": {"mean": statistics.fmean(abs(r["predicted"]["stall_ms"] - r["measured"]["stall_ms"])
-                                                      for r in rows) if rows else None}}
+            "stall_abs_ms": {"mean": statistics.fmean(stalls) if stalls else None}}
 
 
 def report(trace: Trace, measurements: dict, hardware: Any) -> dict:
@@ -131,6 +133,7 @@ def report(trace: Trace, measurements: dict, hardware: Any) -> dict:
         pred = predict(trace, m, hw, source, backend)
         pred["peak_device_bytes"] = pred[peak]
         meas = dict(m["measured"])
+        stalled = meas["stall_ms"] is not None and meas["stall_ms"] >= 1
         meas["step_rel_se"] = 0.0  # a file without its steps: every gap counts
         if "steps_ms" in meas:  # the step the prediction's stands for, and its standard error
             args = (meas["steps_ms"], len(meas["steps_ms"]), pred["steps_vary"])
@@ -140,7 +143,7 @@ def report(trace: Trace, measurements: dict, hardware: Any) -> dict:
                      "predicted": pred, "measured": meas,
                      "pool_events": {k: meas[k] for k in POOL_EVENTS if meas.get(k)},
                      "error": {"step_ms": _rel(pred["step_ms"], meas["step_ms"]),
-                               "stall_ms": _rel(pred["stall_ms"], meas["stall_ms"]) if meas["stall_ms"] >= 1 else None,
+                               "stall_ms": _rel(pred["stall_ms"], meas["stall_ms"]) if stalled else None,
                                "peak_device_bytes": _rel(pred["peak_device_bytes"], meas["peak_device_bytes"])}})
     fit = [r for r in rows if not r["held_out"]]
     held = [r for r in rows if r["held_out"]]
@@ -162,7 +165,8 @@ def report_md(rep: dict) -> str:
     body = [[r["id"] + (" (held out)" if r["held_out"] else "") + (" *" if r["predicted"].get("steps_vary") else "")
              + (" †" if r["pool_events"] else ""),
              f"{r['predicted']['step_ms']:.2f}", f"{r['measured']['step_ms']:.2f}", pct(r["error"]["step_ms"]),
-             f"{r['predicted']['stall_ms']:.2f}", f"{r['measured']['stall_ms']:.2f}",
+             f"{r['predicted']['stall_ms']:.2f}",
+             "-" if r["measured"]["stall_ms"] is None else f"{r['measured']['stall_ms']:.2f}",
              f"{r['predicted']['peak_device_bytes'] / 1e9:.3f}", f"{r['measured']['peak_device_bytes'] / 1e9:.3f}",
              pct(r["error"]["peak_device_bytes"])] for r in rep["rows"]]
     md = [f"## Calibration report: {rep['trace_model']} on {rep['hardware']} "
@@ -183,6 +187,8 @@ def report_md(rep: dict) -> str:
                f"({_rel(profile, here):+.1%}); a row the link bounds is off by about as much", ""]
     if rep["skipped"]:
         md += [f"- not measured (they would not fit the device beside a run): {', '.join(rep['skipped'])}", ""]
+    if any(r["measured"]["stall_ms"] is None for r in rep["rows"]):
+        md += ["- meas stall -: a training step's waits on its streamed weights are not timed", ""]
     if any(r["predicted"].get("steps_vary") for r in rep["rows"]):
         md += ["\\* the policy's steps vary by design (its copies cycle): measured is the warm steps' mean, as "
                "predicted; elsewhere the median of the timed steps", ""]
@@ -204,15 +210,17 @@ def report_md(rep: dict) -> str:
                   f"max {st['max']:.1%}"
                   + (f" (without the † rows: mean {clean['mean']:.1%}, max {clean['max']:.1%})"
                      if clean["n"] < st["n"] and clean["n"] else "")
-                  + f"; peak device bytes error max {pk['max']:.1%}; "
-                  f"stall |pred - meas| mean {s['stall_abs_ms']['mean']:.2f} ms")
+                  + f"; peak device bytes error max {pk['max']:.1%}"
+                  + ("" if s["stall_abs_ms"]["mean"] is None
+                     else f"; stall |pred - meas| mean {s['stall_abs_ms']['mean']:.2f} ms"))
     for g in rep["ranking"]:
         ties = "; ".join(f"{' and '.join(t['pair'])} tie within the measurements' spread ({t['gap']:.1%} apart, "
                          f"{t['resolvable']:.1%} would order them)" for t in g.get("ties", ()))
         predicted = g["predicted"][0] + "".join(
             f" {'=' if ms == before else '<'} {name}"
             for name, ms, before in zip(g["predicted"][1:], g["predicted_ms"][1:], g["predicted_ms"]))
-        md.append(f"- ranking at budget {g['budget_mb']} MB, lookahead {g['lookahead']}: measured "
+        steps = "of training steps " if g.get("kind") == "train_lora" else ""
+        md.append(f"- ranking {steps}at budget {g['budget_mb']} MB, lookahead {g['lookahead']}: measured "
                   f"{' < '.join(g['measured'])}, predicted {predicted}: "
                   f"{'preserved' if g['preserved'] else 'NOT preserved'}"
                   + (f": {ties}" if ties else "")
