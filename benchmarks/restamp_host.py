@@ -129,7 +129,8 @@ def measure(models: list[str], weight_dir: Path, out: Path) -> None:
 def restamped(trace: Trace, m: dict, source: str) -> Trace:
     """`trace` with the host times of `m` (one model's entry of a `measure` file)."""
     from engine.compute import slowdown_under_copy, sustained_slowdown
-    from engine.measure.timing import host_bound, host_scale, op_host_ns
+    from engine.measure.timing import host_scale, op_host_ns
+    from engine.trace import host_bound
     from engine.models import available_models, build_spec, load_model_config
 
     h = trace.header

@@ -77,7 +77,8 @@ def main() -> None:
     from engine.models.lora import init_lora
     from engine.models.run import TORCH_DTYPES, DictSource
     from engine.policy.activations import build_activation_policy
-    from engine.validation import activations_config, grid, hardware_of
+    from engine.config import hardware_of
+    from engine.validation import activations_config, grid
 
     register()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):

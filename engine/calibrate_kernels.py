@@ -337,8 +337,13 @@ def write_kernel_table(profile: dict, traces: Sequence[Trace], target: Path, pro
     `modules` (recorded real modules), write it beside the profile file `target`
     (NAME.kernels.json) and point the profile at it: by name when it lies in
     conf/hardware/, else by absolute path. Traces without op and shape (recorded before
-    the table existed) and without a probe grid give no table: None."""
-    table = fit_kernel_table(traces, profile["source"], probes, modules)
+    the table existed) and without a probe grid give no table: None. Each module recording's
+    host times are taken as the simulator replays them on `profile` (sim.simulator.host_fitted)."""
+    from engine.config import hardware_of
+    from sim.simulator import host_fitted
+
+    hardware = hardware_of(profile)
+    table = fit_kernel_table(traces, profile["source"], probes, [host_fitted(t, hardware) for t in modules])
     if not table.points:
         profile["kernel_table"] = None
         return None

@@ -13,7 +13,7 @@ import logging
 import math
 import os
 from pathlib import Path
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
@@ -81,6 +81,15 @@ class HardwareConfig:
     vmm_unmap_us: float = 0.0
     vmm_create_us: float = 0.0
     vmm_release_us: float = 0.0
+
+
+def hardware_of(profile: Any) -> HardwareConfig:
+    """A hardware profile (DictConfig, dict or dataclass) as the schema's dataclass."""
+    if OmegaConf.is_config(profile):
+        profile = OmegaConf.to_container(profile, resolve=True)
+    if not isinstance(profile, dict):
+        profile = asdict(profile)
+    return HardwareConfig(**profile)
 
 
 @dataclass

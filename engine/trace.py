@@ -506,6 +506,27 @@ def saved_tensors(kernels: Sequence[str], layers: Sequence[int], saved: Mapping[
     return out, needs
 
 
+# A pipelined step this far over its kernels' own time (the held GPU step) is the host's: under it,
+# the GPU's clocks, sagging under sustained load, account for the difference.
+HOST_BOUND_STEP = 1.10
+
+
+def host_bound(kernels_ns: int, pipelined_ns: int) -> bool:
+    """Whether the host, not the GPU, sets a pipelined step's length: the step runs past its
+    kernels' own time by more than the GPU's clocks sag under sustained load."""
+    return pipelined_ns > HOST_BOUND_STEP * kernels_ns
+
+
+def recorded_host_bound(header: Mapping[str, Any]) -> bool:
+    """Whether a recording's all-resident step was the host's (`host_bound` of its held
+    kernels, "step_ns", against its pipelined step, or the plain module's where that is
+    shorter, as the recorders decide it)."""
+    held, pipelined = header.get("step_ns"), header.get("pipelined_step_ns")
+    if not held or not pipelined:
+        return False
+    return host_bound(held, min(pipelined, header.get("plain_step_ns") or pipelined))
+
+
 # The workload fields that change what a step runs: a trace recorded with other
 # values times other kernels.
 WORKLOAD_SHAPE = ("kind", "batch", "video_tokens", "audio_tokens", "text_tokens", "context_tokens", "lora_rank",

@@ -416,7 +416,8 @@ def test_held_stream_host_times_each_kernels_fetch_and_launches_not_the_drain_or
 
 
 def test_host_times_scale_to_the_pipelined_step_where_the_host_bounds_it_and_never_outlast_it() -> None:
-    from engine.measure.timing import HOST_BOUND_STEP, host_scale
+    from engine.measure.timing import host_scale
+    from engine.trace import HOST_BOUND_STEP
 
     _, spec, timing = _tiny_training_step()
     n = len(spec.kernels)

@@ -437,3 +437,33 @@ def test_priority_settles_and_belady_drifts_on_a_recorded_decode():
     assert priority["step_ms"] == runs["priority"].prediction["mean_step_ms"]
     # What execute's measured step follows: the warm steps' mean where they vary, else their median.
     assert belady["steps_vary"] is True and priority["steps_vary"] is False
+
+
+def test_a_host_bound_recording_is_fitted_to_the_step_it_measured() -> None:
+    """FLUX.1-dev's LoRA step recorded on the H200 (data/traces/h200/validate/flux-train-c):
+    its host times sum to its pipelined step (778.07 ms), but its forward is the GPU's and the
+    host waits there on CUDA's launch queue, so replayed as recorded the step runs 824.83 ms.
+    Fitted, the simulator's all-resident step is the measured one; a recording the GPU bounds,
+    and a fitted one, come back as they are."""
+    from pathlib import Path
+
+    from engine.calibrate import base_profile
+    from engine.config import hardware_of
+    from engine.trace import read_trace
+    from sim.simulator import HOST_FIT_TOLERANCE, host_fitted
+
+    data = Path(__file__).resolve().parents[1] / "data" / "traces" / "h200"
+    hw = hardware_of(base_profile("h200"))
+    recorded = read_trace(data / "validate" / "flux-train-c.jsonl.gz")
+    weights = WeightsConfig(eviction="priority", lookahead=1)
+    target = recorded.header["pipelined_step_ns"] / 1e6
+    assert target == pytest.approx(778.07, abs=0.01)
+    fitted = host_fitted(recorded, hw)
+    assert 0.85 < fitted.header["host_fit"] < 0.9 and "host_fit" not in recorded.header
+    assert [r.host_ns for r in fitted.records] == [round(r.host_ns * fitted.header["host_fit"])
+                                                   for r in recorded.records]
+    assert host_fitted(fitted, hw) is fitted
+    step = simulate(recorded, weights, None, hw, None, 4, False).prediction["mean_step_ms"]
+    assert step == pytest.approx(target, rel=HOST_FIT_TOLERANCE)  # simulate fits it
+    gpu_bound = read_trace(data / "modules" / "flux-train-b.jsonl.gz")
+    assert host_fitted(gpu_bound, hw) is gpu_bound

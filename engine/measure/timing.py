@@ -18,7 +18,7 @@ from engine.measure.launches import Census
 from engine.models.spec import ModelSpec, SavedTensor
 from engine.compute import BACKWARD_FLOPS_FACTOR, unblocked_sum
 from engine.kernel_time import ExecutionTimePredictor, medians_by_op
-from engine.trace import (BACKWARD_SUFFIX, FORMAT, VERSION,
+from engine.trace import (BACKWARD_SUFFIX, FORMAT, VERSION, host_bound,
                           KernelRecord, Trace, check_trace)
 
 WARMUP_STEPS = 2
@@ -27,9 +27,6 @@ TIMED_STEPS = 5
 # the previous step's host time (the first step: FIRST_HOLD_NS).
 HOLD_FACTOR = 1.5
 FIRST_HOLD_NS = 50_000_000
-# A pipelined step this far over its kernels' own time (the held GPU step) is the host's: under it,
-# the GPU's clocks, sagging under sustained load, account for the difference.
-HOST_BOUND_STEP = 1.10
 
 
 class KernelStamps:
@@ -347,12 +344,6 @@ def op_host_ns(spec: ModelSpec, kernel_host_ns: Sequence[int]) -> dict[str, int]
     Medians, because the recorder's host sat blocked behind its held stream at some
     kernels (times far over the rest)."""
     return medians_by_op((k.op, ns) for k, ns in zip(spec.kernels, kernel_host_ns))
-
-
-def host_bound(kernels_ns: int, pipelined_ns: int) -> bool:
-    """Whether the host, not the GPU, sets a pipelined step's length: the step runs past its
-    kernels' own time by more than the GPU's clocks sag under sustained load."""
-    return pipelined_ns > HOST_BOUND_STEP * kernels_ns
 
 
 def host_scale(spec: ModelSpec, timing: StepTiming, pipelined_ns: int | None) -> float:

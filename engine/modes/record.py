@@ -21,10 +21,10 @@ from engine.measure.clocks import clock_for
 from engine.measure.compute import probe_compute
 from engine.measure.probes import (copy_stream_beside, probe_copies, probe_vmm, resident_steps,
                                    streamed_forward)
-from engine.measure.timing import TIMED_STEPS, build_trace, count_launches, host_bound, host_scale, time_steps
+from engine.measure.timing import TIMED_STEPS, build_trace, count_launches, host_scale, time_steps
 from engine.report import launches_cell, table
 from engine.models.spec import ModelSpec
-from engine.trace import Trace, write_trace
+from engine.trace import Trace, host_bound, write_trace
 from engine.units import budget_bytes
 
 log = logging.getLogger(__name__)

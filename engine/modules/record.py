@@ -13,7 +13,7 @@ larger than the device records the same way.
 Kernels timed one at a time run a few percent faster than in a pipelined step
 (the GPU's clocks sag under sustained load). When the module fits on the device,
 its all-resident steps are timed whole too (engine/modules/resident_steps.py). Where
-the kernels' times, sagged by up to HOST_BOUND_STEP (engine/measure/timing.py
+the kernels' times, sagged by up to HOST_BOUND_STEP (engine/trace.py
 host_bound), reach that step, the GPU bounds it: every kernel's compute is scaled so
 the kernels sum to it (header "compute_scale"), and host times that sum past it are
 scaled down to it (header "host_scale"), as a host cannot take longer than the step it
@@ -64,15 +64,14 @@ from engine.compute import BACKWARD_FLOPS_FACTOR
 from engine.gc_pause import paused_gc
 from engine.measure.clocks import Clock, clock_for
 from engine.measure.launches import Census
-from engine.measure.timing import (HOLD_FACTOR, KernelStamps, NotedTensors, SavedTensorLog, host_bound,
-                                  pipelined_scale)
+from engine.measure.timing import HOLD_FACTOR, KernelStamps, NotedTensors, SavedTensorLog, pipelined_scale
 from engine.modules.resident_steps import (LossFn, Pipelined, clear_grads, pipelined_step_ns, resident_executor,
                                            trainable_params)
 from engine.modules.streamed import StreamedModule, stage
 from engine.modules.synthesize import seen_forward
 from engine.policy import AccessOrder
-from engine.trace import (BACKWARD_SUFFIX, FORMAT, VERSION, KernelRecord, Trace, check_trace,
-                          saved_tensors)
+from engine.trace import (BACKWARD_SUFFIX, FORMAT, VERSION, KernelRecord, Trace, check_trace, saved_tensors,
+                          host_bound)
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ from engine.executor.training import RECOMPUTE, StreamedWeights, train_order, we
 from engine.measure.clocks import Clock
 from engine.measure.probes import copy_stream_beside
 from engine.measure.spread import enough
-from engine.measure.timing import host_bound
+from engine.trace import host_bound
 from engine.modules.streamed import StreamedModule
 
 LossFn = Callable[[Any], torch.Tensor]  # a forward's output -> the scalar loss backward starts from

@@ -51,13 +51,13 @@ from engine.validation.grid import (ALL_RESIDENT, BUDGET_FRACTIONS, LOOKAHEADS, 
                                     budgets, grid, row_bytes, saved_bytes, training)
 from engine.validation.measure import (NO_CUDA, fitting, inference_measurement, link_rates, measure, measured_row,
                                        measurements_header, time_inference_row, timed_enough)
-from engine.validation.report import (MEASUREMENTS, PEAKS, POOL_EVENTS, TIE_Z, hardware_of, measurements_path, predict,
+from engine.validation.report import (MEASUREMENTS, PEAKS, POOL_EVENTS, TIE_Z, measurements_path, predict,
                                       read_measurements, report, report_md, write_measurements)
 
 __all__ = ["ALL_RESIDENT", "BUDGET_FRACTIONS", "LOOKAHEADS", "MAX_TIMED_STEPS", "MEASUREMENTS", "NO_CUDA", "PEAKS",
            "POOL_EVENTS", "SETTLE_MS", "SIM_STEPS", "STALL_STEPS", "TIE_Z", "TIMED_STEPS",
            "TRAIN_LOOKAHEAD", "TRAIN_POLICIES", "activations_config", "budgets", "fitting", "grid",
-           "hardware_of", "inference_measurement", "link_rates", "measure", "measured_row",
+           "inference_measurement", "link_rates", "measure", "measured_row",
            "measurements_header", "measurements_path", "predict", "read_measurements", "report",
            "report_md", "row_bytes", "saved_bytes", "time_inference_row", "timed_enough", "training",
            "write_measurements"]

@@ -7,11 +7,10 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from engine.config import HardwareConfig, WeightsConfig
+from engine.config import WeightsConfig, hardware_of
 from engine.errors import TraceError
 from engine.measure.spread import typical_step_ms, typical_step_rel_se
 from engine.trace import Trace
@@ -55,17 +54,6 @@ def predict(trace: Trace, row: dict, hardware: Any, source: str, backend: str = 
     pred = simulate(trace, weights, act, hardware, budget, SIM_STEPS, allow_below_floor=False, loop=loop).prediction
     return {**{k: pred[k] for k in ("stall_ms", "compute_ms", "h2d_bytes", *PEAKS.values())},
             "step_ms": pred["mean_step_ms"], "steps_vary": steps_vary(pred)}
-
-
-def hardware_of(profile: Any) -> HardwareConfig:
-    """A hardware profile (DictConfig, dict or dataclass) as the schema's dataclass."""
-    from omegaconf import OmegaConf
-
-    if OmegaConf.is_config(profile):
-        profile = OmegaConf.to_container(profile, resolve=True)
-    if not isinstance(profile, dict):
-        profile = asdict(profile)
-    return HardwareConfig(**profile)
 
 
 def _rel(pred: float, meas: float) -> float | None:

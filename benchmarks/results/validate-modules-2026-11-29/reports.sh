@@ -35,8 +35,14 @@ one llama8b_hf_prefill_vmm_default_h200 model=llama8b_hf workload.text_tokens=20
 one llama8b_hf_decode_default_h200 model=llama8b_hf workload=decode \
     measurements=$T/modules/llama8b.trace.measurements.json
 one llama8b_hf_decode_h200 model=llama8b_hf workload=decode trace=$T/modules/llama8b.trace.jsonl.gz
+# The LoRA steps' grids (every frozen weight resident, then streamed):
+# benchmarks/results/validate-train-2026-11-29/ (the earlier five-row Llama file stays for its results).
 one llama8b_hf_train_default_h200 model=llama8b_hf workload=train_lora workload.text_tokens=2048 \
-    workload.checkpointing=true measurements=$T/validate/llama8b-hf-train.measurements.json
+    workload.checkpointing=true measurements=$T/validate/llama8b-hf-train-streamed.measurements.json
+one flux_diffusers_train_default_h200 model=flux_diffusers workload=train_lora workload.video_tokens=4096 \
+    workload.text_tokens=256 workload.checkpointing=true measurements=$T/validate/flux-train.measurements.json
+one flux_diffusers_train_h200 model=flux_diffusers workload=train_lora workload.video_tokens=4096 \
+    workload.text_tokens=256 workload.checkpointing=true trace=$T/validate/flux-train-c.jsonl.gz
 one ltx2_full_h200 +model=ltx trace=$T/validate/ltx2-full.jsonl.gz
 one llama8b_decode_full_h200 +model=llama8b workload=decode trace=$T/validate/llama8b-decode.jsonl.gz
 for hw in h100_pcie5 h100_calibrated; do
