@@ -43,6 +43,11 @@ one flux_diffusers_train_default_h200 model=flux_diffusers workload=train_lora w
     workload.text_tokens=256 workload.checkpointing=true measurements=$T/validate/flux-train.measurements.json
 one flux_diffusers_train_h200 model=flux_diffusers workload=train_lora workload.video_tokens=4096 \
     workload.text_tokens=256 workload.checkpointing=true trace=$T/validate/flux-train-c.jsonl.gz
+one wan14b_diffusers_train_default_h200 model=wan14b_diffusers workload=train_lora workload.video_tokens=6144 \
+    workload.text_tokens=512 workload.checkpointing=true measurements=$T/validate/wan14b-train.measurements.json
+one wan14b_diffusers_train_h200 model=wan14b_diffusers workload=train_lora workload.video_tokens=6144 \
+    workload.text_tokens=512 workload.checkpointing=true trace=$T/modules/wan14b-train.jsonl.gz \
+    measurements=$T/validate/wan14b-train.measurements.json
 one ltx2_full_h200 +model=ltx trace=$T/validate/ltx2-full.jsonl.gz
 one llama8b_decode_full_h200 +model=llama8b workload=decode trace=$T/validate/llama8b-decode.jsonl.gz
 for hw in h100_pcie5 h100_calibrated; do
