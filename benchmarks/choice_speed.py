@@ -26,7 +26,7 @@ from engine.models import build_spec  # noqa: E402
 from engine.modules.offload import predict  # noqa: E402
 from engine.policy import AccessOrder  # noqa: E402
 from engine.policy.eviction import anchors  # noqa: E402
-from engine.trace import synthesize  # noqa: E402
+from engine.models.synthesize import synthesize  # noqa: E402
 from engine.units import budget_bytes  # noqa: E402
 
 

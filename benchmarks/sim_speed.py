@@ -32,7 +32,7 @@ from engine.units import budget_bytes  # noqa: E402
 from engine.policy import Decision  # noqa: E402
 from engine.policy.weights import WeightResidency  # noqa: E402
 from engine.models import build_spec  # noqa: E402
-from engine.trace import synthesize  # noqa: E402
+from engine.models.synthesize import synthesize  # noqa: E402
 from sim import drive, simulate  # noqa: E402
 from sim.link import source_gbps  # noqa: E402
 

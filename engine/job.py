@@ -19,7 +19,8 @@ from engine.modes import MODES
 from engine.plan import Plan, make_plan
 from engine.models import build_spec
 from engine.models.spec import ModelSpec
-from engine.trace import Trace, check_matches, read_trace, synthesize
+from engine.models.synthesize import synthesize
+from engine.trace import Trace, check_matches, read_trace
 from engine.units import budget_bytes
 
 log = logging.getLogger(__name__)

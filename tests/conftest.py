@@ -22,7 +22,7 @@ def tiny(tmp_path_factory):
     from engine.models import forward, load_spec, make_inputs
     from engine.models.run import DictSource
     from engine.policy import AccessOrder
-    from engine.trace import synthesize
+    from engine.models.synthesize import synthesize
     from engine.weightfile import WeightFile, materialize
 
     workload = SimpleNamespace(**TINY_WORKLOAD)

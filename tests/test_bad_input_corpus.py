@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from engine.models import build_spec, load_model_config
-from engine.trace import synthesize, write_trace
+from engine.models.synthesize import synthesize
+from engine.trace import write_trace
 from engine.config import HardwareConfig, WorkloadConfig
 from omegaconf import OmegaConf
 

@@ -17,7 +17,8 @@ from engine.kernel_time import ExecutionTimePredictor, KernelTable, Point, load_
 from engine.config import load_hardware
 from engine.errors import ConfigError, TraceError
 from engine.models import load_spec
-from engine.trace import KernelRecord, read_trace, synthesize
+from engine.models.synthesize import synthesize
+from engine.trace import KernelRecord, read_trace
 from tests.conftest import ROOT
 
 FULL = ROOT / "data" / "traces" / "full"

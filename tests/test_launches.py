@@ -124,7 +124,9 @@ def test_under_an_activation_policy_the_host_pays_for_the_offloaders_hooks() -> 
 def test_a_recording_without_launch_counts_says_what_the_simulator_takes(run_cli, tmp_path) -> None:
     from engine.config import WorkloadConfig
     from engine.models import load_spec
-    from engine.trace import synthesize, write_trace
+    from engine.models.synthesize import synthesize
+
+    from engine.trace import write_trace
 
     wl = WorkloadConfig(name="infer", kind="infer", video_tokens=6144, audio_tokens=128, text_tokens=256)
     t = synthesize(load_spec("tiny", wl), wl, H100)

@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 from engine.config import load_hardware
 from engine.models import load_spec
 from engine.models.liveness import activation_peak_bytes
-from engine.trace import synthesize
+from engine.models.synthesize import synthesize
 
 
 def workload(kind: str = "infer", **kw: int) -> SimpleNamespace:

@@ -334,7 +334,7 @@ def test_the_simulator_asks_a_trace_step_the_questions_step_questions_lists():
     from engine.policy.pool_sizing import exact_pool
     from engine.policy.schedule import step_questions
     from engine.models import load_spec
-    from engine.trace import synthesize
+    from engine.models.synthesize import synthesize
 
     workload = dict(name="train_lora", kind="train_lora", batch=1, video_tokens=64, audio_tokens=16, text_tokens=8,
                     context_tokens=0, lora_rank=4, steps=2)

@@ -459,7 +459,7 @@ def test_hazards_start_exactly_under_the_hard_minimum(eviction):
 
     from engine.config import ActivationsConfig, WeightsConfig, load_hardware
     from engine.models import load_spec
-    from engine.trace import synthesize
+    from engine.models.synthesize import synthesize
     from sim import simulate
 
     wl = OmegaConf.create({"name": "infer", "kind": "infer", "batch": 1, "video_tokens": 6144, "audio_tokens": 128,

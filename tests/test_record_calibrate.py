@@ -78,7 +78,7 @@ def test_the_kernel_table_keeps_host_time_by_phase_and_synthesized_training_take
     from engine.calibrate_kernels import fit_kernel_table
     from engine.compute import BACKWARD, TRAINING
     from engine.kernel_time import ExecutionTimePredictor
-    from engine.trace import synthesize
+    from engine.models.synthesize import synthesize
 
     wl, spec, timing = _tiny_training_step()
     n = len(spec.kernels)

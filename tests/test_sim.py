@@ -371,7 +371,7 @@ def test_a_resident_decode_step_reads_its_weights_from_hbm():
 
     from engine.config import load_hardware
     from engine.models import load_spec
-    from engine.trace import synthesize
+    from engine.models.synthesize import synthesize
 
     wl = OmegaConf.create(dict(name="decode", kind="decode", batch=1, video_tokens=0, audio_tokens=0,
                                text_tokens=0, context_tokens=4096, lora_rank=0))

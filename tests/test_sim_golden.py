@@ -15,7 +15,7 @@ import pytest
 
 from engine.config import ActivationsConfig, HardwareConfig, PoolConfig, WeightsConfig, WorkloadConfig
 from engine.models import load_spec
-from engine.trace import synthesize
+from engine.models.synthesize import synthesize
 from sim import SimResult, simulate
 from sim.timeline import TRACKS, plot_timeline, write_chrome_trace
 

@@ -12,7 +12,9 @@ from engine.config import HardwareConfig, WorkloadConfig
 from engine.errors import TraceError
 from engine.models.spec import Kernel, ModelSpec, SavedTensor, WeightSpec
 from engine.kernel_time import ExecutionTimePredictor
-from engine.trace import KernelRecord, Trace, read_trace, synthesize, write_trace
+from engine.models.synthesize import synthesize
+
+from engine.trace import KernelRecord, Trace, read_trace, write_trace
 
 HW = HardwareConfig(
     name="test", source="test", device_memory_mb=80000, h2d_gbps=50.0, d2h_gbps=50.0, duplex_gbps=80.0,

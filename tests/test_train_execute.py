@@ -20,7 +20,7 @@ from engine.executor.training import ACTIVATION_FIELDS, StreamedWeights, weight_
 from engine.models import forward, load_spec, make_inputs
 from engine.models.lora import init_lora, lora_loss
 from engine.modes.spec_run import run_train_execute
-from engine.trace import synthesize
+from engine.models.synthesize import synthesize
 from engine.weightfile import WeightFile, materialize
 from split_pool import SplitPool
 
