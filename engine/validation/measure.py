@@ -260,17 +260,17 @@ def _streamed_training(spec: Any, trace: Trace, wf: Any, host: Any, inputs: dict
             stack.callback(offloader.close)
         times: list[float] = []
         peaks: list[int] = []
+        cuda = device.type == "cuda"
         while len(times) < 1 + TIMED_STEPS or not timed_enough(times[1:]):
             for t in lora.values():
                 t.grad = None
-            cuda = device.type == "cuda"
             before = torch.cuda.memory_allocated(device) if cuda else 0
             train_step(spec, executor, streamed, offloader, inputs, lora, device)
             step = executor.telemetry()[-1]  # waits for the step's end: the steps run synced
             times.append(step["step_ms"])
             peaks.append(step["peak_device_bytes"] + (torch.cuda.max_memory_allocated(device) - before if cuda else 0))
         timed = executor.telemetry()[1:]
-    if device.type == "cuda":
+    if cuda:
         torch.cuda.empty_cache()
     return {"step_ms": statistics.median(times[1:]), "first_step_ms": times[0], "stall_ms": None,
             "peak_device_bytes": max(peaks[1:]), "h2d_bytes": timed[-1]["h2d_bytes"], "steps_ms": times,
