@@ -28,7 +28,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import CompactHydraException
 from hydra.plugins.launcher import Launcher
 
-from engine.sweep import SEARCH, point_row, set_progress
+from engine.sweep import set_progress
+from engine.sweep_summary import SEARCH, point_row
 
 Batch = list[list[str]]
 

@@ -24,7 +24,7 @@ from engine.modules.packing import SUFFIX
 from engine.modules.record import fit_to_pipelined
 from engine.report import steps_cell
 from engine.trace import KernelRecord, Trace, read_trace, write_trace
-from engine.sweep import point_row
+from engine.sweep_summary import point_row
 from engine.units import budget_bytes
 
 ROOT = Path(__file__).resolve().parents[1]

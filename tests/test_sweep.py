@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from engine.search import auto_resolution, bisect, budget_range, grid, policy_space
-from engine.sweep import pareto_front, sweep_size
+from engine.sweep import sweep_size
+from engine.sweep_summary import pareto_front
 
 POINT = re.compile(r"^\[\s*\d+(/(<=)?\d+)?\] ")
 
@@ -222,7 +223,7 @@ def test_ray_launcher_on_a_local_cluster(run_cli, tmp_path):
 
 
 def test_an_execute_points_step_is_the_measured_one_with_the_prediction_beside_it(tmp_path):
-    from engine.sweep import point_row
+    from engine.sweep_summary import point_row
 
     job = tmp_path / "0"
     job.mkdir()
@@ -242,7 +243,7 @@ def test_an_execute_points_step_is_the_measured_one_with_the_prediction_beside_i
 def test_a_sweep_over_recordings_names_each_points_trace(tmp_path):
     """A module recorded once per grouping, both recordings swept (`trace=A,B`): the summary
     says which recording each point replays, and only when there is more than one."""
-    from engine.sweep import Answer, point_row, write_summary
+    from engine.sweep_summary import Answer, point_row, write_summary
 
     rows = []
     for job, (trace, step) in enumerate((("rec-block/trace.jsonl", 250.0), ("rec-leaf/trace.jsonl", 240.0))):
