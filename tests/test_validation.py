@@ -266,6 +266,8 @@ def test_a_lora_steps_grid_holds_from_the_config_and_from_a_recording(run_cli) -
         assert all(by_id[f"train lru budget={b} lookahead=2"] == by_id[f"train belady budget={b} lookahead=2"]
                    for b in {r["budget_mb"] for r in streamed})
         assert rep["ranking_preserved"] and "ranking of training steps at budget" in out
+        plot = Path(next(line.split(": ", 1)[1] for line in out.splitlines() if line.startswith("plot: ")))
+        assert plot.name == "validate.png" and plot.read_bytes().startswith(b"\x89PNG")
 
 
 def test_a_host_bound_lora_recording_predicts_its_streamed_rows_once_fitted(run_cli) -> None:

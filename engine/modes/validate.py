@@ -3,7 +3,8 @@ configurations (engine/validation/), for a spec model or a real module
 (engine/modes/module_validate.py). The prediction is the trace's: trace=PATH, a
 recording, else the one synthesized from the config (the main command's). The
 measurements are measurements=PATH, else those beside trace=PATH
-(X.measurements.json), else measured on the GPU now."""
+(X.measurements.json), else measured on the GPU now. Beside the report, validate.png draws
+it (engine/validation/plot.py)."""
 from __future__ import annotations
 
 from engine.config import profile_mismatch
@@ -11,6 +12,7 @@ from engine.errors import ConfigError
 from engine.job import Job, Outcome, config_summary, is_module_model
 from engine.modes.calibrate import recorded_trace
 from engine.trace import WORKLOAD_SHAPE
+from engine.validation.plot import plot_validation
 
 
 def validate_mode(job: Job) -> Outcome:
@@ -39,7 +41,9 @@ def validate_mode(job: Job) -> Outcome:
             "" if beside is None else f" (ship it as {beside.name} beside the trace)")
     notes = _check_measured(job, measurements)
     rep = v.report(job.trace, measurements, cfg.hardware)
-    md = v.report_md(rep) + "\n\n" + where
+    plot = job.out_dir / "validate.png"
+    plot_validation(rep, plot)
+    md = v.report_md(rep) + "\n\n" + where + f"\n\nplot: {plot}"
     other = profile_mismatch(cfg.hardware, measurements.get("device"), "the measurements were made on")
     if other is not None:
         rep["hardware_mismatch"] = other

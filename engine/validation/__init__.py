@@ -15,7 +15,8 @@ module's is engine/modes/module_validate.py) and is written as JSON (format
 MEASUREMENTS, one file per trace, beside it: `measurements_path`); the report
 (report.py `report`) needs only that JSON, a trace of the model (recorded or
 synthesized) and a hardware profile, so it is rebuilt on any CPU from the shipped
-measurements. The grid and the steps each row times: grid.py.
+measurements. The grid and the steps each row times: grid.py; the report drawn
+(validate.png): plot.py.
 
 Measured, per configuration (steps after one warm-up: at least TIMED_STEPS, then
 until their median is known within 1% or SETTLE_MS or MAX_TIMED_STEPS is reached;

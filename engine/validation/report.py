@@ -137,6 +137,7 @@ def report(trace: Trace, measurements: dict, hardware: Any) -> dict:
     held = [r for r in rows if r["held_out"]]
     ranking = _ranking(rows)
     return {"hardware": hw.name, "trace_model": trace.header.get("model"), "trace_source": trace.header.get("source"),
+            "model_mb": sum(trace.weight_sizes.values()) / MB,
             "peak": measurements.get("peak", "pool"), "backend": backend, "skipped": measurements.get("skipped", []),
             "link": measurements.get("link"), "profile_link": {"h2d_gbps": hw.h2d_gbps, "d2h_gbps": hw.d2h_gbps},
             "measured_on": measurements.get("device"), "measured_date": measurements.get("date"),
