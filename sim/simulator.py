@@ -98,7 +98,7 @@ def host_fitted(trace: Trace, hardware: Any) -> Trace:
     (header "host_fit": the factor). The recorders scale such host times to sum to that step;
     where the GPU paces part of it (a training forward), the host waits there on CUDA's
     launch queue, and host times that sum to the step overshoot it by those waits. A
-    recording whose kernels alone take longer, or another, is returned as it is."""
+    recording the GPU bounds, or whose kernels alone outlast that step, is returned as it is."""
     if "host_fit" in trace.header or not recorded_host_bound(trace.header):
         return trace
     target = trace.header["pipelined_step_ns"] / 1e6
