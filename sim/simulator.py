@@ -6,6 +6,7 @@ derives the prediction. Times are integer nanoseconds throughout.
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -96,11 +97,29 @@ def host_fitted(trace: Trace, hardware: Any) -> Trace:
     its host times scaled so this simulator runs that step, as the recorder ran it (back to
     back, through the hooks, every weight resident), in the pipelined time it measured
     (header "host_fit": the factor). The recorders scale such host times to sum to that step;
-    where the GPU paces part of it (a training forward), the host waits there on CUDA's
+    where a run of records takes the GPU longer than the host, the host waits there on CUDA's
     launch queue, and host times that sum to the step overshoot it by those waits. A
-    recording the GPU bounds, or whose kernels alone outlast that step, is returned as it is."""
+    recording the GPU bounds, or whose kernels alone outlast that step, is returned as it is.
+    Fitted once per trace and hardware object: every prediction from a trace asks again."""
     if "host_fit" in trace.header or not recorded_host_bound(trace.header):
         return trace
+    key = (id(trace), id(hardware))
+    known = _FITTED.get(key)
+    if known is not None and known[0]() is trace and known[1] is hardware:
+        return known[2] or trace
+    fitted = _fit_host(trace, hardware)
+    _FITTED[key] = (weakref.ref(trace), hardware, None if fitted is trace else fitted)
+    weakref.finalize(trace, _FITTED.pop, key, None)
+    return fitted
+
+
+# host_fitted's fits: (id(trace), id(hardware)) -> (the trace, weakly; the hardware, held so its
+# id is not reused while the entry lives; the fitted trace, None where it is the trace itself).
+# An entry goes with its trace.
+_FITTED: dict[tuple[int, int], tuple[weakref.ref, Any, Trace | None]] = {}
+
+
+def _fit_host(trace: Trace, hardware: Any) -> Trace:
     target = trace.header["pipelined_step_ns"] / 1e6
     order = trace.access_order()
     placement = place(order, None, 1)
