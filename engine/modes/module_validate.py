@@ -94,19 +94,19 @@ def _measure_training(job: Job, module: Any, inputs: dict, row: dict, activation
                     checkpoint=checkpoint_path(job), backend=cfg.weights.backend, source=cfg.weights.source,
                     **kernel_options(cfg))
     adapters = [p for p in module.parameters() if p.requires_grad]
-    times: list[float] = []
-    torch_peak: list[int] = []
+
+    def step() -> tuple[float, int]:
+        for p in adapters:
+            p.grad = None
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+        with h.step():
+            loss_fn(module(**inputs)).backward()
+        # reading the step's row waits for its end: the steps run synced, as the grid predicts them
+        return h.telemetry()[-1]["weight_step_ms"], torch.cuda.max_memory_allocated(device) if cuda else 0
+
     try:
-        while len(times) < 1 + v.TIMED_STEPS or not v.timed_enough(times[1:]):
-            for p in adapters:
-                p.grad = None
-            if cuda:
-                torch.cuda.reset_peak_memory_stats(device)
-            with h.step():
-                loss_fn(module(**inputs)).backward()
-            # reading the step's row waits for its end: the steps run synced, as the grid predicts them
-            times.append(h.telemetry()[-1]["weight_step_ms"])
-            torch_peak.append(torch.cuda.max_memory_allocated(device) if cuda else 0)
+        times, torch_peak = v.time_synced_steps(step)
         rows = h.telemetry()
     finally:
         h.remove()

@@ -51,14 +51,15 @@ from engine.validation.grid import (ALL_RESIDENT, BUDGET_FRACTIONS, LOOKAHEADS, 
                                     STALL_STEPS, TIMED_STEPS, TRAIN_LOOKAHEAD, TRAIN_POLICIES, activations_config,
                                     budgets, grid, row_bytes, saved_bytes, training)
 from engine.validation.measure import (NO_CUDA, fitting, inference_measurement, link_rates, measure, measured_row,
-                                       measurements_header, time_inference_row, timed_enough)
+                                       measurements_header, time_inference_row, time_synced_steps,
+                                       timed_enough)
 from engine.validation.report import (MEASUREMENTS, PEAKS, POOL_EVENTS, TIE_Z, measurements_path, predict,
                                       read_measurements, report, report_md, write_measurements)
 
 __all__ = ["ALL_RESIDENT", "BUDGET_FRACTIONS", "LOOKAHEADS", "MAX_TIMED_STEPS", "MEASUREMENTS", "NO_CUDA", "PEAKS",
            "POOL_EVENTS", "SETTLE_MS", "SIM_STEPS", "STALL_STEPS", "TIE_Z", "TIMED_STEPS",
            "TRAIN_LOOKAHEAD", "TRAIN_POLICIES", "activations_config", "budgets", "fitting", "grid",
-           "inference_measurement", "link_rates", "measure", "measured_row",
-           "measurements_header", "measurements_path", "predict", "read_measurements", "report",
-           "report_md", "row_bytes", "saved_bytes", "time_inference_row", "timed_enough", "training",
+           "inference_measurement", "link_rates", "measure", "measured_row", "measurements_header",
+           "measurements_path", "predict", "read_measurements", "report", "report_md", "row_bytes",
+           "saved_bytes", "time_inference_row", "time_synced_steps", "timed_enough", "training",
            "write_measurements"]

@@ -114,6 +114,18 @@ def timed_enough(times_ms: Sequence[float]) -> bool:
     return enough(times_ms, min_steps=TIMED_STEPS, max_steps=MAX_TIMED_STEPS, max_total=SETTLE_MS)
 
 
+def time_synced_steps(step: Callable[[], tuple[float, int]]) -> tuple[list[float], list[int]]:
+    """A training row's steps: `step()` runs one to its end and gives its ms and peak bytes,
+    run after one warm-up until `timed_enough`; every step's (the warm-up's first)."""
+    times: list[float] = []
+    peaks: list[int] = []
+    while len(times) < 1 + TIMED_STEPS or not timed_enough(times[1:]):
+        ms, peak = step()
+        times.append(ms)
+        peaks.append(peak)
+    return times, peaks
+
+
 def _measure_streamed(spec: Any, trace: Trace, wf: Any, host: Any, inputs: dict, row: dict, weights_cfg: Any,
                       clock: Any) -> dict:
     from engine.executor.setup import streamed_executor
@@ -205,21 +217,22 @@ def _resident_training(spec: Any, wf: Any, inputs: dict, lora: dict, act: Any, d
     if act is not None:
         offloader = ActivationOffloader(build_activation_policy(act, spec.num_layers), act, device,
                                         weights=ResidentWeights(weights), keep_steps=None)
-    times, peaks = [], []
+
+    def step() -> tuple[float, int]:
+        for t in lora.values():
+            t.grad = None
+        clock.synchronize()
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        start = clock.stamp()
+        with offloader.step() if offloader is not None else nullcontext():
+            lora_step(spec, DictSource(spec, weights), inputs, lora, offloader)
+        end = clock.stamp()
+        clock.synchronize()
+        return clock.ns(start, end) / 1e6, spec.model_bytes + torch.cuda.max_memory_allocated(device) - before
+
     try:
-        while len(times) < 1 + TIMED_STEPS or not timed_enough(times[1:]):
-            for t in lora.values():
-                t.grad = None
-            clock.synchronize()
-            torch.cuda.reset_peak_memory_stats(device)
-            before = torch.cuda.memory_allocated(device)
-            start = clock.stamp()
-            with offloader.step() if offloader is not None else nullcontext():
-                lora_step(spec, DictSource(spec, weights), inputs, lora, offloader)
-            end = clock.stamp()
-            clock.synchronize()
-            times.append(clock.ns(start, end) / 1e6)
-            peaks.append(spec.model_bytes + torch.cuda.max_memory_allocated(device) - before)
+        times, peaks = time_synced_steps(step)
         rows = offloader.telemetry()[1:] if offloader is not None else []
         stall = [t["stall_time_ms"] for t in rows] or [0.0]
         # The offloader's hooks, host us a call: what the profile's offload_kernel_us,
@@ -228,7 +241,7 @@ def _resident_training(spec: Any, wf: Any, inputs: dict, lora: dict, act: Any, d
     finally:
         if offloader is not None:
             offloader.close()
-        del weights
+        weights.clear()  # the device copies go before empty_cache
         torch.cuda.empty_cache()
     return {"step_ms": statistics.median(times[1:]), "first_step_ms": times[0],
             "stall_ms": statistics.median(stall), "peak_device_bytes": max(peaks[1:]), "steps_ms": times, **hooks}
@@ -258,17 +271,18 @@ def _streamed_training(spec: Any, trace: Trace, wf: Any, host: Any, inputs: dict
             offloader = ActivationOffloader(build_activation_policy(act, spec.num_layers), act, device,
                                             weights=AsManaged(streamed), keep_steps=None)
             stack.callback(offloader.close)
-        times: list[float] = []
-        peaks: list[int] = []
         cuda = device.type == "cuda"
-        while len(times) < 1 + TIMED_STEPS or not timed_enough(times[1:]):
+
+        def step() -> tuple[float, int]:
             for t in lora.values():
                 t.grad = None
             before = torch.cuda.memory_allocated(device) if cuda else 0
             train_step(spec, executor, streamed, offloader, inputs, lora, device)
-            step = executor.telemetry()[-1]  # waits for the step's end: the steps run synced
-            times.append(step["step_ms"])
-            peaks.append(step["peak_device_bytes"] + (torch.cuda.max_memory_allocated(device) - before if cuda else 0))
+            done = executor.telemetry()[-1]  # waits for the step's end: the steps run synced
+            return done["step_ms"], done["peak_device_bytes"] + (torch.cuda.max_memory_allocated(device) - before
+                                                                 if cuda else 0)
+
+        times, peaks = time_synced_steps(step)
         timed = executor.telemetry()[1:]
     if cuda:
         torch.cuda.empty_cache()
