@@ -463,6 +463,7 @@ def test_a_host_bound_recording_is_fitted_to_the_step_it_measured() -> None:
     assert [r.host_ns for r in fitted.records] == [round(r.host_ns * fitted.header["host_fit"])
                                                    for r in recorded.records]
     assert host_fitted(fitted, hw) is fitted
+    assert host_fitted(recorded, hw) is fitted  # fitted once per trace and hardware
     step = simulate(recorded, weights, None, hw, None, 4, False).prediction["mean_step_ms"]
     assert step == pytest.approx(target, rel=HOST_FIT_TOLERANCE)  # simulate fits it
     gpu_bound = read_trace(data / "modules" / "flux-train-b.jsonl.gz")
