@@ -113,6 +113,40 @@ def test_autograd_holds_no_evicted_weight(tiny, handles):
         wf.close()
 
 
+class _Counting:
+    """A wrapper of the executor that notes each position fetched through it."""
+
+    def __init__(self, executor: WeightExecutor):
+        self.executor, self.positions = executor, []
+
+    def fetch(self, position: int):
+        self.positions.append(position)
+        return self.executor.fetch(position)
+
+
+def test_a_training_steps_fetches_go_through_the_wrapper_forward_and_backward(tiny):
+    """StreamedWeights.fetches_through: every position of the step's order, the forward's and the
+    backward's (issued by the saved weights' handles, and by finish), through the wrapper in order;
+    a step after it fetches from the executor again. The gradients are the unwrapped step's."""
+    from engine.executor.training import train_step
+
+    wf = WeightFile(tiny.path, tiny.spec)
+    ex = WeightExecutor(tiny.trace.access_order(), wf.tensors(), budget_bytes=int(BUDGET_MB * 1e6), backend="cpu")
+    streamed = StreamedWeights(ex, len(tiny.spec.kernels))
+    inputs = make_inputs(tiny.spec, tiny.workload, seed=0)
+    counting, grads = _Counting(ex), []
+    try:
+        for through in (counting, None):
+            lora = init_lora(tiny.spec, 4, seed=1)
+            with streamed.fetches_through(through):
+                grads.append(train_step(tiny.spec, ex, streamed, None, inputs, lora, torch.device("cpu"))[1])
+    finally:
+        ex.close()
+        wf.close()
+    assert counting.positions == list(range(2 * len(tiny.spec.kernels)))  # the first step's, none of the second's
+    assert grads[0].keys() == grads[1].keys() and all(torch.equal(grads[0][n], grads[1][n]) for n in grads[0])
+
+
 def test_backward_out_of_order_is_a_divergence(tiny):
     order = tiny.trace.access_order()
     wf = WeightFile(tiny.path, tiny.spec)

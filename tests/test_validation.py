@@ -259,7 +259,7 @@ def test_a_lora_steps_grid_holds_from_the_config_and_from_a_recording(run_cli) -
         assert all(r["measured"]["h2d_bytes"] > 0 for r in streamed)
         assert all(r["measured"]["h2d_bytes"] == pytest.approx(r["predicted"]["h2d_bytes"], rel=1e-7)
                    for r in streamed)
-        assert all(r["measured"]["stall_ms"] is None for r in streamed)
+        assert all(r["measured"]["stall_ms"] is None for r in streamed)  # measured before they were timed
         for part in ("fit", "held_out"):
             assert rep[part]["step_ms"]["max"] < within and rep[part]["peak_device_bytes"]["max"] < 0.015
         by_id = {r["id"]: r["predicted"]["step_ms"] for r in rep["rows"]}
@@ -328,10 +328,10 @@ def test_validate_measures_a_real_module_on_the_cpu_backend(run_cli, tmp_path, w
         assert [r["id"] for r in resident] == [f"train {name}" for name, _ in TRAIN_POLICIES]
         assert all(r["activations"].get("min_tensor_bytes", 0) == 0 for r in resident)
         assert len(streamed) == len(BUDGET_FRACTIONS) * len(EVICTIONS)
-        # streamed: the frozen weights copied in every step, their waits untimed
-        assert all(r["measured"]["h2d_bytes"] > 0 and r["measured"]["stall_ms"] is None for r in streamed)
+        # streamed: the frozen weights copied in every step, their waits timed (stamped_stall_ms)
+        assert all(r["measured"]["h2d_bytes"] > 0 and r["measured"]["stall_ms"] >= 0 for r in streamed)
         assert all(r["measured"]["stall_ms"] >= 0 for r in resident)
         assert [g["kind"] for g in rep["ranking"]] == ["train_lora"] * len(BUDGET_FRACTIONS)
-        assert "ranking of training steps at budget" in out and "meas stall -: a training step's waits" in out
+        assert "ranking of training steps at budget" in out and "meas stall -" not in out
     again, _ = _validate(run_cli, *model, "mode=validate", f"measurements={measured}")
     assert [r["predicted"] for r in again["rows"]] == [r["predicted"] for r in rep["rows"]]

@@ -69,7 +69,7 @@ def test_a_real_modules_rows_are_measured_on_the_gpu(tmp_path) -> None:
 @pytest.mark.parametrize("module", [False, True], ids=["spec", "real module"])
 def test_a_training_steps_rows_are_measured_streamed_and_resident(tmp_path, module) -> None:
     """A LoRA step with every frozen weight resident and one with them streamed at the grid's
-    first budget: the streamed one copies weights in its steps and leaves its stall untimed."""
+    first budget: the streamed one copies weights in its steps and times its waits on them."""
     if module:
         pytest.importorskip("transformers", reason="needs the models extra: pip install 'offload-engine[models]'")
         from engine.modes.module import materialize_module
@@ -90,7 +90,7 @@ def test_a_training_steps_rows_are_measured_streamed_and_resident(tmp_path, modu
             else v.measure(job.cfg, build_spec(job.cfg.model, job.cfg.workload), job.trace, rows))
     assert [r["id"] for r in data["rows"]] == [r["id"] for r in rows] and not data["skipped"]
     resident, streamed = (r["measured"] for r in data["rows"])
-    assert resident["stall_ms"] >= 0 and streamed["stall_ms"] is None and streamed["h2d_bytes"] > 0
+    assert resident["stall_ms"] >= 0 and streamed["stall_ms"] >= 0 and streamed["h2d_bytes"] > 0
     assert len(streamed["steps_ms"]) > v.TIMED_STEPS and streamed["reserve_releases"] == 0
     rep = v.report(job.trace, data, job.cfg.hardware)
     assert [g["kind"] for g in rep["ranking"]] == ["train_lora"]

@@ -68,10 +68,21 @@ class StreamedWeights:
         self._position = -1
         self._current: Mapping[str, Tensor] = {}
         self._spans: list[tuple[int, int, str]] = []  # the current kernel's weights: [start, end) addresses
+        self._through: Any = None  # what fetches go through instead of the executor (fetches_through)
 
     def start_step(self) -> None:
         self._position = -1
         self.handles = 0
+
+    @contextmanager
+    def fetches_through(self, source: Any) -> Iterator[None]:
+        """Fetches inside, forward and backward, go through `source`, a wrapper of the executor
+        (a timer such as engine.measure.timing.KernelStamps); None: the executor itself."""
+        self._through = source
+        try:
+            yield
+        finally:
+            self._through = None
 
     def release(self) -> None:
         """Drop the last fetched weights (on the cpu backend they may be the host's own)."""
@@ -132,7 +143,7 @@ class StreamedWeights:
             self._issue(self._position + 1)
 
     def _issue(self, position: int) -> None:
-        self._current = self.executor.fetch(position)
+        self._current = (self._through if self._through is not None else self.executor).fetch(position)
         self._position = position
         self._spans = [(t.data_ptr(), t.data_ptr() + t.numel() * t.element_size(), n)
                        for n, t in self._current.items()]

@@ -8,7 +8,8 @@ later batch's first step left out, STALL_STEPS steps with their fetches stamped 
 stall). Training rows (a LoRA step, every frozen weight resident under each activation
 policy, or its frozen weights streamed at a budget) run through engine.offload(training=True),
 one set-up a row, their steps synced (as the grid predicts them) and timed until settled, as
-an inference row's; a streamed one's waits on weights are not timed (no stall). Peak device
+an inference row's; a streamed one's stall stamped around its fetches, forward and backward,
+in STALL_STEPS steps after (validation's `stamped_stall_ms`). Peak device
 bytes are the weight pool's and torch's allocator's high-water beside each other on a GPU
 ("pool_torch"), the pool's on the CPU backend ("pool").
 """
@@ -95,12 +96,12 @@ def _measure_training(job: Job, module: Any, inputs: dict, row: dict, activation
                     **kernel_options(cfg))
     adapters = [p for p in module.parameters() if p.requires_grad]
 
-    def step() -> tuple[float, int]:
+    def step(through: Any = None) -> tuple[float, int]:
         for p in adapters:
             p.grad = None
         if cuda:
             torch.cuda.reset_peak_memory_stats(device)
-        with h.step():
+        with h.fetches_through(through), h.step():
             loss_fn(module(**inputs)).backward()
         # reading the step's row waits for its end: the steps run synced, as the grid predicts them
         return h.telemetry()[-1]["weight_step_ms"], torch.cuda.max_memory_allocated(device) if cuda else 0
@@ -108,6 +109,9 @@ def _measure_training(job: Job, module: Any, inputs: dict, row: dict, activation
     try:
         times, torch_peak = v.time_synced_steps(step)
         rows = h.telemetry()
+        streamed = row["budget_mb"] is not None
+        stall = v.stamped_stall_ms(step, h.executor, clock_for(device)) if streamed else \
+            statistics.median(r.get("stall_time_ms", 0.0) for r in rows[1:])
     finally:
         h.remove()
         for p in adapters:
@@ -115,9 +119,7 @@ def _measure_training(job: Job, module: Any, inputs: dict, row: dict, activation
     if cuda:
         torch.cuda.empty_cache()
     pool = max(r.get("weight_held_device_bytes", 0) for r in rows)
-    streamed = row["budget_mb"] is not None
-    return {"step_ms": statistics.median(times[1:]), "first_step_ms": times[0],
-            "stall_ms": None if streamed else statistics.median(r.get("stall_time_ms", 0.0) for r in rows[1:]),
+    return {"step_ms": statistics.median(times[1:]), "first_step_ms": times[0], "stall_ms": stall,
             "peak_device_bytes": pool + max(torch_peak[1:]), "steps_ms": times,
             **({"h2d_bytes": rows[-1]["weight_h2d_bytes"], **{k: sum(r[f"weight_{k}"] for r in rows[1:])
                                                               for k in v.POOL_EVENTS}} if streamed else {})}

@@ -32,8 +32,8 @@ off, as offload binds an inference: each step is the plain module's.
 from __future__ import annotations
 
 import weakref
-from contextlib import ExitStack, contextmanager
-from typing import Any, Hashable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager, nullcontext
+from typing import Any, ContextManager, Hashable, Iterator, Sequence
 
 import torch
 from omegaconf import OmegaConf
@@ -274,6 +274,14 @@ class TrainingHandle:
         self._rows.append({**row, "step": len(self._rows)})
         if self._sizing:
             self._resize()
+
+    def fetches_through(self, source: Any) -> ContextManager[None]:
+        """Steps inside fetch each streamed weight, forward and backward, through `source`, a
+        wrapper of `executor` (a timer such as engine.measure.timing.KernelStamps); None, or every
+        weight resident: as they would."""
+        if self._weights is None or self.bound:
+            return nullcontext()
+        return self._weights.fetches_through(source)
 
     def _resize(self) -> None:
         """After the first step: a pool holding exactly that step's spills."""

@@ -32,9 +32,10 @@ a step the host bounds moves by tens of percent from one to the next):
     stall_ms           inference: the compute stream waiting on weight copies,
                        timed by events around each fetch's waits (KernelStamps) in
                        STALL_STEPS steps after the timed ones (median);
-                       training: the offloader's timed waits on restores/offloads;
-                       None where a training step streams its weights (their waits
-                       are not timed there)
+                       training: the offloader's timed waits on restores/offloads, or
+                       where the frozen weights stream, their waits as an inference's,
+                       forward and backward (stamped_stall_ms); None in files measured
+                       before those were timed
     peak_device_bytes  inference: the weight pool's used high-water; training: the
                        model's bytes (streamed: the pool's used high-water) plus the
                        allocator's high-water above what was allocated before the step
@@ -51,8 +52,8 @@ from engine.validation.grid import (ALL_RESIDENT, BUDGET_FRACTIONS, LOOKAHEADS, 
                                     STALL_STEPS, TIMED_STEPS, TRAIN_LOOKAHEAD, TRAIN_POLICIES, activations_config,
                                     budgets, grid, row_bytes, saved_bytes, training)
 from engine.validation.measure import (NO_CUDA, fitting, inference_measurement, link_rates, measure, measured_row,
-                                       measurements_header, time_inference_row, time_synced_steps,
-                                       timed_enough)
+                                       measurements_header, stamped_stall_ms, time_inference_row,
+                                       time_synced_steps, timed_enough)
 from engine.validation.report import (MEASUREMENTS, PEAKS, POOL_EVENTS, TIE_Z, measurements_path, predict,
                                       read_measurements, report, report_md, write_measurements)
 
@@ -61,5 +62,5 @@ __all__ = ["ALL_RESIDENT", "BUDGET_FRACTIONS", "LOOKAHEADS", "MAX_TIMED_STEPS", 
            "TRAIN_LOOKAHEAD", "TRAIN_POLICIES", "activations_config", "budgets", "fitting", "grid",
            "inference_measurement", "link_rates", "measure", "measured_row", "measurements_header",
            "measurements_path", "predict", "read_measurements", "report", "report_md", "row_bytes",
-           "saved_bytes", "time_inference_row", "time_synced_steps", "timed_enough", "training",
+           "saved_bytes", "stamped_stall_ms", "time_inference_row", "time_synced_steps", "timed_enough", "training",
            "write_measurements"]

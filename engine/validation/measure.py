@@ -114,6 +114,21 @@ def timed_enough(times_ms: Sequence[float]) -> bool:
     return enough(times_ms, min_steps=TIMED_STEPS, max_steps=MAX_TIMED_STEPS, max_total=SETTLE_MS)
 
 
+def stamped_stall_ms(step: Callable[[Any], object], executor: Any, clock: Any) -> float:
+    """A streamed training row's stall: the compute stream's waits on weight copies, forward and
+    backward, timed by KernelStamps around `executor` in STALL_STEPS steps after the timed ones,
+    `step(stamps)` running one to its end with its fetches through them (the median, ms)."""
+    from engine.measure.timing import KernelStamps
+
+    stalls = []
+    for _ in range(STALL_STEPS):
+        stamps = KernelStamps(executor, clock)
+        step(stamps)
+        stamps.close()
+        stalls.append(sum(stamps.stall_ns()) / 1e6)
+    return statistics.median(stalls)
+
+
 def time_synced_steps(step: Callable[[], tuple[float, int]]) -> tuple[list[float], list[int]]:
     """A training row's steps: `step()` runs one to its end and gives its ms and peak bytes,
     run after one warm-up until `timed_enough`; every step's (the warm-up's first)."""
@@ -200,7 +215,7 @@ def _measure_training(spec: Any, trace: Trace, wf: Any, host: Any, inputs: dict,
     act = activations_config(row["activations"], trace)
     if row["budget_mb"] is None:
         return _resident_training(spec, wf, inputs, lora, act, device, clock)
-    return _streamed_training(spec, trace, wf, host, inputs, lora, act, row, cfg.weights, device)
+    return _streamed_training(spec, trace, wf, host, inputs, lora, act, row, cfg.weights, device, clock)
 
 
 def _resident_training(spec: Any, wf: Any, inputs: dict, lora: dict, act: Any, device: Any, clock: Any) -> dict:
@@ -248,11 +263,11 @@ def _resident_training(spec: Any, wf: Any, inputs: dict, lora: dict, act: Any, d
 
 
 def _streamed_training(spec: Any, trace: Trace, wf: Any, host: Any, inputs: dict, lora: dict, act: Any, row: dict,
-                       weights_cfg: Any, device: Any) -> dict:
+                       weights_cfg: Any, device: Any, clock: Any) -> dict:
     """The frozen weights through a WeightExecutor at the row's budget, as `execute` trains:
     each step's time the executor's (its events around the step), its peak the pool's and
-    torch's allocator's above what was allocated before the step. The weights' waits are not
-    timed in a training step: no stall."""
+    torch's allocator's above what was allocated before the step; its stall
+    `stamped_stall_ms`'s."""
     import torch
 
     from engine.executor.offloader import ActivationOffloader
@@ -273,19 +288,21 @@ def _streamed_training(spec: Any, trace: Trace, wf: Any, host: Any, inputs: dict
             stack.callback(offloader.close)
         cuda = device.type == "cuda"
 
-        def step() -> tuple[float, int]:
+        def step(through: Any = None) -> tuple[float, int]:
             for t in lora.values():
                 t.grad = None
             before = torch.cuda.memory_allocated(device) if cuda else 0
-            train_step(spec, executor, streamed, offloader, inputs, lora, device)
+            with streamed.fetches_through(through):
+                train_step(spec, executor, streamed, offloader, inputs, lora, device)
             done = executor.telemetry()[-1]  # waits for the step's end: the steps run synced
             return done["step_ms"], done["peak_device_bytes"] + (torch.cuda.max_memory_allocated(device) - before
                                                                  if cuda else 0)
 
         times, peaks = time_synced_steps(step)
         timed = executor.telemetry()[1:]
+        stall = stamped_stall_ms(step, executor, clock)
     if cuda:
         torch.cuda.empty_cache()
-    return {"step_ms": statistics.median(times[1:]), "first_step_ms": times[0], "stall_ms": None,
+    return {"step_ms": statistics.median(times[1:]), "first_step_ms": times[0], "stall_ms": stall,
             "peak_device_bytes": max(peaks[1:]), "h2d_bytes": timed[-1]["h2d_bytes"], "steps_ms": times,
             **{k: sum(t[k] for t in timed) for k in POOL_EVENTS}}

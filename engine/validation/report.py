@@ -177,7 +177,7 @@ def report_md(rep: dict) -> str:
     if rep["skipped"]:
         md += [f"- not measured (they would not fit the device beside a run): {', '.join(rep['skipped'])}", ""]
     if any(r["measured"]["stall_ms"] is None for r in rep["rows"]):
-        md += ["- meas stall -: a training step's waits on its streamed weights are not timed", ""]
+        md += ["- meas stall -: measured before a training step's waits on its streamed weights were timed", ""]
     if any(r["predicted"].get("steps_vary") for r in rep["rows"]):
         md += ["\\* the policy's steps vary by design (its copies cycle): measured is the warm steps' mean, as "
                "predicted; elsewhere the median of the timed steps", ""]
