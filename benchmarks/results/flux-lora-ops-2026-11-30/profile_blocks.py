@@ -40,6 +40,9 @@ def main(out: Path) -> None:
     enable_checkpointing(module)
     module.train()
     inputs = example_inputs(cfg.model, module, cfg.workload, dev)
+    # The first block's input carries a gradient, as every later block's does in the whole model
+    # (without it the first block's backward leaves out the gradients of its input).
+    inputs["hidden_states"].requires_grad_(True)
     loss_fn = TrainingLoss(seed=2)
 
     def step(profiled_forward_only: bool = False, prof=None) -> None:
