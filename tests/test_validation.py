@@ -241,14 +241,16 @@ def test_a_real_modules_config_alone_predicts_its_h200_measurements(run_cli) -> 
 
 WAN_TRAIN = ("model=wan14b_diffusers", "hardware=h200", "mode=validate", "workload=train_lora",
              "workload.video_tokens=6144", "workload.text_tokens=512", "workload.checkpointing=true",
-             f"measurements={DATA / 'h200' / 'validate' / 'wan14b-train.measurements.json'}")
+             f"measurements={DATA / 'h200' / 'validate' / 'wan14b-train-stall.measurements.json'}")
 
 
 def test_a_lora_steps_grid_holds_from_the_config_and_from_a_recording(run_cli) -> None:
     """Wan 14B's LoRA step measured on the H200 by mode=validate, five activation policies with
     every frozen weight resident and nine rows streamed: from its config alone every row within
     1.5% (its step is the GPU's), from its LoRA recording made on another lease within 2.5%; the
-    streamed rows copy the bytes predicted; peak within 1.5%; lru and belady predicted alike."""
+    streamed rows copy the bytes predicted and wait on them as predicted (within 1.5 ms, the
+    measured waits 0.4-1.0 ms a step); peak within 1.5%; lru and belady predicted alike, and
+    every policy within PREDICTED_TIE of the others at each budget (ranked as a tie)."""
     pytest.importorskip("diffusers", reason="needs the models extra: pip install 'offload-engine[models]'")
     for trace, within in (((), 0.015), ((f"trace={DATA / 'h200' / 'modules' / 'wan14b-train.jsonl.gz'}",), 0.025)):
         rep, out = _validate(run_cli, *WAN_TRAIN, *trace)
@@ -259,13 +261,14 @@ def test_a_lora_steps_grid_holds_from_the_config_and_from_a_recording(run_cli) -
         assert all(r["measured"]["h2d_bytes"] > 0 for r in streamed)
         assert all(r["measured"]["h2d_bytes"] == pytest.approx(r["predicted"]["h2d_bytes"], rel=1e-7)
                    for r in streamed)
-        assert all(r["measured"]["stall_ms"] is None for r in streamed)  # measured before they were timed
+        assert all(abs(r["measured"]["stall_ms"] - r["predicted"]["stall_ms"]) < 1.5 for r in streamed)
         for part in ("fit", "held_out"):
             assert rep[part]["step_ms"]["max"] < within and rep[part]["peak_device_bytes"]["max"] < 0.015
         by_id = {r["id"]: r["predicted"]["step_ms"] for r in rep["rows"]}
         assert all(by_id[f"train lru budget={b} lookahead=2"] == by_id[f"train belady budget={b} lookahead=2"]
                    for b in {r["budget_mb"] for r in streamed})
         assert rep["ranking_preserved"] and "ranking of training steps at budget" in out
+        assert all(" = ".join(g["predicted"]) in out for g in rep["ranking"])
         plot = Path(next(line.split(": ", 1)[1] for line in out.splitlines() if line.startswith("plot: ")))
         assert plot.name == "validate.png" and plot.read_bytes().startswith(b"\x89PNG")
 

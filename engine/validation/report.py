@@ -29,6 +29,9 @@ POOL_EVENTS = ("reserve_releases", "relocations")
 # Standard errors of two measured steps their gap must exceed for the measurement to order them
 # (the ranking's ties).
 TIE_Z = 2.0
+# Predicted steps this share apart or closer are predicted alike: the prediction does not order
+# them (its best rows' error is several times this).
+PREDICTED_TIE = 0.001
 
 
 def measurements_path(trace_path: str | Path) -> Path:
@@ -64,8 +67,9 @@ def _ranking(rows: list[dict]) -> list[dict]:
     """Per group of rows that differ only in the eviction policy: is the order by step time kept?
     A pair the prediction orders one way and the measurement the other is a tie, not a miss,
     where the measured gap is within TIE_Z standard errors of the two measured steps (the
-    measurement does not order them); `ties` names those pairs. A pair predicted alike (the
-    same step: every weight fits either way) is not ordered by the prediction."""
+    measurement does not order them); `ties` names those pairs. A pair predicted alike
+    (`predicted_alike`: every weight fits either way, or steps within PREDICTED_TIE) is not
+    ordered by the prediction."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         if r["budget_mb"] is not None:
@@ -81,7 +85,7 @@ def _ranking(rows: list[dict]) -> list[dict]:
             for slower in by_prediction[i + 1:]:
                 a, b = faster["measured"], slower["measured"]
                 gap = (a["step_ms"] - b["step_ms"]) / b["step_ms"]
-                if gap <= 0 or faster["predicted"]["step_ms"] == slower["predicted"]["step_ms"]:
+                if gap <= 0 or predicted_alike(faster["predicted"]["step_ms"], slower["predicted"]["step_ms"]):
                     continue
                 resolvable = TIE_Z * math.hypot(a["step_rel_se"], b["step_rel_se"])
                 if gap <= resolvable:
@@ -94,6 +98,11 @@ def _ranking(rows: list[dict]) -> list[dict]:
                     "predicted_ms": [r["predicted"]["step_ms"] for r in by_prediction], "preserved": not missed,
                     "ties": ties, "closest_measured_gap": closest})
     return out
+
+
+def predicted_alike(a_ms: float, b_ms: float) -> bool:
+    """Whether two predicted steps are within PREDICTED_TIE of each other (the ranking's tie)."""
+    return abs(a_ms - b_ms) <= PREDICTED_TIE * min(a_ms, b_ms)
 
 
 def _summary(rows: list[dict]) -> dict:
@@ -206,7 +215,7 @@ def report_md(rep: dict) -> str:
         ties = "; ".join(f"{' and '.join(t['pair'])} tie within the measurements' spread ({t['gap']:.1%} apart, "
                          f"{t['resolvable']:.1%} would order them)" for t in g.get("ties", ()))
         predicted = g["predicted"][0] + "".join(
-            f" {'=' if ms == before else '<'} {name}"
+            f" {'=' if predicted_alike(ms, before) else '<'} {name}"
             for name, ms, before in zip(g["predicted"][1:], g["predicted_ms"][1:], g["predicted_ms"]))
         steps = "of training steps " if g.get("kind") == "train_lora" else ""
         md.append(f"- ranking {steps}at budget {g['budget_mb']} MB, lookahead {g['lookahead']}: measured "

@@ -11,7 +11,7 @@ one() {  # NAME ARGS...: the report, from its "## Calibration report" heading on
   local name=$1; shift
   local dir; dir=$(mktemp -d)
   .venv/bin/python -m engine hardware=h200 mode=validate "$@" hydra.run.dir=$dir > $dir/out 2>/dev/null
-  sed -n '/^## Calibration report/,$p' $dir/out | grep -v '^report: ' > data/calibration/$name.md
+  sed -n '/^## Calibration report/,$p' $dir/out | grep -v '^report: \|^plot: ' | cat -s > data/calibration/$name.md
   cp $dir/report.json /tmp/validate-$name.json
   rm -rf $dir
 }
@@ -38,16 +38,16 @@ one llama8b_hf_decode_h200 model=llama8b_hf workload=decode trace=$T/modules/lla
 # The LoRA steps' grids (every frozen weight resident, then streamed):
 # benchmarks/results/validate-train-2026-11-29/ (the earlier five-row Llama file stays for its results).
 one llama8b_hf_train_default_h200 model=llama8b_hf workload=train_lora workload.text_tokens=2048 \
-    workload.checkpointing=true measurements=$T/validate/llama8b-hf-train-streamed.measurements.json
+    workload.checkpointing=true measurements=$T/validate/llama8b-hf-train-stall.measurements.json
 one flux_diffusers_train_default_h200 model=flux_diffusers workload=train_lora workload.video_tokens=4096 \
     workload.text_tokens=256 workload.checkpointing=true measurements=$T/validate/flux-train.measurements.json
 one flux_diffusers_train_h200 model=flux_diffusers workload=train_lora workload.video_tokens=4096 \
     workload.text_tokens=256 workload.checkpointing=true trace=$T/validate/flux-train-c.jsonl.gz
 one wan14b_diffusers_train_default_h200 model=wan14b_diffusers workload=train_lora workload.video_tokens=6144 \
-    workload.text_tokens=512 workload.checkpointing=true measurements=$T/validate/wan14b-train.measurements.json
+    workload.text_tokens=512 workload.checkpointing=true measurements=$T/validate/wan14b-train-stall.measurements.json
 one wan14b_diffusers_train_h200 model=wan14b_diffusers workload=train_lora workload.video_tokens=6144 \
     workload.text_tokens=512 workload.checkpointing=true trace=$T/modules/wan14b-train.jsonl.gz \
-    measurements=$T/validate/wan14b-train.measurements.json
+    measurements=$T/validate/wan14b-train-stall.measurements.json
 one ltx2_full_h200 +model=ltx trace=$T/validate/ltx2-full.jsonl.gz
 one llama8b_decode_full_h200 +model=llama8b workload=decode trace=$T/validate/llama8b-decode.jsonl.gz
 for hw in h100_pcie5 h100_calibrated; do
