@@ -40,7 +40,7 @@ one llama8b_hf_decode_h200 model=llama8b_hf workload=decode trace=$T/modules/lla
 one llama8b_hf_train_default_h200 model=llama8b_hf workload=train_lora workload.text_tokens=2048 \
     workload.checkpointing=true measurements=$T/validate/llama8b-hf-train-stall.measurements.json
 one flux_diffusers_train_default_h200 model=flux_diffusers workload=train_lora workload.video_tokens=4096 \
-    workload.text_tokens=256 workload.checkpointing=true measurements=$T/validate/flux-train.measurements.json
+    workload.text_tokens=256 workload.checkpointing=true measurements=$T/validate/flux-train-stall.measurements.json
 one flux_diffusers_train_h200 model=flux_diffusers workload=train_lora workload.video_tokens=4096 \
     workload.text_tokens=256 workload.checkpointing=true trace=$T/validate/flux-train-c.jsonl.gz
 one wan14b_diffusers_train_default_h200 model=wan14b_diffusers workload=train_lora workload.video_tokens=6144 \
