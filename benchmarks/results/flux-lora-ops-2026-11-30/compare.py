@@ -1,8 +1,13 @@
 """profile_blocks.py's measured kernels beside the synthesized step of the same model (one double
-and one single block), on a CPU: each phase's kernel time, matmul and attention apart from the rest.
+and one single block), on a CPU: each phase's kernel time, matmul and attention apart from the rest;
+then the backward's matmuls shape by shape (m, n, k), measured (the step's less twice the
+forward's: the forward and its recompute) and priced (each linear core's grad-input, each
+adapter's weight gradient).
 
     python benchmarks/results/flux-lora-ops-2026-11-30/compare.py flux_blocks.json
 """
+import ast
+import collections
 import json
 import sys
 
@@ -32,7 +37,35 @@ def measured(rows: list) -> dict:
     return parts
 
 
-def synthesized() -> dict:
+def matmuls(rows: list) -> dict:
+    """(m, n, k): [calls, us] of the matmul ops among `rows`."""
+    out = collections.defaultdict(lambda: [0, 0.0])
+    for r in rows:
+        if r["op"] not in MATMUL[:2]:
+            continue
+        shapes = ast.literal_eval(r["shapes"])
+        a, b = shapes[:2] if r["op"] == "aten::mm" else shapes[1:3]
+        out[(a[0], b[1], a[1])][0] += r["calls"]
+        out[(a[0], b[1], a[1])][1] += r["self_us"]
+    return out
+
+
+def priced_backward_matmuls(trace, p) -> dict:
+    out = collections.defaultdict(lambda: [0, 0.0])
+    reached = {r.name.removesuffix(".bwd") for r in trace.records if r.phase == "bwd" and r.compute_ns > 1}
+    for r in trace.records:
+        if r.phase != "fwd" or r.name.startswith(LEFT_OUT) or r.name not in reached:
+            continue
+        for op, (m, n, k) in ((op, s) for op, s in r.cores if op == "linear"):
+            out[(m, k, n)][0] += 1
+            out[(m, k, n)][1] += p.backward_core_ns(op, (m, n, k)) / 1e3
+            if 32 in (n, k):  # an adapter: its weight's gradient
+                out[(n, k, m)][0] += 1
+                out[(n, k, m)][1] += p.core_ns("linear", (n, k, m)) / 1e3
+    return out
+
+
+def synthesized() -> tuple[dict, dict]:
     register()
     with initialize_config_module(config_module="conf", version_base="1.3"):
         cfg = compose(config_name="config", overrides=OVERRIDES)
@@ -62,14 +95,14 @@ def synthesized() -> dict:
             out["backward"]["matmul"] += mm / 1e6
             out["backward"]["attention"] += at / 1e6
             out["backward"]["other"] += (r.compute_ns - f.compute_ns - mm - at) / 1e6
-    return out
+    return out, priced_backward_matmuls(trace, p)
 
 
 def main(path: str) -> None:
     data = json.load(open(path))
     fwd, step = measured(data["forward"]["ops"]), measured(data["step"]["ops"])
     bwd = {k: step[k] - 2 * fwd[k] for k in fwd}  # less the forward and its recompute
-    syn = synthesized()
+    syn, priced = synthesized()
     print(f"{'ms':24s} {'measured':>9s} {'synthesized':>12s}")
     for k in fwd:
         print(f"forward {k:16s} {fwd[k]:9.3f} {syn['forward'][k]:12.3f}")
@@ -78,6 +111,16 @@ def main(path: str) -> None:
     print(f"backward recompute       {sum(fwd.values()):9.3f} {syn['backward']['recompute']:12.3f}")
     print(f"step                     {sum(step.values()):9.3f} "
           f"{sum(syn['forward'].values()) + sum(syn['backward'].values()):12.3f}")
+    mf, ms = matmuls(data["forward"]["ops"]), matmuls(data["step"]["ops"])
+    zero = [0, 0.0]
+    measured_bwd = {k: (ms.get(k, zero)[0] - 2 * mf.get(k, zero)[0], ms.get(k, zero)[1] - 2 * mf.get(k, zero)[1])
+                    for k in set(ms) | set(mf)}
+    measured_bwd = {k: v for k, v in measured_bwd.items() if v[0] > 0}  # not the embedders' forward
+    print("\nbackward matmuls (m, n, k)  measured: calls, us   priced: calls, us")
+    keys = set(measured_bwd) | set(priced)
+    for k in sorted(keys, key=lambda k: -max(measured_bwd.get(k, (0, 0))[1], priced.get(k, (0, 0))[1])):
+        (mc, mu), (pc, pu) = measured_bwd.get(k, (0, 0.0)), priced.get(k, (0, 0.0))
+        print(f"{str(k):26s} {mc:4d} {mu:9.1f}        {pc:4d} {pu:9.1f}")
 
 
 if __name__ == "__main__":
