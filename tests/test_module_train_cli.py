@@ -241,7 +241,10 @@ def test_the_synthesized_training_step_saves_what_the_recording_saw(recorded, ch
 
 def test_checkpointing_adds_each_block_forward_to_its_backward():
     """A checkpointed block runs its forward again in backward: its backward record is the
-    plain one plus its forward; the kernels outside the blocks are not recomputed."""
+    plain one plus its forward; the kernels outside the blocks are not recomputed. The first
+    block's backward is more again: transformers' checkpointing switch makes the embeddings'
+    output carry a gradient (for peft), so its linears' gradients by their input run there too
+    (census.py `frozen_inputs`)."""
     plain, ckpt = _synthesized(False), _synthesized(True)
     fwd = {r.name: r.compute_ns for r in ckpt.records if r.phase == "fwd"}
     for a, b in zip(plain.records, ckpt.records):
@@ -249,7 +252,10 @@ def test_checkpointing_adds_each_block_forward_to_its_backward():
             continue
         forward = a.name.removesuffix(BACKWARD_SUFFIX)
         extra = fwd[forward] if a.layer >= 0 else 0
-        assert b.compute_ns == a.compute_ns + extra, a.name
+        if a.layer == 0:
+            assert b.compute_ns > a.compute_ns + extra, a.name
+        else:
+            assert b.compute_ns == a.compute_ns + extra, a.name
     # Checkpointed, the blocks save only their inputs.
     assert sum(s.nbytes for r in ckpt.records for s in r.saved) < sum(s.nbytes for r in plain.records for s in r.saved)
 
@@ -309,8 +315,9 @@ def test_the_api_synthesizes_a_peft_models_training_step():
     assert [r.name for r in plain.records] == forward + [n + BACKWARD_SUFFIX for n in reversed(forward)]
     fwd = {r.name: r.compute_ns for r in ckpt.records if r.phase == "fwd"}
     for a, b in zip(plain.records, ckpt.records):
-        if a.phase == "bwd" and ".layers." in a.name:
-            assert b.compute_ns == a.compute_ns + fwd[a.name.removesuffix(BACKWARD_SUFFIX)]
+        if a.phase == "bwd" and ".layers." in a.name:  # the first layer's: test above
+            recomputed = a.compute_ns + fwd[a.name.removesuffix(BACKWARD_SUFFIX)]
+            assert b.compute_ns > recomputed if a.layer == 0 else b.compute_ns == recomputed
     with pytest.raises(ConfigError, match="no trainable parameters"):
         engine.synthesize(model.base_model.model.requires_grad_(False), inputs, training=True)
 

@@ -558,6 +558,21 @@ def test_the_census_marks_the_linears_whose_weight_trains() -> None:
     assert census.kernels[0].trained == [(16, 4, 64)]
 
 
+def test_the_census_marks_the_linears_whose_input_carries_no_gradient() -> None:
+    """A linear fed by a tensor without a gradient (a frozen embedding's output: the timestep's
+    modulation) makes no gradient of its input in the backward: the census lists its core."""
+    linear = torch.nn.Linear(64, 32, bias=True, device=META).requires_grad_(False)
+    x = torch.empty(16, 64, device=META)
+    y = torch.empty(16, 64, device=META, requires_grad=True)
+    census = OpCensus()
+    with census:
+        linear(x)
+        linear(y)
+        linear(x)
+    assert census.kernels[0].cores == [("linear", (16, 32, 64))] * 3
+    assert census.kernels[0].frozen_inputs == [0, 2]
+
+
 def test_attention_on_meta_saves_what_the_fused_backward_reads_and_passes_gradients() -> None:
     """With autograd on, the meta device's fused attention saves query, key, value, output and
     the fp32 log-sum-exp, and its gradients reach the inputs; meta_attention swaps SDPA only

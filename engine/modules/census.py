@@ -23,7 +23,9 @@ position, keeps
                   each;
     dispatches    every op torch dispatches, views included: the host's work;
     trained       the linear cores whose weight requires grad (a training forward's
-                  adapters).
+                  adapters);
+    frozen_inputs the linear cores whose input does not (their backward makes no
+                  gradient of the input).
 
 The kernel table prices the cores by shape, the passes at its pass cost and each
 op's launch gap at its ModuleCost (engine/compute.py). On the meta device the census
@@ -92,12 +94,13 @@ def launches_kernel(func: Any) -> bool:
     return not (func.is_view or func._overloadpacket in _NO_KERNEL)
 
 
-def matmul_core(packet: Any, args: Sequence[torch.Tensor]) -> tuple[tuple[str, tuple[int, ...]], torch.Tensor]:
-    """A MATMULS op's core, ("linear", (m, n, k)), and its right-hand operand (a linear's
-    weight), from its tensor arguments in order."""
+def matmul_core(packet: Any, args: Sequence[torch.Tensor]
+                ) -> tuple[tuple[str, tuple[int, ...]], torch.Tensor, torch.Tensor]:
+    """A MATMULS op's core, ("linear", (m, n, k)), its left-hand operand (a linear's input) and
+    its right-hand one (a linear's weight), from its tensor arguments in order."""
     a, b = (args[1], args[2]) if packet in (_aten.addmm, _aten.baddbmm) else (args[0], args[1])
     inner = a.shape[-1]
-    return ("linear", (max(1, a.numel() // max(1, inner)), b.shape[-1], inner)), b
+    return ("linear", (max(1, a.numel() // max(1, inner)), b.shape[-1], inner)), a, b
 
 
 def attention_core(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None,
@@ -124,6 +127,9 @@ class KernelCensus:
     # The linear cores whose weight trains (a LoRA adapter's), (m, n, k) each: their backward
     # also makes the weight's gradient.
     trained: list[tuple[int, ...]] = field(default_factory=list)
+    # The linear cores whose input carries no gradient (a frozen embedding's output, such as the
+    # timestep's modulation), by index into cores: their backward makes no gradient of the input.
+    frozen_inputs: list[int] = field(default_factory=list)
 
     def add_pass(self, kind: str, amount: int) -> None:
         self.passes[kind] = self.passes.get(kind, 0) + amount
@@ -225,10 +231,12 @@ class OpCensus(TorchDispatchMode):
         k.ops += 1
         packet = func._overloadpacket
         if packet in MATMULS:
-            core, b = matmul_core(packet, args)
+            core, a, b = matmul_core(packet, args)
             k.cores.append(core)
             if b.requires_grad:
                 k.trained.append(k.cores[-1][1])
+            if not a.requires_grad:
+                k.frozen_inputs.append(len(k.cores) - 1)
         elif packet is _aten._grouped_mm:
             k.cores.append(grouped_core(args[0], args[1]))
         elif packet is _aten.convolution:

@@ -34,7 +34,8 @@ for the backward). Attention on the meta
 device is the fused kernel's output and what its backward reads (census.py
 `fused_attention`). The backward mirrors the forward: a kernel's backward is its
 census at the backward's costs (`ExecutionTimePredictor.module_kernel_ns(backward=True)`:
-each linear's gradient by its input, each adapter's by its weight, attention at
+each linear's gradient by its input where its input carries one (census.py
+`frozen_inputs`: the timestep's modulation makes none), each adapter's by its weight, attention at
 the table's backward rate), plus its forward again where checkpointing recomputes
 it (a block that saved nothing once its first op had run: the checkpoint holds
 only its input, saved before that); a kernel that saved nothing and is not
@@ -389,7 +390,9 @@ def _backward(predictor: ExecutionTimePredictor, seen: SeenForward, f: KernelRec
     c = seen.recording.census[i]
     recomputed = i in seen.recomputed
     if seen.saved.packs.get(i, 0) or recomputed:
-        compute = predictor.module_kernel_ns(c.cores, c.pass_list(), c.ops, backward=True, trained=c.trained,
+        frozen = set(c.frozen_inputs)  # no gradient of their input to make
+        cores = [core for j, core in enumerate(c.cores) if j not in frozen]
+        compute = predictor.module_kernel_ns(cores, c.pass_list(), c.ops, backward=True, trained=c.trained,
                                              training=attention)
         host = predictor.module_host_ns(c.ops, c.dispatches, phase="bwd")
         launches = c.ops * BACKWARD_OPS
