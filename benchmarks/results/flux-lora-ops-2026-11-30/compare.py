@@ -13,9 +13,13 @@ import sys
 
 from hydra import compose, initialize_config_module
 
+import torch
+
 from engine.config import register
 from engine.kernel_time import ExecutionTimePredictor
-from engine.modules.synthesize import synthesize_module
+from engine.modules.adapters import add_lora, enable_checkpointing
+from engine.modules.build import plain_config
+from engine.modules.synthesize import meta_forward, on_meta, priced_trace
 
 OVERRIDES = ["model=flux_diffusers", "workload=train_lora", "workload.video_tokens=4096", "workload.text_tokens=256",
              "workload.checkpointing=true", "+model.module.num_layers=2", "+model.module.num_single_layers=2",
@@ -50,26 +54,37 @@ def matmuls(rows: list) -> dict:
     return out
 
 
-def priced_backward_matmuls(trace, p) -> dict:
+def backward_linears(census) -> list:
+    """The linear cores whose gradient by their input the backward makes (census.py)."""
+    return [s for j, (op, s) in enumerate(census.cores) if op == "linear" and j not in set(census.frozen_inputs)]
+
+
+def priced_backward_matmuls(trace, census: dict, p) -> dict:
     out = collections.defaultdict(lambda: [0, 0.0])
     reached = {r.name.removesuffix(".bwd") for r in trace.records if r.phase == "bwd" and r.compute_ns > 1}
     for r in trace.records:
         if r.phase != "fwd" or r.name.startswith(LEFT_OUT) or r.name not in reached:
             continue
-        for op, (m, n, k) in ((op, s) for op, s in r.cores if op == "linear"):
+        for m, n, k in backward_linears(census[r.name]):
             out[(m, k, n)][0] += 1
-            out[(m, k, n)][1] += p.backward_core_ns(op, (m, n, k)) / 1e3
-            if 32 in (n, k):  # an adapter: its weight's gradient
-                out[(n, k, m)][0] += 1
-                out[(n, k, m)][1] += p.core_ns("linear", (n, k, m)) / 1e3
+            out[(m, k, n)][1] += p.backward_core_ns("linear", (m, n, k)) / 1e3
+        for m, n, k in census[r.name].trained:  # an adapter: its weight's gradient
+            out[(n, k, m)][0] += 1
+            out[(n, k, m)][1] += p.core_ns("linear", (n, k, m)) / 1e3
     return out
 
 
 def synthesized() -> tuple[dict, dict]:
+    """engine.modules.synthesize.synthesize_module's steps, keeping the census beside the trace."""
     register()
     with initialize_config_module(config_module="conf", version_base="1.3"):
         cfg = compose(config_name="config", overrides=OVERRIDES)
-    trace = synthesize_module(cfg.model, cfg.workload, cfg.hardware)
+    module, inputs = on_meta(cfg.model, cfg.workload)
+    add_lora(module, cfg.workload.lora_rank, list(cfg.model.lora_targets), device=torch.device("meta"))
+    enable_checkpointing(module)
+    seen = meta_forward(module, inputs, "block", None, training=True)
+    trace = priced_trace(seen, cfg.hardware, cfg.model.name, plain_config(cfg.workload))
+    census = dict(zip(seen.order.kernels, seen.recording.census))
     p = ExecutionTimePredictor(cfg.hardware)
     out = {"forward": {"matmul": 0.0, "attention": 0.0, "other": 0.0},
            "backward": {"matmul": 0.0, "attention": 0.0, "other": 0.0, "recompute": 0.0}}
@@ -87,15 +102,15 @@ def synthesized() -> tuple[dict, dict]:
             f = fwd[r.name.removesuffix(".bwd")]
             if r.compute_ns <= 1:
                 continue
-            mm = sum(p.backward_core_ns(op, s, True) for op, s in f.cores if op == "linear")
-            mm += sum(p.core_ns("linear", (s[1], s[2], s[0])) for op, s in f.cores
-                      if op == "linear" and 32 in s[1:])  # the adapters' weight gradients
+            c = census[f.name]
+            mm = sum(p.backward_core_ns("linear", s) for s in backward_linears(c))
+            mm += sum(p.core_ns("linear", (n, k, m)) for m, n, k in c.trained)  # the adapters' weight gradients
             at = sum(p.backward_core_ns(op, s, True) for op, s in f.cores if op != "linear")
             out["backward"]["recompute"] += f.compute_ns / 1e6
             out["backward"]["matmul"] += mm / 1e6
             out["backward"]["attention"] += at / 1e6
             out["backward"]["other"] += (r.compute_ns - f.compute_ns - mm - at) / 1e6
-    return out, priced_backward_matmuls(trace, p)
+    return out, priced_backward_matmuls(trace, census, p)
 
 
 def main(path: str) -> None:
