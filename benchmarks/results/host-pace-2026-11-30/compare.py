@@ -6,6 +6,7 @@ backward host time, the synthesized one with offload's hooks taken off as a boun
 """
 import json
 import sys
+from pathlib import Path
 
 from hydra import compose, initialize_config_module
 
@@ -19,7 +20,7 @@ RESIDENT = {"budget_mb": None, "eviction": "priority", "lookahead": 2, "activati
 
 def main(paths: list[str]) -> None:
     register()
-    print(f"{'run':70s} {'host fwd':>9s} {'syn':>7s} {'host bwd':>9s} {'syn':>7s} {'step':>7s} {'sim':>7s}")
+    print(f"{'run (its lease)':78s} {'host fwd':>9s} {'syn':>7s} {'host bwd':>9s} {'syn':>7s} {'step':>7s} {'sim':>7s}")
     for path in paths:
         run = json.load(open(path))
         with initialize_config_module(config_module="conf", version_base="1.3"):
@@ -32,7 +33,8 @@ def main(paths: list[str]) -> None:
         bwd = sum(r.host_ns for r in trace.records if r.phase == "bwd") * plain / 1e6
         sim = predict(trace, RESIDENT, cfg.hardware, "mmap_registered")["step_ms"]
         m = run["median"]
-        print(f"{run['model'] + ' ' + ' '.join(run['overrides']):70s} {m['host_fwd_ms']:9.2f} {fwd:7.2f} "
+        label = f"{run['model']} {' '.join(run['overrides'])} ({Path(path).parent.name})"
+        print(f"{label:78s} {m['host_fwd_ms']:9.2f} {fwd:7.2f} "
               f"{m['host_bwd_ms']:9.2f} {bwd:7.2f} {m['step_ms']:7.2f} {sim:7.2f}")
 
 
