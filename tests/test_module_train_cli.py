@@ -27,7 +27,7 @@ MODEL = ["model=tiny_llama_hf", "workload=train_lora", "workload.lora_rank=4", "
 SPILL = {"sync": ["activations=sync", "activations.num_offload_layers=1", "activations.min_tensor_bytes=0"],
          "watermark": ["activations=watermark", "activations.high_watermark_mb=0.05",
                        "activations.low_watermark_mb=0.02", "activations.min_tensor_bytes=0"]}
-BUDGET = "budget=0.45"  # just over the floor: every step streams most weights
+BUDGET = "budget=0.45"  # the two layers' weights fit: bound once, the activations spilled
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
@@ -88,6 +88,22 @@ def test_execute_spills_what_the_simulator_predicts_and_trains_bitwise(recorded,
         assert meas["d2h_bytes"] > 0
     rows = [json.loads(line) for line in (tmp_path / "telemetry.jsonl").read_text().splitlines()]
     assert len(rows) == 3 and {"activations_spilled", "spill_bytes", "weight_h2d_bytes"} <= set(rows[-1])
+    # Two layers fit this budget: bound once, no fetch in a step, no wait on weights.
+    assert meas["weight_stall_ms"] == 0
+
+
+def test_execute_streams_a_deeper_model_and_times_its_waits_on_weights(tmp_path):
+    """Eight layers at the same budget stream their weights: the report's stall counts the last
+    step's waits on them (each fetch stamped, forward and backward; the cpu backend copies inside
+    the fetch), beside the activation restores' (none here)."""
+    deeper = [*MODEL, "model.module.config.num_hidden_layers=8"]
+    ckpt = tmp_path / "tiny8.safetensors"
+    assert cli(*deeper, "mode=materialize", f"out={ckpt}", f"hydra.run.dir={tmp_path / 'mat'}").returncode == 0
+    r = cli(*deeper, BUDGET, "mode=execute", f"weights.file={ckpt}", "workload.steps=2",
+            f"hydra.run.dir={tmp_path / 'run'}")
+    assert r.returncode == 0, r.stderr
+    meas = json.loads((tmp_path / "run" / "report.json").read_text())["measurement"]
+    assert meas["h2d_bytes"] > 0 and meas["weight_stall_ms"] > 0 and meas["stall_ms"] == meas["weight_stall_ms"]
 
 
 def test_execute_without_a_trace_records_one_to_replay(recorded, tmp_path):

@@ -63,10 +63,13 @@ def test_training_steps_are_bitwise_the_plain_steps(tiny, tmp_path, mode, budget
         assert rows[-1]["weight_handles"] > 0  # autograd held base weights as handles
     kernels = [t for t in m["timeline"] if t[0] == "compute"]  # the last step, measured
     assert len(kernels) == len(tiny.trace.records) and all(a <= b for _, _, a, b in kernels)
+    # the stall: the activation restores' waits and, streamed, the last step's waits on its weights
+    assert m["weight_stall_ms"] >= 0 and m["stall_ms"] >= m["weight_stall_ms"]
     if budget is None:
-        assert m["evictions"] == 0 and rows[-1]["weight_h2d_bytes"] == 0
+        assert m["evictions"] == 0 and rows[-1]["weight_h2d_bytes"] == 0 and m["weight_stall_ms"] == 0
     else:
         assert m["evictions"] > 0 and m["peak_device_bytes"] >= rows[-1]["weight_peak_device_bytes"]
+        assert m["weight_stall_ms"] > 0  # the cpu backend copies inside the fetch: its stamps time it
         assert rows[-1]["weight_peak_device_bytes"] <= BUDGET_MB * 1e6
 
 

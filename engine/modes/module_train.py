@@ -20,6 +20,7 @@ from engine.gc_pause import paused_gc
 from engine.job import Job, Outcome, config_summary
 from engine.measure.clocks import clock_for
 from engine.measure.spread import typical_step_ms, warm_mean
+from engine.measure.timing import KernelStamps
 from engine.models.lora import lora_sgd
 from engine.modes.module_setup import (STEPS_ROW, activations_config, built_module, checkpoint_path, kernel_options,
                                        pace_note, predicted_from, report_plan, training_loss, write_timeline)
@@ -63,8 +64,8 @@ def execute_training(job: Job, module: Any, inputs: dict, device: torch.device, 
             torch.cuda.empty_cache()  # its weights go back before the streamed run measures its peak
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # resident parameters are listed by the handle instead
-        steps, rows, timeline = _train_run(job, module, inputs, initial, cfg.budget, act, pred["eviction"],
-                                           timed=True)
+        steps, rows, timeline, weight_stall = _train_run(job, module, inputs, initial, cfg.budget, act,
+                                                         pred["eviction"], timed=True)
     write_timeline(job, trace, budget_bytes(cfg.budget), pred, timeline)
     steady = rows[1:] or rows
     times = [r["weight_step_ms"] for r in rows]
@@ -78,7 +79,10 @@ def execute_training(job: Job, module: Any, inputs: dict, device: torch.device, 
                 "torch_peak_bytes": None if None in torch_peak else max(torch_peak),
                 "activations_spilled": rows[-1].get("activations_spilled", 0),
                 "pool_misses": rows[-1].get("pool_misses", 0),
-                "stall_ms": statistics.median(r.get("stall_time_ms", 0) for r in steady),
+                # The compute stream's waits on copies, as the simulator's: the activation restores'
+                # (the median of the steps after the first) and the streamed weights' (the last step's).
+                "stall_ms": statistics.median(r.get("stall_time_ms", 0) for r in steady) + weight_stall,
+                "weight_stall_ms": weight_stall,
                 "reserve_releases": sum(r.get("weight_reserve_releases", 0) for r in rows),
                 "relocations": sum(r.get("weight_relocations", 0) for r in rows),
                 "warm_relocations": sum(r.get("weight_relocations", 0) for r in steady),
@@ -143,25 +147,31 @@ def plain_train_run(cfg: Any, plain: Any, device: torch.device, inputs: dict,
 
 
 def _train_run(job: Job, module: Any, inputs: dict, initial: dict[str, torch.Tensor], budget_mb: float | None,
-               activations: Any, eviction: str, timed: bool) -> tuple[Steps, list[dict], list | None]:
+               activations: Any, eviction: str, timed: bool) -> tuple[Steps, list[dict], list | None, float]:
     """workload.steps training steps through engine.offload(training=True), the adapters
     starting from `initial` and taking a plain SGD update after each step: the steps,
     the telemetry rows (with torch's peak of each step), and (`timed`) the last step's
-    measured timeline."""
+    measured timeline and its waits on streamed weights (ms; 0 untimed or all resident)."""
     cfg = job.cfg
     h = offload(module, budget_mb=budget_mb, example_inputs=inputs, training=True, activations=activations,
                 eviction=eviction, lookahead=cfg.weights.lookahead, checkpoint=checkpoint_path(job),
                 backend=cfg.weights.backend, source=cfg.weights.source, **kernel_options(cfg))
+    # The timed step's waits on streamed weights, stamped around each fetch, forward and backward.
+    stamps = KernelStamps(h.executor, clock_for(h.device)) if timed and budget_mb is not None else None
     try:
-        def step(i: int) -> Any:
-            h.executor.time_steps = timed and i == cfg.workload.steps - 1
-            return h.step()
+        @contextmanager
+        def step(i: int) -> Iterator[None]:
+            last = timed and i == cfg.workload.steps - 1
+            h.executor.time_steps = last
+            with h.fetches_through(stamps if last else None), h.step():
+                yield
         steps, peaks = _train_steps(cfg, module, inputs, initial, step)
         rows = [{**row, "torch_peak_bytes": peak} for row, peak in zip(h.telemetry(), peaks)]
         timeline = h.executor.step_timeline() if timed else None
     finally:
         h.remove()
-    return steps, rows, timeline
+    weight_stall = sum(stamps.stall_ns()) / 1e6 if stamps is not None else 0.0  # read once the steps ended
+    return steps, rows, timeline, weight_stall
 
 
 def _train_steps(cfg: Any, module: Any, inputs: dict, initial: dict[str, torch.Tensor],

@@ -28,6 +28,8 @@ from engine.executor.setup import (bitwise_equal, compute_device, end_of_step, f
                                    run_settings, step_times, streamed_executor, weight_counts)
 from engine.executor.training import (HOOK_FIELDS, AsManaged, StreamedWeights, check_train_order, match_reference,
                                       max_abs_diff, reference_steps, telemetry_row, to_host, train_step)
+from engine.measure.clocks import clock_for
+from engine.measure.timing import KernelStamps
 from engine.models import forward, make_inputs
 from engine.models.lora import init_lora
 from engine.models.run import DictSource
@@ -257,13 +259,18 @@ def run_train_execute(cfg: Any, spec: ModelSpec, trace: Any, out_dir: str | Path
             offloader = ActivationOffloader(policy, act, device, weights=AsManaged(streamed), keep_steps=None)
             stack.callback(offloader.close)
         results, peaks = [], []
+        # The last step's waits on streamed weights, stamped around each fetch, forward and backward.
+        stamps = KernelStamps(executor, clock_for(device)) if budget is not None else None
         for i in range(steps):
             wf.check_intact()
-            executor.time_steps = i == steps - 1  # the steady state, on the timeline
-            results.append(to_host(train_step(spec, executor, streamed, offloader, inputs, lora, device)))
+            last = i == steps - 1
+            executor.time_steps = last  # the steady state, on the timeline
+            with streamed.fetches_through(stamps if last else None):
+                results.append(to_host(train_step(spec, executor, streamed, offloader, inputs, lora, device)))
             end_of_step(cfg.workload.loop, device, i)
             peaks.append(torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None)
         weight_rows = executor.telemetry()  # waits for the last step
+        weight_stall = sum(stamps.stall_ns()) / 1e6 if stamps is not None else 0.0
         timeline = executor.step_timeline()
         act_rows = offloader.telemetry() if offloader is not None else [None] * steps
         if device.type == "cuda":
@@ -294,7 +301,10 @@ def run_train_execute(cfg: Any, spec: ModelSpec, trace: Any, out_dir: str | Path
         "restore_bytes": last["restore_bytes"],
         "pool_hits": last["pool_hits"],
         "pool_misses": last["pool_misses"],
-        "stall_ms": statistics.median(r["stall_time_ms"] for r in rows[1:] or rows),
+        # The compute stream's waits on copies, as the simulator's: the activation restores' (the
+        # median of the steps after the first) and the streamed weights' (the last step's).
+        "stall_ms": statistics.median(r["stall_time_ms"] for r in rows[1:] or rows) + weight_stall,
+        "weight_stall_ms": weight_stall,
         # The offloader's hooks, host us a call (median over the steps after the first).
         **({k: statistics.median(r[k] for r in rows[1:] or rows) for k in HOOK_FIELDS} if offloader is not None
            else {}),
