@@ -102,8 +102,11 @@ def test_execute_streams_a_deeper_model_and_times_its_waits_on_weights(tmp_path)
     r = cli(*deeper, BUDGET, "mode=execute", f"weights.file={ckpt}", "workload.steps=2",
             f"hydra.run.dir={tmp_path / 'run'}")
     assert r.returncode == 0, r.stderr
-    meas = json.loads((tmp_path / "run" / "report.json").read_text())["measurement"]
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    pred, meas = report["prediction"], report["measurement"]
     assert meas["h2d_bytes"] > 0 and meas["weight_stall_ms"] > 0 and meas["stall_ms"] == meas["weight_stall_ms"]
+    row = f"| stall (waits on weights and restores) | {pred['stall_ms']:.2f} ms | {meas['stall_ms']:.2f} ms |"
+    assert row in " ".join(r.stdout.split())  # the table's padding collapsed
 
 
 def test_execute_without_a_trace_records_one_to_replay(recorded, tmp_path):

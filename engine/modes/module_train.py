@@ -100,6 +100,7 @@ def execute_training(job: Job, module: Any, inputs: dict, device: torch.device, 
         [STEPS_ROW, "", steps_cell(times[1:] or times)],
         ["H2D bytes / step (weights, restores)", fmt_bytes(pred["h2d_bytes"]), fmt_bytes(measured["h2d_bytes"])],
         ["D2H bytes / step (spills)", fmt_bytes(pred["d2h_bytes"]), fmt_bytes(measured["d2h_bytes"])],
+        ["stall (waits on weights and restores)", f"{pred['stall_ms']:.2f} ms", f"{measured['stall_ms']:.2f} ms"],
         ["peak pool + torch bytes", fmt_bytes(pred["peak_pool_torch_bytes"]),
          fmt_bytes(measured["peak_pool_torch_bytes"]) if "peak_pool_torch_bytes" in measured
          else "not measured (cpu)"]]
