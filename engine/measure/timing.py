@@ -71,6 +71,11 @@ class KernelStamps:
     def stall_ns(self) -> list[int]:
         return [self.clock.ns(a, b) for a, b in zip(self.before, self.after)]
 
+    def stall_ms(self) -> float:
+        """The compute stream's waits on the fetched weights, all fetches together (read once
+        the step ended)."""
+        return sum(self.stall_ns()) / 1e6
+
     def host_ns(self) -> list[int]:
         """Host time per kernel: its fetch, its math's Python and launches."""
         return [b - a for a, b in zip(self.host_start, self.host_start[1:] + [self.host_end])]

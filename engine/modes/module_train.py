@@ -171,7 +171,7 @@ def _train_run(job: Job, module: Any, inputs: dict, initial: dict[str, torch.Ten
         timeline = h.executor.step_timeline() if timed else None
     finally:
         h.remove()
-    weight_stall = sum(stamps.stall_ns()) / 1e6 if stamps is not None else 0.0  # read once the steps ended
+    weight_stall = stamps.stall_ms() if stamps is not None else 0.0  # read once the steps ended
     return steps, rows, timeline, weight_stall
 
 

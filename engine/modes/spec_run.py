@@ -270,7 +270,7 @@ def run_train_execute(cfg: Any, spec: ModelSpec, trace: Any, out_dir: str | Path
             end_of_step(cfg.workload.loop, device, i)
             peaks.append(torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None)
         weight_rows = executor.telemetry()  # waits for the last step
-        weight_stall = sum(stamps.stall_ns()) / 1e6 if stamps is not None else 0.0
+        weight_stall = stamps.stall_ms() if stamps is not None else 0.0
         timeline = executor.step_timeline()
         act_rows = offloader.telemetry() if offloader is not None else [None] * steps
         if device.type == "cuda":

@@ -125,7 +125,7 @@ def stamped_stall_ms(step: Callable[[Any], object], executor: Any, clock: Any) -
         stamps = KernelStamps(executor, clock)
         step(stamps)
         stamps.close()
-        stalls.append(sum(stamps.stall_ns()) / 1e6)
+        stalls.append(stamps.stall_ms())
     return statistics.median(stalls)
 
 
@@ -184,7 +184,7 @@ def time_inference_row(step: Callable[[Any], None], executor: Any, clock: Any) -
                     stamps.append(source)
                 end_of_step("free", clock.device, next(done))
         rows = executor.telemetry()[-steps:]
-        stalls.extend(sum(s.stall_ns()) / 1e6 for s in stamps)  # read once the steps ended
+        stalls.extend(s.stall_ms() for s in stamps)  # read once the steps ended
         return rows
 
     cold, *timed = run(1 + TIMED_STEPS)
