@@ -15,7 +15,7 @@ from engine.errors import BelowFloorError, ExecutorError
 from engine.executor import WeightExecutor, host_weights, make_backend
 from engine.executor.cpu import CpuBackend
 from engine.models import forward, load_spec
-from engine.modes.execute import comparison_md
+from engine.modes.execute import comparison, comparison_md
 from engine.modes.spec_run import run_execute
 from engine.policy import AccessOrder
 from engine.policy.floor import floor
@@ -297,6 +297,20 @@ def test_the_report_counts_the_refusals_the_released_reserve_answered():
     assert "- 1 relocations" in md
     assert "reserve" not in comparison_md([], {"backend": "cuda", "steps": 5, "steps_ms": STEPS_MS, "relocations": 0,
                                                "reserve_releases": 0})
+
+
+def test_a_training_step_on_the_cpu_compares_weights_not_its_saves():
+    """The spec declares the GPU's saves; the CPU's kernels save others: shown, not compared."""
+    pred = {"mean_step_ms": 10.0, "h2d_bytes": 100, "weight_hits": 8, "d2h_bytes": 100, "pool_hits": 4}
+    meas = {"backend": "cpu", "step_ms": 50.0, "h2d_bytes": 140, "weight_hits": 9, "spill_bytes": 140,
+            "pool_hits": 3, "steps": 3, "steps_ms": STEPS_MS[:3]}
+    rows = {r["key"]: r for r in comparison(pred, meas, training=True)}
+    assert rows["weight_hits"]["relative_error"] == pytest.approx(0.125)
+    assert all(rows[k]["relative_error"] is None for k in ("step_ms", "h2d_bytes", "spill_bytes", "pool_hits"))
+    md = comparison_md(list(rows.values()), meas)
+    assert md.count("the CPU's saves") == 5 and "the spec declares what the GPU's kernels save" in md
+    inference = {r["key"]: r for r in comparison(pred, {**meas, "spill_bytes": None}, training=False)}
+    assert inference["h2d_bytes"]["relative_error"] == pytest.approx(0.4)  # weights alone: exact on the CPU
 
 
 def test_run_execute_materializes_small_models_and_refuses_big_ones(tiny, tmp_path):
