@@ -8,15 +8,18 @@ Needs the models extra."""
 from __future__ import annotations
 
 from contextlib import nullcontext
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 import engine
 from engine.errors import BelowFloorError
-from engine.modules.build import auraflow_inputs, mochi_inputs, qwen_image_inputs, sd3_inputs
+from engine.modules.build import (auraflow_inputs, first_output, flux2_inputs, mochi_inputs, qwen_image_inputs, sd3_inputs,
+                                  zimage_inputs)
 
 BF16 = torch.bfloat16
 
@@ -152,6 +155,15 @@ def _diffusers(name: str) -> tuple[torch.nn.Module, dict]:
                                              joint_attention_dim=32, caption_projection_dim=32, out_channels=4,
                                              pos_embed_max_size=256)
         inputs = auraflow_inputs(model, SimpleNamespace(batch=1, video_tokens=64, text_tokens=8), _here(), BF16)
+    elif name == "flux2":  # FLUX.2: shared modulations outside the blocks, fused qkv-and-MLP single blocks
+        model = d.Flux2Transformer2DModel(in_channels=16, num_layers=2, num_single_layers=2, attention_head_dim=32,
+                                          num_attention_heads=2, joint_attention_dim=32, timestep_guidance_channels=16,
+                                          axes_dims_rope=(8, 8, 8, 8))
+        inputs = flux2_inputs(model, SimpleNamespace(batch=1, video_tokens=64, text_tokens=8), _here(), BF16)
+    elif name == "zimage":  # Z-Image: list inputs, refiners per stream, then one stream of both, padded to 32
+        model = d.ZImageTransformer2DModel(in_channels=4, dim=64, n_layers=4, n_refiner_layers=2, n_heads=2,
+                                           n_kv_heads=2, cap_feat_dim=32, axes_dims=[8, 12, 12], axes_lens=[64, 32, 32])
+        inputs = zimage_inputs(model, SimpleNamespace(batch=1, video_tokens=64, text_tokens=8), _here(), BF16)
     else:  # sana: linear attention, a caption norm
         model = d.SanaTransformer2DModel(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16,
                                          num_layers=4, num_cross_attention_heads=2, cross_attention_head_dim=16,
@@ -159,10 +171,6 @@ def _diffusers(name: str) -> tuple[torch.nn.Module, dict]:
         inputs = dict(hidden_states=_randn(1, 4, 16, 16), encoder_hidden_states=_randn(1, 8, 32),
                       timestep=torch.tensor([10]))
     return model, {**inputs, "return_dict": False}
-
-
-def _first(out: Any) -> torch.Tensor:
-    return out.logits if hasattr(out, "logits") else out[0]
 
 
 def _floor_mb(model: torch.nn.Module, inputs: dict) -> float:
@@ -176,7 +184,7 @@ BUILDERS: dict[str, Callable[[str], tuple[torch.nn.Module, dict]]] = {
     **dict.fromkeys(("qwen2", "gemma2", "gpt2", "mixtral", "t5", "deepseek_v3", "gpt_oss", "mamba", "jamba", "bloom",
                      "bert"), _transformers),
     **dict.fromkeys(("unet", "sd3", "hunyuan_video", "qwen_image", "sana", "hunyuan_dit", "cosmos", "stable_audio",
-                     "mochi", "auraflow"), _diffusers),
+                     "mochi", "auraflow", "flux2", "zimage"), _diffusers),
 }
 
 
@@ -186,17 +194,17 @@ def test_a_library_model_streams_bitwise(name: str) -> None:
     model, inputs = BUILDERS[name](name)
     model = model.to(BF16).eval()
     with torch.no_grad():
-        ref = _first(model(**inputs)).clone()
+        ref = first_output(model(**inputs)).clone()
     budget = 1.05 * _floor_mb(model, inputs)
     for eviction in ("priority", "belady"):
         h = engine.offload(model, budget_mb=budget, example_inputs=inputs, eviction=eviction, lookahead=2,
                            backend="cpu")
         with torch.no_grad():
-            assert all(torch.equal(_first(model(**inputs)), ref) for _ in range(2)), eviction
+            assert all(torch.equal(first_output(model(**inputs)), ref) for _ in range(2)), eviction
         assert h.telemetry()[-1]["h2d_bytes"] > 0  # under the budget, weights stream every step
         h.remove()
     with torch.no_grad():
-        assert torch.equal(_first(model(**inputs)), ref)  # put back as it was
+        assert torch.equal(first_output(model(**inputs)), ref)  # put back as it was
 
 
 def _to_meta(value: Any) -> Any:
@@ -208,7 +216,7 @@ def _to_meta(value: Any) -> Any:
 
 
 @pytest.mark.parametrize("name", ["deepseek_v3", "gpt_oss", "mamba", "jamba", "bloom", "bert", "hunyuan_dit", "cosmos",
-                                  "stable_audio", "mochi", "auraflow"])
+                                  "stable_audio", "mochi", "auraflow", "flux2", "zimage"])
 def test_a_library_model_is_synthesized_from_its_config(name: str) -> None:
     """Built on the meta device, nothing allocated: one record a block and one a leaf outside
     the blocks, each priced."""
@@ -294,15 +302,16 @@ def test_decode_over_the_shipped_kv_cache_repeats_its_step(name: str) -> None:
     inputs = llama_inputs(model, SimpleNamespace(kind="decode", batch=1, context_tokens=32, text_tokens=0),
                           torch.device("cpu"), BF16)
     with torch.no_grad():
-        ref = _first(model(**inputs)).clone()
-        assert torch.equal(_first(model(**inputs)), ref)
+        ref = first_output(model(**inputs)).clone()
+        assert torch.equal(first_output(model(**inputs)), ref)
     h = engine.offload(model, budget_mb=1.05 * _floor_mb(model, inputs), example_inputs=inputs, eviction="priority",
                        lookahead=2, backend="cpu")
     with torch.no_grad():
-        assert all(torch.equal(_first(model(**inputs)), ref) for _ in range(2))
+        assert all(torch.equal(first_output(model(**inputs)), ref) for _ in range(2))
     h.remove()
 
 
+FLUX2_TARGETS = OmegaConf.load(Path(__file__).parents[1] / "conf/model/flux2_diffusers.yaml").lora_targets
 ATTN_FF = ["to_q", "to_k", "to_v", "to_out.0", "ff.net.0.proj", "ff.net.2"]
 # name -> (LoRA target modules, per-block activation checkpointing, sync layers offloaded)
 TRAINED: dict[str, tuple[list[str], bool, int]] = {
@@ -318,6 +327,9 @@ TRAINED: dict[str, tuple[list[str], bool, int]] = {
     "hidream": (["to_q", "to_k", "to_v", "to_out", "to_q_t", "to_k_t", "to_v_t", "to_out_t", "w1", "w2", "w3"],
                 True, 6),
     "cogview4": (ATTN_FF, False, 1),
+    # the shipped configs' targets (conf/model/flux2_diffusers.yaml, zimage_diffusers.yaml)
+    "flux2": (FLUX2_TARGETS, True, 1),
+    "zimage": (["to_q", "to_k", "to_v", "to_out.0", "w1", "w2", "w3"], True, 1),
 }
 
 
@@ -326,7 +338,7 @@ def _trained(name: str) -> tuple[torch.nn.Module, dict]:
     peft = pytest.importorskip("peft", reason="needs the models extra: pip install 'offload-engine[models]'")
     targets, ckpt, _ = TRAINED[name]
     torch.manual_seed(0)
-    model, inputs = (_diffusers if name in ("hunyuan_dit", "hidream", "cogview4") else _transformers)(name)
+    model, inputs = (_diffusers if name in ("hunyuan_dit", "hidream", "cogview4", "flux2", "zimage") else _transformers)(name)
     model = model.to(BF16)
     if ckpt and hasattr(model, "enable_gradient_checkpointing"):
         model.enable_gradient_checkpointing()
@@ -345,7 +357,7 @@ def _train(model: torch.nn.Module, inputs: dict, steps: range, handle: Any = Non
         opt.zero_grad(set_to_none=True)
         torch.manual_seed(s)
         with handle.step() if handle is not None else nullcontext():
-            loss = _first(model(**inputs)).float().pow(2).mean()
+            loss = first_output(model(**inputs)).float().pow(2).mean()
             loss.backward()
         out.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}))
         opt.step()

@@ -205,6 +205,43 @@ def flux_inputs(module: nn.Module, workload: Any, device: torch.device, dtype: t
     return out
 
 
+def flux2_inputs(module: nn.Module, workload: Any, device: torch.device, dtype: torch.dtype,
+                 seed: int = 0) -> dict:
+    """diffusers Flux2Transformer2DModel (FLUX.2): packed image latents, the text encoder's
+    states, and four-axis position ids (time, height, width, layer), guidance where embedded."""
+    c = module.config
+    g = torch.Generator().manual_seed(seed)
+    b, n, text, h, w = _image_shape(workload, "FLUX.2")
+    img_ids = torch.zeros(n, 4)
+    img_ids[:, 1] = torch.arange(h).repeat_interleave(w).float()
+    img_ids[:, 2] = torch.arange(w).repeat(h).float()
+    txt_ids = torch.zeros(text, 4)
+    txt_ids[:, 3] = torch.arange(text).float()
+    out = dict(
+        hidden_states=_randn(g, (b, n, c.in_channels), device, dtype),
+        encoder_hidden_states=_randn(g, (b, text, c.joint_attention_dim), device, dtype),
+        timestep=torch.full((b,), 0.5, device=device, dtype=dtype),
+        img_ids=img_ids.to(device), txt_ids=txt_ids.to(device), return_dict=False)
+    if c.guidance_embeds:
+        out["guidance"] = torch.full((b,), 4.0, device=device, dtype=dtype)
+    return out
+
+
+def zimage_inputs(module: nn.Module, workload: Any, device: torch.device, dtype: torch.dtype,
+                  seed: int = 0) -> dict:
+    """diffusers ZImageTransformer2DModel (Z-Image): one latent image (channels, 1 frame, height,
+    width) per sample on the squarest grid of the workload's image tokens (2 x 2 latent pixels
+    each), its caption's features, timestep; as lists, one entry a sample."""
+    c = module.config
+    g = torch.Generator().manual_seed(seed)
+    b, n, text, h, w = _image_shape(workload, "Z-Image")
+    p = c.all_patch_size[0]
+    return dict(x=[_randn(g, (c.in_channels, 1, h * p, w * p), device, dtype) for _ in range(b)],
+                t=torch.full((b,), 0.5, device=device, dtype=dtype),
+                cap_feats=[_randn(g, (text, c.cap_feat_dim), device, dtype) for _ in range(b)],
+                patch_size=p, return_dict=False)
+
+
 def wan_inputs(module: nn.Module, workload: Any, device: torch.device, dtype: torch.dtype,
                seed: int = 0) -> dict:
     """diffusers WanTransformer3DModel: a latent video (channels, frames, height, width), UMT5 text, timestep."""
