@@ -193,7 +193,7 @@ def timed_cores(case: dict) -> list[tuple[str, tuple[int, ...], int]]:
     for row in case["ops"]:
         func, ins, _ = _on_meta(row)
         if func._overloadpacket in MATMULS:
-            (op, shape), _, _ = matmul_core(func._overloadpacket, ins)
+            op, shape = matmul_core(func._overloadpacket, ins)
         elif row["op"].startswith(ATTENTION):
             op, shape = attention_core(ins[0], ins[1], ins[3] if row["op"].startswith(MASKABLE) and len(ins) > 3 else None)
         else:

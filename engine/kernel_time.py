@@ -226,20 +226,15 @@ class ExecutionTimePredictor:
         return self.table.module_cost if self.table is not None else None
 
     def module_kernel_ns(self, cores: Sequence[tuple[str, Sequence[int]]], passes: Sequence[tuple[str, int]],
-                         ops: int, backward: bool = False, trained: Sequence[Sequence[int]] = (),
-                         training: bool = False) -> int:
+                         ops: int, training: bool = False,
+                         backward_cores: Sequence[tuple[str, Sequence[int]]] = ()) -> int:
         """A real module's block from its census (engine/modules/census.py): each core by op
-        and shape, its memory passes (`passes_ns`) and each op's launch gap at the table's
-        ModuleCost (none without one). `backward`: the block's backward (`backward_core_ns`
-        for each core, and for each of the `trained` linears, (m, n, k), the weight's
-        gradient: the matmul (n, k, m)), its ops launched BACKWARD_OPS times.
-        `training`: its attention at a training step's rates (TRAINING)."""
-        if backward:
-            cores_ns = sum(self.backward_core_ns(op, shape, training) for op, shape in cores)
-            cores_ns += sum(self.core_ns("linear", (n, k, m)) for m, n, k in trained)
-        else:
-            cores_ns = sum(self.core_ns(op, shape, training) for op, shape in cores)
-        ops = ops * BACKWARD_OPS if backward else ops
+        and shape, each of its `backward_cores` (attention's backward, a backward's census) at
+        `backward_core_ns`, its memory passes (`passes_ns`) and each op's launch gap at the
+        table's ModuleCost (none without one). `training`: its attention at a training step's
+        rates (TRAINING)."""
+        cores_ns = sum(self.core_ns(op, shape, training) for op, shape in cores)
+        cores_ns += sum(self.backward_core_ns(op, shape, training) for op, shape in backward_cores)
         gaps = ops * self.module_cost.ns_per_op if self.module_cost is not None else 0.0
         return max(1, round(cores_ns + self.passes_ns(passes) + gaps))
 

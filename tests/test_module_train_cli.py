@@ -260,10 +260,11 @@ def test_the_synthesized_training_step_saves_what_the_recording_saw(recorded, ch
 
 def test_checkpointing_adds_each_block_forward_to_its_backward():
     """A checkpointed block runs its forward again in backward: its backward record is the
-    plain one plus its forward; the kernels outside the blocks are not recomputed. The first
-    block's backward is more again: transformers' checkpointing switch makes the embeddings'
-    output carry a gradient (for peft), so its linears' gradients by their input run there too
-    (census.py `frozen_inputs`)."""
+    plain one plus its forward (within 5%: the forward's record also holds the glue after the
+    block, which the recompute does not run); the kernels outside the blocks are not
+    recomputed. The first block's backward is more again: transformers' checkpointing switch
+    makes the embeddings' output carry a gradient (for peft), so its linears' gradients by
+    their input run there too."""
     plain, ckpt = _synthesized(False), _synthesized(True)
     fwd = {r.name: r.compute_ns for r in ckpt.records if r.phase == "fwd"}
     for a, b in zip(plain.records, ckpt.records):
@@ -274,7 +275,8 @@ def test_checkpointing_adds_each_block_forward_to_its_backward():
         if a.layer == 0:
             assert b.compute_ns > a.compute_ns + extra, a.name
         else:
-            assert b.compute_ns == a.compute_ns + extra, a.name
+            assert b.compute_ns == pytest.approx(a.compute_ns + extra, rel=0.05), a.name
+            assert b.launches > a.launches or a.layer < 0, a.name
     # Checkpointed, the blocks save only their inputs.
     assert sum(s.nbytes for r in ckpt.records for s in r.saved) < sum(s.nbytes for r in plain.records for s in r.saved)
 
@@ -322,7 +324,8 @@ def _peft_llama_on_meta() -> tuple:
 
 def test_the_api_synthesizes_a_peft_models_training_step():
     """engine.synthesize(training=True) on a module that carries its own adapters (peft's
-    get_peft_model) and checkpointing: the forward, its mirror, and each layer's forward again."""
+    get_peft_model) and checkpointing: the forward, its backward, and each layer's forward again
+    (within 5%, as above)."""
     import engine
 
     model, inputs = _peft_llama_on_meta()
@@ -336,7 +339,7 @@ def test_the_api_synthesizes_a_peft_models_training_step():
     for a, b in zip(plain.records, ckpt.records):
         if a.phase == "bwd" and ".layers." in a.name:  # the first layer's: test above
             recomputed = a.compute_ns + fwd[a.name.removesuffix(BACKWARD_SUFFIX)]
-            assert b.compute_ns > recomputed if a.layer == 0 else b.compute_ns == recomputed
+            assert b.compute_ns > recomputed if a.layer == 0 else b.compute_ns == pytest.approx(recomputed, rel=0.05)
     with pytest.raises(ConfigError, match="no trainable parameters"):
         engine.synthesize(model.base_model.model.requires_grad_(False), inputs, training=True)
 

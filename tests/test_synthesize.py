@@ -468,9 +468,10 @@ def test_a_block_is_priced_as_its_cores_passes_and_ops(tmp_path) -> None:
     passes = (("pointwise", 1_000_000), ("transposed_copy", 30_000))
     expect = 2 * 64 ** 3 / 500 + 4 * 8 * 32 * 32 * 64 / 100 + 1.2e-3 * 1e6 + 2.4e-3 * 30_000 + 2000 * 10
     assert p.module_kernel_ns(cores, passes, 10) == pytest.approx(expect, abs=1)
-    # the backward launches its ops twice, its passes priced once
-    assert p.module_kernel_ns((), passes, 10, backward=True) == pytest.approx(1.2e-3 * 1e6 + 2.4e-3 * 30_000 + 4000 * 10,
-                                                                              abs=1)
+    # a backward's census: attention's backward at the table's backward rate besides the rest
+    backward = [("attention", (8, 32, 32, 64))]
+    assert p.module_kernel_ns((), passes, 10, backward_cores=backward) == pytest.approx(
+        1.2e-3 * 1e6 + 2.4e-3 * 30_000 + 2000 * 10 + p.backward_core_ns("attention", (8, 32, 32, 64)), abs=1)
     assert p.module_host_ns(10, 25) == 25 * 9000 + 150_000 and p.module_host_ns(10, 25, hooked=False) == 25 * 9000
     data = json.loads(path.read_text())
     del data["modules"]["host_ns_per_kernel"]
@@ -544,33 +545,56 @@ def test_the_cli_predicts_a_diffusers_model_nobody_recorded(run_cli, tmp_path) -
     assert SimpleNamespace(**report["config"]).trace is None
 
 
-def test_the_census_marks_the_linears_whose_weight_trains() -> None:
-    """An adapter's matmul (its weight requires grad) is a trained core: its backward makes the
-    weight's gradient too; a frozen base linear's is not."""
+def test_a_backward_is_counted_op_by_op_under_the_kernel_whose_output_gradient_came_last() -> None:
+    """OpCensus.backward counts autograd's ops: a frozen linear's gradient by its input (none
+    where its input carries none), an adapter's by its weight as the matmul it is, and the fused
+    attention's backward as a backward core; each under the position started last."""
+    from engine.modules.census import fused_attention, meta_attention
+
     base = torch.nn.Linear(64, 32, bias=False, device=META).requires_grad_(False)
     adapter = torch.nn.Linear(64, 4, bias=False, device=META)
-    x = torch.empty(16, 64, device=META)
+    frozen_input = torch.empty(16, 64, device=META)
+    y = base(frozen_input) + torch.nn.functional.pad(adapter(frozen_input), (0, 28))  # (16, 32)
+    q = torch.empty(1, 2, 16, 16, device=META, requires_grad=True)
+    z = fused_attention(q, q, q)
+    hidden = base(torch.empty(16, 64, device=META, requires_grad=True))
     census = OpCensus()
-    with census:
-        base(x)
-        adapter(x)
-    assert census.kernels[0].cores == [("linear", (16, 32, 64)), ("linear", (16, 4, 64))]
-    assert census.kernels[0].trained == [(16, 4, 64)]
+    census.start(3)  # the loss's backward
+    y.register_hook(lambda g: census.start(0))
+    z.register_hook(lambda g: census.start(1))
+    hidden.register_hook(lambda g: census.start(2))
+    with meta_attention(), census.backward():
+        (y.sum() + z.sum() + hidden.sum()).backward()
+    mine = census.kernels
+    assert ("linear", (4, 64, 16)) in mine[0].cores  # the adapter's weight gradient, (r, k, rows)
+    assert not any(shape == (16, 64, 32) for _, shape in mine[0].cores)  # no gradient of a frozen input
+    assert mine[1].backward_cores == [("attention", (2, 16, 16, 16))] and mine[1].cores == []
+    assert mine[2].cores == [("linear", (16, 64, 32))]  # the gradient by its input: (rows, k, n)
 
 
-def test_the_census_marks_the_linears_whose_input_carries_no_gradient() -> None:
-    """A linear fed by a tensor without a gradient (a frozen embedding's output: the timestep's
-    modulation) makes no gradient of its input in the backward: the census lists its core."""
-    linear = torch.nn.Linear(64, 32, bias=True, device=META).requires_grad_(False)
-    x = torch.empty(16, 64, device=META)
-    y = torch.empty(16, 64, device=META, requires_grad=True)
-    census = OpCensus()
-    with census:
-        linear(x)
-        linear(y)
-        linear(x)
-    assert census.kernels[0].cores == [("linear", (16, 32, 64))] * 3
-    assert census.kernels[0].frozen_inputs == [0, 2]
+def test_rms_norm_on_meta_runs_as_the_fused_kernel_forward_and_backward() -> None:
+    """On the meta device F.rms_norm saves what CUDA's fused kernel saves (input and each row's
+    reciprocal RMS, no float32 temporaries) and its backward is one pass; under meta_attention
+    a checkpoint's recompute of it is one pass too."""
+    from engine.modules.census import meta_attention
+
+    x = torch.empty(8, 1024, dtype=torch.bfloat16, device=META, requires_grad=True)
+    w = torch.empty(1024, dtype=torch.bfloat16, device=META)
+    forward = OpCensus()
+    saved: list[tuple] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append((tuple(t.shape), t.dtype)) or t,
+                                                  lambda t: t), forward, forward.fused():
+        out = F.rms_norm(x, (1024,), w, 1e-6)
+    assert (forward.kernels[0].ops, list(forward.kernels[0].passes)) == (1, ["rms_norm"])
+    assert sorted(saved) == sorted([((8, 1024), torch.bfloat16), ((1024,), torch.bfloat16), ((8,), torch.float32)])
+    backward = OpCensus()
+    with meta_attention(), backward.backward():
+        out.sum().backward()
+    assert "rms_norm" in backward.kernels[0].passes and x.grad is not None  # beside the sum's own backward
+    recompute = OpCensus()
+    with meta_attention(), recompute.backward():
+        F.rms_norm(x, (1024,), w, 1e-6)
+    assert recompute.kernels[0].ops == 1 and list(recompute.kernels[0].passes) == ["rms_norm"]
 
 
 def test_attention_on_meta_saves_what_the_fused_backward_reads_and_passes_gradients() -> None:
@@ -593,17 +617,13 @@ def test_attention_on_meta_saves_what_the_fused_backward_reads_and_passes_gradie
     assert F.scaled_dot_product_attention is original
 
 
-def test_a_backward_core_is_its_input_gradient_and_a_trained_one_its_weight_gradient_too() -> None:
-    """A frozen linear (m, n, k) backward: the (m, k, n) matmul; an adapter's adds (n, k, m);
-    no tabled kernel runs faster than its bytes through HBM."""
+def test_a_skinny_matmul_is_priced_at_least_its_bytes_through_hbm() -> None:
+    """A frozen linear's backward core is the (m, k, n) matmul; no tabled kernel runs faster than
+    its bytes through HBM."""
     p = ExecutionTimePredictor(OmegaConf.create({"matmul_tflops": 500.0, "hbm_gbps": 2000.0,
                                                  "kernel_table": "h100_calibrated.kernels.json"}))
     m, n, k = 4096, 3072, 12288
     assert p.backward_core_ns("linear", (m, n, k)) == p.core_ns("linear", (m, k, n))
-    frozen = p.module_kernel_ns([("linear", (m, n, k))], (), 0, backward=True)
-    trained = p.module_kernel_ns([("linear", (m, 32, k))], (), 0, backward=True, trained=[(m, 32, k)])
-    assert trained == p.core_ns("linear", (m, k, 32)) + p.core_ns("linear", (32, k, m))
-    assert frozen == p.core_ns("linear", (m, k, n))
     skinny = (4352, 32, 15360)  # a rank-32 adapter on a 15360-wide input: its input's bytes bound it
     io = 2 * (4352 * 15360 + 32 * 15360 + 4352 * 32)
     assert p.core_ns("linear", skinny) >= io / 2000.0

@@ -22,13 +22,15 @@ position, keeps
     ops           the ops that make a tensor, views aside: about one CUDA launch
                   each;
     dispatches    every op torch dispatches, views included: the host's work;
-    trained       the linear cores whose weight requires grad (a training forward's
-                  adapters);
-    frozen_inputs the linear cores whose input does not (their backward makes no
-                  gradient of the input).
+    backward_cores  in a backward's census (`OpCensus.backward`), attention's
+                  backward, (op, shape) as its forward's core.
 
 The kernel table prices the cores by shape, the passes at its pass cost and each
-op's launch gap at its ModuleCost (engine/compute.py). On the meta device the census
+op's launch gap at its ModuleCost (engine/compute.py). A training step's backward is
+counted the same way, op by op as autograd runs it (a linear's gradient by its input
+and an adapter's by its weight are matmuls of their own shapes; a norm's backward its
+own memory passes), each op under the kernel whose output's gradient autograd made
+last (engine/modules/synthesize.py). On the meta device the census
 costs nothing, so a model nobody recorded is counted from its config alone
 (engine/modules/synthesize.py); the recorder counts its forward too, and
 mode=calibrate fits the launch gap to what it timed.
@@ -94,13 +96,11 @@ def launches_kernel(func: Any) -> bool:
     return not (func.is_view or func._overloadpacket in _NO_KERNEL)
 
 
-def matmul_core(packet: Any, args: Sequence[torch.Tensor]
-                ) -> tuple[tuple[str, tuple[int, ...]], torch.Tensor, torch.Tensor]:
-    """A MATMULS op's core, ("linear", (m, n, k)), its left-hand operand (a linear's input) and
-    its right-hand one (a linear's weight), from its tensor arguments in order."""
+def matmul_core(packet: Any, args: Sequence[torch.Tensor]) -> tuple[str, tuple[int, ...]]:
+    """A MATMULS op's core, ("linear", (m, n, k)), from its tensor arguments in order."""
     a, b = (args[1], args[2]) if packet in (_aten.addmm, _aten.baddbmm) else (args[0], args[1])
     inner = a.shape[-1]
-    return ("linear", (max(1, a.numel() // max(1, inner)), b.shape[-1], inner)), a, b
+    return "linear", (max(1, a.numel() // max(1, inner)), b.shape[-1], inner)
 
 
 def attention_core(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None,
@@ -124,12 +124,7 @@ class KernelCensus:
     passes: dict[str, int] = field(default_factory=dict)  # PASSES kind -> amount (module docstring)
     ops: int = 0
     dispatches: int = 0
-    # The linear cores whose weight trains (a LoRA adapter's), (m, n, k) each: their backward
-    # also makes the weight's gradient.
-    trained: list[tuple[int, ...]] = field(default_factory=list)
-    # The linear cores whose input carries no gradient (a frozen embedding's output, such as the
-    # timestep's modulation), by index into cores: their backward makes no gradient of the input.
-    frozen_inputs: list[int] = field(default_factory=list)
+    backward_cores: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
 
     def add_pass(self, kind: str, amount: int) -> None:
         self.passes[kind] = self.passes.get(kind, 0) + amount
@@ -219,6 +214,32 @@ class OpCensus(TorchDispatchMode):
     def fused(self) -> TorchFunctionMode:
         return _Fused(self)
 
+    @contextmanager
+    def backward(self) -> Iterator["OpCensus"]:
+        """Count the backward run inside (a training step's, on the meta device under
+        `meta_attention`): its ops as a forward's, and the fused attention's, which makes
+        no op of its own, noted by it: its backward (and checkpointing's recompute of its
+        forward) as a core."""
+        _BACKWARDS.append(self)
+        try:
+            with self:
+                yield self
+        finally:
+            _BACKWARDS.remove(self)
+
+    def note_attention(self, core: tuple[str, tuple[int, ...]], backward: bool) -> None:
+        k = self.current
+        k.ops += 1
+        k.dispatches += 1
+        (k.backward_cores if backward else k.cores).append(core)
+
+    def note_pass(self, memory: tuple[str, int]) -> None:
+        """One fused op's memory pass (kind, amount), counted where it makes no op of its own."""
+        k = self.current
+        k.ops += 1
+        k.dispatches += 1
+        k.add_pass(*memory)
+
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
@@ -231,12 +252,7 @@ class OpCensus(TorchDispatchMode):
         k.ops += 1
         packet = func._overloadpacket
         if packet in MATMULS:
-            core, a, b = matmul_core(packet, args)
-            k.cores.append(core)
-            if b.requires_grad:
-                k.trained.append(k.cores[-1][1])
-            if not a.requires_grad:
-                k.frozen_inputs.append(len(k.cores) - 1)
+            k.cores.append(matmul_core(packet, args))
         elif packet is _aten._grouped_mm:
             k.cores.append(grouped_core(args[0], args[1]))
         elif packet is _aten.convolution:
@@ -274,6 +290,9 @@ def _tensors(tree: Any) -> list[torch.Tensor]:
 _RMS_NORMS = (F.rms_norm, torch.rms_norm)
 
 
+_BACKWARDS: list[OpCensus] = []  # the censuses counting a backward now (OpCensus.backward)
+
+
 class _Fused(TorchFunctionMode):
     """scaled_dot_product_attention as one core of its census and rms_norm as one op (CUDA's
     fused kernel: it reads the input and the weight, writes the output and each row's
@@ -298,8 +317,10 @@ class _Fused(TorchFunctionMode):
         k = self.census.current
         k.ops += 1
         k.dispatches += 1
-        k.cores.append(attention_core(q, key, given.get("attn_mask"), bool(given.get("is_causal"))))
-        return self._uncounted(lambda: fused_attention(q, key, given["value"]) if q.is_meta else func(*args, **kwargs))
+        core = attention_core(q, key, given.get("attn_mask"), bool(given.get("is_causal")))
+        k.cores.append(core)
+        return self._uncounted(lambda: fused_attention(q, key, given["value"], core) if q.is_meta
+                               else func(*args, **kwargs))
 
     def _uncounted(self, run: Callable[[], Any]) -> Any:
         """`run()`'s ops left out of the census: they are the fused kernel already counted."""
@@ -310,51 +331,110 @@ class _Fused(TorchFunctionMode):
             self.census.paused = False
 
     def _rms_norm(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        out = self._uncounted(lambda: func(*args, **kwargs))
-        given = {**dict(zip(("input", "normalized_shape", "weight"), args)), **kwargs}
-        shape = given["normalized_shape"]
-        rows = out.numel() // max(1, math.prod((shape,) if isinstance(shape, int) else shape))
-        weight = given.get("weight")
+        given = {**dict(zip(("input", "normalized_shape", "weight", "eps"), args)), **kwargs}
+        out, rstd = self._uncounted(lambda: fused_rms_norm(func, **given))
         k = self.census.current
         k.ops += 1
         k.dispatches += 1
-        # As CUDA's fused kernel: it also writes each row's reciprocal RMS in fp32.
-        rstd = self._uncounted(lambda: torch.empty(rows, dtype=torch.float32, device="meta"))
-        k.add_pass(*memory_pass(_aten._fused_rms_norm, [given["input"]] + ([weight] if weight is not None else []),
-                                [out, rstd]))
+        k.add_pass(*_rms_norm_pass(given["input"], given.get("weight"), out, rstd))
         return out
+
+
+def _rms_norm_pass(x: torch.Tensor, weight: torch.Tensor | None, out: torch.Tensor,
+                   rstd: torch.Tensor) -> tuple[str, int]:
+    """CUDA's fused RMS norm's pass: it reads the input and the weight, writes the output and
+    each row's reciprocal RMS in fp32."""
+    return memory_pass(_aten._fused_rms_norm, [x] + ([weight] if weight is not None else []), [out, rstd])
+
+
+def fused_rms_norm(func: Any, input: torch.Tensor, normalized_shape: Any, weight: torch.Tensor | None = None,
+                   eps: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """rms_norm (`func`) and each row's reciprocal RMS in fp32. On the meta device as CUDA's
+    fused kernel runs it: with autograd on, it saves the input, the weight and the reciprocal
+    RMS (not the float32 ops the meta device's decomposition would save), and its backward is
+    one pass, noted in the censuses counting that backward."""
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if not input.is_meta:
+        out = func(input, shape, weight, eps)
+        return out, torch.empty(out.numel() // max(1, math.prod(shape)), dtype=torch.float32, device="meta")
+    counting = [c for c in _BACKWARDS if not c.paused]
+    for c in counting:  # the decomposition the meta device runs is not the kernel
+        c.paused = True
+    try:
+        with torch.no_grad():
+            out = func(input, shape, weight, eps)
+    finally:
+        for c in counting:
+            c.paused = False
+    rstd = torch.empty(out.numel() // max(1, math.prod(shape)), dtype=torch.float32, device="meta")
+    if torch.is_grad_enabled() and (input.requires_grad or (weight is not None and weight.requires_grad)):
+        out = _FusedRmsNorm.apply(input, weight, out, rstd)
+    return out, rstd
+
+
+class _FusedRmsNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor | None, out: torch.Tensor,
+                rstd: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, weight, rstd)
+        return out.clone() if out._base is not None else out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, weight, rstd = ctx.saved_tensors
+        for census in _BACKWARDS:
+            census.note_pass(memory_pass(_aten._fused_rms_norm, [grad, x, rstd] + ([weight] if weight is not None
+                                                                                  else []), [x]))
+        weight_grad = torch.empty_like(weight) if weight is not None and ctx.needs_input_grad[1] else None
+        return torch.empty_like(x), weight_grad, None, None
 
 
 @contextmanager
 def meta_attention() -> Iterator[None]:
-    """scaled_dot_product_attention on the meta device as the census runs it in a forward
-    (`fused_attention`), uncounted, for a training step's backward: checkpointing recomputes
-    each block's forward there and must see the same tensors saved. Autograd runs the
-    backward on its own thread, where no torch function mode of this one applies, so the
-    function itself is replaced for the while (callers look it up at each call, as
-    diffusers' and transformers' attention do)."""
-    original = F.scaled_dot_product_attention
+    """scaled_dot_product_attention and rms_norm on the meta device as the census runs them in
+    a forward (`fused_attention`, `fused_rms_norm`), for a training step's backward:
+    checkpointing recomputes each block's forward there and must see the same tensors saved,
+    and the censuses counting the backward count each as one op. Autograd runs the
+    checkpoint's recompute where no torch function mode of the forward's applies, so the
+    functions themselves are replaced for the while (callers look them up at each call, as
+    diffusers', transformers' and torch.nn.RMSNorm do)."""
+    original, original_norm = F.scaled_dot_product_attention, F.rms_norm
+
+    def rms_norm(input: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if not input.is_meta:
+            return original_norm(input, *args, **kwargs)
+        given = {**dict(zip(("normalized_shape", "weight", "eps"), args)), **kwargs}
+        out, rstd = fused_rms_norm(original_norm, input, **given)
+        for census in _BACKWARDS:  # checkpointing's recompute of the forward
+            census.note_pass(_rms_norm_pass(input, given.get("weight"), out, rstd))
+        return out
 
     def sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        if query.is_meta:
-            return fused_attention(query, key, value)
-        return original(query, key, value, *args, **kwargs)
+        if not query.is_meta:
+            return original(query, key, value, *args, **kwargs)
+        given = {**dict(zip(("attn_mask", "dropout_p", "is_causal"), args)), **kwargs}
+        core = attention_core(query, key, given.get("attn_mask"), bool(given.get("is_causal")))
+        for census in _BACKWARDS:  # checkpointing's recompute of the forward
+            census.note_attention(core, backward=False)
+        return fused_attention(query, key, value, core)
 
-    F.scaled_dot_product_attention = sdpa
+    F.scaled_dot_product_attention, F.rms_norm = sdpa, rms_norm
     try:
         yield
     finally:
-        F.scaled_dot_product_attention = original
+        F.scaled_dot_product_attention, F.rms_norm = original, original_norm
 
 
-def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    core: tuple[str, tuple[int, ...]] | None = None) -> torch.Tensor:
     """SDPA's output on the meta device: the fused kernel's only, not the scores a decomposition
     would make, laid out (batch, query, heads, dim) as the fused kernels write it, so a model's
     transpose(1, 2).contiguous() after it copies nothing, as on the GPU. With autograd on, it
     saves what the fused kernel's backward reads (query, key, value, output, the scores'
-    log-sum-exp) and its gradients reach the inputs."""
+    log-sum-exp), its gradients reach the inputs, and its backward notes `core` (its census
+    core; unmasked attention if None) in the censuses counting that backward."""
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        return _FusedAttention.apply(q, k, v)
+        return _FusedAttention.apply(q, k, v, core or attention_core(q, k, None))
     return _fused_output(q, v)
 
 
@@ -368,14 +448,18 @@ def _fused_output(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 class _FusedAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                core: tuple[str, tuple[int, ...]]) -> torch.Tensor:
         out = _fused_output(q, v)
         # The fused kernels' backward reads the row-wise log-sum-exp of the scores beside them.
         lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
         ctx.save_for_backward(q, k, v, out, lse)
+        ctx.core = core
         return out
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         q, k, v, _, _ = ctx.saved_tensors
-        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        for census in _BACKWARDS:
+            census.note_attention(ctx.core, backward=True)
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), None

@@ -32,17 +32,18 @@ a training step's costs (ModuleCost.host_ns_per_dispatch: the forward's, whose o
 autograd records, for the forward and a checkpointed block's recompute; the backward's
 for the backward). Attention on the meta
 device is the fused kernel's output and what its backward reads (census.py
-`fused_attention`). The backward mirrors the forward: a kernel's backward is its
-census at the backward's costs (`ExecutionTimePredictor.module_kernel_ns(backward=True)`:
-each linear's gradient by its input where its input carries one (census.py
-`frozen_inputs`: the timestep's modulation makes none), each adapter's by its weight, attention at
-the table's backward rate), plus its forward again where checkpointing recomputes
-it (a block that saved nothing once its first op had run: the checkpoint holds
-only its input, saved before that); a kernel that saved nothing and is not
-recomputed (before the first adapter, no gradient reaches it) runs none. The
-backward itself then runs on the meta device, so the header's peak holds what
-checkpointing's recompute and the gradients hold (less the saved tensors, which
-the simulator counts), as a recording's does. Where the step runs attention
+`fused_attention`). The backward then runs on the meta device too, counted op by op
+as the forward is (census.py `OpCensus.backward`): each op under the kernel whose
+output's gradient autograd made last (a kernel's backward starts there, as a
+recording's starts at the first tensor of its own that autograd unpacks), so a
+kernel's backward record is the ops autograd runs for it, priced as a forward's:
+the gradients by their inputs that carry one and the adapters' by their weights as
+the matmuls they are, attention's backward at the table's backward rate, the
+norms', activations' and casts' backward as the memory passes they make, and
+checkpointing's recompute of a block's forward (a block that saved nothing once its
+first op had run: the checkpoint holds only its input, saved before that). The
+header's peak holds what that recompute and the gradients hold (less the saved
+tensors, which the simulator counts), as a recording's does. Where the step runs attention
 without cuDNN's kernels, as the CLI's training does unless workload.cudnn_attention
 (engine/modes/module_setup.py), its attention forward and backward take the table's
 training rates (engine/compute.py TRAINING).
@@ -58,14 +59,15 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
-from engine.compute import BACKWARD_FLOPS_FACTOR, BACKWARD_OPS, core_flops
+from engine.compute import BACKWARD_FLOPS_FACTOR, core_flops
 from engine.kernel_time import ExecutionTimePredictor
 from engine.errors import ConfigError, EngineError
 from engine.measure.timing import NotedTensors, SavedStorages
 from engine.modules.adapters import ALL_LINEAR, TrainingLoss, add_lora, enable_checkpointing
 from engine.modules.build import build_module, example_inputs, plain_config
-from engine.modules.census import meta_attention
+from engine.modules.census import KernelCensus, OpCensus, meta_attention
 from engine.modules.kernels import (GROUPINGS, Recording, buffer_bytes, forward_live_bytes, input_tensors,
                                    kv_cache_tensors, partition, record_order)
 from engine.modules.packing import pack_kernels
@@ -99,6 +101,7 @@ class SeenForward:
     grouping: str
     saved: SavedStorages | None = None  # a training forward: what each kernel saved for backward
     recomputed: frozenset[int] = frozenset()  # a training forward's positions checkpointing runs again
+    backward: tuple[KernelCensus, ...] = ()  # a training step: each position's backward, op by op
     step_live_peak: int = 0  # a training step: the most its forward and backward held live at once
     host_syncs: tuple[int, ...] = ()  # a meta inference: positions its host would wait at (_TruthOnMeta)
 
@@ -201,10 +204,12 @@ class _Position(TorchDispatchMode):
     ops ran. A checkpointed block's ops save none: the checkpoint keeps only the block's
     input, saved before its first op (before the block is entered where the checkpoint
     wraps the module's call, as diffusers' does; after, where it wraps its forward, as
-    transformers' does)."""
+    transformers' does). With a `backward` census, each kernel's outputs that carry a
+    gradient start its position there when autograd makes their gradient."""
 
-    def __init__(self, kernels: Sequence[Any]):
+    def __init__(self, kernels: Sequence[Any], backward: OpCensus | None = None):
         super().__init__()
+        self.backward = backward
         self.current = -1
         self.inside = False
         self.op_ran = False
@@ -218,6 +223,12 @@ class _Position(TorchDispatchMode):
 
     def _leave(self, module: nn.Module, inputs: Any, output: Any) -> None:
         self.inside = False
+        if self.backward is None:
+            return
+        position, census = self.current, self.backward
+        for t in tree_flatten(output)[0]:
+            if isinstance(t, torch.Tensor) and t.requires_grad:
+                t.register_hook(lambda grad: census.start(position))
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         self.op_ran = self.op_ran or self.inside
@@ -265,7 +276,9 @@ def meta_forward(module: nn.Module, inputs: Any, grouping: str = "block",
         return outputs[-1]
 
     cls = type(module)
-    position = _Position(kernels)  # inference: only its count of the kernels entered (host syncs)
+    backward = OpCensus()
+    # inference: only its count of the kernels entered (host syncs)
+    position = _Position(kernels, backward if training else None)
     truth = _TruthOnMeta(lambda: position.current)
     try:
         if training:
@@ -279,7 +292,9 @@ def meta_forward(module: nn.Module, inputs: Any, grouping: str = "block",
                                    then=lambda: losses.append(loss_fn(outputs.pop())))
                 loss = losses.pop()
             position.remove()  # the backward's recomputation is not a forward
-            with live, meta_attention(), truth:  # the backward: checkpointing recomputes a block and holds its activations
+            backward.start(position.current)  # the loss's backward, with the last kernel's
+            # The backward: checkpointing recomputes a block and holds its activations.
+            with live, meta_attention(), truth, backward.backward():
                 loss.backward()
         else:
             with torch.no_grad(), truth:
@@ -301,7 +316,8 @@ def meta_forward(module: nn.Module, inputs: Any, grouping: str = "block",
                            if training and layer >= 0 and not position.own_saves.get(i) and _checkpointed(module))
     return SeenForward(rec, packed.order, sum(_nbytes(p) for p in [*kept, *rec.outside]), buffer_bytes(module),
                        input_bytes, sum(p.numel() for p in module.parameters()), f"{cls.__module__}.{cls.__qualname__}",
-                       grouping, saved, recomputed, live.peak if training else 0,
+                       grouping, saved, recomputed, tuple(backward.kernels) if training else (),
+                       live.peak if training else 0,
                        () if training else tuple(sorted({s % len(packed.order) for s in truth.syncs})))
 
 
@@ -313,7 +329,8 @@ def _checkpointed(module: nn.Module) -> bool:
 
 def priced_trace(seen: SeenForward, hardware: Any, name: str, workload: Mapping[str, Any]) -> Trace:
     """The one-step trace of what `seen` ran, priced for `hardware`: an inference, or where
-    `seen` is a training forward the LoRA step, its backward mirrored (module docstring)."""
+    `seen` is a training forward the LoRA step, its backward as its census counted it (module
+    docstring)."""
     predictor = ExecutionTimePredictor(hardware)
     if predictor.table is not None and predictor.module_cost is None:
         log.warning("hardware.kernel_table=%s prices no real module (fitted without module recordings): each "
@@ -385,27 +402,25 @@ def _plain_host_factor(records: Sequence[KernelRecord], hook_ns: float) -> float
 
 def _backward(predictor: ExecutionTimePredictor, seen: SeenForward, f: KernelRecord, i: int,
               needs: Sequence[str], attention: bool) -> KernelRecord:
-    """The backward record of forward position `i` (`f`), frozen base weights (module docstring);
-    `attention`: at a training step's rates (ExecutionTimePredictor.module_kernel_ns)."""
+    """The backward record of forward position `i` (`f`), priced from its census (module
+    docstring); `attention`: at a training step's rates (ExecutionTimePredictor.module_kernel_ns).
+    Its host is its forward's ops' at the backward's cost per op, and its forward's again where
+    checkpointing recomputes it (ModuleCost.host_ns_per_dispatch)."""
     c = seen.recording.census[i]
+    b = seen.backward[i] if i < len(seen.backward) else KernelCensus()
     recomputed = i in seen.recomputed
+    compute = predictor.module_kernel_ns(b.cores, b.pass_list(), b.ops, training=attention,
+                                         backward_cores=b.backward_cores)
     if seen.saved.packs.get(i, 0) or recomputed:
-        frozen = set(c.frozen_inputs)  # no gradient of their input to make
-        cores = [core for j, core in enumerate(c.cores) if j not in frozen]
-        compute = predictor.module_kernel_ns(cores, c.pass_list(), c.ops, backward=True, trained=c.trained,
-                                             training=attention)
         host = predictor.module_host_ns(c.ops, c.dispatches, phase="bwd")
-        launches = c.ops * BACKWARD_OPS
     else:  # no gradient reaches it
-        compute, host, launches = 1, predictor.module_host_ns(0, 0), 0
+        host = predictor.module_host_ns(0, 0)
     if recomputed:
-        compute += f.compute_ns
         host += predictor.module_host_ns(c.ops, c.dispatches, hooked=False, phase="train")
-        launches += c.ops
     return KernelRecord(
         name=f.name + BACKWARD_SUFFIX, layer=f.layer, phase="bwd", weights=f.weights, compute_ns=compute,
         flops=BACKWARD_FLOPS_FACTOR * f.flops, io_bytes=f.io_bytes, host_ns=host, needs=tuple(needs),
-        launches=launches)
+        launches=b.ops)
 
 
 def synthesize_module(model_cfg: Any, workload: Any, hardware: Any) -> Trace:
