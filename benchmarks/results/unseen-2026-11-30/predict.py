@@ -2,7 +2,8 @@
 [dev], Z-Image, Qwen3-8B), hardware=h200, synthesized on the CPU from the config alone (no
 recording). Inference: synced loop, priority, lookahead 2, as benchmarks/real_models.py measures
 it. LoRA steps (rank 32, checkpointed, activations kept, free-running, priority, lookahead 2), as
-`mode=execute` runs them."""
+`mode=execute` runs them. `--train-only`: the LoRA steps alone (predicted again after the
+backward's census, predictions-after.txt)."""
 import sys
 from pathlib import Path
 
@@ -21,7 +22,7 @@ register()
 hw = load_hardware("h200")
 INFER = [("flux2", (0, 24000, 12000)), ("zimage", (0, 6000, 3000)), ("qwen3_8b", (0, 8000, 4000)),
          ("qwen3_8b_prefill", (0, 8000))]
-for key, budgets in INFER:
+for key, budgets in [] if "--train-only" in sys.argv else INFER:
     wl = OmegaConf.create(WORKLOADS[key])
     trace = synthesize_module(OmegaConf.load(ROOT / "conf" / "model" / f"{MODELS[key]}.yaml"), wl, hw)
     for b in budgets:
