@@ -3,7 +3,8 @@
 recording). Inference: synced loop, priority, lookahead 2, as benchmarks/real_models.py measures
 it. LoRA steps (rank 32, checkpointed, activations kept, free-running, priority, lookahead 2), as
 `mode=execute` runs them. `--train-only`: the LoRA steps alone (predicted again after the
-backward's census, predictions-after.txt)."""
+backward's census, predictions-after.txt); with `--flux2`, FLUX.2's LoRA step instead
+(predictions-flux2-train.txt)."""
 import sys
 from pathlib import Path
 
@@ -31,6 +32,8 @@ for key, budgets in [] if "--train-only" in sys.argv else INFER:
               f"H2D {p['h2d_bytes'] / 1e9:.2f} GB, process peak {p['peak_process_bytes'] / 1e9:.2f} GB", flush=True)
 TRAIN = [("zimage_diffusers", ["workload.video_tokens=4096", "workload.text_tokens=256"], (None, 4000)),
          ("qwen3_8b_hf", ["workload.text_tokens=2048"], (None, 8000))]
+if "--flux2" in sys.argv:  # predicted with the backward counted op by op, before FLUX.2's LoRA step first ran
+    TRAIN = [("flux2_diffusers", ["workload.video_tokens=4096", "workload.text_tokens=512"], (None, 24000))]
 for model, tokens, budgets in TRAIN:
     with initialize_config_module(config_module="conf", version_base="1.3"):
         cfg = compose(config_name="config", overrides=[
