@@ -119,13 +119,15 @@ def example_inputs(model_cfg: Any, module: nn.Module, workload: Any, device: tor
 
 
 def first_output(out: Any) -> torch.Tensor:
-    """The tensor a forward's output leads with: itself, the first of a tuple (diffusers'
-    return_dict=False), or a transformers output's logits."""
+    """The tensor a forward's output leads with: itself, the first of a tuple or list
+    (diffusers' return_dict=False; Z-Image's list, one sample each), a transformers output's
+    logits, or else its first field (an encoder's last hidden state)."""
     if isinstance(out, torch.Tensor):
         return out
     if isinstance(out, (tuple, list)):
         return first_output(out[0])
-    return out.logits
+    logits = getattr(out, "logits", None)
+    return logits if logits is not None else first_output(out[0])
 
 
 def _grid(tokens: int) -> tuple[int, int, int]:
