@@ -388,3 +388,19 @@ def test_a_library_model_trains_a_lora_bitwise(name: str) -> None:
         assert torch.equal(loss, loss_ref) and grads.keys() == grads_ref.keys()
         assert all(torch.equal(grads[k], grads_ref[k]) for k in grads_ref)
     assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())  # put back as it was
+
+
+def test_a_lora_target_naming_a_module_list_is_refused_in_one_line() -> None:
+    """FLUX.2's double blocks hold `attn.to_out` as a ModuleList (a single block's is the linear):
+    the suffix is refused naming the list and its linear, not with peft's repr of the list."""
+    from engine.errors import ConfigError
+    from engine.modules.adapters import add_lora
+
+    model, _ = _diffusers("flux2")
+    with pytest.raises(ConfigError, match=r"'attn.to_out' matches transformer_blocks.0.attn.to_out, a ModuleList, "
+                                          r"which peft cannot adapt; name its linear \('attn.to_out.0'\)") as refused:
+        add_lora(model, 4, ["to_q", "attn.to_out"], device=torch.device("cpu"))
+    assert "\n" not in str(refused.value)
+    add_lora(model, 4, FLUX2_TARGETS, device=torch.device("cpu"))  # the shipped expression adapts both kinds
+    assert {n.rsplit(".lora_A", 1)[0] for n, _ in model.named_parameters() if ".lora_A" in n} >= {
+        "transformer_blocks.0.attn.to_out.0", "single_transformer_blocks.0.attn.to_out"}

@@ -37,6 +37,8 @@ def add_lora(module: nn.Module, rank: int, targets: str | Sequence[str] = ALL_LI
     if rank < 1:
         raise ConfigError(f"workload.lora_rank={rank}: LoRA training needs a rank of 1 or more")
     targets = targets if isinstance(targets, str) else list(targets)
+    if not isinstance(targets, str):
+        _refuse_containers(module, targets)
     module.requires_grad_(False)
     config = peft.LoraConfig(r=rank, lora_alpha=rank, lora_dropout=0.0, target_modules=targets)
     try:
@@ -55,6 +57,19 @@ def add_lora(module: nn.Module, rank: int, targets: str | Sequence[str] = ALL_LI
                     value = (ADAPTER_SCALE * torch.randn(tuple(p.shape), generator=g)).to(device=device, dtype=dtype)
                 m._parameters[name] = nn.Parameter(value)
     return module
+
+
+def _refuse_containers(module: nn.Module, targets: Sequence[str]) -> None:
+    """A suffix naming a module list or sequence (diffusers' `attn.to_out` in most blocks), which
+    peft refuses with the container's whole repr: one line naming it and the ways out."""
+    for name, m in module.named_modules():
+        hit = next((t for t in targets if name == t or name.endswith("." + t)), None)
+        if hit is not None and isinstance(m, (nn.ModuleList, nn.Sequential, nn.ModuleDict)):
+            inner = next((f"{hit}.{n}" for n, c in m.named_children() if isinstance(c, nn.Linear)), None)
+            raise ConfigError(
+                f"model.lora_targets: {hit!r} matches {name}, a {type(m).__name__}, which peft cannot adapt; name "
+                + (f"its linear ({inner!r}), " if inner else "the linears inside it, ")
+                + "or give one regular expression string that peft matches whole (conf/model/flux2_diffusers.yaml)")
 
 
 def enable_checkpointing(module: nn.Module) -> None:
