@@ -45,6 +45,8 @@ one flux_diffusers_train_h200 model=flux_diffusers workload=train_lora workload.
     workload.text_tokens=256 workload.checkpointing=true trace=$T/validate/flux-train-c.jsonl.gz
 one wan14b_diffusers_train_default_h200 model=wan14b_diffusers workload=train_lora workload.video_tokens=6144 \
     workload.text_tokens=512 workload.checkpointing=true measurements=$T/validate/wan14b-train-stall.measurements.json
+one zimage_diffusers_train_default_h200 model=zimage_diffusers workload=train_lora workload.video_tokens=4096 \
+    workload.text_tokens=256 workload.checkpointing=true measurements=$T/validate/zimage-train.measurements.json
 one wan14b_diffusers_train_h200 model=wan14b_diffusers workload=train_lora workload.video_tokens=6144 \
     workload.text_tokens=512 workload.checkpointing=true trace=$T/modules/wan14b-train.jsonl.gz \
     measurements=$T/validate/wan14b-train-stall.measurements.json
