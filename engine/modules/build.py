@@ -187,15 +187,22 @@ def ltx2_inputs(module: nn.Module, workload: Any, device: torch.device, dtype: t
         return_dict=False)
 
 
+def _image_ids(h: int, w: int, axes: int) -> torch.Tensor:
+    """FLUX's position ids of an h x w token grid, row-major: (h * w, axes), the row on axis 1 and
+    the column on axis 2, the others 0."""
+    ids = torch.zeros(h * w, axes)
+    ids[:, 1] = torch.arange(h).repeat_interleave(w).float()
+    ids[:, 2] = torch.arange(w).repeat(h).float()
+    return ids
+
+
 def flux_inputs(module: nn.Module, workload: Any, device: torch.device, dtype: torch.dtype,
                 seed: int = 0) -> dict:
     """diffusers FluxTransformer2DModel: packed image latents, T5 text, CLIP pooled, ids."""
     c = module.config
     g = torch.Generator().manual_seed(seed)
     b, n, text, h, w = _image_shape(workload, "FLUX")
-    img_ids = torch.zeros(n, 3)
-    img_ids[:, 1] = torch.arange(h).repeat_interleave(w).float()
-    img_ids[:, 2] = torch.arange(w).repeat(h).float()
+    img_ids = _image_ids(h, w, 3)
     out = dict(
         hidden_states=_randn(g, (b, n, c.in_channels), device, dtype),
         encoder_hidden_states=_randn(g, (b, text, c.joint_attention_dim), device, dtype),
@@ -214,9 +221,7 @@ def flux2_inputs(module: nn.Module, workload: Any, device: torch.device, dtype: 
     c = module.config
     g = torch.Generator().manual_seed(seed)
     b, n, text, h, w = _image_shape(workload, "FLUX.2")
-    img_ids = torch.zeros(n, 4)
-    img_ids[:, 1] = torch.arange(h).repeat_interleave(w).float()
-    img_ids[:, 2] = torch.arange(w).repeat(h).float()
+    img_ids = _image_ids(h, w, 4)
     txt_ids = torch.zeros(text, 4)
     txt_ids[:, 3] = torch.arange(text).float()
     out = dict(
