@@ -549,7 +549,7 @@ def test_a_backward_is_counted_op_by_op_under_the_kernel_whose_output_gradient_c
     """OpCensus.backward counts autograd's ops: a frozen linear's gradient by its input (none
     where its input carries none), an adapter's by its weight as the matmul it is, and the fused
     attention's backward as a backward core; each under the position started last."""
-    from engine.modules.census import fused_attention, meta_attention
+    from engine.modules.census import fused_attention, meta_fused_kernels
 
     base = torch.nn.Linear(64, 32, bias=False, device=META).requires_grad_(False)
     adapter = torch.nn.Linear(64, 4, bias=False, device=META)
@@ -563,7 +563,7 @@ def test_a_backward_is_counted_op_by_op_under_the_kernel_whose_output_gradient_c
     y.register_hook(lambda g: census.start(0))
     z.register_hook(lambda g: census.start(1))
     hidden.register_hook(lambda g: census.start(2))
-    with meta_attention(), census.backward():
+    with meta_fused_kernels(), census.backward():
         (y.sum() + z.sum() + hidden.sum()).backward()
     mine = census.kernels
     assert ("linear", (4, 64, 16)) in mine[0].cores  # the adapter's weight gradient, (r, k, rows)
@@ -574,9 +574,9 @@ def test_a_backward_is_counted_op_by_op_under_the_kernel_whose_output_gradient_c
 
 def test_rms_norm_on_meta_runs_as_the_fused_kernel_forward_and_backward() -> None:
     """On the meta device F.rms_norm saves what CUDA's fused kernel saves (input and each row's
-    reciprocal RMS, no float32 temporaries) and its backward is one pass; under meta_attention
+    reciprocal RMS, no float32 temporaries) and its backward is one pass; under meta_fused_kernels
     a checkpoint's recompute of it is one pass too."""
-    from engine.modules.census import meta_attention
+    from engine.modules.census import meta_fused_kernels
 
     x = torch.empty(8, 1024, dtype=torch.bfloat16, device=META, requires_grad=True)
     w = torch.empty(1024, dtype=torch.bfloat16, device=META)
@@ -588,20 +588,20 @@ def test_rms_norm_on_meta_runs_as_the_fused_kernel_forward_and_backward() -> Non
     assert (forward.kernels[0].ops, list(forward.kernels[0].passes)) == (1, ["rms_norm"])
     assert sorted(saved) == sorted([((8, 1024), torch.bfloat16), ((1024,), torch.bfloat16), ((8,), torch.float32)])
     backward = OpCensus()
-    with meta_attention(), backward.backward():
+    with meta_fused_kernels(), backward.backward():
         out.sum().backward()
     assert "rms_norm" in backward.kernels[0].passes and x.grad is not None  # beside the sum's own backward
     recompute = OpCensus()
-    with meta_attention(), recompute.backward():
+    with meta_fused_kernels(), recompute.backward():
         F.rms_norm(x, (1024,), w, 1e-6)
     assert recompute.kernels[0].ops == 1 and list(recompute.kernels[0].passes) == ["rms_norm"]
 
 
 def test_attention_on_meta_saves_what_the_fused_backward_reads_and_passes_gradients() -> None:
     """With autograd on, the meta device's fused attention saves query, key, value, output and
-    the fp32 log-sum-exp, and its gradients reach the inputs; meta_attention swaps SDPA only
+    the fp32 log-sum-exp, and its gradients reach the inputs; meta_fused_kernels swaps SDPA only
     for its while."""
-    from engine.modules.census import fused_attention, meta_attention
+    from engine.modules.census import fused_attention, meta_fused_kernels
 
     q = torch.empty(1, 4, 32, 16, dtype=torch.bfloat16, device=META, requires_grad=True)
     saved: list[tuple] = []
@@ -611,7 +611,7 @@ def test_attention_on_meta_saves_what_the_fused_backward_reads_and_passes_gradie
     out.sum().backward()
     assert q.grad is not None and q.grad.shape == q.shape
     original = F.scaled_dot_product_attention
-    with meta_attention():
+    with meta_fused_kernels():
         assert F.scaled_dot_product_attention is not original
         assert F.scaled_dot_product_attention(q, q, q).shape == q.shape
     assert F.scaled_dot_product_attention is original

@@ -217,7 +217,7 @@ class OpCensus(TorchDispatchMode):
     @contextmanager
     def backward(self) -> Iterator["OpCensus"]:
         """Count the backward run inside (a training step's, on the meta device under
-        `meta_attention`): its ops as a forward's, and the fused attention's, which makes
+        `meta_fused_kernels`): its ops as a forward's, and the fused attention's, which makes
         no op of its own, noted by it: its backward (and checkpointing's recompute of its
         forward) as a core."""
         _BACKWARDS.append(self)
@@ -390,7 +390,7 @@ class _FusedRmsNorm(torch.autograd.Function):
 
 
 @contextmanager
-def meta_attention() -> Iterator[None]:
+def meta_fused_kernels() -> Iterator[None]:
     """scaled_dot_product_attention and rms_norm on the meta device as the census runs them in
     a forward (`fused_attention`, `fused_rms_norm`), for a training step's backward:
     checkpointing recomputes each block's forward there and must see the same tensors saved,

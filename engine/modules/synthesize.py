@@ -67,7 +67,7 @@ from engine.errors import ConfigError, EngineError
 from engine.measure.timing import NotedTensors, SavedStorages
 from engine.modules.adapters import ALL_LINEAR, TrainingLoss, add_lora, enable_checkpointing
 from engine.modules.build import build_module, example_inputs, plain_config
-from engine.modules.census import KernelCensus, OpCensus, meta_attention
+from engine.modules.census import KernelCensus, OpCensus, meta_fused_kernels
 from engine.modules.kernels import (GROUPINGS, Recording, buffer_bytes, forward_live_bytes, input_tensors,
                                    kv_cache_tensors, partition, record_order)
 from engine.modules.packing import pack_kernels
@@ -294,7 +294,7 @@ def meta_forward(module: nn.Module, inputs: Any, grouping: str = "block",
             position.remove()  # the backward's recomputation is not a forward
             backward.start(position.current)  # the loss's backward, with the last kernel's
             # The backward: checkpointing recomputes a block and holds its activations.
-            with live, meta_attention(), truth, backward.backward():
+            with live, meta_fused_kernels(), truth, backward.backward():
                 loss.backward()
         else:
             with torch.no_grad(), truth:
