@@ -123,10 +123,12 @@ def comparison(pred: dict, meas: dict, training: bool) -> list[dict]:
     for label, key, unit in _INFER_ROWS + (_TRAIN_ROWS if training else ()):
         p = pred.get(_PREDICTED_AS.get(key, key))
         m = meas.get(key)
-        elsewhere = meas["backend"] != "cuda" and (unit in ("ms", "GB/s") or training and key in _SAVES_KEYS)
-        err = None if p in (None, 0) or m is None or elsewhere else (m - p) / p
+        cpu = meas["backend"] != "cuda"
+        why = ("not a GPU's time" if cpu and unit in ("ms", "GB/s")
+               else "the CPU's saves" if cpu and training and key in _SAVES_KEYS else None)
+        err = None if p in (None, 0) or m is None or why else (m - p) / p
         rows.append({"what": label, "key": key, "unit": unit, "predicted": p, "measured": m,
-                     "relative_error": err})
+                     "relative_error": err, "not_compared": why})
     return rows
 
 
@@ -134,23 +136,20 @@ def comparison_md(rows: list[dict], meas: dict, step_ms_range: Sequence[float] |
     """The comparison table and what the run's notes say about it (`step_ms_range`: the
     predicted warm steps', named where the measurement says they vary)."""
     gpu = meas["backend"] != "cpu"
-    training = any(r["key"] == "spill_bytes" for r in rows)
 
     def verdict(r: dict) -> str:
-        if not gpu and r["unit"] in ("ms", "GB/s"):
-            return "not a GPU's time"
-        if not gpu and training and r["key"] in _SAVES_KEYS:
-            return "the CPU's saves"
-        return "-" if r["relative_error"] is None else f"{r['relative_error']:+.1%}"
+        err = r["relative_error"]
+        return r.get("not_compared") or ("-" if err is None else f"{err:+.1%}")
 
     body = [[r["what"], _cell(r["predicted"], r["unit"]), _cell(r["measured"], r["unit"]), verdict(r)] for r in rows]
     md = ["## Measured beside predicted", "", table(["what", "predicted", "measured", "error"], body), ""]
     if not gpu:
+        saves = any(r.get("not_compared") == "the CPU's saves" for r in rows)
         md.append(f"- weights.backend={meas['backend']} is the test backend: its times are a CPU's, not a GPU's, "
                   "so they are shown but not compared; bytes, copies and pool counts are compared exactly"
                   + ("; but for the saved activations': the spec declares what the GPU's kernels save, and "
                      "the CPU's save more (F.rms_norm, decomposed there, saves its float32 upcast)"
-                     if training else ""))
+                     if saves else ""))
     for key, what in (("outputs_match_reference", "outputs"), ("loss_match_reference", "loss"),
                       ("grads_match_reference", "gradients")):
         if key in meas:

@@ -276,9 +276,8 @@ def meta_forward(module: nn.Module, inputs: Any, grouping: str = "block",
         return outputs[-1]
 
     cls = type(module)
-    backward = OpCensus()
-    # inference: only its count of the kernels entered (host syncs)
-    position = _Position(kernels, backward if training else None)
+    backward = OpCensus() if training else None
+    position = _Position(kernels, backward)  # inference: only its count of the kernels entered (host syncs)
     truth = _TruthOnMeta(lambda: position.current)
     try:
         if training:
@@ -316,7 +315,7 @@ def meta_forward(module: nn.Module, inputs: Any, grouping: str = "block",
                            if training and layer >= 0 and not position.own_saves.get(i) and _checkpointed(module))
     return SeenForward(rec, packed.order, sum(_nbytes(p) for p in [*kept, *rec.outside]), buffer_bytes(module),
                        input_bytes, sum(p.numel() for p in module.parameters()), f"{cls.__module__}.{cls.__qualname__}",
-                       grouping, saved, recomputed, tuple(backward.kernels) if training else (),
+                       grouping, saved, recomputed, tuple(backward.kernels) if backward is not None else (),
                        live.peak if training else 0,
                        () if training else tuple(sorted({s % len(packed.order) for s in truth.syncs})))
 
