@@ -10,7 +10,8 @@ workload, the device, the dtype and a seed, returning keyword arguments).
     build_module    instantiate the config's module (meta parameters, the config's dtype)
     example_inputs  the config's inputs builder for a workload
     first_output    the tensor a forward's output leads with (what runs are compared by)
-    ltx2_inputs, flux_inputs, wan_inputs, qwen_image_inputs, llama_inputs   the shipped builders
+    ltx2_inputs, flux_inputs, flux2_inputs, zimage_inputs, wan_inputs, hunyuan_video_inputs,
+    qwen_image_inputs, sd3_inputs, mochi_inputs, auraflow_inputs, llama_inputs   the shipped builders
 """
 from __future__ import annotations
 
