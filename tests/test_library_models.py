@@ -18,8 +18,9 @@ from omegaconf import OmegaConf
 
 import engine
 from engine.errors import BelowFloorError
-from engine.modules.build import (auraflow_inputs, first_output, flux2_inputs, mochi_inputs, qwen_image_inputs, sd3_inputs,
-                                  zimage_inputs)
+from engine.modules.adapters import enable_checkpointing
+from engine.modules.build import (auraflow_inputs, first_output, flux2_inputs, hunyuan_image_inputs, mochi_inputs,
+                                  qwen_image_inputs, sd3_inputs, zimage_inputs)
 
 BF16 = torch.bfloat16
 
@@ -59,6 +60,8 @@ def _transformers(name: str) -> tuple[torch.nn.Module, dict]:
         model = t.GPT2LMHeadModel(t.GPT2Config(n_embd=64, n_layer=6, n_head=4, vocab_size=512, n_positions=128))
     elif name == "gemma2":  # tied head, sliding-window layers, soft-capping
         model = t.Gemma2ForCausalLM(t.Gemma2Config(**common, head_dim=16))
+    elif name == "gemma3":  # tied head, five sliding-window layers to a global one, query and key norms
+        model = t.Gemma3ForCausalLM(t.Gemma3TextConfig(**common, head_dim=16, sliding_window=8))
     elif name == "mixtral":  # mixture of experts: a block reads every expert
         model = t.MixtralForCausalLM(t.MixtralConfig(**common, num_local_experts=4, num_experts_per_tok=2))
     else:
@@ -164,6 +167,11 @@ def _diffusers(name: str) -> tuple[torch.nn.Module, dict]:
         model = d.ZImageTransformer2DModel(in_channels=4, dim=64, n_layers=4, n_refiner_layers=2, n_heads=2,
                                            n_kv_heads=2, cap_feat_dim=32, axes_dims=[8, 12, 12], axes_lens=[64, 32, 32])
         inputs = zimage_inputs(model, SimpleNamespace(batch=1, video_tokens=64, text_tokens=8), _here(), BF16)
+    elif name == "hunyuan_image":  # HunyuanImage 2.1: the text's mask joins every block's attention, by keyword
+        model = d.HunyuanImageTransformer2DModel(in_channels=4, out_channels=4, num_attention_heads=2,
+                                                 attention_head_dim=16, num_layers=2, num_single_layers=2,
+                                                 num_refiner_layers=1, text_embed_dim=32, rope_axes_dim=(8, 8))
+        inputs = hunyuan_image_inputs(model, SimpleNamespace(batch=1, video_tokens=64, text_tokens=8), _here(), BF16)
     else:  # sana: linear attention, a caption norm
         model = d.SanaTransformer2DModel(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16,
                                          num_layers=4, num_cross_attention_heads=2, cross_attention_head_dim=16,
@@ -181,10 +189,10 @@ def _floor_mb(model: torch.nn.Module, inputs: dict) -> float:
 
 
 BUILDERS: dict[str, Callable[[str], tuple[torch.nn.Module, dict]]] = {
-    **dict.fromkeys(("qwen2", "gemma2", "gpt2", "mixtral", "t5", "deepseek_v3", "gpt_oss", "mamba", "jamba", "bloom",
-                     "bert"), _transformers),
+    **dict.fromkeys(("qwen2", "gemma2", "gemma3", "gpt2", "mixtral", "t5", "deepseek_v3", "gpt_oss", "mamba", "jamba",
+                     "bloom", "bert"), _transformers),
     **dict.fromkeys(("unet", "sd3", "hunyuan_video", "qwen_image", "sana", "hunyuan_dit", "cosmos", "stable_audio",
-                     "mochi", "auraflow", "flux2", "zimage"), _diffusers),
+                     "mochi", "auraflow", "flux2", "zimage", "hunyuan_image"), _diffusers),
 }
 
 
@@ -216,7 +224,7 @@ def _to_meta(value: Any) -> Any:
 
 
 @pytest.mark.parametrize("name", ["deepseek_v3", "gpt_oss", "mamba", "jamba", "bloom", "bert", "hunyuan_dit", "cosmos",
-                                  "stable_audio", "mochi", "auraflow", "flux2", "zimage"])
+                                  "stable_audio", "mochi", "auraflow", "flux2", "zimage", "hunyuan_image", "gemma3"])
 def test_a_library_model_is_synthesized_from_its_config(name: str) -> None:
     """Built on the meta device, nothing allocated: one record a block and one a leaf outside
     the blocks, each priced."""
@@ -312,6 +320,8 @@ def test_decode_over_the_shipped_kv_cache_repeats_its_step(name: str) -> None:
 
 
 FLUX2_TARGETS = OmegaConf.load(Path(__file__).parents[1] / "conf/model/flux2_diffusers.yaml").lora_targets
+HUNYUAN_IMAGE_TARGETS = list(OmegaConf.load(Path(__file__).parents[1] / "conf/model/hunyuan_image_diffusers.yaml")
+                             .lora_targets)
 ATTN_FF = ["to_q", "to_k", "to_v", "to_out.0", "ff.net.0.proj", "ff.net.2"]
 # name -> (LoRA target modules, per-block activation checkpointing, sync layers offloaded)
 TRAINED: dict[str, tuple[list[str], bool, int]] = {
@@ -330,6 +340,10 @@ TRAINED: dict[str, tuple[list[str], bool, int]] = {
     # the shipped configs' targets (conf/model/flux2_diffusers.yaml, zimage_diffusers.yaml)
     "flux2": (FLUX2_TARGETS, True, 1),
     "zimage": (["to_q", "to_k", "to_v", "to_out.0", "w1", "w2", "w3"], True, 1),
+    "hunyuan_image": (HUNYUAN_IMAGE_TARGETS, True, 1),  # its blocks take their mask by keyword
+    # a checkpointed layer's input is saved as its checkpoint starts, before the layer's own hooks:
+    # it counts with the layer before, so layer 0 (after the embedding) holds layer 1's
+    "gemma3": (["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], True, 2),
 }
 
 
@@ -338,12 +352,11 @@ def _trained(name: str) -> tuple[torch.nn.Module, dict]:
     peft = pytest.importorskip("peft", reason="needs the models extra: pip install 'offload-engine[models]'")
     targets, ckpt, _ = TRAINED[name]
     torch.manual_seed(0)
-    model, inputs = (_diffusers if name in ("hunyuan_dit", "hidream", "cogview4", "flux2", "zimage") else _transformers)(name)
+    model, inputs = (_diffusers if name in ("hunyuan_dit", "hidream", "cogview4", "flux2", "zimage", "hunyuan_image")
+                     else _transformers)(name)
     model = model.to(BF16)
-    if ckpt and hasattr(model, "enable_gradient_checkpointing"):
-        model.enable_gradient_checkpointing()
-    elif ckpt:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if ckpt:
+        enable_checkpointing(model)  # the CLI's: keyword arguments pass through diffusers' blocks
     model.train()
     return peft.inject_adapter_in_model(peft.LoraConfig(r=4, target_modules=targets, init_lora_weights=False),
                                         model), inputs

@@ -16,6 +16,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from engine.errors import ConfigError
 from engine.modules.build import MODELS_EXTRA
@@ -72,6 +73,13 @@ def _refuse_containers(module: nn.Module, targets: Sequence[str]) -> None:
                 + "or give one regular expression string that peft matches whole (conf/model/flux2_diffusers.yaml)")
 
 
+def checkpointed(block: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """A diffusers block's forward under non-reentrant checkpointing, keyword arguments passed
+    through (diffusers' own function passes positional ones only, and HunyuanImage's blocks take
+    their mask and rotary embedding by keyword)."""
+    return checkpoint(block.__call__, *args, use_reentrant=False, **kwargs)
+
+
 def enable_checkpointing(module: nn.Module) -> None:
     """Per-block activation checkpointing by the module's own switch (non-reentrant)."""
     if hasattr(module, "activation_checkpointing_enable"):  # transformers >= 5.2x
@@ -79,7 +87,7 @@ def enable_checkpointing(module: nn.Module) -> None:
     elif hasattr(module, "gradient_checkpointing_enable"):  # earlier transformers
         module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     elif hasattr(module, "enable_gradient_checkpointing"):  # diffusers
-        module.enable_gradient_checkpointing()
+        module.enable_gradient_checkpointing(checkpointed)
     else:
         raise ConfigError(f"workload.checkpointing=true: this {type(module).__name__} has no gradient "
                           "checkpointing switch (diffusers' enable_gradient_checkpointing, transformers' "

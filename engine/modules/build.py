@@ -11,7 +11,8 @@ workload, the device, the dtype and a seed, returning keyword arguments).
     example_inputs  the config's inputs builder for a workload
     first_output    the tensor a forward's output leads with (what runs are compared by)
     ltx2_inputs, flux_inputs, flux2_inputs, zimage_inputs, wan_inputs, hunyuan_video_inputs,
-    qwen_image_inputs, sd3_inputs, mochi_inputs, auraflow_inputs, llama_inputs   the shipped builders
+    hunyuan_image_inputs, qwen_image_inputs, sd3_inputs, mochi_inputs, auraflow_inputs,
+    llama_inputs   the shipped builders
 """
 from __future__ import annotations
 
@@ -280,6 +281,28 @@ def hunyuan_video_inputs(module: nn.Module, workload: Any, device: torch.device,
         encoder_attention_mask=torch.ones(b, text, device=device, dtype=torch.long),
         pooled_projections=_randn(g, (b, c.pooled_projection_dim), device, dtype),
         guidance=torch.full((b,), 6000.0, device=device, dtype=dtype), return_dict=False)
+
+
+def hunyuan_image_inputs(module: nn.Module, workload: Any, device: torch.device, dtype: torch.dtype,
+                         seed: int = 0) -> dict:
+    """diffusers HunyuanImageTransformer2DModel (HunyuanImage 2.1): one latent image (channels,
+    height, width) per sample on the squarest grid of the workload's image tokens (a latent
+    pixel each, patch size 1), its text states with their mask (the text joins every block's
+    attention through it), timestep; the ByT5 states where the config reads them."""
+    c = module.config
+    g = torch.Generator().manual_seed(seed)
+    b, n, text, h, w = _image_shape(workload, "HunyuanImage")
+    ph, pw = c.patch_size[-2:]
+    out = dict(hidden_states=_randn(g, (b, c.in_channels, h * ph, w * pw), device, dtype),
+               timestep=torch.full((b,), 500.0, device=device, dtype=dtype),  # embedded in its own dtype
+               encoder_hidden_states=_randn(g, (b, text, c.text_embed_dim), device, dtype),
+               encoder_attention_mask=torch.ones(b, text, device=device, dtype=torch.long), return_dict=False)
+    if c.text_embed_2_dim is not None:
+        out.update(encoder_hidden_states_2=_randn(g, (b, text, c.text_embed_2_dim), device, dtype),
+                   encoder_attention_mask_2=torch.ones(b, text, device=device, dtype=torch.long))
+    if c.guidance_embeds:
+        out["guidance"] = torch.full((b,), 3500.0, device=device, dtype=dtype)
+    return out
 
 
 def qwen_image_inputs(module: nn.Module, workload: Any, device: torch.device, dtype: torch.dtype,
