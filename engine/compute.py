@@ -159,12 +159,17 @@ def pass_bytes(passes: Sequence[tuple[str, int]]) -> dict[str, int]:
 def rate_keys(op: str) -> tuple[str, ...]:
     """The table keys `op`'s rate is looked up under, first found first: its own; for a
     training attention key, the same without TRAINING (a table probed before training
-    attention); a backward's forward; the bare op's probe grid (GRID_OPS); for an attention op
-    of RUNS_AS, then the keys of the op it falls back to, in the same phase."""
+    attention); a backward's forward; the bare op's probe grid (GRID_OPS). An attention op of
+    RUNS_AS takes the op it runs as in each of those phases right after its own: a training
+    step's full mask runs the masked kernel's training rates, not the kernel inference picks
+    for it (cuDNN's, whose full-mask points the table holds)."""
     base, core = op.removesuffix(BACKWARD), core_op(op)
-    keys = [op, core + op[len(base):], base, core]
-    keys += rate_keys(RUNS_AS[core] + op[len(core):]) if core in RUNS_AS else [GRID_OPS.get(core, "")]
-    return tuple(dict.fromkeys(k for k in keys if k))
+    phases = [op, core + op[len(base):], base, core]
+    if core not in RUNS_AS:
+        return tuple(dict.fromkeys(k for k in phases + [GRID_OPS.get(core, "")] if k))
+    runs_as = rate_keys(RUNS_AS[core] + op[len(core):])
+    keys = [k for own in phases for k in (own, RUNS_AS[core] + own[len(core):])]
+    return tuple(dict.fromkeys(keys + list(runs_as)))
 
 
 def causal_share(shape: Sequence[int]) -> float:

@@ -400,6 +400,19 @@ def test_the_compute_probe_times_attention_off_the_tile_and_over_model_head_coun
     assert all(lq == lk for _bh, lq, lk, _d in full) and (32, 4096, 4096, 128) in full
 
 
+def test_a_head_dims_probe_times_each_attention_grid_at_those_widths_alone():
+    """--head-dims 256: the grids at 256 only (Gemma's heads), the tiles left to the main probe."""
+    from engine.measure import compute as probe
+
+    for shapes in (probe.attention_shapes(False, (256,)), probe.attention_shapes(True, (256,)),
+                   probe.full_mask_shapes((256,)), probe.training_attention_shapes(False, (256,)),
+                   probe.training_attention_shapes(True, (256,))):
+        assert shapes and {d for *_, d in shapes} == {256}
+    grid = len(probe.HEADS) * len(probe.SEQ) ** 2
+    assert len(probe.attention_shapes(False, (256,))) == grid  # no tiled shapes
+    assert len(probe.training_attention_shapes(False, (256,))) == len(probe.HEADS) * len(probe.TRAIN_SEQ) ** 2
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="times kernels on a CUDA device")
 def test_the_tiles_probe_names_the_sms_and_times_each_shape(monkeypatch):
@@ -453,8 +466,8 @@ def test_causal_attention_is_priced_on_the_tiles_it_runs_at_flash_attentions_rat
     assert causal_share((8, 1, 4096, 128)) == 1 / 32  # one query row: its first key tile
     assert causal_share((8, TILE + 1, TILE, 64)) == 1.0
     assert rate_keys("attention_causal" + TRAINING + BACKWARD) == (
-        "attention_causal" + TRAINING + BACKWARD, "attention_causal" + BACKWARD, "attention_causal" + TRAINING,
-        "attention_causal", "attention" + TRAINING + BACKWARD, "attention" + BACKWARD, "attention" + TRAINING, "attention")
+        "attention_causal" + TRAINING + BACKWARD, "attention" + TRAINING + BACKWARD, "attention_causal" + BACKWARD,
+        "attention" + BACKWARD, "attention_causal" + TRAINING, "attention" + TRAINING, "attention_causal", "attention")
     tiling = AttentionTiling(sms=2)
     slots = CAUSAL_CTAS_PER_SM * 2
     assert tiling.causal_ratio((slots, 4 * TILE, 4 * TILE, 64)) == (4 + 3 + 2 + 1) / 16  # a wave a query tile
@@ -470,13 +483,21 @@ def test_causal_attention_is_priced_on_the_tiles_it_runs_at_flash_attentions_rat
 
 
 def test_attention_with_a_mask_along_the_queries_falls_back_to_masked_attentions_rates():
-    """A table without full-mask points (probed before them) prices such attention as masked
-    attention of its phase, then as the bare attention grid."""
-    assert rate_keys("attention_full_mask" + TRAINING + BACKWARD)[4:] == (
-        "attention_masked" + TRAINING + BACKWARD, "attention_masked" + BACKWARD, "attention_masked" + TRAINING,
-        "attention_masked", "attention")
-    table = KernelTable({"attention_masked": [Point(features("attention_masked", (8, 256, 256, 64), 0), 50.0)]})
-    assert table.rate("attention_full_mask", features("attention_full_mask", (8, 256, 256, 64), 0)) == 50.0
+    """A table without full-mask points of a phase prices such attention as masked attention of
+    that phase before its own of another phase: a training step's full mask runs the masked
+    kernel, not the one inference picks for it; then the bare attention grid."""
+    assert rate_keys("attention_full_mask" + TRAINING + BACKWARD) == (
+        "attention_full_mask" + TRAINING + BACKWARD, "attention_masked" + TRAINING + BACKWARD,
+        "attention_full_mask" + BACKWARD, "attention_masked" + BACKWARD, "attention_full_mask" + TRAINING,
+        "attention_masked" + TRAINING, "attention_full_mask", "attention_masked", "attention")
+    shape = (8, 256, 256, 64)
+    table = KernelTable({"attention_masked": [Point(features("attention_masked", shape, 0), 50.0)]})
+    assert table.rate("attention_full_mask", features("attention_full_mask", shape, 0)) == 50.0
+    table = KernelTable({"attention_full_mask": [Point(features("attention_full_mask", shape, 0), 200.0)],
+                         "attention_masked_train_bwd": [Point(features("attention_masked", shape, 0), 20.0)]})
+    feats = features("attention_full_mask", shape, 0)
+    assert table.rate("attention_full_mask", feats) == 200.0
+    assert table.rate("attention_full_mask" + TRAINING + BACKWARD, feats) == 20.0
 
 
 def test_an_op_probed_on_the_gpu_alone_replaces_its_points_timed_at_the_hosts_pace():

@@ -178,20 +178,21 @@ def tiled_training_shapes() -> list[Shape]:
         list(itertools.product(TRAIN_TILED_HEADS, TRAIN_CROSS_Q, TRAIN_CROSS_K, HEAD_DIMS))
 
 
-def attention_shapes(masked: bool) -> list[Shape]:
+def attention_shapes(masked: bool, head_dims: Sequence[int] | None = None) -> list[Shape]:
     """Inference attention's grid: HEADS x SEQ x SEQ x HEAD_DIMS (masked: SEQ_MASKED, and a
-    decode's DECODE_Q query rows over SEQ_MASKED keys), then the tiled shapes."""
-    seq = SEQ_MASKED if masked else SEQ
-    grid = list(itertools.product(HEADS, seq, seq, HEAD_DIMS))
-    decode = list(itertools.product(HEADS, DECODE_Q, SEQ_MASKED, HEAD_DIMS)) if masked else []
-    return list(dict.fromkeys(grid + decode + tiled_shapes(masked)))
+    decode's DECODE_Q query rows over SEQ_MASKED keys), then the tiled shapes; at `head_dims`
+    instead, the grid alone at those."""
+    seq, dims = SEQ_MASKED if masked else SEQ, HEAD_DIMS if head_dims is None else head_dims
+    grid = list(itertools.product(HEADS, seq, seq, dims))
+    decode = list(itertools.product(HEADS, DECODE_Q, SEQ_MASKED, dims)) if masked else []
+    return list(dict.fromkeys(grid + decode + (tiled_shapes(masked) if head_dims is None else [])))
 
 
-def training_attention_shapes(masked: bool) -> list[Shape]:
+def training_attention_shapes(masked: bool, head_dims: Sequence[int] | None = None) -> list[Shape]:
     """A training step's attention grid: HEADS x TRAIN_SEQ x TRAIN_SEQ x HEAD_DIMS, then
-    (unmasked) the tiled shapes."""
-    grid = list(itertools.product(HEADS, TRAIN_SEQ, TRAIN_SEQ, HEAD_DIMS))
-    return list(dict.fromkeys(grid + ([] if masked else tiled_training_shapes())))
+    (unmasked) the tiled shapes; at `head_dims` instead, the grid alone at those."""
+    grid = list(itertools.product(HEADS, TRAIN_SEQ, TRAIN_SEQ, HEAD_DIMS if head_dims is None else head_dims))
+    return list(dict.fromkeys(grid + ([] if masked or head_dims is not None else tiled_training_shapes())))
 
 
 def probe_attention(device: torch.device, dtype: torch.dtype = torch.bfloat16, masked: bool = False,
@@ -230,9 +231,9 @@ def probe_full_mask(device: torch.device, dtype: torch.dtype = torch.bfloat16,
     return out
 
 
-def full_mask_shapes() -> list[Shape]:
-    """Self-attention with a mask along the queries: HEADS x FULL_MASK_SEQ x HEAD_DIMS."""
-    return [(h, n, n, d) for h, n, d in itertools.product(HEADS, FULL_MASK_SEQ, HEAD_DIMS)]
+def full_mask_shapes(head_dims: Sequence[int] = HEAD_DIMS) -> list[Shape]:
+    """Self-attention with a mask along the queries: HEADS x FULL_MASK_SEQ x `head_dims`."""
+    return [(h, n, n, d) for h, n, d in itertools.product(HEADS, FULL_MASK_SEQ, head_dims)]
 
 
 def training_attention_rows(device: torch.device, dtype: torch.dtype, masked: bool,
@@ -262,6 +263,17 @@ def probe_attention_training(device: torch.device, dtype: torch.dtype = torch.bf
     "attention_masked_train": the same masked}: attention as a training step runs it."""
     return {"attention_train": training_attention_rows(device, dtype, masked=False),
             "attention_masked_train": training_attention_rows(device, dtype, masked=True)}
+
+
+def probe_head_dims(device: torch.device, head_dims: Sequence[int], dtype: torch.dtype = torch.bfloat16) -> dict:
+    """Every attention part's grid (not the tiles) at `head_dims`, heads wider than the grid's
+    (Gemma's 256): a probe file to add beside one written at HEAD_DIMS."""
+    return {"attention": probe_attention(device, dtype, shapes=attention_shapes(False, head_dims)),
+            "attention_masked": probe_attention(device, dtype, masked=True, shapes=attention_shapes(True, head_dims)),
+            "attention_full_mask": probe_full_mask(device, dtype, full_mask_shapes(head_dims)),
+            "attention_train": training_attention_rows(device, dtype, False, training_attention_shapes(False, head_dims)),
+            "attention_masked_train": training_attention_rows(device, dtype, True,
+                                                              training_attention_shapes(True, head_dims))}
 
 
 def probe_tiles(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> dict:
@@ -309,6 +321,18 @@ def marked(grid: dict) -> dict:
     return grid
 
 
+def _head_dims(text: str) -> tuple[int, ...]:
+    """--head-dims: positive head widths, comma-separated."""
+    import argparse
+    try:
+        dims = tuple(int(d) for d in text.split(","))
+    except ValueError:
+        dims = ()
+    if not dims or min(dims) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of head widths, such as 256")
+    return dims
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """python -m engine.measure.compute --out FILE.json: the compute probe of this GPU,
     as engine.calibrate --probes reads it."""
@@ -323,7 +347,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--out", required=True, type=Path, help="the probe file to write (JSON)")
     p.add_argument("--only", choices=("attention_masked", "attention_full_mask", "attention_train", "attention_tiles"),
                    help="probe this op alone (a probe file to add beside an older one)")
+    p.add_argument("--head-dims", type=_head_dims, metavar="D,D",
+                   help="probe every attention part at these head widths alone (a probe file to add beside an "
+                        f"older one; the grid's are {','.join(map(str, HEAD_DIMS))})")
     args = p.parse_args(argv)
+    if args.only and args.head_dims:
+        p.error("--only and --head-dims each pick what to probe; give one of them")
     if not torch.cuda.is_available():
         print("error: the compute probe times kernels on a CUDA device, and torch sees none here; "
               "run it on the GPU the profile is for", file=sys.stderr)
@@ -333,7 +362,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             "attention_full_mask": lambda: {"attention_full_mask": probe_full_mask(device)},
             "attention_train": lambda: probe_attention_training(device),
             "attention_tiles": lambda: probe_tiles(device)}
-    grid = marked(only[args.only]()) if args.only else probe_compute(device)
+    if args.head_dims:
+        grid = marked(probe_head_dims(device, args.head_dims))
+    else:
+        grid = marked(only[args.only]()) if args.only else probe_compute(device)
     data = {"probes": {"compute": grid}, "device": torch.cuda.get_device_name(device),
             "torch": torch.__version__, "cuda": torch.version.cuda,
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
