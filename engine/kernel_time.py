@@ -34,7 +34,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from engine.compute import (ATTENTION_OPS, BACKWARD, BACKWARD_FLOPS_FACTOR, BACKWARD_OPS, CORE_DIMS, HOST_PHASES,
                             MATMUL_OPS, MEMORY_OPS, PASSES, TILE, TILED_OPS, TRAINING, AttentionTiling, ModuleCost,
-                            PassCost, core_flops, core_io_bytes, features, host_key, pass_bytes, rate_keys, work)
+                            PassCost, core_flops, core_io_bytes, core_op, features, host_key, pass_bytes, rate_keys,
+                            work)
 from engine.errors import ConfigError, TraceError
 
 NEIGHBOURS = 6
@@ -305,6 +306,31 @@ class ExecutionTimePredictor:
             ns = passes_ns or memory_ns
         # Integer nanoseconds, at least 1: a launched kernel always takes time.
         return max(1, round(ns))
+
+    def table_notes(self, cores: Iterable[tuple[str, Sequence[int]]]) -> list[str]:
+        """The lines saying where this profile prices `cores` ((op, shape) pairs) from points
+        that do not cover them (untiled_note, head_width_note)."""
+        cores = list(cores)
+        return [n for n in (self.untiled_note(cores), self.head_width_note(cores)) if n]
+
+    def head_width_note(self, cores: Iterable[tuple[str, Sequence[int]]]) -> str | None:
+        """A line saying that attention in `cores` has heads wider or narrower than any the
+        kernel table's attention points hold, priced from the nearest width (kernels change
+        past 128: torch's memory-efficient backward ran 7-10x slower per FLOP at 256 than flash
+        on an H200); None where the table covers them, or has no attention points."""
+        if self.table is None:
+            return None
+        widths = {round(2 ** p.features[3]) for op, points in self.table.points.items()
+                  if core_op(op) in ATTENTION_OPS for p in points}
+        outside = sorted({shape[3] for op, shape in cores if op in ATTENTION_OPS and len(shape) == CORE_DIMS[op]
+                          and widths and not min(widths) <= shape[3] <= max(widths)})
+        if not outside:
+            return None
+        dims = ",".join(map(str, outside))
+        return (f"attention with heads {dims} wide: this profile's kernel table holds attention at widths "
+                f"{', '.join(map(str, sorted(widths)))} only, so it is priced from the nearest, and kernels change "
+                f"with the width; probe it on this GPU (python -m engine.measure.compute --head-dims {dims} --out "
+                "FILE) and calibrate with --probes FILE, as hardware=h200 is at 256")
 
     def untiled_note(self, cores: Iterable[tuple[str, Sequence[int]]]) -> str | None:
         """A line saying that flash attention (TILED_OPS) in `cores` ((op, shape) pairs) runs at a

@@ -442,6 +442,18 @@ def test_a_profile_without_tiles_says_it_prices_attention_off_the_tile_fast():
     assert "no kernel table" in ExecutionTimePredictor(_roofline()).untiled_note(ragged)
 
 
+def test_a_profile_says_which_attention_heads_it_prices_from_another_width():
+    """h100_pcie5's table holds attention 64 and 128 wide, h200's 256 too (--head-dims 256)."""
+    narrow, wide = (ExecutionTimePredictor(load_hardware(h)) for h in ("h100_pcie5", "h200"))
+    gemma = [("linear", (4096, 4096, 3840)), ("attention_full_mask", (16, 4096, 4096, 256))]
+    note = narrow.head_width_note(gemma)
+    assert note and "heads 256 wide" in note and "widths 64, 128 only" in note and "--head-dims 256" in note
+    assert wide.head_width_note(gemma) is None
+    assert narrow.head_width_note([("attention", (24, 4096, 4096, 128)), ("attention", (8, 64, 64, 96))]) is None
+    assert narrow.table_notes(gemma) == [note]
+    assert ExecutionTimePredictor(_roofline()).head_width_note(gemma) is None
+
+
 def test_a_spec_synthesized_off_the_tile_on_an_untiled_profile_warns_once(caplog):
     workload = OmegaConf.create({**read_trace(FULL / "ltx2-full.jsonl.gz").header["workload"], "video_tokens": 4429})
     spec = load_spec("ltx", workload)

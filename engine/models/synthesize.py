@@ -56,8 +56,7 @@ def synthesize(spec: ModelSpec, workload: Any, hardware: Any) -> Trace:
     meta device: engine/models/liveness.py), as a recorded module's header does.
     """
     predictor = ExecutionTimePredictor(hardware)
-    note = predictor.untiled_note((k.op, k.shape) for k in spec.kernels if k.op)
-    if note:
+    for note in predictor.table_notes((k.op, k.shape) for k in spec.kernels if k.op):
         log.warning(note)
     training = workload.kind == "train_lora"
     forward = []

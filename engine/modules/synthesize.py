@@ -344,8 +344,7 @@ def priced_trace(seen: SeenForward, hardware: Any, name: str, workload: Mapping[
                     "costs a training forward; add one to the fit (workload=train_lora mode=record into "
                     "--modules)", hardware.kernel_table)
     rec, order = seen.recording, seen.order
-    note = predictor.untiled_note(core for c in rec.census for core in c.cores)
-    if note:
+    for note in predictor.table_notes(core for c in rec.census for core in c.cores):
         log.warning(note)
     # The step's attention as it runs: without cuDNN's kernels where the CLI's training turns them off.
     attention = training and not workload.get("cudnn_attention", torch.backends.cuda.cudnn_sdp_enabled())
