@@ -172,6 +172,16 @@ def _diffusers(name: str) -> tuple[torch.nn.Module, dict]:
                                                  attention_head_dim=16, num_layers=2, num_single_layers=2,
                                                  num_refiner_layers=1, text_embed_dim=32, rope_axes_dim=(8, 8))
         inputs = hunyuan_image_inputs(model, SimpleNamespace(batch=1, video_tokens=64, text_tokens=8), _here(), BF16)
+    elif name == "hunyuan_video15":  # HunyuanVideo 1.5: gathers each prompt's valid tokens by boolean masks
+        # (blocks 512 wide: its ByT5 projection's 2048-wide hidden layer would otherwise hold the floor)
+        model = d.HunyuanVideo15Transformer3DModel(in_channels=4, out_channels=4, num_attention_heads=4,
+                                                   attention_head_dim=128, num_layers=4, num_refiner_layers=1,
+                                                   text_embed_dim=32, text_embed_2_dim=16, image_embed_dim=8,
+                                                   rope_axes_dim=(16, 56, 56))
+        inputs = dict(hidden_states=_randn(1, 4, 2, 8, 8), timestep=torch.tensor([500.0]).to(BF16),
+                      encoder_hidden_states=_randn(1, 8, 32), encoder_attention_mask=torch.ones(1, 8),
+                      encoder_hidden_states_2=_randn(1, 8, 16), encoder_attention_mask_2=torch.ones(1, 8),
+                      image_embeds=_randn(1, 4, 8))
     else:  # sana: linear attention, a caption norm
         model = d.SanaTransformer2DModel(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16,
                                          num_layers=4, num_cross_attention_heads=2, cross_attention_head_dim=16,
@@ -192,7 +202,7 @@ BUILDERS: dict[str, Callable[[str], tuple[torch.nn.Module, dict]]] = {
     **dict.fromkeys(("qwen2", "gemma2", "gemma3", "gpt2", "mixtral", "t5", "deepseek_v3", "gpt_oss", "mamba", "jamba",
                      "bloom", "bert"), _transformers),
     **dict.fromkeys(("unet", "sd3", "hunyuan_video", "qwen_image", "sana", "hunyuan_dit", "cosmos", "stable_audio",
-                     "mochi", "auraflow", "flux2", "zimage", "hunyuan_image"), _diffusers),
+                     "mochi", "auraflow", "flux2", "zimage", "hunyuan_image", "hunyuan_video15"), _diffusers),
 }
 
 
@@ -224,7 +234,8 @@ def _to_meta(value: Any) -> Any:
 
 
 @pytest.mark.parametrize("name", ["deepseek_v3", "gpt_oss", "mamba", "jamba", "bloom", "bert", "hunyuan_dit", "cosmos",
-                                  "stable_audio", "mochi", "auraflow", "flux2", "zimage", "hunyuan_image", "gemma3"])
+                                  "stable_audio", "mochi", "auraflow", "flux2", "zimage", "hunyuan_image", "gemma3",
+                                  "hunyuan_video15"])
 def test_a_library_model_is_synthesized_from_its_config(name: str) -> None:
     """Built on the meta device, nothing allocated: one record a block and one a leaf outside
     the blocks, each priced."""
@@ -277,6 +288,22 @@ def test_a_nonzero_on_meta_is_a_host_sync_and_autocast_a_no_op() -> None:
     with torch.device("meta"):
         model, inputs = BUILDERS["auraflow"]("auraflow")
     assert "host_syncs" not in engine.synthesize(model.to(BF16), {k: _to_meta(v) for k, v in inputs.items()}).header
+
+
+def test_indexing_by_a_boolean_mask_on_meta_finds_every_element_and_is_a_host_sync() -> None:
+    """HunyuanVideo 1.5 gathers each prompt's valid tokens by `x[mask]`, then its padding by
+    `x[~mask]`, before its blocks (index's own meta kernel runs the nonzero, out of a dispatch
+    mode's sight): a mask of ones selects every token, its negation and a mask of zeros none, and
+    the host waits there, before the first block's record."""
+    with torch.device("meta"):
+        model, inputs = BUILDERS["hunyuan_video15"]("hunyuan_video15")
+    trace = engine.synthesize(model.to(BF16), {k: _to_meta(v) for k, v in inputs.items()})
+    first = next(i for i, r in enumerate(trace.records) if r.name.startswith("transformer_blocks."))
+    assert trace.header["host_syncs"] and max(trace.header["host_syncs"]) <= first
+    cores = [c for r in trace.records if r.name == "transformer_blocks.0" for c in r.cores]
+    # the video's 2 x 8 x 8 tokens and the conditions' 8 + 8 + 4, each once: the valid ones (every
+    # prompt token, its mask of ones) then the padding (the image's, t2v's mask of zeros)
+    assert ("attention_full_mask", (4, 2 * 8 * 8 + 8 + 8 + 4, 2 * 8 * 8 + 8 + 8 + 4, 128)) in cores, cores
 
 
 def test_generate_decodes_through_the_hooks() -> None:

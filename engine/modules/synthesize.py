@@ -21,7 +21,7 @@ fit is of inferences, and recorded LoRA steps slowed less than it says (docs/DES
 Values the forward reads off its tensors are taken as the synthesized inputs' masks of ones
 give them (a truth test reads True, a nonzero finds every element), and an inference's
 header names where a nonzero would hold the host until the device caught up ("host_syncs",
-as the recorder finds them); autocast on the meta device is a no-op (`_TruthOnMeta`).
+as the recorder finds them); autocast on the meta device is a no-op (engine/modules/meta_values.py).
 
 A LoRA training step (workload=train_lora) runs the forward with the adapters
 injected (engine/modules/adapters.py; per-block checkpointing when
@@ -54,7 +54,7 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from importlib import metadata
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -70,6 +70,7 @@ from engine.modules.build import build_module, example_inputs, plain_config
 from engine.modules.census import KernelCensus, OpCensus, meta_fused_kernels
 from engine.modules.kernels import (GROUPINGS, Recording, buffer_bytes, forward_live_bytes, input_tensors,
                                    kv_cache_tensors, partition, record_order)
+from engine.modules.meta_values import MetaValues
 from engine.modules.packing import pack_kernels
 from engine.policy import AccessOrder
 from engine.trace import BACKWARD_SUFFIX, FORMAT, VERSION, KernelRecord, Trace, check_trace, saved_tensors
@@ -103,7 +104,7 @@ class SeenForward:
     recomputed: frozenset[int] = frozenset()  # a training forward's positions checkpointing runs again
     backward: tuple[KernelCensus, ...] = ()  # a training step: each position's backward, op by op
     step_live_peak: int = 0  # a training step: the most its forward and backward held live at once
-    host_syncs: tuple[int, ...] = ()  # a meta inference: positions its host would wait at (_TruthOnMeta)
+    host_syncs: tuple[int, ...] = ()  # a meta inference: positions its host would wait at (MetaValues)
 
     @property
     def traced_peak_bytes(self) -> int:
@@ -137,65 +138,6 @@ def on_meta(model_cfg: Any, workload: Any) -> tuple[nn.Module, dict]:
         raise ConfigError(f"model.inputs ({plain_config(model_cfg)['inputs']['_target_']}) made tensors off the meta "
                           "device it was given: make every tensor with device=device")
     return module, inputs
-
-
-class _TruthOnMeta(TorchDispatchMode):
-    """A truth test of a one-element boolean tensor on the meta device reads True: the checks
-    transformers makes on a mask before it builds one (no packed sequences in the position ids,
-    every token attended), which hold for the inputs a synthesized trace is made with. Likewise
-    `nonzero` finds every element: a processor that gathers a prompt's valid tokens by its mask
-    (Mochi's) gathers them all, as a mask of ones holds. Any other value read on the meta device
-    still fails (a data-dependent shape or size). Inside, torch.autocast on the meta device is a
-    no-op (`_MetaAutocast`).
-
-    On a GPU a nonzero synchronizes the host with the device: `syncs` are the positions the
-    host would wait at, as the recorder counts them (engine/modules/record.py host_syncs): the
-    record after the one running (`position`, its index; the step's length past the last)."""
-
-    def __init__(self, position: Callable[[], int] = lambda: -1):
-        super().__init__()
-        self.position = position
-        self.syncs: set[int] = set()
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        if func is torch.ops.aten._local_scalar_dense.default and args[0].is_meta and args[0].dtype == torch.bool:
-            return True
-        if func is torch.ops.aten.nonzero.default and args[0].is_meta:
-            self.syncs.add(self.position() + 1)
-            return torch.empty((args[0].numel(), args[0].dim()), dtype=torch.long, device=META)
-        return func(*args, **(kwargs or {}))
-
-    def __enter__(self) -> "_TruthOnMeta":
-        torch.autocast = torch.amp.autocast = _MetaAutocast
-        return super().__enter__()
-
-    def __exit__(self, *exc: Any) -> None:
-        torch.autocast = torch.amp.autocast = _AUTOCAST
-        return super().__exit__(*exc)
-
-
-_AUTOCAST = torch.autocast
-
-
-class _MetaAutocast(_AUTOCAST):
-    """torch.autocast, but a no-op on the meta device, which autocast refuses: models that pin a
-    region's dtype (Mochi's rotary embedding at float32, Helios' and others' with autocast off)
-    by their tensors' device type. On meta only the shapes and dtypes the region's own ops give
-    count, and the synthesized forward runs under no autocast to leave."""
-
-    def __init__(self, device_type: str, *args: Any, **kwargs: Any):
-        self._meta = device_type == "meta"
-        if not self._meta:
-            super().__init__(device_type, *args, **kwargs)
-
-    def __enter__(self) -> Any:
-        return None if self._meta else super().__enter__()
-
-    def __exit__(self, *exc: Any) -> Any:
-        return None if self._meta else super().__exit__(*exc)
-
-    def __call__(self, func: Any) -> Any:
-        return func if self._meta else super().__call__(func)
 
 
 class _Position(TorchDispatchMode):
@@ -278,7 +220,7 @@ def meta_forward(module: nn.Module, inputs: Any, grouping: str = "block",
     cls = type(module)
     backward = OpCensus() if training else None
     position = _Position(kernels, backward)  # inference: only its count of the kernels entered (host syncs)
-    truth = _TruthOnMeta(lambda: position.current)
+    truth = MetaValues(lambda: position.current)
     try:
         if training:
             noted = NotedTensors(saved, position.saving)
