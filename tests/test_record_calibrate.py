@@ -566,11 +566,11 @@ def test_a_training_recordings_forward_kernels_give_no_rates_its_backward_does()
 def test_the_shipped_h200_profile_is_what_calibrate_fits_from_its_recording(tmp_path) -> None:
     """conf/hardware/h200.yaml and its kernel table come from data/traces/h200 alone (the spec
     recordings; the module costs from the real modules recorded there; attention's tiles, its full
-    masks and its masked points timed on the GPU alone from the probe files there): refitting gives
-    the same fields and the same table (the date in `source` aside)."""
+    masks, its masked points timed on the GPU alone and every part at 256-wide heads from the probe
+    files there): refitting gives the same fields and the same table (the date in `source` aside)."""
     out = tmp_path / "h200.yaml"
     probes = [a for q in sorted((DATA / "h200").glob("probes-*.json")) for a in ("--probes", str(q))]
-    assert len(probes) == 10
+    assert len(probes) == 12
     r = _calibrate_cli(str(DATA / "h200"), "--modules", str(DATA / "h200" / "modules"), *probes, "--out", str(out))
     assert r.returncode == 0, r.stderr
     fitted, shipped = yaml.safe_load(out.read_text()), base_profile("h200")
