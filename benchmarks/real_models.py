@@ -71,7 +71,8 @@ MODELS = {"ltx2": "ltx2_diffusers", "flux": "flux_diffusers", "wan14b": "wan14b_
           "mistral7b": "mistral7b_hf", "mistral7b_prefill": "mistral7b_hf", "llama8b_prefill": "llama8b_hf",
           "qwen25_14b_prefill": "qwen25_14b_hf", "flux2": "flux2_diffusers", "zimage": "zimage_diffusers",
           "qwen3_8b": "qwen3_8b_hf", "qwen3_8b_prefill": "qwen3_8b_hf", "hunyuan_image": "hunyuan_image_diffusers",
-          "gemma3_12b": "gemma3_12b_hf", "gemma3_12b_prefill": "gemma3_12b_hf"}
+          "gemma3_12b": "gemma3_12b_hf", "gemma3_12b_prefill": "gemma3_12b_hf",
+          "hunyuan_video15": "hunyuan_video15_diffusers"}
 WORKLOADS = {  # the workload yaml's shapes: 768x512x121 video, 1024x1024 image, one decode token
     "ltx2": dict(kind="infer", batch=1, video_tokens=6144, audio_tokens=128, text_tokens=256, context_tokens=0),
     "flux": dict(kind="infer", batch=1, video_tokens=4096, audio_tokens=0, text_tokens=512, context_tokens=0),
@@ -99,6 +100,8 @@ WORKLOADS = {  # the workload yaml's shapes: 768x512x121 video, 1024x1024 image,
     "gemma3_12b": dict(kind="decode", batch=1, video_tokens=0, audio_tokens=0, text_tokens=0, context_tokens=4096),
     "gemma3_12b_prefill": dict(kind="infer", batch=1, video_tokens=0, audio_tokens=0, text_tokens=4096,
                                context_tokens=0),
+    "hunyuan_video15": dict(kind="infer", batch=1, video_tokens=12288, audio_tokens=0, text_tokens=256,
+                            context_tokens=0),
 }
 
 

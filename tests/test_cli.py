@@ -274,7 +274,7 @@ def test_help_and_completion_offer_choices_not_schemas(run_cli):
     root = Path(__file__).resolve().parents[1]
     r = run_cli("--help")
     assert r.returncode == 0, r.stderr
-    assert "model: auraflow_diffusers, flux, flux2_diffusers, flux_diffusers, gemma3_12b_hf, gpt_oss_hf, hunyuan_image_diffusers, hunyuan_video_diffusers, llama70b, llama8b, llama8b_hf, ltx, ltx2_diffusers, ltxv13b, mistral7b_hf, mochi_diffusers, qwen25_14b_hf, qwen3_8b_hf, qwen3_moe_hf, qwen_image_diffusers, sd35_large_diffusers, tiny, tiny_llama_hf, wan14b, wan14b_diffusers, zimage_diffusers" in r.stdout
+    assert "model: auraflow_diffusers, flux, flux2_diffusers, flux_diffusers, gemma3_12b_hf, gpt_oss_hf, hunyuan_image_diffusers, hunyuan_video15_diffusers, hunyuan_video_diffusers, llama70b, llama8b, llama8b_hf, ltx, ltx2_diffusers, ltxv13b, mistral7b_hf, mochi_diffusers, qwen25_14b_hf, qwen3_8b_hf, qwen3_moe_hf, qwen_image_diffusers, sd35_large_diffusers, tiny, tiny_llama_hf, wan14b, wan14b_diffusers, zimage_diffusers" in r.stdout
     assert "hardware: h100_calibrated, h100_pcie5, h200, rtx3090ti, rtx4090" in r.stdout
     assert "_schema" not in r.stdout and "-sc install=bash" in r.stdout
     for line, expected in (("model=", "model=tiny"), ("hardware=", "hardware=rtx4090"),

@@ -13,9 +13,10 @@ from engine.errors import ConfigError
 register()
 
 MODELS = ["auraflow_diffusers", "flux", "flux2_diffusers", "flux_diffusers", "gemma3_12b_hf", "gpt_oss_hf",
-          "hunyuan_image_diffusers", "hunyuan_video_diffusers", "llama70b", "llama8b", "llama8b_hf", "ltx", "ltx2_diffusers", "ltxv13b", "mistral7b_hf", "mochi_diffusers",
-          "qwen25_14b_hf", "qwen3_8b_hf", "qwen3_moe_hf", "qwen_image_diffusers", "sd35_large_diffusers", "tiny",
-          "tiny_llama_hf", "wan14b", "wan14b_diffusers", "zimage_diffusers"]
+          "hunyuan_image_diffusers", "hunyuan_video15_diffusers", "hunyuan_video_diffusers", "llama70b", "llama8b",
+          "llama8b_hf", "ltx", "ltx2_diffusers", "ltxv13b", "mistral7b_hf", "mochi_diffusers", "qwen25_14b_hf",
+          "qwen3_8b_hf", "qwen3_moe_hf", "qwen_image_diffusers", "sd35_large_diffusers", "tiny", "tiny_llama_hf",
+          "wan14b", "wan14b_diffusers", "zimage_diffusers"]
 
 
 def _compose(*overrides: str):

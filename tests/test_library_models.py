@@ -19,8 +19,9 @@ from omegaconf import OmegaConf
 import engine
 from engine.errors import BelowFloorError
 from engine.modules.adapters import enable_checkpointing
-from engine.modules.build import (auraflow_inputs, first_output, flux2_inputs, hunyuan_image_inputs, mochi_inputs,
-                                  qwen_image_inputs, sd3_inputs, zimage_inputs)
+from engine.modules.build import (HUNYUAN_VIDEO15_IMAGE_TOKENS, auraflow_inputs, first_output, flux2_inputs,
+                                  hunyuan_image_inputs, hunyuan_video15_inputs, mochi_inputs, qwen_image_inputs,
+                                  sd3_inputs, zimage_inputs)
 
 BF16 = torch.bfloat16
 
@@ -178,10 +179,9 @@ def _diffusers(name: str) -> tuple[torch.nn.Module, dict]:
                                                    attention_head_dim=128, num_layers=4, num_refiner_layers=1,
                                                    text_embed_dim=32, text_embed_2_dim=16, image_embed_dim=8,
                                                    rope_axes_dim=(16, 56, 56))
-        inputs = dict(hidden_states=_randn(1, 4, 2, 8, 8), timestep=torch.tensor([500.0]).to(BF16),
-                      encoder_hidden_states=_randn(1, 8, 32), encoder_attention_mask=torch.ones(1, 8),
-                      encoder_hidden_states_2=_randn(1, 8, 16), encoder_attention_mask_2=torch.ones(1, 8),
-                      image_embeds=_randn(1, 4, 8))
+        # the shipped config's inputs builder (conf/model/hunyuan_video15_diffusers.yaml)
+        inputs = hunyuan_video15_inputs(model, SimpleNamespace(batch=1, video_tokens=128, text_tokens=8), _here(),
+                                        BF16)
     else:  # sana: linear attention, a caption norm
         model = d.SanaTransformer2DModel(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16,
                                          num_layers=4, num_cross_attention_heads=2, cross_attention_head_dim=16,
@@ -301,9 +301,10 @@ def test_indexing_by_a_boolean_mask_on_meta_finds_every_element_and_is_a_host_sy
     first = next(i for i, r in enumerate(trace.records) if r.name.startswith("transformer_blocks."))
     assert trace.header["host_syncs"] and max(trace.header["host_syncs"]) <= first
     cores = [c for r in trace.records if r.name == "transformer_blocks.0" for c in r.cores]
-    # the video's 2 x 8 x 8 tokens and the conditions' 8 + 8 + 4, each once: the valid ones (every
+    # the video's 128 tokens and the conditions' 8 + 8 + 729, each once: the valid ones (every
     # prompt token, its mask of ones) then the padding (the image's, t2v's mask of zeros)
-    assert ("attention_full_mask", (4, 2 * 8 * 8 + 8 + 8 + 4, 2 * 8 * 8 + 8 + 8 + 4, 128)) in cores, cores
+    n = 128 + 8 + 8 + HUNYUAN_VIDEO15_IMAGE_TOKENS
+    assert ("attention_full_mask", (4, n, n, 128)) in cores, cores
 
 
 def test_generate_decodes_through_the_hooks() -> None:

@@ -11,8 +11,8 @@ workload, the device, the dtype and a seed, returning keyword arguments).
     example_inputs  the config's inputs builder for a workload
     first_output    the tensor a forward's output leads with (what runs are compared by)
     ltx2_inputs, flux_inputs, flux2_inputs, zimage_inputs, wan_inputs, hunyuan_video_inputs,
-    hunyuan_image_inputs, qwen_image_inputs, sd3_inputs, mochi_inputs, auraflow_inputs,
-    llama_inputs   the shipped builders
+    hunyuan_video15_inputs, hunyuan_image_inputs, qwen_image_inputs, sd3_inputs, mochi_inputs,
+    auraflow_inputs, llama_inputs   the shipped builders
 """
 from __future__ import annotations
 
@@ -303,6 +303,32 @@ def hunyuan_image_inputs(module: nn.Module, workload: Any, device: torch.device,
     if c.guidance_embeds:
         out["guidance"] = torch.full((b,), 3500.0, device=device, dtype=dtype)
     return out
+
+
+# HunyuanVideo 1.5's image condition: SigLIP's 27 x 27 patch features of the first frame.
+HUNYUAN_VIDEO15_IMAGE_TOKENS = 729
+
+
+def hunyuan_video15_inputs(module: nn.Module, workload: Any, device: torch.device, dtype: torch.dtype,
+                           seed: int = 0) -> dict:
+    """diffusers HunyuanVideo15Transformer3DModel (HunyuanVideo 1.5): a latent video (channels,
+    frames, height, width), the LLM's text states and ByT5's, each with its mask, the first
+    frame's SigLIP features, timestep. The model gathers each prompt's valid tokens by its mask
+    before the blocks (engine/modules/meta_values.py on the meta device)."""
+    c = module.config
+    g = torch.Generator().manual_seed(seed)
+    b, text = workload.batch, max(1, workload.text_tokens)
+    frames, height, width = _grid(workload.video_tokens)
+    shape = (b, c.in_channels, frames * c.patch_size_t, height * c.patch_size, width * c.patch_size)
+    return dict(
+        hidden_states=_randn(g, shape, device, dtype),
+        timestep=torch.full((b,), 500.0, device=device, dtype=dtype),
+        encoder_hidden_states=_randn(g, (b, text, c.text_embed_dim), device, dtype),
+        encoder_attention_mask=torch.ones(b, text, device=device, dtype=torch.long),
+        encoder_hidden_states_2=_randn(g, (b, text, c.text_embed_2_dim), device, dtype),
+        encoder_attention_mask_2=torch.ones(b, text, device=device, dtype=torch.long),
+        image_embeds=_randn(g, (b, HUNYUAN_VIDEO15_IMAGE_TOKENS, c.image_embed_dim), device, dtype),
+        return_dict=False)
 
 
 def qwen_image_inputs(module: nn.Module, workload: Any, device: torch.device, dtype: torch.dtype,

@@ -10,6 +10,9 @@ recording of either).
   priority, lookahead 2, as `mode=execute` runs them.
 
     python benchmarks/results/unseen-2026-11-30b/predict.py > predictions.txt
+
+`--inference KEY:B,B,...` predicts those inference rows alone (HunyuanVideo 1.5, synthesized once
+its mask gathers ran on the meta device: predictions-hv15.txt).
 """
 import sys
 from pathlib import Path
@@ -35,14 +38,19 @@ def synthesized(key: str, grouping: str = "block"):
     return synthesize_module(model, OmegaConf.create(WORKLOADS[key]), hw)
 
 
-for key, budgets in [("hunyuan_image", (0, 24000, 12000)), ("gemma3_12b_prefill", (0, 12000, 6000)),
-                     ("gemma3_12b", (0, 8000, 4000))]:
+ONLY = sys.argv[sys.argv.index("--inference") + 1] if "--inference" in sys.argv else None
+INFER = [("hunyuan_image", (0, 24000, 12000)), ("gemma3_12b_prefill", (0, 12000, 6000)), ("gemma3_12b", (0, 8000, 4000))]
+if ONLY:
+    INFER = [(ONLY.split(":")[0], tuple(int(b) for b in ONLY.split(":")[1].split(",")))]
+for key, budgets in INFER:
     trace = synthesized(key)
     for b in budgets:
         p = predict(trace, hw, round(b * 1e6) if b else None, 2, "priority", loop="synced")
         print(f"{key} {WORKLOADS[key]}: budget {b}: {p['step_ms']:.1f} ms, bound by {p['bound_by']}, "
               f"H2D {p['h2d_bytes'] / 1e9:.2f} GB, process peak {p['peak_process_bytes'] / 1e9:.2f} GB", flush=True)
 
+if ONLY:
+    sys.exit(0)
 print("\ntuning: hunyuan_image at 12000 MB, free-running, ranked")
 rows = []
 for grouping in ("block", "leaf"):
