@@ -617,6 +617,22 @@ def test_attention_on_meta_saves_what_the_fused_backward_reads_and_passes_gradie
     assert F.scaled_dot_product_attention is original
 
 
+def test_a_boolean_mask_is_held_as_an_additive_one_while_attention_runs() -> None:
+    """torch makes a boolean mask an additive one of its shape in the query's dtype before the
+    kernel: the meta run's live bytes hold it beside the output (HunyuanVideo 1.5's full mask over
+    13.5k tokens, 366 MB, had left its peak 0.35 GB under); a mask of another dtype adds nothing."""
+    from engine.models.liveness import LiveBytes
+    from engine.modules.census import fused_attention
+
+    q = torch.empty(1, 4, 256, 16, dtype=torch.bfloat16, device=META)
+    out_bytes = q.numel() * 2
+    for mask, extra in ((torch.ones(1, 1, 256, 256, dtype=torch.bool, device=META), 256 * 256 * 2),
+                        (torch.zeros(1, 1, 256, 256, dtype=torch.bfloat16, device=META), 0), (None, 0)):
+        with LiveBytes([q] + ([mask] if mask is not None else [])) as live:
+            fused_attention(q, q, q, mask=mask)
+        assert live.peak == out_bytes + extra
+
+
 def test_a_skinny_matmul_is_priced_at_least_its_bytes_through_hbm() -> None:
     """A frozen linear's backward core is the (m, k, n) matmul; no tabled kernel runs faster than
     its bytes through HBM."""
