@@ -19,9 +19,9 @@ cores run at over its compute, at the ModuleCost's slowdown per PFLOP/s, as reco
 modules' inferences slow. A LoRA step takes the profile's compute_sustained_slowdown: the
 fit is of inferences, and recorded LoRA steps slowed less than it says (docs/DESIGN.md).
 Values the forward reads off its tensors are taken as the synthesized inputs' masks of ones
-give them (a truth test reads True, a nonzero finds every element), and an inference's
-header names where a nonzero would hold the host until the device caught up ("host_syncs",
-as the recorder finds them); autocast on the meta device is a no-op (engine/modules/meta_values.py).
+give them (engine/modules/meta_values.py: a truth test reads True, a mask selects every
+element, its negation none), and an inference's header names where a selection by mask would
+hold the host until the device caught up ("host_syncs", as the recorder finds them).
 
 A LoRA training step (workload=train_lora) runs the forward with the adapters
 injected (engine/modules/adapters.py; per-block checkpointing when
