@@ -315,9 +315,9 @@ class ExecutionTimePredictor:
 
     def head_width_note(self, cores: Iterable[tuple[str, Sequence[int]]]) -> str | None:
         """A line saying that attention in `cores` has heads wider or narrower than any the
-        kernel table's attention points hold, priced from the nearest width (kernels change
-        past 128: torch's memory-efficient backward ran 7-10x slower per FLOP at 256 than flash
-        on an H200); None where the table covers them, or has no attention points."""
+        kernel table's attention points hold, priced from the nearest width, where the kernels
+        change with the width (the memory-efficient backward past 128); None where the table
+        covers them, or has no attention points."""
         if self.table is None:
             return None
         widths = {round(2 ** p.features[3]) for op, points in self.table.points.items()

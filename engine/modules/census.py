@@ -431,7 +431,7 @@ def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     would make, laid out (batch, query, heads, dim) as the fused kernels write it, so a model's
     transpose(1, 2).contiguous() after it copies nothing, as on the GPU. A boolean `mask` is
     first made an additive one of its shape in the query's dtype, as torch does, held while the
-    kernel runs (a full mask over 13.5k tokens: 366 MB in bf16). With autograd on, it saves what
+    kernel runs. With autograd on, it saves what
     the fused kernel's backward reads (query, key, value, output, the scores' log-sum-exp), its
     gradients reach the inputs, and its backward notes `core` (its census core; unmasked
     attention if None) in the censuses counting that backward."""
