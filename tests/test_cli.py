@@ -80,7 +80,7 @@ def test_lru_copies_more_than_belady_and_priority(run_cli, tmp_path):
 
 
 @pytest.mark.parametrize("args, fragment", [
-    ((), "no model given; add model=NAME, one of: auraflow_diffusers, flux, flux2_diffusers, flux_diffusers, gemma3_12b_hf"),
+    ((), "no model given; add model=NAME, one of: auraflow_diffusers, flux, flux2_diffusers, flux_diffusers, gemma3"),
     (("+model=nope",), "unknown model 'nope'; one of: auraflow_diffusers, flux"),
     (("+model=tiny", "budget=-5"), "budget=-5.0 is negative"),
     (("+model=tiny", "budget=lots"), "budget='lots' is not a valid"),

@@ -271,7 +271,8 @@ def probe_head_dims(device: torch.device, head_dims: Sequence[int], dtype: torch
     return {"attention": probe_attention(device, dtype, shapes=attention_shapes(False, head_dims)),
             "attention_masked": probe_attention(device, dtype, masked=True, shapes=attention_shapes(True, head_dims)),
             "attention_full_mask": probe_full_mask(device, dtype, full_mask_shapes(head_dims)),
-            "attention_train": training_attention_rows(device, dtype, False, training_attention_shapes(False, head_dims)),
+            "attention_train": training_attention_rows(device, dtype, False,
+                                                       training_attention_shapes(False, head_dims)),
             "attention_masked_train": training_attention_rows(device, dtype, True,
                                                               training_attention_shapes(True, head_dims))}
 
