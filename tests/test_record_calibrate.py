@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -498,6 +500,20 @@ def test_the_compute_probe_without_cuda_is_one_line_and_exit_2(tmp_path) -> None
                        cwd=DATA.parent.parent, env=dict(os.environ, PYTHONPATH=str(DATA.parent.parent)),
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "CUDA" in r.stderr
+    assert not (tmp_path / "p.json").exists()
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--head-dims", "25x"], "'25x' is not a comma-separated list of head widths"),
+    (["--head-dims", "0"], "'0' is not a comma-separated list of head widths"),
+    (["--head-dims", "256", "--only", "attention_tiles"], "--only and --head-dims each pick what to probe"),
+])
+def test_the_compute_probes_bad_head_widths_are_one_line_and_exit_2(tmp_path, args, fragment) -> None:
+    """Refused before any device is asked for (on a CPU too)."""
+    r = subprocess.run([sys.executable, "-m", "engine.measure.compute", "--out", str(tmp_path / "p.json"), *args],
+                       cwd=DATA.parent.parent, env=dict(os.environ, PYTHONPATH=str(DATA.parent.parent)),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and fragment in r.stderr, r.stderr
     assert not (tmp_path / "p.json").exists()
 
 
