@@ -271,16 +271,23 @@ def hunyuan_video_inputs(module: nn.Module, workload: Any, device: torch.device,
     LLaVA text states with their mask, CLIP pooled, timestep and the distilled guidance."""
     c = module.config
     g = torch.Generator().manual_seed(seed)
+    b = workload.batch
+    return dict(
+        **_hunyuan_video(g, c, workload, device, dtype),
+        timestep=torch.full((b,), 500, device=device, dtype=torch.long),
+        pooled_projections=_randn(g, (b, c.pooled_projection_dim), device, dtype),
+        guidance=torch.full((b,), 6000.0, device=device, dtype=dtype), return_dict=False)
+
+
+def _hunyuan_video(g: torch.Generator, c: Any, workload: Any, device: torch.device, dtype: torch.dtype) -> dict:
+    """What HunyuanVideo and HunyuanVideo 1.5 take alike: a latent video (channels, frames,
+    height, width) on the workload's token grid and the LLM's text states with their mask."""
     b, text = workload.batch, max(1, workload.text_tokens)
     frames, height, width = _grid(workload.video_tokens)
     shape = (b, c.in_channels, frames * c.patch_size_t, height * c.patch_size, width * c.patch_size)
-    return dict(
-        hidden_states=_randn(g, shape, device, dtype),
-        timestep=torch.full((b,), 500, device=device, dtype=torch.long),
-        encoder_hidden_states=_randn(g, (b, text, c.text_embed_dim), device, dtype),
-        encoder_attention_mask=torch.ones(b, text, device=device, dtype=torch.long),
-        pooled_projections=_randn(g, (b, c.pooled_projection_dim), device, dtype),
-        guidance=torch.full((b,), 6000.0, device=device, dtype=dtype), return_dict=False)
+    return dict(hidden_states=_randn(g, shape, device, dtype),
+                encoder_hidden_states=_randn(g, (b, text, c.text_embed_dim), device, dtype),
+                encoder_attention_mask=torch.ones(b, text, device=device, dtype=torch.long))
 
 
 def hunyuan_image_inputs(module: nn.Module, workload: Any, device: torch.device, dtype: torch.dtype,
@@ -318,13 +325,9 @@ def hunyuan_video15_inputs(module: nn.Module, workload: Any, device: torch.devic
     c = module.config
     g = torch.Generator().manual_seed(seed)
     b, text = workload.batch, max(1, workload.text_tokens)
-    frames, height, width = _grid(workload.video_tokens)
-    shape = (b, c.in_channels, frames * c.patch_size_t, height * c.patch_size, width * c.patch_size)
     return dict(
-        hidden_states=_randn(g, shape, device, dtype),
+        **_hunyuan_video(g, c, workload, device, dtype),
         timestep=torch.full((b,), 500.0, device=device, dtype=dtype),
-        encoder_hidden_states=_randn(g, (b, text, c.text_embed_dim), device, dtype),
-        encoder_attention_mask=torch.ones(b, text, device=device, dtype=torch.long),
         encoder_hidden_states_2=_randn(g, (b, text, c.text_embed_2_dim), device, dtype),
         encoder_attention_mask_2=torch.ones(b, text, device=device, dtype=torch.long),
         image_embeds=_randn(g, (b, HUNYUAN_VIDEO15_IMAGE_TOKENS, c.image_embed_dim), device, dtype),
